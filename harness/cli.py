@@ -1,0 +1,264 @@
+"""The `lockstep` command line.
+
+    lockstep list     [PATTERN ...] [--tag T]       the specs, one a line
+    lockstep validate [PATTERN ...]                 check spec files only, run nothing
+    lockstep check    [PATTERN ...] [--json] [--strict]   the CI gate
+    lockstep diff     PATTERN ...                   run and explain against the golden
+    lockstep regen    [PATTERN ...] [--dry-run] [--allow-ci]
+
+Patterns are globs over spec ids (`'coins/*'`). Exit codes of `check` and `diff`:
+0 every spec matches its golden, 1 a mismatch (or a failed expectation, a crash, a corrupt
+golden, or with --strict a stale golden), 2 a spec or usage error, 3 a missing golden.
+When several apply, the lowest-numbered failure wins in the order 2, 1, 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from harness import runner
+from harness.golden import GoldenStore
+from harness.platform import detect
+from harness.result import RunContext
+from harness.specfile import load_specs, select, spec_files, spec_id_for
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- shared plumbing
+def _common(p: argparse.ArgumentParser, patterns: str = "*") -> None:
+    p.add_argument("patterns", nargs=patterns, metavar="PATTERN", help="spec id globs, e.g. 'coins/*'")
+    p.add_argument("--tag", action="append", default=[], help="only specs carrying this tag (repeatable)")
+    p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
+    p.add_argument("--golden", type=Path, default=Path("golden"), help="golden directory (default: ./golden)")
+
+
+def _running(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype policy (default fp32)")
+    p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="engine kernel backend")
+
+
+def _load(args) -> tuple[list, list]:
+    if not args.specs.is_dir():
+        raise UsageError(f"no spec directory at {args.specs} (run from the project root or pass --specs)")
+    specs, errors = load_specs(args.specs)
+    chosen = select(specs, args.patterns, args.tag)
+    all_ids = [spec_id_for(f, args.specs) for f in spec_files(args.specs)]
+    for pattern in args.patterns:
+        if not any(fnmatch.fnmatchcase(i, pattern) for i in all_ids):
+            raise UsageError(f"no spec matches {pattern!r} (see `lockstep list`)")
+    if args.patterns:  # report the errors of the files the patterns name, not of every file
+        errors = [e for e in errors
+                  if any(fnmatch.fnmatchcase(spec_id_for(Path(e.file), args.specs), p) for p in args.patterns)]
+    return chosen, errors
+
+
+def _context(args) -> RunContext:
+    try:
+        return RunContext(platform=detect(args.device, args.dtype), backend=args.backend)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _stale(args, store: GoldenStore) -> list[str]:
+    """Goldens whose spec file no longer exists, as 'platform/spec id'."""
+    ids = {spec_id_for(f, args.specs) for f in spec_files(args.specs)}
+    return [f"{platform}/{i}" for platform, found in store.ids().items() for i in found if i not in ids]
+
+
+class Progress:
+    """A one-line progress display on stderr, shown only on a terminal."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.start = total, enabled and sys.stderr.isatty(), time.perf_counter()
+
+    def show(self, i: int, spec_id: str) -> None:
+        if self.enabled:
+            line = f"[{i}/{self.total}] {time.perf_counter() - self.start:6.1f}s {spec_id}"
+            sys.stderr.write("\r" + line[:100].ljust(100))
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_list(args) -> int:
+    specs, errors = _load(args)
+    for s in specs:
+        tags = ",".join(s.tags)
+        print(f"{s.id:<44} {s.kind:<10} {tags:<28} {s.description.splitlines()[0][:80]}")
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    return EXIT_USAGE if errors else EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    specs, errors = _load(args)
+    for e in errors:
+        print(e)
+    bad = len({e.file for e in errors})
+    print(f"{len(specs)} spec(s) valid, {bad} invalid")
+    return EXIT_USAGE if errors else EXIT_OK
+
+
+def _exit_code(outcomes, errors, stale_failing: bool) -> int:
+    if errors:
+        return EXIT_USAGE
+    if stale_failing or any(o.status in runner.FAILING for o in outcomes):
+        return EXIT_MISMATCH
+    if any(o.status == runner.MISSING for o in outcomes):
+        return EXIT_MISSING
+    return EXIT_OK
+
+
+def cmd_check(args, explain: bool = False) -> int:
+    specs, errors = _load(args)
+    ctx = _context(args)
+    store = GoldenStore(args.golden)
+    start = time.perf_counter()
+    progress = Progress(len(specs), not args.json)
+    outcomes = []
+    for i, spec in enumerate(specs, 1):
+        progress.show(i, spec.id)
+        outcomes.append(runner.check_spec(spec, ctx, store))
+    progress.done()
+    stale = _stale(args, store) if not args.patterns and not args.tag else []
+    code = _exit_code(outcomes, errors, args.strict and bool(stale))
+    counts = {s: sum(o.status == s for o in outcomes) for s in
+              (runner.PASS, runner.MISMATCH, runner.FAILED, runner.CRASH, runner.CORRUPT, runner.MISSING)}
+    elapsed = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({
+            "platform": ctx.platform.name, "backend": ctx.backend, "exit_code": code, "seconds": round(elapsed, 3),
+            "summary": counts | {"spec_errors": len(errors), "stale_goldens": len(stale)},
+            "specs": [o.to_json() for o in outcomes], "spec_errors": [str(e) for e in errors],
+            "stale_goldens": stale}, indent=2))
+        return code
+    if outcomes:
+        width = max(len(o.spec.id) for o in outcomes)
+        print(f"{'STATUS':<9} {'SPEC':<{width}}  {'GOLDEN':<14} {'TIME':>7}")
+        for o in outcomes:
+            status = o.status if o.status == runner.PASS else o.status.upper()
+            print(f"{status:<9} {o.spec.id:<{width}}  {o.golden_platform:<14} {o.seconds:6.2f}s")
+    for o in outcomes:
+        if o.status != runner.PASS or explain:
+            print()
+            print(o.report() if o.status != runner.PASS else _explain_pass(o, store))
+    if errors:
+        print("\nspec errors:")
+        for e in errors:
+            print(f"  {e}")
+    if stale:
+        print(f"\nstale goldens (their spec no longer exists){' — failing under --strict' if args.strict else ''}:")
+        for s in stale:
+            print(f"  golden/{s}")
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n or s == runner.PASS)
+    extra = (f", {len(errors)} spec error(s)" if errors else "") + (f", {len(stale)} stale golden(s)" if stale else "")
+    print(f"\n{len(outcomes)} spec(s): {summary}{extra} on {ctx.platform.name} in {elapsed:.1f}s")
+    return code
+
+
+def _explain_pass(o, store: GoldenStore) -> str:
+    golden = store.load(o.golden_platform, o.spec.id)
+    lines = [f"{o.spec.id} on {o.golden_platform}: identical to the golden, bit for bit"]
+    for name, entry in sorted(golden.manifest["tensors"].items()):
+        lines.append(f"  {name}: {entry['dtype']} {entry['shape']} sha256 {entry['sha256'][:16]}…")
+    prov = golden.manifest.get("provenance", {})
+    lines.append(f"  recorded {prov.get('created', '?')} at {prov.get('lockstep_revision', '?')} "
+                 f"on {prov.get('device', '?')} (torch {prov.get('torch', '?')})")
+    lines += ["  note: " + n for n in o.notes]
+    return "\n".join(lines)
+
+
+def cmd_regen(args) -> int:
+    if os.environ.get("CI", "").lower() == "true" and not args.allow_ci:
+        print("refusing to regenerate goldens under CI=true: goldens are recorded by people and reviewed; "
+              "pass --allow-ci to override", file=sys.stderr)
+        return EXIT_USAGE
+    specs, errors = _load(args)
+    ctx = _context(args)
+    store = GoldenStore(args.golden)
+    progress = Progress(len(specs), True)
+    outcomes = []
+    for i, spec in enumerate(specs, 1):
+        progress.show(i, spec.id)
+        outcomes.append(runner.regen_spec(spec, ctx, store, write=not args.dry_run))
+        progress.done()
+        print(outcomes[-1].report(), flush=True)
+    for e in errors:
+        print(f"spec error: {e}")
+    stale = _stale(args, store)
+    for s in stale:
+        print(f"stale     golden/{s} (its spec no longer exists; delete it by hand if intended)")
+    counts = {s: sum(o.status == s for o in outcomes) for s in (runner.NEW, runner.CHANGED, runner.UNCHANGED,
+                                                                runner.REFUSED)}
+    verb = "would write" if args.dry_run else "wrote"
+    written = counts[runner.NEW] + counts[runner.CHANGED]
+    print(f"\n{len(outcomes)} spec(s): " + ", ".join(f"{n} {s}" for s, n in counts.items()) +
+          f"; {verb} {written} golden(s) on {ctx.platform.name}")
+    if errors:
+        return EXIT_USAGE
+    return EXIT_MISMATCH if counts[runner.REFUSED] else EXIT_OK
+
+
+# --------------------------------------------------------------------------- entry point
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lockstep", description="Deterministic-replay conformance harness "
+                                                                  "for gpt-oss + EAGLE3 inference.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", help="list the specs")
+    _common(p)
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("validate", help="check spec files without running them")
+    _common(p)
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("check", help="run specs and compare with their goldens bit for bit (the CI gate)")
+    _common(p)
+    _running(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone)")
+    p.set_defaults(func=cmd_check)
+    p = sub.add_parser("diff", help="run specs and explain each against its golden")
+    _common(p, patterns="+")
+    _running(p)
+    p.set_defaults(func=lambda a: cmd_check(a, explain=True), json=False, strict=False)
+    p = sub.add_parser("regen", help="record goldens: two identical runs, shown, then written atomically")
+    _common(p)
+    _running(p)
+    p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    p.add_argument("--allow-ci", action="store_true", help="allow regeneration when CI=true")
+    p.set_defaults(func=cmd_regen)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on usage errors, as our contract wants
+        return int(e.code or 0)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"lockstep: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\nlockstep: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Bitwise comparison of results, and mismatch reports a person can act on.
+
+Tensors are equal only when dtype, shape and every byte agree: -0.0 differs from 0.0, and NaNs
+with different payloads differ. Non-tensor data (token lists, counts) is compared with deepdiff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from deepdiff import DeepDiff
+
+# Same-width integer views of every dtype we store; the view is what "bitwise" compares.
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+MAX_LISTED_COLUMNS = 10
+
+
+@dataclass
+class TensorDiff:
+    name: str
+    problem: str  # "missing", "unexpected", "dtype", "shape" or "bits"
+    detail: str = ""
+    n_diff: int = 0
+    numel: int = 0
+    first_flat: int = -1
+    first_index: tuple = ()
+    expected_value: str = ""
+    actual_value: str = ""
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    max_ulp: int = 0
+    columns: tuple = ()  # differing indices along the last dimension (2-D and up)
+
+    def describe(self) -> str:
+        if self.problem != "bits":
+            return f"tensor {self.name!r}: {self.detail}"
+        idx = ", ".join(map(str, self.first_index))
+        lines = [
+            f"tensor {self.name!r}: {self.n_diff} of {self.numel} elements differ ({self.n_diff / self.numel:.4%})",
+            f"  first difference at flat index {self.first_flat} = [{idx}]: "
+            f"golden {self.expected_value}, got {self.actual_value}",
+            f"  max abs diff {self.max_abs:.6g}, max rel diff {self.max_rel:.6g}, max ULP diff {self.max_ulp}",
+        ]
+        if self.columns:
+            more = "" if len(self.columns) <= MAX_LISTED_COLUMNS else f" … ({len(self.columns)} columns)"
+            lines.append(f"  columns (last dim) that differ: {list(self.columns[:MAX_LISTED_COLUMNS])}{more}")
+        return "\n".join(lines)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous().cpu()
+    return t.view(_INT_VIEW[t.element_size()]) if t.dtype != torch.bool else t.view(torch.int8)
+
+
+def _ordered(bits: torch.Tensor) -> torch.Tensor:
+    """Map float bit patterns to integers whose difference counts the ULPs between them."""
+    b = bits.to(torch.int64)
+    if bits.dtype == torch.int64:
+        sign_min = torch.iinfo(torch.int64).min
+        return torch.where(b < 0, sign_min - b, b)  # may saturate near the extremes: fine for a report
+    width = bits.element_size() * 8
+    return torch.where(b < 0, -(1 << (width - 1)) - b, b)
+
+
+def _value(t: torch.Tensor, flat: int) -> str:
+    v = t.reshape(-1)[flat]
+    bits = _bits(t.reshape(-1)[flat:flat + 1])[0].item()
+    width = t.element_size() * 2
+    if t.dtype.is_floating_point:
+        return f"{v.item()!r} (0x{bits & ((1 << (width * 4)) - 1):0{width}x})"
+    return repr(v.item())
+
+
+def diff_tensor(name: str, expected: torch.Tensor, actual: torch.Tensor) -> TensorDiff | None:
+    if expected.dtype != actual.dtype:
+        return TensorDiff(name, "dtype", f"dtype differs: golden {expected.dtype}, got {actual.dtype}")
+    if tuple(expected.shape) != tuple(actual.shape):
+        return TensorDiff(name, "shape", f"shape differs: golden {list(expected.shape)}, got {list(actual.shape)}")
+    eb, ab = _bits(expected), _bits(actual)
+    differ = eb != ab
+    n_diff = int(differ.sum())
+    if n_diff == 0:
+        return None
+    where = differ.reshape(-1).nonzero()[:, 0]
+    first = int(where[0])
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), expected.shape)) if expected.dim() else ()
+    d = TensorDiff(name, "bits", n_diff=n_diff, numel=expected.numel(), first_flat=first, first_index=index,
+                   expected_value=_value(expected, first), actual_value=_value(actual, first))
+    e = expected.detach().cpu().reshape(-1)[where]
+    a = actual.detach().cpu().reshape(-1)[where]
+    if expected.dtype.is_floating_point:
+        e64, a64 = e.to(torch.float64), a.to(torch.float64)
+        with torch.no_grad():
+            abs_diff = (e64 - a64).abs()
+            rel = abs_diff / e64.abs()
+        finite = abs_diff[~abs_diff.isnan()]
+        d.max_abs = float(finite.max()) if finite.numel() else float("nan")
+        rel = rel[~rel.isnan()]
+        d.max_rel = float(rel.max()) if rel.numel() else float("nan")
+        d.max_ulp = int((_ordered(_bits(e)) - _ordered(_bits(a))).abs().max())
+    elif expected.dtype != torch.bool:
+        abs_diff = (e.to(torch.float64) - a.to(torch.float64)).abs()
+        d.max_abs = float(abs_diff.max())
+        d.max_rel = float((abs_diff / e.to(torch.float64).abs()).max())
+        d.max_ulp = int((e.to(torch.int64) - a.to(torch.int64)).abs().max())
+    if expected.dim() >= 2:
+        d.columns = tuple(int(c) for c in differ.reshape(-1, expected.shape[-1]).any(0).nonzero()[:, 0])
+    return d
+
+
+def diff_tensors(expected: dict, actual: dict) -> list[TensorDiff]:
+    diffs = []
+    for name in sorted(set(expected) | set(actual)):
+        if name not in actual:
+            diffs.append(TensorDiff(name, "missing", "in the golden but not produced by the run"))
+        elif name not in expected:
+            diffs.append(TensorDiff(name, "unexpected", "produced by the run but not in the golden"))
+        else:
+            d = diff_tensor(name, expected[name], actual[name])
+            if d:
+                diffs.append(d)
+    return diffs
+
+
+def diff_data(expected, actual) -> str:
+    """A readable deepdiff of two JSON-like values; '' when equal (ints and floats bitwise)."""
+    dd = DeepDiff(expected, actual, ignore_order=False, verbose_level=2)
+    return dd.pretty() if dd else ""

@@ -1,0 +1,190 @@
+"""The golden store: `golden/<platform>/<spec id>.safetensors` plus a JSON manifest beside it.
+
+The safetensors file holds the result's tensors. The manifest (`<spec id>.json`) holds the
+result's non-tensor data and the provenance a reviewer reads in a diff: spec hash, lockstep
+revision, versions, device, dtype policy, topologies, creation time, and each tensor's dtype,
+shape and sha256, plus the sha256 of the whole tensor file. Loading checks all of them, so a
+truncated or edited golden is reported as corrupt, never compared as if it were good.
+
+Writes are atomic: each file is written to a temporary file in its folder, flushed to disk and
+renamed over the old one; SIGINT and SIGTERM are held back between the two renames. A kill -9
+in that window leaves a new tensor file beside the old manifest, which the sha256 check
+reports as corrupt rather than accepting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load, save as st_save
+
+from harness.specfile import check_spec_id
+
+FORMAT = 1
+TENSORS_SUFFIX = ".safetensors"
+MANIFEST_SUFFIX = ".json"
+
+
+class CorruptGolden(Exception):
+    """A golden that is unreadable or disagrees with its own manifest."""
+
+
+@dataclass
+class Golden:
+    tensors: dict[str, torch.Tensor]
+    data: dict
+    manifest: dict
+
+
+def sha256(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    t = t.detach().contiguous().cpu()
+    return sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def tensor_entry(t: torch.Tensor) -> dict:
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "sha256": tensor_sha256(t)}
+
+
+def json_roundtrip(data):
+    """Data as it will read back from a manifest: what a fresh run is compared in."""
+    return json.loads(json.dumps(data, sort_keys=True))
+
+
+class GoldenStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    # ------------------------------------------------------------------ paths
+    def paths(self, platform: str, spec_id: str) -> tuple[Path, Path]:
+        check_spec_id(spec_id)
+        check_spec_id(platform)
+        base = (self.root / platform / spec_id).resolve()
+        root = self.root.resolve()
+        if root not in base.parents:
+            raise ValueError(f"spec id {spec_id!r} would leave the golden directory {self.root}")
+        return base.with_name(base.name + TENSORS_SUFFIX), base.with_name(base.name + MANIFEST_SUFFIX)
+
+    def exists(self, platform: str, spec_id: str) -> bool:
+        return any(p.exists() for p in self.paths(platform, spec_id))
+
+    def ids(self) -> dict[str, list[str]]:
+        """{platform: [spec id, ...]} of every golden on disk (by manifest or tensor file)."""
+        out: dict[str, list[str]] = {}
+        if not self.root.is_dir():
+            return out
+        for pdir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            ids = set()
+            for f in pdir.rglob("*"):
+                for suffix in (MANIFEST_SUFFIX, TENSORS_SUFFIX):
+                    if f.is_file() and f.name.endswith(suffix):
+                        ids.add(f.relative_to(pdir).as_posix()[: -len(suffix)])
+            out[pdir.name] = sorted(ids)
+        return out
+
+    # ------------------------------------------------------------------ read
+    def load(self, platform: str, spec_id: str) -> Golden | None:
+        """The golden, None when there is none, CorruptGolden when it cannot be trusted."""
+        tpath, mpath = self.paths(platform, spec_id)
+        if not tpath.exists() and not mpath.exists():
+            return None
+        if not mpath.exists():
+            raise CorruptGolden(f"{tpath} has no manifest {mpath.name} beside it")
+        if not tpath.exists():
+            raise CorruptGolden(f"{mpath} has no tensor file {tpath.name} beside it")
+        try:
+            manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptGolden(f"{mpath}: manifest is not valid JSON ({e})") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise CorruptGolden(f"{mpath}: not a lockstep golden manifest of format {FORMAT}")
+        blob = tpath.read_bytes()
+        if sha256(blob) != manifest.get("tensors_file_sha256"):
+            raise CorruptGolden(f"{tpath}: sha256 {sha256(blob)[:16]}… does not match the manifest's "
+                                f"{str(manifest.get('tensors_file_sha256'))[:16]}… (truncated or edited)")
+        try:
+            tensors = st_load(blob)
+        except (SafetensorError, ValueError, RuntimeError) as e:
+            raise CorruptGolden(f"{tpath}: unreadable safetensors ({e})") from None
+        listed = manifest.get("tensors", {})
+        if sorted(listed) != sorted(tensors):
+            raise CorruptGolden(f"{tpath}: holds tensors {sorted(tensors)}, manifest lists {sorted(listed)}")
+        for name, t in tensors.items():
+            if tensor_entry(t) != listed[name]:
+                raise CorruptGolden(f"{tpath}: tensor {name!r} disagrees with its manifest entry")
+        return Golden(tensors=tensors, data=manifest.get("data", {}), manifest=manifest)
+
+    # ------------------------------------------------------------------ write
+    def write(self, platform: str, spec_id: str, tensors: dict[str, torch.Tensor], data: dict,
+              spec_sha256: str, kind: str, provenance: dict) -> None:
+        tpath, mpath = self.paths(platform, spec_id)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in sorted(tensors.items())}
+        blob = st_save(tensors) if tensors else st_save({})
+        manifest = {
+            "format": FORMAT,
+            "spec": spec_id,
+            "kind": kind,
+            "platform": platform,
+            "spec_sha256": spec_sha256,
+            "tensors_file_sha256": sha256(blob),
+            "tensors": {k: tensor_entry(v) for k, v in tensors.items()},
+            "data": json_roundtrip(data),
+            "provenance": provenance,
+        }
+        text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+        tpath.parent.mkdir(parents=True, exist_ok=True)
+        t_tmp = _write_temp(tpath, blob)
+        m_tmp = _write_temp(mpath, text.encode())
+        with _signals_held():
+            os.replace(t_tmp, tpath)
+            os.replace(m_tmp, mpath)
+        _fsync_dir(tpath.parent)
+
+
+def _write_temp(final: Path, payload: bytes) -> str:
+    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=final.name + ".", suffix=".tmp-lockstep")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

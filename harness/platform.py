@@ -1,0 +1,78 @@
+"""Platforms: what a golden's bits are valid for (DESIGN §2).
+
+A platform is a device kind plus a dtype policy, e.g. `cpu-fp32` or `cuda-sm90-bf16`.
+Results that only integer arithmetic and correctly rounded IEEE operations produced are the
+same on every platform; their goldens live under the one platform name `shared`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as _py_platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SHARED = "shared"
+DTYPE_POLICIES = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class Platform:
+    device: str  # "cpu" or "cuda-sm90"-style: the CUDA arch is part of the platform
+    dtype: str  # dtype policy of the engine's compute
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}-{self.dtype}"
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cpu" if self.device == "cpu" else "cuda")
+
+
+def detect(device: str | None = None, dtype: str = "fp32") -> Platform:
+    """The platform of this process: `device` is "cpu", "cuda" or None (CUDA when available)."""
+    if dtype not in DTYPE_POLICIES:
+        raise ValueError(f"dtype must be one of {DTYPE_POLICIES}, got {dtype!r}")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return Platform("cpu", dtype)
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device")
+        major, minor = torch.cuda.get_device_capability()
+        return Platform(f"cuda-sm{major}{minor}", dtype)
+    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+def device_name(p: Platform) -> str:
+    if p.device == "cpu":
+        return f"cpu: {_py_platform.processor() or _py_platform.machine()}"
+    return f"cuda: {torch.cuda.get_device_name()}"
+
+
+@lru_cache(maxsize=1)
+def lockstep_revision() -> str:
+    """The git revision of the lockstep checkout, with '+dirty' for uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (rev or "unknown") + ("+dirty" if dirty else "")
+
+
+def versions() -> dict:
+    import triton
+
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
+            "triton_interpret": os.environ.get("TRITON_INTERPRET", "0")}

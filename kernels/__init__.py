@@ -1,0 +1,22 @@
+"""Lockstep kernels: Triton kernels, each with a plain-torch reference beside it.
+
+Every kernel must run compiled on a GPU and in Triton's interpreter on the CPU. Triton
+reads TRITON_INTERPRET when a kernel is decorated, so on a machine without CUDA we turn
+the interpreter on here, before any kernel module is imported. Set TRITON_INTERPRET
+yourself to override this choice.
+"""
+
+import os
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+BACKENDS = ("torch", "triton")
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
