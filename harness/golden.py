@@ -146,11 +146,17 @@ class GoldenStore:
         }
         text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
         tpath.parent.mkdir(parents=True, exist_ok=True)
-        t_tmp = _write_temp(tpath, blob)
-        m_tmp = _write_temp(mpath, text.encode())
-        with _signals_held():
-            os.replace(t_tmp, tpath)
-            os.replace(m_tmp, mpath)
+        temps = []
+        try:
+            temps.append(_write_temp(tpath, blob))
+            temps.append(_write_temp(mpath, text.encode()))
+            with _signals_held():
+                os.replace(temps[0], tpath)
+                os.replace(temps[1], mpath)
+        finally:
+            for tmp in temps:  # only left over when something failed
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
         _fsync_dir(tpath.parent)
 
 

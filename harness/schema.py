@@ -67,8 +67,11 @@ class Bool(Schema):
 class Int(Schema):
     def __init__(self, min: int | None = None, max: int | None = None):
         self.min, self.max = min, max
-        bounds = [f">= {min}" if min is not None else "", f"<= {max}" if max is not None else ""]
-        self.expected = "an integer" + (" " + " and ".join(b for b in bounds if b) if any(bounds) else "")
+        if (min, max) == (-(2**63), 2**63 - 1):
+            self.expected = "an integer (int64)"
+        else:
+            bounds = [f">= {min}" if min is not None else "", f"<= {max}" if max is not None else ""]
+            self.expected = "an integer" + (" " + " and ".join(b for b in bounds if b) if any(bounds) else "")
 
     def check(self, value, path, problems):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -166,11 +169,14 @@ class OneOf(Schema):
             if not attempt:
                 return result
             attempts.append((option, attempt))
+        # Report the alternative of the value's own shape, with its detail (the element at fault).
         maps = [(o, a) for o, a in attempts if isinstance(o, Map)]
+        lists = [a for o, a in attempts if isinstance(o, List)]
         if isinstance(value, dict) and maps:
-            # Report the mapping alternative the value most resembles, with its detail.
             _, best = max(maps, key=lambda oa: len(set(value) & set(oa[0].fields)))
             problems.extend(best)
+        elif isinstance(value, list) and len(lists) == 1:
+            problems.extend(lists[0])
         else:
             self._wrong(value, path, problems)
         return value

@@ -80,9 +80,10 @@ def format_path(path) -> str:
 # --------------------------------------------------------------------------- YAML with marks
 def _parse(text: str, file: str) -> tuple[object, dict]:
     """safe_load the text; also return {field path: (line, column)} of every key and value."""
-    loader = yaml.SafeLoader(text)
     marks: dict = {}
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         if node is None:
             return None, marks
@@ -96,7 +97,8 @@ def _parse(text: str, file: str) -> tuple[object, dict]:
     except yaml.YAMLError as e:
         raise SpecErrors([SpecError(file, 0, 0, "", f"invalid YAML: {e}")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _walk(node, path, marks, file):
@@ -160,7 +162,7 @@ def parse_spec(text: str, file: str, spec_id: str) -> Spec:
     if not isinstance(data, dict):
         raise SpecErrors([SpecError(file, 1, 1, "", f"expected a mapping with a 'kind' key, found {describe(data)}")])
     kind_name = data.get("kind")
-    if kind_name not in kinds.KINDS:
+    if not isinstance(kind_name, str) or kind_name not in kinds.KINDS:
         problems = [Problem(("kind",), "missing required key 'kind'")] if "kind" not in data else [
             Problem(("kind",), f"unknown spec kind {describe(kind_name)}"
                                f"{did_you_mean(str(kind_name), kinds.KINDS)}; known kinds: {', '.join(sorted(kinds.KINDS))}")]
@@ -184,12 +186,14 @@ def parse_spec(text: str, file: str, spec_id: str) -> Spec:
                 extra=extra, sha256=hashlib.sha256(canonical.encode()).hexdigest(), lines=lines)
 
 
-def load_spec_file(file: Path, specs_dir: Path) -> Spec:
+def load_spec_file(file: Path, specs_dir: Path, shown_as: str | None = None) -> Spec:
+    """Load one spec; errors name the file as `shown_as` (default: the path as given)."""
+    name = shown_as or str(file)
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise SpecErrors([SpecError(str(file), 0, 0, "", f"cannot read spec: {e}")]) from None
-    return parse_spec(text, str(file), spec_id_for(file, specs_dir))
+        raise SpecErrors([SpecError(name, 0, 0, "", f"cannot read spec: {e}")]) from None
+    return parse_spec(text, name, spec_id_for(file, specs_dir))
 
 
 # --------------------------------------------------------------------------- the spec tree

@@ -32,6 +32,7 @@ SAMPLE_COLUMNS = 1 << 31
 DRAFT_COLUMNS = 1 << 30
 
 UINT32_MAX = 0xFFFFFFFF
+U_DIVISOR = 4294967295  # 2^32 − 1, so that the largest hash maps to exactly 1.0
 COIN_MAX = 1.0 - 2.0**-24  # the largest float32 below 1.0
 
 # MurmurHash3_x86_32 constants.
@@ -146,7 +147,7 @@ def murmur_hash32(seed: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
 
 def uniform_from_hash(h: torch.Tensor) -> torch.Tensor:
     """u = h / (2^32 − 1) in float64; u ∈ [0, 1], both ends reachable."""
-    return h.to(torch.float64) / UINT32_MAX
+    return h.to(torch.float64) / U_DIVISOR
 
 
 def coins_from_hash(h: torch.Tensor) -> torch.Tensor:

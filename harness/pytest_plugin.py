@@ -1,0 +1,120 @@
+"""pytest plugin: every spec under the project's `specs/` is a test item named by its id.
+
+    pytest                         checks every spec against its golden (plus the unit tests)
+    pytest -k coins                select by id or tag, as usual
+    pytest --lockstep-regen        regenerate goldens through the same safe path as `lockstep regen`
+
+A spec that does not load is one failing item whose text is file:line:column: error. A failing spec
+shows the same report as `lockstep check`, located at its YAML file. Items are collected in
+sorted order, and golden writes are atomic per spec, so pytest-xdist works.
+Settings (ini): `lockstep_specs` (default "specs"), `lockstep_golden` (default "golden").
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness import runner
+from harness.golden import GoldenStore
+from harness.platform import detect
+from harness.result import RunContext
+from harness.specfile import SpecErrors, load_spec_file, spec_id_for
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("lockstep", "Lockstep conformance specs")
+    group.addoption("--lockstep-regen", action="store_true",
+                    help="regenerate goldens of the collected specs (two identical runs, atomic writes)")
+    group.addoption("--lockstep-allow-ci", action="store_true", help="allow --lockstep-regen when CI=true")
+    group.addoption("--lockstep-device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
+    group.addoption("--lockstep-dtype", choices=["fp32", "bf16"], default="fp32")
+    group.addoption("--lockstep-backend", choices=["torch", "triton"], default="torch")
+    parser.addini("lockstep_specs", "spec directory, relative to the rootdir", default="specs")
+    parser.addini("lockstep_golden", "golden directory, relative to the rootdir", default="golden")
+
+
+def pytest_configure(config):
+    if config.getoption("--lockstep-regen") and os.environ.get("CI", "").lower() == "true" \
+            and not config.getoption("--lockstep-allow-ci"):
+        raise pytest.UsageError("--lockstep-regen refuses to run under CI=true without --lockstep-allow-ci")
+
+
+def _dirs(config) -> tuple[Path, Path]:
+    root = Path(config.rootpath)
+    return root / config.getini("lockstep_specs"), root / config.getini("lockstep_golden")
+
+
+def pytest_collect_file(parent, file_path: Path):
+    specs_dir, _ = _dirs(parent.config)
+    if file_path.suffix == ".yaml" and specs_dir.resolve() in file_path.resolve().parents:
+        return SpecFile.from_parent(parent, path=file_path)
+    return None
+
+
+class SpecFile(pytest.File):
+    def collect(self):
+        specs_dir, _ = _dirs(self.config)
+        try:
+            shown = os.path.relpath(self.path, self.config.rootpath)
+            spec = load_spec_file(Path(self.path), specs_dir, shown_as=shown)
+        except SpecErrors as e:
+            # A bad spec is one failing item, not a collection error: the other specs still run.
+            yield InvalidSpecItem.from_parent(self, name=spec_id_for(Path(self.path), specs_dir), errors=e)
+            return
+        yield SpecItem.from_parent(self, name=spec.id, spec=spec)
+
+
+class InvalidSpecItem(pytest.Item):
+    def __init__(self, *, errors: SpecErrors, **kwargs):
+        super().__init__(**kwargs)
+        self.errors = errors
+
+    def runtest(self):
+        raise self.errors
+
+    def repr_failure(self, excinfo):
+        return "invalid spec:\n" + "\n".join(f"  {err}" for err in self.errors.errors)
+
+    def reportinfo(self):
+        return self.path, 0, f"invalid spec {self.name}"
+
+
+class SpecFailure(Exception):
+    def __init__(self, report: str):
+        super().__init__(report)
+        self.report = report
+
+
+class SpecItem(pytest.Item):
+    def __init__(self, *, spec, **kwargs):
+        super().__init__(**kwargs)
+        self.spec = spec
+        self.extra_keyword_matches.update(spec.tags)  # so `-k clamp` selects by tag too
+
+    def _context(self) -> RunContext:
+        opt = self.config.getoption
+        return RunContext(detect(opt("--lockstep-device"), opt("--lockstep-dtype")), opt("--lockstep-backend"))
+
+    def runtest(self):
+        _, golden_dir = _dirs(self.config)
+        store = GoldenStore(golden_dir)
+        if self.config.getoption("--lockstep-regen"):
+            out = runner.regen_spec(self.spec, self._context(), store)
+            if out.status == runner.REFUSED:
+                raise SpecFailure(out.report())
+            return
+        out = runner.check_spec(self.spec, self._context(), store)
+        self.user_properties.append(("lockstep_status", out.status))
+        if out.status != runner.PASS:
+            raise SpecFailure(out.report())
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, SpecFailure):
+            return excinfo.value.report
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, self.spec.line_of("kind") - 1, f"spec {self.spec.id}"

@@ -1,0 +1,26 @@
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A scratch project (specs/ + golden/) with three real coin specs, goldens recorded."""
+    monkeypatch.delenv("CI", raising=False)
+    specs = tmp_path / "specs" / "coins"
+    specs.mkdir(parents=True)
+    for name in ("known-answers", "top-hashes-verify", "gumbel-endpoints"):
+        shutil.copy(REPO / "specs" / "coins" / f"{name}.yaml", specs)
+    monkeypatch.chdir(tmp_path)
+    assert main(["regen"]) == 0
+    return tmp_path
+
+
+def golden_bytes(root: Path) -> dict:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / "golden").rglob("*")) if p.is_file()}
