@@ -15,10 +15,11 @@ KNOWN = [((0, 0, 0), 2167721464), ((1, 7, 1), 4196701286), ((42, 123, 2), 274067
          ((0x123456789ABCDEF0, 456, 17), 3372550890), ((7847, 12345, 1208), 0xFFFFFFFF),
          ((6469398791980356130, 7371, 248146), 0xFFFFFFFF), ((-1, 0, 0), 1040203207)]
 BACKENDS = ["torch", "triton"]
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton compiled on a GPU
 
 
 def t(values):
-    return torch.tensor(values, dtype=torch.int64)
+    return torch.tensor(values, dtype=torch.int64, device=DEVICE)
 
 
 def test_reference_implementation_matches_design_known_answers():
@@ -46,8 +47,8 @@ def test_both_backends_match_independent_murmur3(rows, cols):
 @pytest.mark.parametrize("n,m", [(1, 1), (15, 63), (16, 64), (17, 65), (33, 129), (1, 2881)])
 def test_triton_tails_equal_torch(n, m):
     # The kernel tiles 16 x 64; shapes one past a tile must be neither dropped nor garbage.
-    seeds, pos = torch.arange(n) * 7919 - 3, torch.arange(n) + 2**32 - 5
-    cols = torch.arange(m) * 31
+    seeds, pos = torch.arange(n, device=DEVICE) * 7919 - 3, torch.arange(n, device=DEVICE) + 2**32 - 5
+    cols = torch.arange(m, device=DEVICE) * 31
     assert torch.equal(murmur_hash32(seeds, pos, cols, "triton"), murmur_hash32(seeds, pos, cols, "torch"))
 
 
@@ -58,9 +59,9 @@ def test_empty_inputs(backend):
 
 
 def test_non_contiguous_inputs():
-    seeds = torch.arange(20)[::2]
-    pos = torch.arange(30)[::3]
-    cols = torch.arange(8)[::2]
+    seeds = torch.arange(20, device=DEVICE)[::2]
+    pos = torch.arange(30, device=DEVICE)[::3]
+    cols = torch.arange(8, device=DEVICE)[::2]
     assert torch.equal(murmur_hash32(seeds, pos, cols, "triton"), murmur_hash32(seeds.clone(), pos.clone(), cols.clone()))
 
 
@@ -83,7 +84,7 @@ def _f32(x):
 
 @pytest.mark.parametrize("h", [0, 1, 2**31, 2**32 - 131, 2**32 - 130, 2**32 - 129, 2**32 - 2, 2**32 - 1])
 def test_coin_conversion_and_clamp(h):
-    coin = coins_from_hash(t([h])).item()
+    coin = coins_from_hash(t([h])).item()  # float64 division and float32 cast: IEEE on every device
     want = min(_f32(h / 4294967295), 1 - 2**-24)
     assert coin == want and 0.0 <= coin < 1.0
     # the 129 top hashes are exactly those whose unclamped float32 coin is 1.0
@@ -116,7 +117,7 @@ def test_verify_coins_rejects_bad_draft_token_num(n):
 
 
 def test_gumbel_noise_is_finite_at_both_ends_and_monotonic():
-    h = t([0, 1, 2**31, 2**32 - 2, 2**32 - 1])
+    h = t([0, 1, 2**31, 2**32 - 2, 2**32 - 1]).cpu()
     g = gumbel_from_hash(h)
     assert g.dtype == torch.float64 and torch.isfinite(g).all()
     assert torch.all(g[1:] >= g[:-1])
@@ -127,6 +128,6 @@ def test_gumbel_noise_is_finite_at_both_ends_and_monotonic():
 def test_streams_use_disjoint_columns():
     # The sampling stream at vocab id v must never reuse verify coin column v.
     seeds, pos = t([5]), t([100])
-    verify = murmur_hash32(seeds, pos, torch.arange(16))
-    sample = murmur_hash32(seeds, pos, torch.arange(16) + SAMPLE_COLUMNS)
+    verify = murmur_hash32(seeds, pos, torch.arange(16, device=DEVICE))
+    sample = murmur_hash32(seeds, pos, torch.arange(16, device=DEVICE) + SAMPLE_COLUMNS)
     assert not torch.any(verify == sample)

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -112,12 +113,12 @@ WRITER = textwrap.dedent("""
 def test_killed_writer_never_leaves_a_golden_that_loads_wrong(tmp_path):
     """SIGTERM and SIGKILL at arbitrary moments: every load is a whole golden or a reported corruption."""
     store = GoldenStore(tmp_path)
-    store.write("shared", "coins/a", {"v": torch.full((50000,), 0.0)}, {"i": 0}, "0" * 64, "coins", {})
     loads = 0
     for round_, sig in enumerate([signal.SIGTERM, signal.SIGKILL] * 4):
+        # Start every round from a good golden, so a corruption can only come from this round's kill.
+        store.write("shared", "coins/a", {"v": torch.full((50000,), 0.0)}, {"i": 0}, "0" * 64, "coins", {})
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE)
         assert proc.stdout.readline().strip() == b"ready"
-        import time
         time.sleep(0.05 + 0.037 * round_)
         proc.send_signal(sig)
         proc.wait(timeout=30)

@@ -1,0 +1,173 @@
+"""Generation: requests in, tokens, logprobs and captured states out.
+
+    results = generate(model, [Request(prompt=[...], params=SamplingParams(...), seed=7), ...])
+
+The loop:
+  1. validate every request (a ValueError names the bad field; nothing runs if one is bad);
+  2. give each request a KV-cache slot, and prefill all prompts together, optionally in
+     chunks of `prefill_chunk` tokens (chunk j of every prompt in one forward call);
+  3. sample each request's first token from its last prompt position, then decode: each step
+     feeds every unfinished request's last token, in groups of at most `max_batch`, each
+     group padded up to a power-of-two bucket with rows on a scratch slot (static shapes);
+  4. a request stops when it samples one of its stop ids (the EOS list by default; the stop
+     token is kept in the output) or reaches max_new_tokens.
+
+Because every row of the model is computed alone (engine/model.py), a request's tokens,
+logprobs and captured states do not depend on the other requests, their order, the batch
+size, the bucket padding, or the prefill chunking (DESIGN §2, D2/D3).
+
+Captured states: with `capture=[b0, b1, ...]`, Result.captured is [n, len(capture) * H]: row
+p is the concatenated boundary states of position p, for every position that went through
+the model: the prompt and every generated token except the last (n = prompt + generated - 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from engine.model import GptOssModel
+from engine.sampling import SamplingParams, chosen_logprob, sample, seed_as_int64
+
+
+@dataclass
+class Request:
+    prompt: Sequence[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.prompt, torch.Tensor):
+            self.prompt = self.prompt.tolist()
+        if not isinstance(self.prompt, (list, tuple)):
+            raise ValueError(f"Request.prompt: must be a list of token ids, got {type(self.prompt).__name__}")
+        self.prompt = list(self.prompt)
+        if not self.prompt:
+            raise ValueError("Request.prompt: must not be empty")
+        for i, t in enumerate(self.prompt):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise ValueError(f"Request.prompt: token at index {i} is not an int: {t!r}")
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"Request.params: must be a SamplingParams, got {type(self.params).__name__}")
+        if self.seed is not None:
+            seed_as_int64(self.seed)
+
+
+@dataclass
+class Result:
+    tokens: list[int]               # generated ids (the stop token included, if one was hit)
+    logprobs: torch.Tensor          # [len(tokens)] float32: log_softmax(raw logits)[token]
+    finish_reason: str              # "stop" or "length"
+    captured: torch.Tensor | None   # [prompt + len(tokens) - 1, len(capture) * H] or None
+
+
+def validate_request(req: Request, model: GptOssModel, index: int, max_context: int) -> None:
+    V = model.config.vocab_size
+    where = f"request {index}: "
+    for i, t in enumerate(req.prompt):
+        if not 0 <= t < V:
+            raise ValueError(f"{where}Request.prompt: token id {t} at index {i} is outside [0, vocab_size={V})")
+    total = len(req.prompt) + req.params.max_new_tokens
+    if total > max_context:
+        raise ValueError(f"{where}SamplingParams.max_new_tokens: prompt ({len(req.prompt)}) + max_new_tokens "
+                         f"({req.params.max_new_tokens}) = {total} exceeds the context of {max_context} tokens")
+    for t in req.params.stop_token_ids or ():
+        if t >= V:
+            raise ValueError(f"{where}SamplingParams.stop_token_ids: id {t} is outside [0, vocab_size={V})")
+
+
+def _bucket(n: int, max_batch: int) -> int:
+    b = 1
+    while b < n:
+        b *= 2
+    return min(b, max(max_batch, n))
+
+
+def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequence[int] = (),
+             max_batch: int = 8, prefill_chunk: int | None = None,
+             generator: torch.Generator | None = None, max_context: int | None = None) -> list[Result]:
+    """Run `requests` to completion; results in request order (see the module docstring)."""
+    cfg = model.config
+    if max_batch < 1:
+        raise ValueError(f"generate: max_batch must be >= 1, got {max_batch}")
+    if prefill_chunk is not None and prefill_chunk < 1:
+        raise ValueError(f"generate: prefill_chunk must be >= 1, got {prefill_chunk}")
+    max_context = max_context or cfg.max_position_embeddings
+    for i, req in enumerate(requests):
+        validate_request(req, model, i, max_context)
+    if not requests:
+        return []
+    if generator is None and any(r.seed is None and not r.params.is_greedy for r in requests):
+        generator = torch.Generator()
+        generator.seed()                                   # explicit, but not reproducible
+
+    n = len(requests)
+    scratch = n                                            # slot for bucket padding rows
+    cache = model.new_cache(n + 1, max(len(r.prompt) + r.params.max_new_tokens for r in requests))
+    stop_ids = [set(r.params.stop_token_ids if r.params.stop_token_ids is not None else cfg.eos_token_id)
+                for r in requests]
+    tokens: list[list[int]] = [[] for _ in requests]
+    logprobs: list[list[torch.Tensor]] = [[] for _ in requests]
+    captured: list[list[torch.Tensor]] = [[] for _ in requests]
+    finish: list[str | None] = [None] * n
+
+    def take(i: int, logits_row: torch.Tensor, pos: int) -> None:
+        """Sample request i's next token from the logits of its input at `pos`."""
+        req = requests[i]
+        tok = sample(logits_row, req.params, req.seed, pos, generator)
+        tokens[i].append(tok)
+        logprobs[i].append(chosen_logprob(logits_row, tok))
+        if tok in stop_ids[i]:
+            finish[i] = "stop"
+        elif len(tokens[i]) >= req.params.max_new_tokens:
+            finish[i] = "length"
+
+    # ---- prefill: chunk j of every prompt goes into one forward call
+    longest = max(len(r.prompt) for r in requests)
+    chunk = prefill_chunk or longest
+    for start in range(0, longest, chunk):
+        rows_tok, rows_pos, rows_slot, owners, last_rows = [], [], [], [], []
+        for i, req in enumerate(requests):
+            piece = req.prompt[start:start + chunk]
+            for j, t in enumerate(piece):
+                if start + j == len(req.prompt) - 1:
+                    last_rows.append((i, len(rows_tok)))
+                rows_tok.append(t)
+                rows_pos.append(start + j)
+                rows_slot.append(i)
+                owners.append(i)
+        if not rows_tok:
+            continue
+        out = model.forward(torch.tensor(rows_tok), torch.tensor(rows_pos), torch.tensor(rows_slot), cache,
+                            capture=capture, logit_rows=torch.tensor([r for _, r in last_rows], dtype=torch.int64))
+        if capture:
+            for row, i in enumerate(owners):
+                captured[i].append(out.captured[row])
+        for k, (i, _) in enumerate(last_rows):
+            take(i, out.logits[k], len(requests[i].prompt) - 1)
+
+    # ---- decode
+    while True:
+        active = [i for i in range(n) if finish[i] is None]
+        if not active:
+            break
+        for g in range(0, len(active), max_batch):
+            group = active[g:g + max_batch]
+            size = _bucket(len(group), max_batch)
+            pad = size - len(group)
+            pos = [len(requests[i].prompt) + len(tokens[i]) - 1 for i in group]
+            out = model.forward(torch.tensor([tokens[i][-1] for i in group] + [0] * pad),
+                                torch.tensor(pos + [0] * pad),
+                                torch.tensor(group + [scratch] * pad), cache, capture=capture)
+            for row, i in enumerate(group):
+                if capture:
+                    captured[i].append(out.captured[row])
+                take(i, out.logits[row], pos[row])
+
+    return [Result(tokens=tokens[i],
+                   logprobs=torch.stack(logprobs[i]).to(torch.float32),
+                   finish_reason=finish[i],
+                   captured=torch.stack(captured[i]) if capture else None)
+            for i in range(n)]

@@ -1,0 +1,37 @@
+"""The preallocated KV cache: one [slots, kv_heads, capacity, head_dim] buffer per layer.
+
+A request owns one slot for its lifetime; the key and value of its token at position p live
+at [slot, :, p, :]. The capacity is rounded up to whole attention tiles (KV_TILE), because
+attention walks the whole slot tile by tile with a mask (static shapes, no host sync).
+Buffers start at zero, so a key or value slot that was never written is finite and masks
+out to an exact zero contribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import KV_TILE
+from engine.config import GptOssConfig
+
+
+class KVCache:
+    def __init__(self, config: GptOssConfig, num_slots: int, max_seq_len: int,
+                 dtype: torch.dtype = torch.float32):
+        if num_slots < 1 or max_seq_len < 1:
+            raise ValueError(f"KVCache needs num_slots >= 1 and max_seq_len >= 1, got {num_slots}, {max_seq_len}")
+        self.num_slots = num_slots
+        self.capacity = -(-max_seq_len // KV_TILE) * KV_TILE
+        shape = (num_slots, config.num_key_value_heads, self.capacity, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+
+    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [T, kv_heads, D] go to (slots[t], positions[t]); no host sync."""
+        self.k[layer][slots, :, positions] = k
+        self.v[layer][slots, :, positions] = v
+
+    def clear_slot(self, slot: int) -> None:
+        for buf in self.k + self.v:
+            buf[slot].zero_()

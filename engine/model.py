@@ -1,0 +1,195 @@
+"""The gpt-oss forward pass (DESIGN §7), in one file, computed in fp32.
+
+    x = embed(tokens)                                           boundary 0
+    for each block i:
+        x = x + attention(rms_norm(x))                          GQA, sinks, YaRN RoPE, window
+        x = x + moe(rms_norm(x))                                top-k experts, clamped SwiGLU
+                                                                boundary i + 1
+    logits = lm_head(rms_norm(x))                               untied
+
+One `forward` serves prefill, chunked prefill and decode: it takes a flat list of tokens,
+each with its position and the KV-cache slot of its request, writes their keys and values
+into the cache, and then lets every token attend to its own slot. A batch may mix requests
+and phases freely.
+
+Determinism (DESIGN §2): all matmuls go through `engine.linear.linear` (one row per call)
+and attention through `engine.attention.attention` (one query per call, fixed key tiles);
+MoE experts run per token and slot. Elementwise ops and per-row reductions (RMSNorm's mean,
+softmax) are batched: in torch on CPU their per-element result does not depend on the number
+of rows (checked by tests/engine/test_linear_invariance.py and the D2/D3 tests). Nothing in
+`forward` reads a tensor value on the host, so a decode step has static shapes per batch size.
+
+Shapes: T tokens in the step, H hidden, Hq / Hkv query / KV heads, D head_dim, E experts,
+k experts per token, I intermediate size, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+import torch
+
+from engine.attention import attention
+from engine.config import GptOssConfig
+from engine.kv_cache import KVCache
+from engine.linear import linear
+from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight, in fp32."""
+    x = x.to(torch.float32)
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gate_up [T, 2I], interleaved (gate = even columns, up = odd) -> [T, I]."""
+    gate = gate_up[..., 0::2].clamp(max=limit)
+    up = gate_up[..., 1::2].clamp(min=-limit, max=limit)
+    return gate * torch.sigmoid(alpha * gate) * (up + 1)
+
+
+def top_k_lowest_index(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k along the last dim; equal values rank by lower index. -> (values, ids) [..., k]."""
+    values, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+    return values[..., :k], ids[..., :k]
+
+
+@dataclass
+class BlockWeights:
+    """One transformer block, in `linear` layout ([out, in]), fp32."""
+    attn_norm: torch.Tensor     # [H]
+    q_w: torch.Tensor           # [Hq * D, H]
+    q_b: torch.Tensor           # [Hq * D]
+    k_w: torch.Tensor           # [Hkv * D, H]
+    k_b: torch.Tensor           # [Hkv * D]
+    v_w: torch.Tensor           # [Hkv * D, H]
+    v_b: torch.Tensor           # [Hkv * D]
+    o_w: torch.Tensor           # [H, Hq * D]
+    o_b: torch.Tensor           # [H]
+    sinks: torch.Tensor         # [Hq]
+    mlp_norm: torch.Tensor      # [H]
+    router_w: torch.Tensor      # [E, H]
+    router_b: torch.Tensor      # [E]
+    gate_up_w: torch.Tensor     # [E, 2I, H]   rows interleaved gate, up, gate, up, ...
+    gate_up_b: torch.Tensor     # [E, 2I]
+    down_w: torch.Tensor        # [E, H, I]
+    down_b: torch.Tensor        # [E, H]
+
+
+class ForwardOutput(NamedTuple):
+    logits: torch.Tensor                # [T, V] fp32 (rows of `logit_rows` only, if given)
+    captured: torch.Tensor | None       # [T, len(capture) * H] boundary states, requested order
+
+
+class GptOssModel:
+    def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], backend: str = "torch"):
+        """`weights`: HF tensor names and layout (see engine.checkpoint), any float dtype."""
+        self.config = config
+        self.backend = backend
+        f32 = lambda name: weights[name].to(torch.float32).contiguous()   # noqa: E731
+        self.embed = f32("model.embed_tokens.weight")                      # [V, H]
+        self.norm = f32("model.norm.weight")                               # [H]
+        self.lm_head = f32("lm_head.weight")                               # [V, H]
+        self.blocks = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.blocks.append(BlockWeights(
+                attn_norm=f32(p + "input_layernorm.weight"),
+                q_w=f32(p + "self_attn.q_proj.weight"), q_b=f32(p + "self_attn.q_proj.bias"),
+                k_w=f32(p + "self_attn.k_proj.weight"), k_b=f32(p + "self_attn.k_proj.bias"),
+                v_w=f32(p + "self_attn.v_proj.weight"), v_b=f32(p + "self_attn.v_proj.bias"),
+                o_w=f32(p + "self_attn.o_proj.weight"), o_b=f32(p + "self_attn.o_proj.bias"),
+                sinks=f32(p + "self_attn.sinks"),
+                mlp_norm=f32(p + "post_attention_layernorm.weight"),
+                router_w=f32(p + "mlp.router.weight"), router_b=f32(p + "mlp.router.bias"),
+                # HF stores experts as x @ W ([E, in, out]); transpose to [E, out, in].
+                gate_up_w=f32(p + "mlp.experts.gate_up_proj").transpose(1, 2).contiguous(),
+                gate_up_b=f32(p + "mlp.experts.gate_up_proj_bias"),
+                down_w=f32(p + "mlp.experts.down_proj").transpose(1, 2).contiguous(),
+                down_b=f32(p + "mlp.experts.down_proj_bias"),
+            ))
+        self.inv_freq, self.mscale = rope_frequencies(config.head_dim, config.rope)
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, backend: str = "torch") -> "GptOssModel":
+        from engine.checkpoint import load_checkpoint
+        config, weights = load_checkpoint(path)
+        return cls(config, weights, backend=backend)
+
+    def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+        return KVCache(self.config, num_slots, max_seq_len)
+
+    # ------------------------------------------------------------------ forward
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                cache: KVCache, capture: Sequence[int] = (),
+                logit_rows: torch.Tensor | None = None) -> ForwardOutput:
+        """tokens, positions, slots [T] int64. `capture`: boundaries in [0, L] to return,
+        in the order given. `logit_rows`: compute logits only for these rows."""
+        cfg = self.config
+        L = cfg.num_hidden_layers
+        for b in capture:
+            if not 0 <= b <= L:
+                raise ValueError(f"capture boundary {b} is outside [0, {L}]")
+        wanted = set(capture)
+        states: dict[int, torch.Tensor] = {}
+
+        x = self.embed.index_select(0, tokens)                          # [T, H]
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.mscale)  # [T, D/2] each
+        if 0 in wanted:
+            states[0] = x
+        for i, blk in enumerate(self.blocks):
+            x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps),
+                                    cos, sin, positions, slots, cache)
+            x = x + self._moe(blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps))
+            if i + 1 in wanted:
+                states[i + 1] = x                                       # boundary i + 1
+        h = rms_norm(x, self.norm, cfg.rms_norm_eps)                   # [T, H]
+        if logit_rows is not None:
+            h = h.index_select(0, logit_rows)
+        logits = linear(h, self.lm_head, None, self.backend)            # [T, V]
+        captured = torch.cat([states[b] for b in capture], dim=-1) if capture else None
+        return ForwardOutput(logits, captured)
+
+    def _attention(self, layer: int, blk: BlockWeights, x: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                   cache: KVCache) -> torch.Tensor:
+        cfg = self.config
+        T, D = x.shape[0], cfg.head_dim
+        q = linear(x, blk.q_w, blk.q_b, self.backend).view(T, cfg.num_attention_heads, D)
+        k = linear(x, blk.k_w, blk.k_b, self.backend).view(T, cfg.num_key_value_heads, D)
+        v = linear(x, blk.v_w, blk.v_b, self.backend).view(T, cfg.num_key_value_heads, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(layer, slots, positions, k, v)                     # all T keys first,
+        o = attention(q, cache.k[layer], cache.v[layer], slots, positions,   # then each query
+                      blk.sinks, cfg.window(layer), self.scale, self.backend)  # [T, Hq, D]
+        return linear(o.reshape(T, cfg.q_dim), blk.o_w, blk.o_b, self.backend)  # [T, H]
+
+    def _moe(self, blk: BlockWeights, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        k = cfg.num_experts_per_tok
+        router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E]
+        top_logits, top_ids = top_k_lowest_index(router_logits, k)          # [T, k]
+        routing = torch.softmax(top_logits, dim=-1)                          # over the k only
+        out = torch.empty_like(x)                                            # [T, H]
+        for t in range(x.shape[0]):
+            ids = top_ids[t]                                                 # [k], stays a tensor
+            gate_up_w = blk.gate_up_w.index_select(0, ids)                   # [k, 2I, H]
+            gate_up_b = blk.gate_up_b.index_select(0, ids)                   # [k, 2I]
+            down_w = blk.down_w.index_select(0, ids)                         # [k, H, I]
+            down_b = blk.down_b.index_select(0, ids)                         # [k, H]
+            xt = x[t:t + 1]                                                  # [1, H]
+            total = None
+            for slot in range(k):                                            # slot order
+                h = linear(xt, gate_up_w[slot], gate_up_b[slot], self.backend)   # [1, 2I]
+                h = clamped_swiglu(h, cfg.swiglu_alpha, cfg.swiglu_limit)        # [1, I]
+                y = linear(h, down_w[slot], down_b[slot], self.backend)          # [1, H]
+                y = y * routing[t, slot]
+                total = y if total is None else total + y
+            out[t] = total[0]
+        return out

@@ -1,0 +1,60 @@
+"""Rotary position embedding with YaRN scaling, half-split (NeoX) rotation (DESIGN §7).
+
+YaRN ("NTK by parts"): frequency i of head_dim/2 is blended between the original
+(extrapolation) frequency 1/theta^(2i/d) and the interpolated one (that divided by
+`factor`), with a linear ramp over the dimension range [low, high] where
+
+    low, high = d * ln(original_ctx / (beta * 2 pi)) / (2 ln theta)   for beta_fast, beta_slow
+
+(floored / ceiled when `truncate`, then clamped to [0, d - 1], as HF does). cos and sin are
+computed in fp32 and both multiplied by mscale = 0.1 * ln(factor) + 1, so the attention
+logits grow by mscale^2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.config import RopeParams
+
+
+def rope_frequencies(head_dim: int, rope: RopeParams) -> tuple[torch.Tensor, float]:
+    """-> (inv_freq [head_dim / 2] fp32, mscale)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    pos_freqs = rope.theta ** exponents                                   # [d/2]
+    if rope.rope_type == "default" or rope.factor == 1.0:
+        return 1.0 / pos_freqs, 1.0
+
+    extrapolation = 1.0 / pos_freqs
+    interpolation = 1.0 / (rope.factor * pos_freqs)
+
+    def correction_dim(num_rotations: float) -> float:
+        ctx = rope.original_max_position_embeddings
+        return head_dim * math.log(ctx / (num_rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation_weight = 1 - ramp                 # 1 for fast (high-frequency) dims
+    inv_freq = interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight
+    mscale = 0.1 * math.log(rope.factor) + 1.0
+    return inv_freq, mscale
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, mscale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T] int64 -> cos, sin [T, head_dim / 2] fp32, each already times mscale."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]   # one exact product each
+    return angles.cos() * mscale, angles.sin() * mscale
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D], cos/sin [T, D/2] -> x rotated; the halves x[:D/2], x[D/2:] form the pairs."""
+    x1, x2 = x.chunk(2, dim=-1)                     # [T, heads, D/2] each
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

@@ -1,0 +1,137 @@
+"""Choosing the next token from a row of logits (DESIGN §5).
+
+Greedy: argmax of the raw fp32 logits, the lowest id on ties.
+
+Seeded sampling (Gumbel-max, float64), for a request with seed s whose logits come from the
+input token at position `pos`:
+
+    z_v    = logits_v / temperature                 (float64)
+    keep_v = top-k, top-p and min-p masks on p = softmax(z), see `keep_mask`
+    logp_v = log_softmax(z masked with -inf where not kept)
+    g_v    = gumbel_noise(s, pos, SAMPLE_COLUMNS + v)        (kernels.coins, one call per row)
+    token  = argmax_v(logp_v + g_v), the lowest id on ties
+
+Columns are always vocab ids, whatever the masks, so a request's draw never depends on its
+batchmates. Requests without a seed draw uniform 32-bit integers from an explicit
+torch.Generator instead of the hash, and go through the same Gumbel transform.
+
+The logprob reported for a chosen token is log_softmax of the raw fp32 logits (no
+temperature, no masks) at that token, in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kernels.coins import SAMPLE_COLUMNS, gumbel_from_hash, gumbel_noise
+
+INT64_MIN, UINT64_END = -(1 << 63), 1 << 64
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 or greedy=True -> greedy. top_k 0, top_p 1 and min_p 0 switch a mask off.
+    stop_token_ids None -> the model's EOS list."""
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    max_new_tokens: int = 16
+    greedy: bool = False
+    stop_token_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        def bad(name, why):
+            raise ValueError(f"SamplingParams.{name}: {why}, got {getattr(self, name)!r}")
+
+        def is_num(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        if not is_num(self.temperature) or self.temperature < 0:
+            bad("temperature", "must be a finite number >= 0")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            bad("top_k", "must be an int >= 0 (0 = off)")
+        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
+            bad("top_p", "must be in (0, 1]")
+        if not is_num(self.min_p) or not 0 <= self.min_p <= 1:
+            bad("min_p", "must be in [0, 1]")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or self.max_new_tokens < 1:
+            bad("max_new_tokens", "must be an int >= 1")
+        if not isinstance(self.greedy, bool):
+            bad("greedy", "must be a bool")
+        if self.stop_token_ids is not None:
+            ids = tuple(self.stop_token_ids)
+            if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+                bad("stop_token_ids", "must be non-negative ints")
+            object.__setattr__(self, "stop_token_ids", ids)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+
+def keep_mask(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Which ids survive the filters: z [V] float64 (temperature-scaled logits) -> bool [V].
+
+    All three filters look at the same distribution p = softmax(z) and the result is their
+    intersection. Ids are ranked by p descending, equal p by lower id (a stable sort):
+      top_k (>0): keep the first top_k ranks; ties at the cut go to the lower ids.
+      top_p (<1): keep rank r iff the mass of the ranks before it (float64 cumsum in rank
+                  order) is < top_p: the shortest prefix whose mass reaches top_p; ties at
+                  the cut go to the lower ids. top_p = 1 keeps everything.
+      min_p (>0): keep v iff p_v >= min_p * max(p).
+    The most likely id (lowest id among equals) always survives.
+    """
+    V = z.shape[-1]
+    keep_sorted = torch.ones(V, dtype=torch.bool)
+    probs = torch.softmax(z, dim=-1)
+    sorted_p, order = torch.sort(probs, descending=True, stable=True)
+    ranks = torch.arange(V)
+    if top_k > 0:
+        keep_sorted &= ranks < top_k
+    if top_p < 1.0:
+        exclusive = torch.cat([sorted_p.new_zeros(1), torch.cumsum(sorted_p, dim=-1)[:-1]])
+        keep_sorted &= exclusive < top_p
+    keep = torch.empty(V, dtype=torch.bool)
+    keep[order] = keep_sorted
+    if min_p > 0.0:
+        keep &= probs >= min_p * sorted_p[0]
+    return keep
+
+
+def chosen_logprob(logits: torch.Tensor, token: int) -> torch.Tensor:
+    """log_softmax of the raw fp32 logits [V] at `token`, float32 0-dim."""
+    return torch.log_softmax(logits.to(torch.float32), dim=-1)[token]
+
+
+def seed_as_int64(seed: int) -> int:
+    """Seeds in [-2^63, 2^64) as int64 (two's complement wrap, as the hash reads them)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not INT64_MIN <= seed < UINT64_END:
+        raise ValueError(f"Request.seed: must be an int in [-2^63, 2^64), got {seed!r}")
+    return seed - (1 << 64) if seed >= (1 << 63) else seed
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, seed: int | None, pos: int,
+           generator: torch.Generator | None = None) -> int:
+    """Pick one token from logits [V] (fp32) per the module docstring."""
+    if params.is_greedy:
+        return int(torch.argmax(logits))                      # first maximum
+    z = logits.to(torch.float64) / params.temperature
+    keep = keep_mask(z, params.top_k, params.top_p, params.min_p)
+    logp = torch.log_softmax(torch.where(keep, z, float("-inf")), dim=-1)
+    V = logits.shape[-1]
+    if seed is not None:
+        s = torch.tensor([seed_as_int64(seed)], dtype=torch.int64)
+        p = torch.tensor([pos], dtype=torch.int64)
+        cols = SAMPLE_COLUMNS + torch.arange(V, dtype=torch.int64)
+        g = gumbel_noise(s, p, cols)[0]                        # [V] float64
+    else:
+        if generator is None:
+            raise ValueError("sample: a request without a seed needs an explicit torch.Generator")
+        h = torch.randint(0, 1 << 32, (V,), dtype=torch.int64, generator=generator)
+        g = gumbel_from_hash(h)
+    return int(torch.argmax(logp + g))                       # -inf where masked; first maximum

@@ -1,0 +1,110 @@
+"""generate(): D1 and D2 end to end, stopping, captured states, bad input."""
+
+import random
+
+import pytest
+import torch
+
+from engine.generate import Request, generate
+from engine.model import GptOssModel
+from engine.sampling import SamplingParams
+
+from tests.engine.helpers import prefill, random_prompt
+
+CAPTURE = [0, 2, 4]
+
+
+def eight_requests():
+    P = SamplingParams
+    params = [P(greedy=True, max_new_tokens=10), P(temperature=1.0, max_new_tokens=12),
+              P(temperature=0.7, top_k=20, max_new_tokens=9), P(temperature=1.3, top_p=0.8, max_new_tokens=11),
+              P(temperature=0.9, min_p=0.05, max_new_tokens=8), P(temperature=1.0, top_k=50, top_p=0.9, max_new_tokens=10),
+              P(temperature=0.0, max_new_tokens=7), P(temperature=1.1, max_new_tokens=12)]
+    lengths = [9, 33, 20, 41, 1, 26, 17, 30]
+    return [Request(random_prompt(n, 100 + i), p, seed=1000 + i if i != 6 else None)
+            for i, (n, p) in enumerate(zip(lengths, params))]
+
+
+def as_bits(result):
+    return (result.tokens, result.finish_reason, result.logprobs.numpy().tobytes(),
+            result.captured.numpy().tobytes())
+
+
+def test_d2_alone_batched_shuffled_chunked(tiny_model):
+    reqs = eight_requests()
+    alone = [as_bits(generate(tiny_model, [r], capture=CAPTURE)[0]) for r in reqs]
+    batched = [as_bits(r) for r in generate(tiny_model, reqs, capture=CAPTURE)]
+    assert batched == alone
+    order = list(range(8))
+    random.Random(0).shuffle(order)
+    shuffled = generate(tiny_model, [reqs[i] for i in order], capture=CAPTURE, max_batch=3, prefill_chunk=5)
+    assert [as_bits(shuffled[order.index(i)]) for i in range(8)] == alone
+    twice = generate(tiny_model, reqs + reqs[:3], capture=CAPTURE, max_batch=4)
+    assert [as_bits(r) for r in twice] == alone + alone[:3]
+
+
+def test_d1_generate_run_to_run(tiny_ckpts):
+    reqs = eight_requests()[:4]
+    a = generate(GptOssModel.from_checkpoint(tiny_ckpts["bf16"]), reqs, capture=CAPTURE)
+    b = generate(GptOssModel.from_checkpoint(tiny_ckpts["mxfp4"]), reqs, capture=CAPTURE)
+    assert [as_bits(r) for r in a] == [as_bits(r) for r in b]
+
+
+def test_decoded_logprobs_equal_a_full_prefill(tiny_model):
+    """D3 end to end: every generated token's logprob equals that of one prefill over the text."""
+    req = Request(random_prompt(20, 9), SamplingParams(temperature=1.0, max_new_tokens=15), seed=4)
+    res = generate(tiny_model, [req], capture=CAPTURE)[0]
+    text = req.prompt + res.tokens
+    full = prefill(tiny_model, text[:-1], capture=CAPTURE)
+    rows = torch.log_softmax(full.logits[len(req.prompt) - 1:], dim=-1)
+    assert rows.gather(1, torch.tensor(res.tokens)[:, None])[:, 0].equal(res.logprobs)
+    assert res.captured.equal(full.captured)
+    assert res.captured.shape == (len(text) - 1, 3 * tiny_model.config.hidden_size)
+
+
+def test_stops_on_any_stop_id_and_keeps_it(tiny_model):
+    prompt = random_prompt(12, 21)
+    free = generate(tiny_model, [Request(prompt, SamplingParams(greedy=True, max_new_tokens=8))])[0]
+    assert free.finish_reason == "length" and len(free.tokens) == 8
+    stop = free.tokens[3]
+    first = free.tokens.index(stop)
+    res = generate(tiny_model, [Request(prompt, SamplingParams(greedy=True, max_new_tokens=8,
+                                                               stop_token_ids=(7, stop)))])[0]
+    assert res.tokens == free.tokens[:first + 1] and res.finish_reason == "stop"
+    # the config's EOS list is the default stop set
+    cfg = tiny_model.config.replace(eos_token_id=(1, stop, 2))
+    eos_model = GptOssModel.__new__(GptOssModel)
+    eos_model.__dict__.update(tiny_model.__dict__, config=cfg)
+    res = generate(eos_model, [Request(prompt, SamplingParams(greedy=True, max_new_tokens=8))])[0]
+    assert res.tokens == free.tokens[:first + 1] and res.finish_reason == "stop"
+
+
+def test_unseeded_requests_follow_the_generator(tiny_model):
+    req = Request(random_prompt(5, 3), SamplingParams(max_new_tokens=6))
+    a = generate(tiny_model, [req], generator=torch.Generator().manual_seed(1))[0]
+    b = generate(tiny_model, [req], generator=torch.Generator().manual_seed(1))[0]
+    assert a.tokens == b.tokens
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Request([]), r"Request\.prompt: must not be empty"),
+    (lambda: Request([1, 2.0]), r"Request\.prompt: token at index 1"),
+    (lambda: Request("abc"), r"Request\.prompt"),
+    (lambda: Request([1], seed=2**64), r"Request\.seed"),
+    (lambda: Request([1], params=dict(temperature=1)), r"Request\.params"),
+])
+def test_bad_requests(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_bad_requests_against_the_model(tiny_model):
+    with pytest.raises(ValueError, match=r"request 1: Request\.prompt: token id 512 at index 2"):
+        generate(tiny_model, [Request([1]), Request([1, 2, 512])])
+    with pytest.raises(ValueError, match=r"SamplingParams\.max_new_tokens: prompt \(3\) \+ max_new_tokens"):
+        generate(tiny_model, [Request([1, 2, 3], SamplingParams(max_new_tokens=131072))])
+    with pytest.raises(ValueError, match=r"exceeds the context of 10"):
+        generate(tiny_model, [Request([1, 2, 3], SamplingParams(max_new_tokens=8))], max_context=10)
+    with pytest.raises(ValueError, match=r"SamplingParams\.stop_token_ids"):
+        generate(tiny_model, [Request([1], SamplingParams(stop_token_ids=(600,)))])
+    assert generate(tiny_model, []) == []
