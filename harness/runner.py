@@ -119,7 +119,7 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore) -> Outcome:
                 out.status = MISMATCH
         if failed and out.status in (PASS, MISSING):
             out.status = FAILED
-    if out.status == PASS:
+    if out.status in (PASS, MISSING):
         out.repro = ""
     out.seconds = time.perf_counter() - start
     return out

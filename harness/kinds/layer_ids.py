@@ -1,0 +1,158 @@
+"""Spec kind `layer_ids`: EAGLE3 aux layer ids → target boundaries (DESIGN §3).
+
+    kind: layer_ids
+    description: …
+    inputs:
+      target: gpt-oss-120b            # an engine preset: gives L (blocks) and H (hidden size)
+      config_name: nvidia/gpt-oss-120b-Eagle3-v3   # named in errors (default: the spec id)
+      draft_config:                   # read like a real draft config.json: eagle_config first,
+        eagle_config: {eagle_aux_hidden_state_layer_ids: [24, 30, 36]}     # then the top level
+      convention: sglang              # boundary | sglang | output-index
+      draft_fc_in: 8640               # the draft's fc input width (default 3 × H)
+      forward:                        # optional: a real forward of the target preset
+        seed: 0                       # checkpoint seed (format bf16)
+        prompt: {arange: [1, 40]}     # token ids
+    expect:
+      boundaries: [24, 30, 36]
+      aux_width: 8640                 # count × H
+      error: ["37", "output-index"]   # or: the resolver must refuse, naming each of these
+
+With `forward`, the target runs on the prompt with the resolved boundaries captured, and every
+captured chunk must equal, bitwise, the state obtained by walking the blocks by hand (boundary 0 =
+the embedding output, boundary i + 1 = the residual stream after block i); the captured states
+are also the golden's tensor (so such specs keep a golden per platform).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.checkpoints import model_for
+from harness.intseq import IntSeq, materialize
+from harness.platform import SHARED
+from harness.result import Result
+from harness.schema import Any_, Field, Int, List, Map, Problem, Str
+from engine.boundaries import CONVENTIONS, LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
+from engine.config import preset
+from engine.model import rms_norm
+from engine.rope import rope_cos_sin
+
+NAME = "layer_ids"
+
+INPUTS = Map({
+    "target": Field(Str(), required=True, doc="engine preset of the target"),
+    "config_name": Field(Str(), doc="the draft config's name, as errors show it"),
+    "ids": Field(List(Int()), doc="eagle_aux_hidden_state_layer_ids, given directly"),
+    "draft_config": Field(Any_(), doc="a draft config.json mapping the ids are read from"),
+    "convention": Field(Str(choices=CONVENTIONS), required=True),
+    "draft_fc_in": Field(Int(min=1), doc="the draft's fc input width (default 3 x target hidden)"),
+    "forward": Field(Map({
+        "seed": Field(Int(min=0), default=0),
+        "prompt": Field(IntSeq(min_value=0), required=True),
+    })),
+})
+EXPECT = Map({
+    "boundaries": Field(List(Int())),
+    "aux_width": Field(Int(min=0)),
+    "error": Field(List(Str(), min_len=1), doc="substrings the resolver's error must contain"),
+})
+
+
+def validate(doc: dict) -> list[Problem]:
+    inp, exp, out = doc["inputs"], doc["expect"] or {}, []
+    try:
+        preset(inp["target"])
+    except ValueError as e:
+        out.append(Problem(("inputs", "target"), str(e)))
+    if inp["ids"] is not None and inp["draft_config"] is not None:
+        out.append(Problem(("inputs", "draft_config"), "give either 'ids' or 'draft_config', not both", at_key=True))
+    if inp["draft_config"] is not None and not isinstance(inp["draft_config"], dict):
+        out.append(Problem(("inputs", "draft_config"), "expected a mapping (a draft config.json)"))
+    if exp.get("error") and (exp.get("boundaries") is not None or inp["forward"]):
+        out.append(Problem(("expect", "error"), "an error spec has no boundaries and no forward", at_key=True))
+    if not exp:
+        out.append(Problem(("expect",), "expected 'boundaries' or 'error': a layer_ids spec must pin one"))
+    return out
+
+
+def golden_platform(spec, ctx) -> str:
+    return ctx.platform.name if spec.inputs["forward"] else SHARED
+
+
+def _resolve(spec) -> tuple[list[int], int]:
+    inp = spec.inputs
+    cfg = preset(inp["target"])
+    ids = inp["ids"] if inp["draft_config"] is None else aux_layer_ids_from_draft_config(inp["draft_config"])
+    fc_in = inp["draft_fc_in"] or 3 * cfg.hidden_size
+    if fc_in % cfg.hidden_size:
+        raise LayerIdError(f"{inp['config_name'] or spec.id}: the draft's fc input width {fc_in} is not a multiple "
+                           f"of the target hidden size {cfg.hidden_size}")
+    boundaries = resolve_boundaries(ids, inp["convention"], cfg.num_hidden_layers, fc_in // cfg.hidden_size,
+                                    inp["config_name"] or spec.id)
+    return boundaries, len(boundaries) * cfg.hidden_size
+
+
+def walk_boundaries(model, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Every boundary state of one prompt, by running the blocks one at a time (no capture code)."""
+    T = tokens.shape[0]
+    positions, slots = torch.arange(T), torch.zeros(T, dtype=torch.int64)
+    cache = model.new_cache(1, T)
+    eps = model.config.rms_norm_eps
+    cos, sin = rope_cos_sin(positions, model.inv_freq, model.mscale)
+    x = model.embed.index_select(0, tokens)
+    states = [x]                                                       # boundary 0
+    for i, blk in enumerate(model.blocks):
+        x = x + model._attention(i, blk, rms_norm(x, blk.attn_norm, eps), cos, sin, positions, slots, cache)
+        x = x + model._moe(blk, rms_norm(x, blk.mlp_norm, eps))
+        states.append(x)                                               # boundary i + 1
+    return states
+
+
+def run(spec, ctx) -> Result:
+    try:
+        boundaries, width = _resolve(spec)
+    except LayerIdError as e:
+        return Result(data={"error": type(e).__name__, "message": str(e)})
+    data = {"boundaries": boundaries, "aux_width": width}
+    tensors = {}
+    fwd = spec.inputs["forward"]
+    if fwd:
+        model = model_for({"preset": spec.inputs["target"], "seed": fwd["seed"], "format": "bf16"}, ctx.backend)
+        tokens = materialize(fwd["prompt"])
+        T = tokens.shape[0]
+        out = model.forward(tokens, torch.arange(T), torch.zeros(T, dtype=torch.int64), model.new_cache(1, T),
+                            capture=boundaries)
+        H = model.config.hidden_size
+        walked = walk_boundaries(model, tokens)
+        data["captured_width"] = out.captured.shape[-1]
+        data["chunks_differing_from_walk"] = [
+            b for k, b in enumerate(boundaries)
+            if not torch.equal(out.captured[:, k * H:(k + 1) * H].contiguous().view(torch.int32),
+                               walked[b].contiguous().view(torch.int32))]
+        data["expected_width"] = len(boundaries) * H
+        tensors["captured"] = out.captured
+    return Result(tensors=tensors, data=data)
+
+
+def check(spec, result: Result) -> list[str]:
+    exp, data, fails = spec.expect, result.data, []
+    if exp.get("error"):
+        if "error" not in data:
+            return [f"the resolver accepted the ids (boundaries {data['boundaries']}); the spec expects an error"]
+        missing = [s for s in exp["error"] if s not in data["message"]]
+        if missing:
+            fails.append(f"the error does not mention {missing}: {data['message']}")
+        return fails
+    if "error" in data:
+        return [f"the resolver refused: {data['message']}"]
+    if exp.get("boundaries") is not None and data["boundaries"] != exp["boundaries"]:
+        fails.append(f"boundaries {data['boundaries']}, the spec expects {exp['boundaries']}")
+    if exp.get("aux_width") is not None and data["aux_width"] != exp["aux_width"]:
+        fails.append(f"aux width {data['aux_width']}, the spec expects {exp['aux_width']}")
+    if "captured_width" in data:
+        if data["captured_width"] != data["expected_width"]:
+            fails.append(f"captured width {data['captured_width']} != count x hidden = {data['expected_width']}")
+        if data["chunks_differing_from_walk"]:
+            fails.append(f"captured boundaries {data['chunks_differing_from_walk']} differ from the states "
+                         "computed by walking the blocks")
+    return fails

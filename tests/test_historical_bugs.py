@@ -1,0 +1,82 @@
+"""Each historical bug of the seeds, put back by monkeypatching, must turn committed specs red.
+
+seeds/000: SGLang added one to every EAGLE3 layer id unconditionally, and captured hidden states
+"before block i", which can never observe boundary L. seeds/004 and DESIGN §5: coins not clamped,
+or divided by 2^32. The specs and goldens are the repository's own.
+"""
+
+import pytest
+import torch
+
+import engine.boundaries
+import kernels.coins
+from engine.model import ForwardOutput, GptOssModel, rms_norm
+from harness import runner
+from harness.golden import GoldenStore
+from harness.platform import detect
+from harness.result import RunContext
+from harness.specfile import load_specs
+from tests.conftest import REPO
+
+SPECS = {s.id: s for s in load_specs(REPO / "specs")[0]}
+CTX = RunContext(detect())
+STORE = GoldenStore(REPO / "golden")
+
+
+def status(spec_id):
+    return runner.check_spec(SPECS[spec_id], CTX, STORE)
+
+
+def test_committed_specs_pass_unpatched():
+    for spec_id in ("layer_ids/120b-nvidia-v3-sglang", "layer_ids/forward-d36-nvidia-v3", "coins/top-hashes-verify"):
+        assert status(spec_id).status == runner.PASS, spec_id
+
+
+def test_unconditional_plus_one_on_layer_ids(monkeypatch):
+    real = engine.boundaries.resolve_boundaries
+
+    def always_plus_one(ids, convention, *args, **kwargs):
+        if convention == "sglang" and ids:
+            ids = [i + 1 for i in ids]
+            convention = "boundary"
+        return real(ids, convention, *args, **kwargs)
+
+    monkeypatch.setattr("harness.kinds.layer_ids.resolve_boundaries", always_plus_one)
+    out = status("layer_ids/120b-nvidia-v3-sglang")
+    assert out.status in runner.FAILING and "outside [0, 36]" in out.report()
+    assert status("layer_ids/forward-d36-nvidia-v3").status in runner.FAILING
+    # where max(ids) != L the bug gives the right answer, which is how it shipped unnoticed
+    assert status("layer_ids/120b-long-context-sglang").status == runner.PASS
+
+
+def capture_before_block(self, tokens, positions, slots, cache, capture=(), logit_rows=None):
+    """The seeds/000 loop: a boundary is recorded as the input of block i, so L is never seen,
+    and only the states seen are concatenated."""
+    cfg, wanted, states = self.config, set(capture), {}
+    x = self.embed.index_select(0, tokens)
+    cos, sin = __import__("engine.rope", fromlist=["rope_cos_sin"]).rope_cos_sin(positions, self.inv_freq, self.mscale)
+    for i, blk in enumerate(self.blocks):
+        if i in wanted:
+            states[i] = x
+        x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps), cos, sin, positions, slots, cache)
+        x = x + self._moe(blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps))
+    h = rms_norm(x, self.norm, cfg.rms_norm_eps)
+    logits = h @ self.lm_head.T
+    return ForwardOutput(logits, torch.cat([states[b] for b in capture if b in states], dim=-1))
+
+
+def test_capture_before_the_block(monkeypatch):
+    monkeypatch.setattr(GptOssModel, "forward", capture_before_block)
+    for spec_id in ("layer_ids/forward-d36-nvidia-v3", "layer_ids/forward-d36-edges"):
+        out = status(spec_id)
+        assert out.status in runner.FAILING, spec_id
+        assert "captured width 64 != count x hidden = 96" in out.report()
+    # boundaries below L are the same states either way: the bug hides until L is asked for
+    assert status("layer_ids/forward-d36-long-context").status == runner.PASS
+
+
+@pytest.mark.parametrize("patch", [("COIN_MAX", 1.0), ("U_DIVISOR", 2**32)])
+def test_wrong_coins(monkeypatch, patch):
+    monkeypatch.setattr(kernels.coins, *patch)
+    out = status("coins/top-hashes-verify")
+    assert out.status in runner.FAILING and "tensor 'coins'" in out.report()
