@@ -5,6 +5,8 @@
     lockstep check    [PATTERN ...] [--json] [--strict]   the CI gate
     lockstep diff     PATTERN ...                   run and explain against the golden
     lockstep regen    [PATTERN ...] [--dry-run] [--allow-ci]
+    lockstep make-checkpoint --preset NAME --seed S --format bf16|mxfp4 OUT
+    lockstep generate --checkpoint DIR --prompt-ids 1,2,3 [...] [--json]
 
 Patterns are globs over spec ids (`'coins/*'`). Exit codes of `check` and `diff`:
 0 every spec matches its golden, 1 a mismatch (or a failed expectation, a crash, a corrupt
@@ -21,6 +23,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from harness import runner
 from harness.golden import GoldenStore
@@ -214,6 +218,56 @@ def cmd_regen(args) -> int:
     return EXIT_MISMATCH if counts[runner.REFUSED] else EXIT_OK
 
 
+def cmd_make_checkpoint(args) -> int:
+    from engine.checkpoint import make_checkpoint
+
+    try:
+        out = make_checkpoint(args.preset, args.seed, args.format, args.out, overwrite=args.overwrite)
+    except FileExistsError as e:
+        raise UsageError(f"{e}; use --overwrite to replace it") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(f"wrote {args.format} checkpoint of preset {args.preset!r} (seed {args.seed}) to {out}")
+    return EXIT_OK
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t, 0) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def cmd_generate(args) -> int:
+    from engine.checkpoint import CheckpointError
+    from engine.generate import Request, generate
+    from engine.model import GptOssModel
+    from engine.sampling import SamplingParams
+
+    try:
+        model = GptOssModel.from_checkpoint(args.checkpoint, backend=args.backend)
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                                max_new_tokens=args.max_new_tokens, greedy=args.seed is None,
+                                stop_token_ids=tuple(args.stop_ids) if args.stop_ids is not None else None)
+        requests = [Request(prompt=ids, params=params, seed=args.seed) for ids in args.prompt_ids]
+        results = generate(model, requests)
+    except (CheckpointError, ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from None
+    out = []
+    for req, res in zip(requests, results):
+        item = {"prompt": req.prompt, "tokens": res.tokens, "finish_reason": res.finish_reason}
+        if args.logprobs:
+            item["logprobs"] = res.logprobs.tolist()
+            item["logprobs_bits"] = [f"{b & 0xFFFFFFFF:08x}" for b in res.logprobs.contiguous().view(torch.int32).tolist()]
+        out.append(item)
+    if args.json:
+        print(json.dumps(out if len(out) > 1 else out[0], indent=2))
+    else:
+        for item in out:
+            print(" ".join(map(str, item["tokens"])) + f"   ({item['finish_reason']})")
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- entry point
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockstep", description="Deterministic-replay conformance harness "
@@ -241,6 +295,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
     p.add_argument("--allow-ci", action="store_true", help="allow regeneration when CI=true")
     p.set_defaults(func=cmd_regen)
+    p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
+    p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=["bf16", "mxfp4"], default="bf16")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    p.add_argument("out", type=Path, metavar="OUT")
+    p.set_defaults(func=cmd_make_checkpoint)
+    p = sub.add_parser("generate", help="generate from a checkpoint with the reference engine")
+    p.add_argument("--checkpoint", type=Path, required=True)
+    p.add_argument("--prompt-ids", type=_int_list, action="append", required=True,
+                   help="comma-separated token ids; repeat for a batch")
+    p.add_argument("--seed", type=int, help="seeded sampling (without: greedy)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--stop-ids", type=_int_list, help="replace the EOS list, e.g. --stop-ids 509,510")
+    p.add_argument("--logprobs", action="store_true", help="include each token's logprob (and its float32 bits)")
+    p.add_argument("--backend", choices=["torch", "triton"], default="torch")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_generate)
     return parser
 
 
