@@ -1,7 +1,8 @@
 """Coin throughput: the Triton hash kernel (and the torch reference) against torch.rand.
 
-Prints coins per second of each and the ratio to torch.rand of the same shape, measured in
-one process. On a GPU it uses CUDA events; on the CPU (Triton interpreter) wall-clock time.
+Prints values per second of each and the time ratio ours / torch.rand of the same shape
+(lower is better; 1.0 = as fast as torch.rand), measured in one process. On a GPU it uses CUDA
+events; on the CPU (Triton interpreter) wall-clock time.
 
     python bench/coins.py                       # default shapes
     python bench/coins.py --rows 65536 --cols 65
@@ -15,24 +16,8 @@ import time
 
 import torch
 
+from _util import DEVICE, ON_GPU, device_line, timed
 from kernels.coins import murmur_hash32, verify_coins
-
-
-def timed(fn, device, repeat):
-    fn()  # warm-up (compiles the Triton kernel on a GPU)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeat):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / repeat
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - t0) / repeat
 
 
 def main():
@@ -47,24 +32,22 @@ def main():
         rc = subprocess.run([sys.executable, "-m", "harness", "check", "coins/*"], capture_output=True).returncode
         print(f"lockstep check 'coins/*': exit {rc}, {time.perf_counter() - t0:.2f} s wall (process start included)")
         return
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = args.rows or (1 << 20 if device.type == "cuda" else 4096)
-    repeat = args.repeat or (50 if device.type == "cuda" else 3)
+    device = DEVICE
+    rows = args.rows or (1 << 20 if ON_GPU else 4096)
+    repeat = args.repeat or (50 if ON_GPU else 3)
     seeds = torch.arange(rows, dtype=torch.int64, device=device) * 0x9E3779B1
     lens = torch.arange(rows, dtype=torch.int64, device=device) + 1000
     cols = torch.arange(args.cols, dtype=torch.int64, device=device)
     n = rows * args.cols
-    t_rand = timed(lambda: torch.rand(rows, args.cols, device=device), device, repeat)
-    print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (Triton interpreter)'}, "
-          f"{rows} x {args.cols} = {n} values")
-    print(f"{'what':<34} {'values/s':>12} {'vs torch.rand':>14}")
-    print(f"{'torch.rand (float32, baseline)':<34} {n / t_rand:12.3e} {1.0:14.3f}")
+    t_rand = timed(lambda: torch.rand(rows, args.cols, device=device), repeat)
+    print(f"{device_line()}, {rows} x {args.cols} = {n} values")
+    print(f"{'what':<34} {'values/s':>12} {'ours / torch.rand':>18}")
+    print(f"{'torch.rand (float32, baseline)':<34} {n / t_rand:12.3e} {1.0:18.3f}")
     for backend in ("triton", "torch"):
-        t_hash = timed(lambda: murmur_hash32(seeds, lens, cols, backend), device, repeat)
-        t_coin = timed(lambda: verify_coins(seeds, lens, args.cols - 1, backend), device, repeat)
-        print(f"{'murmur_hash32 ' + backend:<34} {n / t_hash:12.3e} {t_rand / t_hash:14.3f}")
-        print(f"{'verify_coins ' + backend:<34} {n / t_coin:12.3e} {t_rand / t_coin:14.3f}")
-
+        t_hash = timed(lambda: murmur_hash32(seeds, lens, cols, backend), repeat)
+        t_coin = timed(lambda: verify_coins(seeds, lens, args.cols - 1, backend), repeat)
+        print(f"{'murmur_hash32 ' + backend:<34} {n / t_hash:12.3e} {t_hash / t_rand:18.3f}")
+        print(f"{'verify_coins ' + backend:<34} {n / t_coin:12.3e} {t_coin / t_rand:18.3f}")
 
 if __name__ == "__main__":
     main()

@@ -31,8 +31,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               window: int, scale: float, backend: str = "torch") -> torch.Tensor:
     """q [T, Hq, D]; k_cache, v_cache [slots, Hkv, S, D]; slots, positions [T] int64;
     sinks [Hq]; window 0 = full causal. -> [T, Hq, D] fp32."""
-    if check_backend(backend) != "torch":
-        raise NotImplementedError("attention: only the 'torch' backend exists so far")
+    if check_backend(backend) == "triton":
+        from kernels.attention import attention_triton    # one fixed 64-key split, prefill = decode
+        return attention_triton(q, k_cache, v_cache, slots, positions, sinks, window, scale)
     T, Hq, D = q.shape
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv

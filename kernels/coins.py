@@ -92,6 +92,17 @@ def _mix(h, k):
 
 
 @triton.jit
+def _fmix(h):
+    # the finaliser over a 16-byte key (length 16 mixed in first)
+    h = h ^ 16
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
 def _murmur_kernel(seed_ptr, pos_ptr, col_ptr, out_ptr, n, m,
                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     # One program hashes a [BLOCK_N, BLOCK_M] tile of (row, column) keys. All arithmetic is
@@ -112,13 +123,7 @@ def _murmur_kernel(seed_ptr, pos_ptr, col_ptr, out_ptr, n, m,
     h = _mix(h, seed_lo[:, None])
     h = _mix(h, seed_hi[:, None])
     h = _mix(h, pos_lo[:, None])
-    h = _mix(h, col_lo[None, :])
-    h = h ^ 16
-    h = h ^ (h >> 16)
-    h = h * 0x85EBCA6B
-    h = h ^ (h >> 13)
-    h = h * 0xC2B2AE35
-    h = h ^ (h >> 16)
+    h = _fmix(_mix(h, col_lo[None, :]))
 
     out = out_ptr + rows[:, None] * m + cols[None, :]
     tl.store(out, h.to(tl.int64), mask=row_ok[:, None] & col_ok[None, :])

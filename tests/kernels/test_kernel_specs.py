@@ -1,0 +1,71 @@
+"""specs/kernels/*.yaml through the `kernel` spec kind: every spec loads and its expectations
+hold on this platform; putting back the empty-tile bug or a tail bug turns specs red, with a
+report that names the kernel and the shape. (Goldens are the owner's: `lockstep regen`.)"""
+
+from pathlib import Path
+
+import pytest
+
+import harness.kinds as kinds
+from harness.kinds import kernel as kernel_kind
+from harness.platform import detect
+from harness.result import RunContext
+from harness.specfile import load_specs
+
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+
+
+@pytest.fixture(scope="module")
+def kernel_specs():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(kinds.KINDS, "kernel", kernel_kind)      # until the owner registers the kind
+        specs, errors = load_specs(SPECS)
+    assert not [e for e in errors if "kernels/" in str(e)], errors
+    return {s.id: s for s in specs if s.kind == "kernel"}
+
+
+def check(spec):
+    ctx = RunContext(platform=detect())
+    return kernel_kind.check(spec, kernel_kind.run(spec, ctx))
+
+
+def test_there_are_enough_specs(kernel_specs):
+    assert len(kernel_specs) >= 25
+    kernels = {s.inputs["kernel"] for s in kernel_specs.values()}
+    assert kernels == set(kernel_kind.KERNELS)
+    assert kernel_kind.golden_platform(next(iter(kernel_specs.values())), RunContext(platform=detect())).endswith("-triton")
+
+
+FAST = ["kernels/attention-empty-tiles-window-128", "kernels/attention-no-sink", "kernels/matmul-n127-k129",
+        "kernels/rmsnorm-n2881", "kernels/router-top4-ties", "kernels/moe-tails", "kernels/sampling-vocab-1025",
+        "kernels/rope-bf16-odd-heads", "kernels/swiglu-clamps", "kernels/attention-all-masked"]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+@pytest.mark.parametrize("spec_id", FAST)
+def test_specs_hold(kernel_specs, spec_id):
+    assert check(kernel_specs[spec_id]) == []
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_the_empty_tile_bug_turns_specs_red(kernel_specs, monkeypatch):
+    import kernels.attention as A
+    monkeypatch.setattr(A, "_GUARD_EMPTY_TILES", False)
+    fails = check(kernel_specs["kernels/attention-empty-tiles-window-128"])
+    assert fails and "kernel attention [Hq=8, Hkv=1, D=64, S=576, window=128]" in fails[0]
+    assert any("non-finite" in f for f in fails)
+
+
+def test_a_tail_bug_turns_specs_red(kernel_specs, monkeypatch):
+    """An unmasked K tail (the loop drops the last partial chunk) must fail the tail specs."""
+    import kernels.matmul as M
+    real = M.linear_triton
+
+    def no_tail(x, w, b=None):
+        bk = M.TILES[2]
+        k = x.shape[1] // bk * bk or x.shape[1]
+        return real(x[:, :k].contiguous(), w[:, :k].contiguous(), b)
+
+    monkeypatch.setattr(M, "linear_triton", no_tail)
+    fails = check(kernel_specs["kernels/matmul-n127-k129"])
+    assert fails and fails[0].startswith("kernel matmul [M=17, K=129, N=127] fp32: max |triton - torch|")

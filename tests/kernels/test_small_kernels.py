@@ -1,0 +1,185 @@
+"""kernels.rmsnorm, kernels.rope, kernels.moe, kernels.sampling against their torch references."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from engine.sampling import SamplingParams, keep_mask, sample
+from kernels.moe import clamped_swiglu, expert_linear, moe, router_top_k
+from kernels.rmsnorm import rms_norm
+from kernels.rope import apply_rope
+from kernels.sampling import gumbel_argmax
+
+G = lambda s: torch.Generator().manual_seed(s)   # noqa: E731
+
+
+# ------------------------------------------------------------------ rmsnorm (fp32 math)
+@pytest.mark.parametrize("N", [1, 127, 129, 2880, 2881])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_tails_and_rows(N, dtype):
+    x = (torch.randn(6, N, generator=G(N)) * 3).to(dtype)
+    w = torch.randn(N, generator=G(N + 1)).to(dtype)
+    y = rms_norm(x, w, 1e-5, backend="triton")
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(y.float(), rms_norm(x, w, 1e-5).float(), **tol)
+    for r in (0, 5):
+        assert rms_norm(x[r:r + 1], w, 1e-5, backend="triton").equal(y[r:r + 1])
+
+
+def test_rmsnorm_zero_row_and_huge_values():
+    x = torch.tensor([[0.0] * 5, [3e18, -3e18, 1.0, 0.0, 2.0]])
+    w = torch.ones(5)
+    y = rms_norm(x, w, 1e-5, backend="triton")
+    assert y[0].eq(0).all() and torch.isfinite(y).all()
+    torch.testing.assert_close(y, rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ rope (elementwise)
+@pytest.mark.parametrize("H, D", [(1, 2), (3, 32), (8, 64), (5, 128)])
+def test_rope_matches_reference(H, D):
+    x = torch.randn(7, H, D, generator=G(D))
+    ang = torch.randn(7, D // 2, generator=G(H)) * 100
+    cos, sin = ang.cos() * 1.35, ang.sin() * 1.35
+    torch.testing.assert_close(apply_rope(x, cos, sin, backend="triton"), apply_rope(x, cos, sin), rtol=1e-6, atol=1e-6)
+    xb = x.to(torch.bfloat16)
+    torch.testing.assert_close(apply_rope(xb, cos, sin, backend="triton").float(), apply_rope(xb, cos, sin).float(),
+                               rtol=1.6e-2, atol=1e-2)
+
+
+def test_rope_agrees_with_engine():
+    from engine.config import preset
+    from engine.rope import apply_rope as engine_rope, rope_cos_sin, rope_frequencies
+    inv, ms = rope_frequencies(64, preset("gpt-oss-20b").rope)
+    cos, sin = rope_cos_sin(torch.tensor([0, 1, 4095, 131071]), inv, ms)
+    x = torch.randn(4, 8, 64, generator=G(3))
+    torch.testing.assert_close(apply_rope(x, cos, sin, backend="triton"), engine_rope(x, cos, sin), rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ router top-k
+def test_top_k_ties_go_to_the_lowest_index():
+    logits = torch.tensor([[1.0] * 8,
+                           [0.0, 5.0, 5.0, 1.0, 5.0, 0.0, 0.0, 5.0],
+                           [float("-inf")] * 6 + [2.0, 2.0],
+                           [3.0, -1.0, 3.0, 3.0, -1.0, 7.0, -1.0, -1.0]])
+    for backend in ("torch", "triton"):
+        w, ids = router_top_k(logits, 4, backend=backend)
+        assert ids.tolist() == [[0, 1, 2, 3], [1, 2, 4, 7], [6, 7, 0, 1], [5, 0, 2, 3]], backend
+        assert torch.isfinite(w).all()
+    wt, _ = router_top_k(logits, 4, backend="triton")
+    torch.testing.assert_close(wt, router_top_k(logits, 4)[0], rtol=1e-6, atol=1e-7)
+
+
+@settings(max_examples=15, deadline=None)
+@given(T=st.integers(1, 9), E=st.sampled_from([4, 5, 32, 128]), k=st.integers(1, 4), seed=st.integers(0, 10**6),
+       levels=st.sampled_from([0, 3]))
+def test_property_top_k(T, E, k, seed, levels):
+    logits = torch.randn(T, E, generator=G(seed)) * 4
+    if levels:                                     # few distinct values: many ties
+        logits = logits.round().clamp(-levels, levels)
+    w, ids = router_top_k(logits, k, backend="triton")
+    w0, ids0 = router_top_k(logits, k)
+    assert ids.equal(ids0)
+    torch.testing.assert_close(w, w0, rtol=1e-6, atol=1e-7)
+
+
+def test_top_k_large_and_small_logits():
+    logits = torch.tensor([[1e30, -1e30, 1e-30, 0.0, 88.0, -88.0]])
+    w, ids = router_top_k(logits, 3, backend="triton")
+    assert ids.tolist() == [[0, 4, 2]] and torch.isfinite(w).all()
+    torch.testing.assert_close(w, router_top_k(logits, 3)[0])
+
+
+# ------------------------------------------------------------------ clamped SwiGLU
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_swiglu_clamps_and_interleaving():
+    gu = torch.tensor([[8.0, 9.0, -100.0, -9.0, 7.0, 7.0, 0.5, -0.5]])
+    y = clamped_swiglu(gu, backend="triton")
+    # gate 8 -> 7, up 9 -> 7; gate -100 stays, up -9 -> -7; gate 7, up 7; gate .5, up -.5
+    s = torch.sigmoid
+    want = torch.tensor([[7 * s(torch.tensor(1.702 * 7)) * 8, -100 * s(torch.tensor(-170.2)) * -6,
+                          7 * s(torch.tensor(1.702 * 7)) * 8, 0.5 * s(torch.tensor(0.851)) * 0.5]])
+    torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
+    x = torch.randn(5, 2 * 129, generator=G(1)) * 20
+    torch.testing.assert_close(clamped_swiglu(x, backend="triton"), clamped_swiglu(x), rtol=1e-6, atol=1e-5)
+
+
+# ------------------------------------------------------------------ experts
+def experts(E, H, I, seed=0, dtype=torch.float32):
+    g = G(seed)
+    return ((torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(dtype), torch.randn(E, 2 * I, generator=g).to(dtype),
+            (torch.randn(E, H, I, generator=g) / I ** 0.5).to(dtype), torch.randn(E, H, generator=g).to(dtype))
+
+
+@pytest.mark.parametrize("H, I", [(1, 1), (127, 129), (129, 127), (96, 64)])
+def test_moe_matches_reference_and_rows_alone(H, I):
+    E, k, T = 8, 4, 5
+    W = experts(E, H, I, seed=H)
+    x = torch.randn(T, H, generator=G(2))
+    r, ids = router_top_k(torch.randn(T, E, generator=G(3)), k)
+    out = moe(x, r, ids, *W, backend="triton")
+    torch.testing.assert_close(out, moe(x, r, ids, *W), rtol=1e-5, atol=2e-5)
+    for t in (0, T - 1):
+        assert moe(x[t:t + 1], r[t:t + 1], ids[t:t + 1], *W, backend="triton").equal(out[t:t + 1])
+
+
+def test_moe_bf16():
+    W = experts(4, 64, 32, seed=5, dtype=torch.bfloat16)
+    x = torch.randn(3, 64, generator=G(6)).to(torch.bfloat16)
+    r, ids = router_top_k(torch.randn(3, 4, generator=G(7)), 2)
+    torch.testing.assert_close(moe(x, r, ids, *W, backend="triton").float(), moe(x, r, ids, *W).float(),
+                               rtol=3e-2, atol=3e-2)
+
+
+def test_expert_parallel_skips_non_local_experts():
+    """Experts split over 2 ranks: each rank holds only its shard (no weights to read for the
+    others); non-local slots are skipped, so a token with no local expert gets exactly 0 and a
+    NaN-producing expert elsewhere never leaks in. The two halves add up to the whole."""
+    E, H, I, k, T = 8, 33, 17, 2, 6
+    gw, gb, dw, db = experts(E, H, I, seed=9)
+    x = torch.randn(T, H, generator=G(10))
+    ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [1, 6], [7, 0]])
+    r = torch.full((T, k), 0.5)
+    full = moe(x, r, ids, gw, gb, dw, db, backend="triton")
+    lo = moe(x, r, ids, gw[:4], gb[:4], dw[:4], db[:4], expert_start=0, backend="triton")
+    hi_db = db[4:].clone()
+    hi = moe(x, r, ids, gw[4:], gb[4:], dw[4:], hi_db, expert_start=4, backend="triton")
+    assert lo[2:4].eq(0).all() and hi[0:2].eq(0).all()
+    torch.testing.assert_close(lo + hi, full, rtol=1e-5, atol=1e-5)
+    bad_db = db[4:].clone()
+    bad_db[:] = float("inf")                        # rank 1's experts blow up; rank 0 must not see it
+    assert torch.isfinite(moe(x[:2], r[:2], ids[:2], gw[4:], gb[4:], dw[4:], bad_db, expert_start=4,
+                              backend="triton")).all()
+    y = expert_linear(x, torch.tensor([9, 0, 3, -1, 4, 8]), gw, gb, backend="triton")
+    assert y[0].eq(0).all() and y[3].eq(0).all() and y[5].eq(0).all()
+
+
+# ------------------------------------------------------------------ seeded Gumbel-max
+@pytest.mark.parametrize("V", [1, 127, 1025, 201088])
+def test_gumbel_argmax_matches_reference(V):
+    R = 3 if V > 2000 else 6
+    logp = torch.log_softmax(torch.randn(R, V, generator=G(V), dtype=torch.float64) * 2, -1)
+    seeds = torch.tensor([0, 42, -1, 7, 1 << 40, 3])[:R]
+    pos = torch.tensor([0, 7, 123, 5, 99, 100000])[:R]
+    assert gumbel_argmax(logp, seeds, pos, backend="triton").equal(gumbel_argmax(logp, seeds, pos))
+
+
+def test_gumbel_argmax_is_engine_sample():
+    V = 3000
+    logits = torch.randn(V, generator=G(11)) * 3
+    for params, seed, pos in ((SamplingParams(temperature=0.7), 5, 17), (SamplingParams(top_k=20), 1 << 63, 0),
+                              (SamplingParams(top_p=0.5, min_p=0.01), 123, 4096)):
+        z = logits.to(torch.float64) / params.temperature
+        keep = keep_mask(z, params.top_k, params.top_p, params.min_p)
+        logp = torch.log_softmax(torch.where(keep, z, float("-inf")), dim=-1)[None]
+        s = torch.tensor([seed - (1 << 64) if seed >= 1 << 63 else seed])
+        got = gumbel_argmax(logp, s, torch.tensor([pos]), backend="triton")
+        assert int(got) == sample(logits, params, seed, pos)
+
+
+def test_gumbel_argmax_ties_and_all_masked():
+    # every id masked: the first index (as torch.argmax); identical rows: identical ids
+    logp = torch.full((2, 2100), float("-inf"), dtype=torch.float64)
+    assert gumbel_argmax(logp, torch.tensor([1, 2]), torch.tensor([0, 0]), backend="triton").tolist() == [0, 0]
+    logp = torch.zeros(3, 2100, dtype=torch.float64)
+    out = gumbel_argmax(logp, torch.tensor([9, 9, 10]), torch.tensor([4, 4, 4]), backend="triton")
+    assert out[0] == out[1] and out.equal(gumbel_argmax(logp, torch.tensor([9, 9, 10]), torch.tensor([4, 4, 4])))
