@@ -242,9 +242,7 @@ def make_checkpoint(preset_name: str, seed: int, fmt: str, out_dir: str | Path,
         running += size
     shard_names = [f"model-{i + 1:05d}-of-{num_shards:05d}.safetensors" for i in range(num_shards)]
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    def write(tmp: Path) -> None:
         for i, fname in enumerate(shard_names):
             part = {n: tensors[n] for n, s in zip(names, shard_of) if s == i}
             save_file(part, str(tmp / fname), metadata={"format": "pt"})
@@ -253,6 +251,17 @@ def make_checkpoint(preset_name: str, seed: int, fmt: str, out_dir: str | Path,
         (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2, sort_keys=True) + "\n",
                                          encoding="utf-8")
+
+    return write_folder_atomically(out_dir, write)
+
+
+def write_folder_atomically(out_dir: Path, write) -> Path:
+    """Run write(tmp) on a fresh temp folder beside out_dir, then rename it into place: a failure
+    (or a kill) never leaves a half-written out_dir. An existing out_dir is replaced."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        write(tmp)
         os.chmod(tmp, 0o755)
         if out_dir.exists():
             shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()

@@ -14,6 +14,7 @@ Presets (`preset(name)`):
   tiny                        4 layers, hidden 96: every structural feature, small and fast
   small                       6 layers, hidden 160, 8 experts top-4, window 16
   tiny-d24, tiny-d36          narrow models with the real depths, for layer-ID checks
+  tiny-parallel               16 q / 8 KV heads, 8 experts: every TP in 1..8, EP in 1..8
 Every invalid field raises a ValueError that names the field.
 """
 
@@ -303,6 +304,9 @@ PRESETS = {
                                   num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
                                   sliding_window=16, num_local_experts=8, num_experts_per_tok=4,
                                   eos_token_id=(1021, 1022, 1023), pad_token_id=1020),
+    "tiny-parallel": lambda: _tiny_family(vocab_size=512, hidden_size=64, intermediate_size=64,
+                                          num_hidden_layers=2, num_attention_heads=16,
+                                          num_key_value_heads=8, head_dim=16, num_local_experts=8),
     "tiny-d24": lambda: _tiny_family(vocab_size=256, hidden_size=32, intermediate_size=32,
                                      num_hidden_layers=24, num_attention_heads=2, num_key_value_heads=1,
                                      head_dim=16, eos_token_id=(253, 254, 255), pad_token_id=252),

@@ -14,6 +14,8 @@ and phases freely.
 
 Determinism (DESIGN §2): all matmuls go through `engine.linear.linear` (one row per call)
 and attention through `engine.attention.attention` (one query per call, fixed key tiles);
+the row-parallel layers (o_proj, experts' down) use `linear_k_chunked`: 8 fixed K chunks
+added in one fixed tree, the order engine/parallel.py keeps at every TP degree (D4);
 MoE experts run per token and slot. Elementwise ops and per-row reductions (RMSNorm's mean,
 softmax) are batched: in torch on CPU their per-element result does not depend on the number
 of rows (checked by tests/engine/test_linear_invariance.py and the D2/D3 tests). Nothing in
@@ -35,25 +37,35 @@ import torch
 from engine.attention import attention
 from engine.config import GptOssConfig
 from engine.kv_cache import KVCache
-from engine.linear import linear
+from engine.linear import linear, linear_k_chunked
 from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "torch") -> torch.Tensor:
     """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight, in fp32."""
     x = x.to(torch.float32)
+    if backend == "triton":
+        from kernels.rmsnorm import rms_norm_triton          # one program per row, fixed chunks
+        return rms_norm_triton(x, weight, eps)
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
 
 
-def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float, backend: str = "torch") -> torch.Tensor:
     """gate_up [T, 2I], interleaved (gate = even columns, up = odd) -> [T, I]."""
+    if backend == "triton":
+        from kernels.moe import clamped_swiglu_triton
+        return clamped_swiglu_triton(gate_up, alpha, limit)
     gate = gate_up[..., 0::2].clamp(max=limit)
     up = gate_up[..., 1::2].clamp(min=-limit, max=limit)
     return gate * torch.sigmoid(alpha * gate) * (up + 1)
 
 
-def top_k_lowest_index(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k_lowest_index(logits: torch.Tensor, k: int, backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k along the last dim; equal values rank by lower index. -> (values, ids) [..., k]."""
+    if backend == "triton" and logits.dim() == 2:
+        from kernels.moe import router_top_k_triton
+        ids = router_top_k_triton(logits, k)[1]              # [T, k], same ranking rule
+        return logits.gather(-1, ids), ids
     values, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
     return values[..., :k], ids[..., :k]
 
@@ -138,23 +150,31 @@ class GptOssModel:
                 raise ValueError(f"capture boundary {b} is outside [0, {L}]")
         wanted = set(capture)
         states: dict[int, torch.Tensor] = {}
+        dev = self.embed.device
+        tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
 
-        x = self.embed.index_select(0, tokens)                          # [T, H]
+        x = self._embed(tokens)                                         # [T, H]
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.mscale)  # [T, D/2] each
         if 0 in wanted:
             states[0] = x
         for i, blk in enumerate(self.blocks):
-            x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps),
+            x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps, self.backend),
                                     cos, sin, positions, slots, cache)
-            x = x + self._moe(blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps))
+            x = x + self._moe(blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps, self.backend))
             if i + 1 in wanted:
                 states[i + 1] = x                                       # boundary i + 1
-        h = rms_norm(x, self.norm, cfg.rms_norm_eps)                   # [T, H]
+        h = rms_norm(x, self.norm, cfg.rms_norm_eps, self.backend)     # [T, H]
         if logit_rows is not None:
-            h = h.index_select(0, logit_rows)
-        logits = linear(h, self.lm_head, None, self.backend)            # [T, V]
+            h = h.index_select(0, logit_rows.to(dev))
+        logits = self._logits(h)                                        # [T, V]
         captured = torch.cat([states[b] for b in capture], dim=-1) if capture else None
         return ForwardOutput(logits, captured)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed.index_select(0, tokens)                       # [T, H]
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return linear(h, self.lm_head, None, self.backend)              # [T, V] untied head
 
     def _attention(self, layer: int, blk: BlockWeights, x: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -168,13 +188,14 @@ class GptOssModel:
         cache.write(layer, slots, positions, k, v)                     # all T keys first,
         o = attention(q, cache.k[layer], cache.v[layer], slots, positions,   # then each query
                       blk.sinks, cfg.window(layer), self.scale, self.backend)  # [T, Hq, D]
-        return linear(o.reshape(T, cfg.q_dim), blk.o_w, blk.o_b, self.backend)  # [T, H]
+        # row-parallel layer: fixed K chunks + fixed tree, the same bits at any TP (D4)
+        return linear_k_chunked(o.reshape(T, cfg.q_dim), blk.o_w, blk.o_b, self.backend)  # [T, H]
 
     def _moe(self, blk: BlockWeights, x: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         k = cfg.num_experts_per_tok
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E]
-        top_logits, top_ids = top_k_lowest_index(router_logits, k)          # [T, k]
+        top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
         routing = torch.softmax(top_logits, dim=-1)                          # over the k only
         out = torch.empty_like(x)                                            # [T, H]
         for t in range(x.shape[0]):
@@ -187,8 +208,10 @@ class GptOssModel:
             total = None
             for slot in range(k):                                            # slot order
                 h = linear(xt, gate_up_w[slot], gate_up_b[slot], self.backend)   # [1, 2I]
-                h = clamped_swiglu(h, cfg.swiglu_alpha, cfg.swiglu_limit)        # [1, I]
-                y = linear(h, down_w[slot], down_b[slot], self.backend)          # [1, H]
+                # clamped SwiGLU, then down: both per fixed K chunk, as at any TP degree (D4)
+                y = linear_k_chunked(h, down_w[slot], down_b[slot], self.backend, x_per_k=2,
+                                     prologue=lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit,
+                                                                       self.backend))   # [1, H]
                 y = y * routing[t, slot]
                 total = y if total is None else total + y
             out[t] = total[0]

@@ -1,0 +1,199 @@
+"""Topologies, process groups and the invariant collectives (DESIGN §2, D4).
+
+Layout: world = tp × ep, rank = ep_rank * tp + tp_rank.
+
+    attention, embedding, lm_head   split over the tp ranks of a TP group; every EP group
+                                    holds the same copy (attention is replicated across EP)
+    MoE experts                     expert e lives on EP group e // (E / ep); inside that group
+                                    its intermediate dim is split over the tp ranks
+
+    TP group of rank r: the tp ranks with r's ep_rank     [e*tp, e*tp + tp)
+    EP group of rank r: the ep ranks with r's tp_rank     {t, tp + t, 2*tp + t, ...}
+
+Sums never go through a float all_reduce (its order depends on the world size and the
+algorithm). Every collective here is an all_gather, which moves bytes; the adding happens
+afterwards on every rank in one fixed order (engine.linear.tree_sum, slot order). A rank's
+K chunks are an aligned block of the 8-chunk tree, so it adds them as that subtree before
+the gather: the tree is shared within and across ranks (TBIK's idea, reference/determinism §4).
+
+The same code runs on gloo (CPU) and NCCL (GPU): the device comes from the backend.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from engine.config import GptOssConfig
+from engine.linear import K_CHUNKS, tree_sum
+
+# On CPU (MKL), a [1, K] x [K, N] product computes its last N % 4 columns by another code
+# path, so a column slice gives the full product's bits only if its width is a multiple of
+# this (checked in tests/parallel/test_reductions.py). The Triton backend has no such tail.
+COLUMN_ALIGN = 4
+
+
+class UnsupportedTopology(ValueError):
+    """A split the model's shapes do not allow; the message names every violated constraint."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    tp: int = 1
+    ep: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.ep
+
+    def __str__(self) -> str:
+        return f"tp={self.tp} ep={self.ep}"
+
+    def problems(self, config: GptOssConfig) -> list[str]:
+        """Every constraint this topology breaks for `config` (empty: supported)."""
+        tp, ep, c = self.tp, self.ep, config
+        out = []
+        for name, v in (("tp", tp), ("ep", ep)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                return [f"{name} must be a positive int, got {v!r}"]
+        if K_CHUNKS % tp:
+            out.append(f"tp={tp} must divide the K chunk count {K_CHUNKS} (tp in 1, 2, 4, 8)")
+        if c.num_attention_heads % tp:
+            out.append(f"tp={tp} must divide num_attention_heads={c.num_attention_heads}")
+        if c.num_key_value_heads % tp:
+            out.append(f"tp={tp} must divide num_key_value_heads={c.num_key_value_heads}")
+        if c.vocab_size % tp:
+            out.append(f"tp={tp} must divide vocab_size={c.vocab_size} (vocab-parallel embedding, lm_head)")
+        if c.num_local_experts % ep:
+            out.append(f"ep={ep} must divide num_local_experts={c.num_local_experts}")
+        if tp > 1 and not out:
+            for what, K in (("q_dim (o_proj input)", c.q_dim), ("intermediate_size (down input)", c.intermediate_size)):
+                if K % K_CHUNKS:
+                    out.append(f"{what}={K} must be a multiple of the K chunk count {K_CHUNKS} for tp > 1")
+            widths = {"query heads": c.q_dim // tp, "KV heads": c.kv_dim // tp,
+                      "gate_up": 2 * c.intermediate_size // tp, "vocab": c.vocab_size // tp}
+            for what, w in widths.items():
+                if w % COLUMN_ALIGN:
+                    out.append(f"tp={tp}: the per-rank {what} slice ({w} columns) must be a multiple of "
+                               f"{COLUMN_ALIGN} (column-parallel bits)")
+        return out
+
+    def check(self, config: GptOssConfig) -> None:
+        bad = self.problems(config)
+        if bad:
+            raise UnsupportedTopology(f"unsupported topology {self}: " + "; ".join(bad))
+
+
+class ParallelContext:
+    """This process's place in a topology, its process groups and collectives.
+
+    Build it after torch.distributed is initialised (engine.launch does that), on every rank,
+    in the same order: `ParallelContext(Topology(tp, ep))`. With world size 1 no process
+    group is needed."""
+
+    def __init__(self, topology: Topology, rank: int | None = None):
+        self.topology = topology
+        tp, ep = topology.tp, topology.ep
+        if topology.world_size == 1 and not dist.is_initialized():
+            self.rank, self.world_size, self.backend = 0, 1, "none"
+        else:
+            if not dist.is_initialized():
+                raise RuntimeError(f"ParallelContext({topology}): torch.distributed is not initialised")
+            self.rank, self.world_size, self.backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
+            if self.world_size != topology.world_size:
+                raise UnsupportedTopology(f"topology {topology} needs world size {topology.world_size}, "
+                                          f"the process group has {self.world_size}")
+        self.tp_rank, self.ep_rank = self.rank % tp, self.rank // tp
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", self.rank % torch.cuda.device_count())))
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        # Every rank creates every group, in the same order (a torch.distributed rule).
+        self.tp_group = self.ep_group = None
+        if tp > 1 and ep > 1:
+            for e in range(ep):
+                g = dist.new_group([e * tp + t for t in range(tp)])
+                if e == self.ep_rank:
+                    self.tp_group = g
+            for t in range(tp):
+                g = dist.new_group([e * tp + t for e in range(ep)])
+                if t == self.tp_rank:
+                    self.ep_group = g
+        elif tp > 1:
+            self.tp_group = dist.group.WORLD
+        elif ep > 1:
+            self.ep_group = dist.group.WORLD
+
+    @property
+    def tp(self) -> int:
+        return self.topology.tp
+
+    @property
+    def ep(self) -> int:
+        return self.topology.ep
+
+    # ------------------------------------------------------------------ collectives
+    def gather_tp(self, t: torch.Tensor) -> torch.Tensor:
+        """[*] -> [tp, *]: every TP-group member's tensor, in tp_rank order (bytes, no sums)."""
+        return all_gather_stack(t, self.tp, self.tp_group)
+
+    def gather_ep(self, t: torch.Tensor) -> torch.Tensor:
+        """[*] -> [ep, *]: every EP-group member's tensor, in ep_rank order."""
+        return all_gather_stack(t, self.ep, self.ep_group)
+
+
+def _all_gather_flat(flat: torch.Tensor, size: int, group) -> torch.Tensor:
+    out = flat.new_empty(size * flat.numel())
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, flat, group=group)                        # one buffer, no stacking copy
+    return out
+
+
+def all_gather_stack(t: torch.Tensor, size: int, group) -> torch.Tensor:
+    """All-gather equal-shaped tensors of a group of `size` ranks -> [size, *t.shape]."""
+    if size == 1:
+        return t.unsqueeze(0)
+    return _all_gather_flat(t.contiguous().reshape(-1), size, group).view((size,) + tuple(t.shape))
+
+
+# At or above this many elements, invariant_sum scatters before it gathers (bandwidth of a
+# ring all_reduce); below it, one all_gather (fewer messages). The bits are the same either way.
+SCATTER_MIN_ELEMENTS = 1 << 16
+
+
+def invariant_sum(local_parts: list[torch.Tensor], size: int, group, algorithm: str = "auto") -> torch.Tensor:
+    """The row-parallel reduction. Each of `size` ranks holds K_CHUNKS / size consecutive
+    partials, an aligned block of the fixed tree, so it adds them as that subtree locally;
+    the `size` subtree sums are then added as the tree's top levels, on every rank. Same
+    additions in the same order as the one-device `tree_sum` of all K_CHUNKS partials, so
+    bitwise equal at every world size. Two ways to move the subtree sums, same bits:
+
+      "gather"   all_gather them all; every rank adds every element's top levels
+      "scatter"  all_to_all: rank j receives everyone's slice j of the flattened sum and adds
+                 those top levels; then all_gather the summed slices. Moves what a ring
+                 all_reduce moves.
+    """
+    if len(local_parts) * size != K_CHUNKS:
+        raise ValueError(f"invariant_sum: {len(local_parts)} partials on each of {size} ranks, "
+                         f"need {K_CHUNKS} in all")
+    subtree = tree_sum(local_parts)
+    if size == 1:
+        return subtree
+    if algorithm == "auto":
+        algorithm = "scatter" if subtree.numel() >= SCATTER_MIN_ELEMENTS else "gather"
+    if algorithm == "gather":
+        return tree_sum(list(all_gather_stack(subtree, size, group).unbind(0)))
+    if algorithm != "scatter":
+        raise ValueError(f"invariant_sum: algorithm must be 'auto', 'gather' or 'scatter', got {algorithm!r}")
+    flat = subtree.contiguous().reshape(-1)
+    n = flat.numel()
+    block = -(-n // size)
+    padded = torch.cat([flat, flat.new_zeros(block * size - n)])     # the padding is dropped
+    received = torch.empty_like(padded)                              # [j] = rank j's slice `rank`
+    dist.all_to_all_single(received, padded, group=group)
+    mine = tree_sum(list(received.view(size, block).unbind(0)))
+    return _all_gather_flat(mine, size, group)[:n].view(subtree.shape)

@@ -1,0 +1,178 @@
+"""Run a function on every rank of a local process group, and get each rank's result back.
+
+    results = launch(fn, world_size=4, args=(ckpt_dir,), timeout_s=300)
+    # results[r] is what fn(*args, **kwargs) returned on rank r
+
+Each rank is a fresh process (multiprocessing "spawn": `fn` must be importable by module and
+name, and its arguments and result picklable). Before `fn` runs, torch.distributed is
+initialised on MASTER_ADDR=127.0.0.1 and a free port, with RANK, WORLD_SIZE and LOCAL_RANK set,
+backend gloo (CPU) or nccl (GPU), and `collective_timeout_s` as the process group's timeout,
+so a collective waiting for a dead or stuck peer fails instead of hanging.
+
+A run never hangs and never fails silently: RankFailure is raised, naming the ranks, when
+
+  - a rank raises (its traceback is in the message),
+  - a rank dies without a result (exit code or signal),
+  - a rank is still running `grace_s` after another rank failed (it hung; it is killed;
+    grace_s defaults to the collective timeout + 2 s, so peers blocked in a collective
+    report their timeout first and only the stuck rank is named as hung), or
+  - the whole run passes `timeout_s` (the ranks still running are named and killed).
+
+Results travel through files (torch.save) in a private temporary directory, not through
+shared memory, so a rank may exit as soon as it has written its result.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+# Words that mark a rank's error as a consequence (a collective lost its peer), not a cause.
+_COLLECTIVE_MARKERS = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
+                       "gloo", "nccl", "distbackenderror", "connection refused", "peer")
+
+
+class RankFailure(RuntimeError):
+    """A launched run failed; `.ranks` maps each rank to what happened to it."""
+
+    def __init__(self, message: str, ranks: dict[int, str]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world_size: int, port: int, backend: str, collective_timeout_s: float,
+               threads: int | None, fn: Callable, args: tuple, kwargs: dict, out_dir: str) -> None:
+    out = Path(out_dir)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        import torch.distributed as dist
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=collective_timeout_s))
+        result = fn(*args, **kwargs)
+        dist.barrier()                  # nobody tears down the store while a peer still needs it
+        tmp = out / f"rank{rank}.pt.tmp"
+        torch.save(result, tmp)
+        os.replace(tmp, out / f"rank{rank}.pt")
+        dist.destroy_process_group()
+    except BaseException:   # noqa: BLE001 - everything a rank can raise goes to the parent
+        (out / f"rank{rank}.err").write_text(traceback.format_exc())
+        os._exit(1)         # no atexit / gloo teardown that could block on a lost peer
+
+
+def _kill(procs) -> None:
+    started = [p for p in procs if p.pid is not None]
+    for p in started:
+        if p.is_alive():
+            p.kill()
+    for p in started:
+        p.join(timeout=5)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "(empty traceback)"
+
+
+def launch(fn: Callable, world_size: int, args: tuple = (), kwargs: dict | None = None, *,
+           backend: str | None = None, timeout_s: float = 600.0, collective_timeout_s: float = 60.0,
+           grace_s: float | None = None, threads: int | None = 1) -> list[Any]:
+    """fn(*args, **kwargs) on ranks 0 … world_size-1 -> [result of rank 0, rank 1, ...].
+    `backend`: "gloo" or "nccl" (default: nccl if CUDA has a device per rank, else gloo).
+    `threads`: torch threads per rank (None leaves torch's default).
+    `grace_s` (default collective_timeout_s + 2): how long the other ranks may still report
+    after the first failure; a peer blocked in a collective fails within its timeout, so a
+    rank still running after that is reported as hung."""
+    if grace_s is None:
+        grace_s = collective_timeout_s + 2.0
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    kwargs = kwargs or {}
+    out_dir = tempfile.mkdtemp(prefix="lockstep-launch-")
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, name=f"lockstep-rank{r}", daemon=True,
+                         args=(r, world_size, port, backend, collective_timeout_s, threads, fn, args, kwargs, out_dir))
+             for r in range(world_size)]
+    out = Path(out_dir)
+    try:
+        for p in procs:
+            p.start()
+        start, first_failure = time.monotonic(), None
+        while True:
+            state = {}
+            for r, p in enumerate(procs):
+                if (out / f"rank{r}.err").exists():
+                    state[r] = "error"
+                elif p.exitcode is None:
+                    state[r] = "running"
+                elif p.exitcode == 0 and (out / f"rank{r}.pt").exists():
+                    state[r] = "done"
+                else:
+                    p.join(timeout=1)
+                    state[r] = "error" if (out / f"rank{r}.err").exists() else "died"
+            if all(s == "done" for s in state.values()):
+                return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+            now = time.monotonic()
+            failed = any(s in ("error", "died") for s in state.values())
+            if failed and first_failure is None:
+                first_failure = now
+            if failed and (all(s != "running" for s in state.values()) or now - first_failure > grace_s):
+                _kill(procs)
+                raise _failure(world_size, state, procs, out, "after a rank failed")
+            if now - start > timeout_s:
+                _kill(procs)
+                raise _failure(world_size, state, procs, out, f"the run passed timeout_s={timeout_s:g}")
+            time.sleep(0.05)
+    finally:
+        _kill(procs)
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _failure(world_size: int, state: dict[int, str], procs, out: Path, why: str) -> RankFailure:
+    detail, causes, consequences = {}, [], []
+    for r in range(world_size):
+        s = state[r]
+        if s == "error":
+            tb = (out / f"rank{r}.err").read_text()
+            last = _last_line(tb)
+            detail[r] = f"raised {last}"
+            (consequences if any(m in last.lower() for m in _COLLECTIVE_MARKERS) else causes).append(r)
+            detail[r] += "\n" + "\n".join("      " + ln for ln in tb.strip().splitlines()[-4:])
+        elif s == "died":
+            code = procs[r].exitcode
+            how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+            detail[r] = f"died without a result ({how})"
+            causes.append(r)
+        elif s == "running":
+            detail[r] = "hung: still running, no result; killed"
+            causes.append(r)
+        else:
+            detail[r] = "finished"
+    if not causes:                      # only collective errors: report them as the cause
+        causes = consequences
+    head = ", ".join(f"rank {r} {detail[r].splitlines()[0]}" for r in causes)
+    lines = [f"launch(world_size={world_size}) failed ({why}): {head}"]
+    lines += [f"  rank {r}: {detail[r]}" for r in range(world_size)]
+    return RankFailure("\n".join(lines), {r: detail[r].splitlines()[0] for r in range(world_size)})

@@ -1,0 +1,243 @@
+"""Tensor- and expert-parallel gpt-oss, bitwise equal to one device (DESIGN §2, D4).
+
+    model = ParallelGptOssModel(config, weights, ParallelContext(Topology(tp=2, ep=2)))
+    results = engine.generate.generate(model, requests)        # unchanged: same forward API
+
+Layout and groups: engine/distributed.py (world = tp × ep). What each rank holds and does:
+
+    embedding   vocab rows [tp_rank * V/tp, ...); a token's row comes from its owner rank by an
+                all-gather and an index (never a float sum: -0.0 + 0.0 would change bits)
+    q, k, v     column parallel: Hq/tp query heads and Hkv/tp KV heads; the KV cache holds
+                only this rank's KV heads
+    o_proj      row parallel: the rank's heads are K chunks [tp_rank*8/tp, ...) of the fixed
+                8 (engine.linear.K_CHUNKS); partials all-gathered, all 8 added in the fixed
+                tree on every rank, then the bias: the one-device linear_k_chunked, bit for bit
+    router      replicated (every rank routes every token the same way)
+    experts     EP group ep_rank owns experts [ep_rank * E/ep, ...); non-local (token, slot)
+                pairs are skipped, never multiplied by zero (DESIGN §8). Inside the EP group
+                the intermediate dim is split into the K chunks' ranges: gate_up is column
+                parallel (interleaved gate/up pairs stay together), down is row parallel with
+                the same gather + tree as o_proj; then bias and routing weight on the owner.
+                The (token, slot) outputs are all-gathered over the EP group, each taken from
+                its expert's owner, and added in slot order, as on one device.
+    lm_head     vocab rows [tp_rank * V/tp, ...); logits column blocks all-gathered
+
+Every rank ends a forward with the full logits and captured states (the residual stream is
+replicated), so generate(), sampling and the harness need nothing parallel-specific.
+Unsupported splits raise UnsupportedTopology up front, naming each violated constraint.
+
+The MoE reads the routed expert ids on the host (to skip non-local experts); the one-device
+model does not.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from engine.attention import attention
+from engine.config import GptOssConfig
+from engine.distributed import ParallelContext, Topology, invariant_sum
+from engine.kv_cache import KVCache
+from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear
+from engine.model import GptOssModel, clamped_swiglu, top_k_lowest_index
+from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
+
+
+def local_chunks(K: int, tp: int, tp_rank: int) -> tuple[int, int, list[tuple[int, int]]]:
+    """This rank's share of a length-K row-parallel reduction: its column range [lo, hi) and
+    its K chunks' bounds relative to lo."""
+    per = K_CHUNKS // tp
+    bounds = k_chunk_bounds(K)[tp_rank * per:(tp_rank + 1) * per]
+    lo, hi = bounds[0][0], bounds[-1][1]
+    return lo, hi, [(a - lo, b - lo) for a, b in bounds]
+
+
+class _Block:
+    pass
+
+
+class ParallelGptOssModel(GptOssModel):
+    """GptOssModel's forward API on one rank of a TP × EP topology (see the module docstring).
+    `weights`: the full HF-layout dict (each rank keeps only its shard)."""
+
+    def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], ctx: ParallelContext,
+                 backend: str = "torch"):
+        ctx.topology.check(config)
+        self.config, self.ctx, self.backend = config, ctx, backend
+        tp, tr, ep, er = ctx.tp, ctx.tp_rank, ctx.ep, ctx.ep_rank
+        dev = ctx.device
+        D = config.head_dim
+
+        def f32(name, rows=None, cols=None):
+            t = weights[name]
+            if rows is not None:
+                t = t[rows[0]:rows[1]]
+            if cols is not None:
+                t = t[:, cols[0]:cols[1]]
+            return t.to(torch.float32).contiguous().to(dev)
+
+        V = config.vocab_size
+        self.vocab_per_rank = V // tp
+        vr = (tr * self.vocab_per_rank, (tr + 1) * self.vocab_per_rank)
+        self.vocab_lo = vr[0]
+        self.embed = f32("model.embed_tokens.weight", rows=vr)                  # [V/tp, H]
+        self.lm_head = f32("lm_head.weight", rows=vr)                           # [V/tp, H]
+        self.norm = f32("model.norm.weight")
+
+        self.hq, self.hkv = config.num_attention_heads // tp, config.num_key_value_heads // tp
+        qr = (tr * self.hq * D, (tr + 1) * self.hq * D)
+        kvr = (tr * self.hkv * D, (tr + 1) * self.hkv * D)
+        o_lo, o_hi, self.o_bounds = local_chunks(config.q_dim, tp, tr)
+        assert (o_lo, o_hi) == qr
+        i_lo, i_hi, self.down_bounds = local_chunks(config.intermediate_size, tp, tr)
+        E = config.num_local_experts
+        self.experts_per_rank = E // ep
+        self.expert_lo = er * self.experts_per_rank
+        er_range = (self.expert_lo, self.expert_lo + self.experts_per_rank)
+
+        self.blocks = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            b = _Block()
+            b.attn_norm = f32(p + "input_layernorm.weight")
+            b.q_w, b.q_b = f32(p + "self_attn.q_proj.weight", rows=qr), f32(p + "self_attn.q_proj.bias", rows=qr)
+            b.k_w, b.k_b = f32(p + "self_attn.k_proj.weight", rows=kvr), f32(p + "self_attn.k_proj.bias", rows=kvr)
+            b.v_w, b.v_b = f32(p + "self_attn.v_proj.weight", rows=kvr), f32(p + "self_attn.v_proj.bias", rows=kvr)
+            b.o_w = f32(p + "self_attn.o_proj.weight", cols=qr)                   # [H, Hq/tp * D]
+            b.o_b = f32(p + "self_attn.o_proj.bias")
+            b.sinks = f32(p + "self_attn.sinks", rows=(tr * self.hq, (tr + 1) * self.hq))
+            b.mlp_norm = f32(p + "post_attention_layernorm.weight")
+            b.router_w, b.router_b = f32(p + "mlp.router.weight"), f32(p + "mlp.router.bias")
+            # HF experts are [E, in, out]; keep local experts, local intermediate range, as [out, in].
+            gu = weights[p + "mlp.experts.gate_up_proj"][er_range[0]:er_range[1], :, 2 * i_lo:2 * i_hi]
+            b.gate_up_w = gu.to(torch.float32).transpose(1, 2).contiguous().to(dev)   # [E/ep, 2I/tp, H]
+            b.gate_up_b = f32(p + "mlp.experts.gate_up_proj_bias", rows=er_range)[:, 2 * i_lo:2 * i_hi].contiguous()
+            dn = weights[p + "mlp.experts.down_proj"][er_range[0]:er_range[1], i_lo:i_hi, :]
+            b.down_w = dn.to(torch.float32).transpose(1, 2).contiguous().to(dev)       # [E/ep, H, I/tp]
+            b.down_b = f32(p + "mlp.experts.down_proj_bias")                            # [E, H], all experts
+            self.blocks.append(b)
+        self.inv_freq, self.mscale = rope_frequencies(D, config.rope)
+        self.scale = 1.0 / math.sqrt(D)
+        self.local_config = config.replace(num_attention_heads=self.hq, num_key_value_heads=self.hkv)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, ctx: ParallelContext, backend: str = "torch") -> "ParallelGptOssModel":
+        from engine.checkpoint import load_checkpoint
+        config, weights = load_checkpoint(path)
+        return cls(config, weights, ctx, backend=backend)
+
+    def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+        """A cache of this rank's KV heads only."""
+        cache = KVCache(self.local_config, num_slots, max_seq_len)
+        if self.ctx.device.type != "cpu":
+            cache.k = [t.to(self.ctx.device) for t in cache.k]
+            cache.v = [t.to(self.ctx.device) for t in cache.v]
+        return cache
+
+    # forward() is GptOssModel's, unchanged: it calls the per-rank _embed, _attention, _moe
+    # and _logits below.
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        local = linear(h, self.lm_head, None, self.backend)             # [T, V/tp]
+        return self.ctx.gather_tp(local).permute(1, 0, 2).reshape(h.shape[0], self.config.vocab_size)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel lookup: each rank looks up the tokens it owns (others get a dummy
+        row), the rows are gathered, and each token takes its owner's row. Pure data movement."""
+        n = self.vocab_per_rank
+        local_ids = (tokens - self.vocab_lo).clamp(0, n - 1)
+        mine = self.embed.index_select(0, local_ids)                    # [T, H], valid where owned
+        if self.ctx.tp == 1:
+            return mine
+        every = self.ctx.gather_tp(mine)                                # [tp, T, H]
+        owner = tokens // n
+        return every[owner, torch.arange(tokens.shape[0], device=tokens.device)]
+
+    def _attention(self, layer, blk, x, cos, sin, positions, slots, cache) -> torch.Tensor:
+        cfg, T, D = self.config, x.shape[0], self.config.head_dim
+        q = linear(x, blk.q_w, blk.q_b, self.backend).view(T, self.hq, D)
+        k = linear(x, blk.k_w, blk.k_b, self.backend).view(T, self.hkv, D)
+        v = linear(x, blk.v_w, blk.v_b, self.backend).view(T, self.hkv, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(layer, slots, positions, k, v)
+        o = attention(q, cache.k[layer], cache.v[layer], slots, positions,
+                      blk.sinks, cfg.window(layer), self.scale, self.backend)   # [T, Hq/tp, D]
+        parts = k_chunk_partials(o.reshape(T, self.hq * D), blk.o_w, self.o_bounds, self.backend)
+        return reduce_row_parallel(parts, self.ctx) + blk.o_b
+
+    def _moe(self, blk, x: torch.Tensor) -> torch.Tensor:
+        cfg, ctx = self.config, self.ctx
+        T, H, k = x.shape[0], x.shape[1], cfg.num_experts_per_tok
+        router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E], replicated
+        top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
+        act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
+        routing = torch.softmax(top_logits, dim=-1)
+        n_local = K_CHUNKS // ctx.tp
+        parts = x.new_zeros((n_local, T, k, H))       # placeholders stay zero and are never used
+        ids = top_ids.tolist()                        # host read: which (token, slot) is local
+        for t in range(T):
+            xt = x[t:t + 1]
+            for slot in range(k):
+                e = ids[t][slot] - self.expert_lo
+                if not 0 <= e < self.experts_per_rank:
+                    continue                                                 # skipped, not × 0
+                h = linear(xt, blk.gate_up_w[e], blk.gate_up_b[e], self.backend)   # [1, 2I/tp]
+                for c, p in enumerate(k_chunk_partials(h, blk.down_w[e], self.down_bounds, self.backend,
+                                                       prologue=act, x_per_k=2)):  # SwiGLU per chunk
+                    parts[c, t, slot] = p[0]
+        y = reduce_row_parallel(list(parts.unbind(0)), ctx)                   # [T, k, H]
+        y = (y + blk.down_b.index_select(0, top_ids.reshape(-1)).view(T, k, H)) * routing.unsqueeze(-1)
+        if ctx.ep > 1:                                                        # take each slot
+            every = ctx.gather_ep(y)                                          # from its owner
+            owner = top_ids // self.experts_per_rank                          # [T, k]
+            ti = torch.arange(T, device=x.device).unsqueeze(1).expand(T, k)
+            si = torch.arange(k, device=x.device).unsqueeze(0).expand(T, k)
+            y = every[owner, ti, si]                                          # [T, k, H]
+        total = y[:, 0]
+        for slot in range(1, k):                                              # slot order
+            total = total + y[:, slot]
+        return total
+
+
+def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -> torch.Tensor:
+    """This rank's K-chunk partials -> the full sum, in the fixed tree (engine.distributed).
+    A module-level function so the tests can swap in a wrong order and watch D4 fail."""
+    return invariant_sum(local_parts, ctx.tp, ctx.tp_group)
+
+
+# ---------------------------------------------------------------- one call for a runner
+def _generate_rank(ckpt: str, tp: int, ep: int, requests, generate_kwargs: dict):
+    from engine.generate import generate
+    model = ParallelGptOssModel.from_checkpoint(ckpt, ParallelContext(Topology(tp, ep)))
+    return generate(model, requests, **generate_kwargs)
+
+
+def generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, timeout_s: float = 600.0,
+                collective_timeout_s: float = 120.0, **generate_kwargs):
+    """engine.generate.generate(model, requests, **generate_kwargs) on a tp × ep topology of
+    local processes (engine.launch; gloo on CPU, NCCL when there is a GPU per rank).
+    -> rank 0's list[Result]. Every rank must return the same bits; a disagreement raises.
+
+    Requests must be greedy or carry a seed (or pass a `generator`, which each rank gets a
+    copy of): an unseeded stream would differ from rank to rank."""
+    from engine.config import GptOssConfig
+    from engine.launch import launch
+    config = GptOssConfig.from_json_file(Path(ckpt) / "config.json")
+    topology = Topology(tp, ep)
+    topology.check(config)                                  # before any process starts
+    if topology.world_size == 1:                            # no processes, no process group
+        return _generate_rank(str(ckpt), tp, ep, requests, generate_kwargs)
+    per_rank = launch(_generate_rank, topology.world_size, args=(str(ckpt), tp, ep, list(requests), generate_kwargs),
+                      timeout_s=timeout_s, collective_timeout_s=collective_timeout_s)
+
+    def bits(results):
+        return [(r.tokens, r.finish_reason, r.logprobs.numpy().tobytes(),
+                 None if r.captured is None else r.captured.numpy().tobytes()) for r in results]
+    first = bits(per_rank[0])
+    for rank, res in enumerate(per_rank[1:], 1):
+        if bits(res) != first:
+            raise RuntimeError(f"generate_at({topology}): rank {rank}'s results differ from rank 0's")
+    return per_rank[0]

@@ -1,0 +1,38 @@
+"""Functions the launcher tests run on every rank (spawned processes import them by name)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def gather_ranks(tag: str) -> dict:
+    t = torch.tensor([dist.get_rank()])
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return {"tag": tag, "rank": dist.get_rank(), "world": dist.get_world_size(),
+            "env": (os.environ["MASTER_ADDR"], os.environ["RANK"]), "all": torch.cat(out).tolist()}
+
+
+def one_raises_one_hangs() -> dict:
+    """Rank 1 raises before the collective, rank 2 never reaches it."""
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 fails on purpose")
+    if dist.get_rank() == 2:
+        time.sleep(10 ** 6)
+    return gather_ranks("unreachable")
+
+
+def one_hangs() -> dict:
+    if dist.get_rank() == 1:
+        time.sleep(10 ** 6)
+    return gather_ranks("unreachable")
+
+
+def one_dies() -> dict:
+    if dist.get_rank() == 1:
+        os._exit(7)                                     # no traceback, no result
+    return gather_ranks("unreachable")

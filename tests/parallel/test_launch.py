@@ -1,0 +1,55 @@
+"""engine.launch: per-rank results come back; a rank that raises, hangs or dies ends the run
+with a RankFailure naming it, within the collective timeout, never a hang."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine.launch import RankFailure, launch
+
+from tests.parallel import rank_fns
+
+
+def test_results_come_back_in_rank_order():
+    res = launch(rank_fns.gather_ranks, 2, args=("hi",), timeout_s=120)
+    assert [r["rank"] for r in res] == [0, 1]
+    assert all(r["all"] == [0, 1] and r["world"] == 2 and r["tag"] == "hi" for r in res)
+    assert res[1]["env"] == ("127.0.0.1", "1")
+
+
+def test_a_raising_rank_and_a_hung_rank_are_named_within_the_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as err:
+        launch(rank_fns.one_raises_one_hangs, 4, timeout_s=120, collective_timeout_s=4)
+    elapsed = time.monotonic() - t0
+    msg = str(err.value)
+    head = msg.splitlines()[0]
+    assert "rank 1 raised ValueError: rank 1 fails on purpose" in head
+    assert "rank 2 hung" in head
+    assert "rank 0" not in head and "rank 3" not in head        # they only lost their peers
+    assert err.value.ranks[2].startswith("hung")
+    assert elapsed < 60, elapsed                                  # spawn + 4 s timeout + grace
+
+
+def test_a_hung_rank_alone_is_named():
+    with pytest.raises(RankFailure, match=r"failed \(after a rank failed\): rank 1 hung"):
+        launch(rank_fns.one_hangs, 2, timeout_s=120, collective_timeout_s=3)
+
+
+def test_a_dead_rank_is_named_with_its_exit_code():
+    with pytest.raises(RankFailure, match=r"rank 1 died without a result \(exit code 7\)"):
+        launch(rank_fns.one_dies, 2, timeout_s=120, collective_timeout_s=30)
+
+
+def test_the_whole_run_timeout_kills_and_names_the_ranks():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure, match=r"passed timeout_s=.*rank 1 hung"):
+        launch(rank_fns.one_hangs, 2, timeout_s=1, collective_timeout_s=60)
+    assert time.monotonic() - t0 < 30
+
+
+def test_bad_world_size():
+    with pytest.raises(ValueError, match="world_size"):
+        launch(rank_fns.gather_ranks, 0)
