@@ -4,7 +4,7 @@ Read in this order:
   config.py      GptOssConfig: HF config.json in and out, named presets
   mxfp4.py       the MXFP4 block format: dequantize, and quantize for synthetic checkpoints
   checkpoint.py  load_checkpoint (HF layout, bf16 or MXFP4 experts), make_checkpoint (synthetic)
-  linear.py      the one batch-invariant linear layer
+  linear.py      the one batch-invariant linear layer; linear_k_chunked, the fixed K-chunk tree
   rope.py        YaRN RoPE
   attention.py   sink + sliding-window attention over the KV cache, fixed key tiles
   kv_cache.py    the preallocated KV cache
@@ -12,4 +12,9 @@ Read in this order:
   sampling.py    greedy and seeded Gumbel-max sampling with top-k / top-p / min-p
   generate.py    Request, Result, generate()
   boundaries.py  EAGLE3 aux layer ids -> hidden-state boundaries (DESIGN §3)
+  eagle3.py      EAGLE3 draft head: config, checkpoint I/O (SpecForge layout), forward, make_draft_checkpoint
+  speculative.py speculative_generate: chain/tree drafting, greedy/target-only/rejection verify
+  distributed.py Topology (tp × ep), ParallelContext, all-gather + fixed-tree invariant_sum (D4)
+  parallel.py    ParallelGptOssModel: TP/EP forward, bitwise equal to one device; generate_at
+  launch.py      launch(fn, world_size): local ranks over gloo/NCCL, dead or hung ranks named
 """

@@ -1,0 +1,471 @@
+"""The EAGLE3 draft head (DESIGN §4): config, checkpoint I/O, forward pass, synthetic drafts.
+
+Per draft step, for rows t (one token each, computed alone: D1/D2 as in engine/model.py):
+
+    aux   = cat(boundary states of the target, in config order)        [A = n_aux * H_target]
+    aux   = input_norm(aux)                     if norm_before_fc      (one RMSNorm over all of A)
+    aux   = cat(fc_norm[i](chunk_i(aux)))       if fc_norm             (one RMSNorm per aux chunk)
+    h     = fc(aux)                                                    (no bias; first step only)
+    x     = cat(input_layernorm(embed(token)), hidden_norm(h))         [2 * H_draft], embeds first
+    r     = h + o_proj(attention(x))                                    residual = un-normed h
+    out   = r + mlp(post_attention_layernorm(r))                        SiLU-gated Llama MLP
+    logits = lm_head(norm(out))                                         draft vocab
+    next h = out                                                        the pre-norm output
+
+Draft id d means target id d + d2t[d]. Pairing: the step at position t sees the target
+feature h_t and the embedding of token t + 1. RoPE is plain Llama RoPE (half split, theta
+from the config, default 10000), at position t.
+
+Attention (`attend`) is computed per query over an explicit, logically ordered key list:
+the committed keys of the request's slot (positions 0 .. c-1) followed by the keys of the
+query's tree ancestors and its own key. A committed row at position p and a tree row at
+position p with the same inputs see the same key tensor and give the same bits.
+
+Checkpoints use the SpecForge / EAGLE3 naming (`midlayer.*`; `layers.0.*` is read too, and the
+legacy `aux_norm_{low,mid,high}` for `fc_norm.{0,1,2}`):
+
+    fc.weight                               [H_draft, A]
+    input_norm.weight                       [A]            iff norm_before_fc
+    fc_norm.{i}.weight                      [H_target]     iff fc_norm (i < n_aux)
+    embed_tokens.weight                     [V, H_draft]   optional: else the target's (needs H_draft == H_target)
+    midlayer.input_layernorm.weight         [H_draft]
+    midlayer.hidden_norm.weight             [H_draft]
+    midlayer.self_attn.q_proj.weight        [Hq*D, 2*H_draft]      (k_proj, v_proj: [Hkv*D, 2*H_draft])
+    midlayer.self_attn.o_proj.weight        [H_draft, Hq*D]
+    midlayer.post_attention_layernorm.weight [H_draft]
+    midlayer.mlp.{gate,up}_proj.weight      [I, H_draft];  midlayer.mlp.down_proj.weight [H_draft, I]
+    norm.weight                             [H_draft]
+    lm_head.weight                          [V_draft, H_draft]
+    d2t                                     [V_draft] int64;  t2d [V] bool (optional, not used)
+
+config.json: `LlamaForCausalLMEagle3` fields plus `draft_vocab_size`, `target_hidden_size`, and
+`eagle_config` {eagle_aux_hidden_state_layer_ids, norm_before_fc, use_aux_hidden_state};
+`eagle_aux_hidden_state_layer_ids`, `norm_before_fc` and `fc_norm` fall back to the top level.
+The layer ids are resolved by engine.boundaries under a convention the caller names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from engine.boundaries import aux_layer_ids_from_draft_config, resolve_boundaries
+from engine.checkpoint import CheckpointError, write_folder_atomically
+from engine.config import GptOssConfig, RopeParams, preset
+from engine.linear import linear
+from engine.model import rms_norm
+from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
+
+DRAFT_FILE = "model.safetensors"
+AUX_NORM_LEGACY = ("aux_norm_low", "aux_norm_mid", "aux_norm_high")
+
+
+def _flag(d: dict[str, Any], key: str) -> bool:
+    """`key` from eagle_config first, then the top level; absent -> False."""
+    for source in (d.get("eagle_config") or {}, d):
+        if key in source and source[key] is not None:
+            v = source[key]
+            if not isinstance(v, bool):
+                raise ValueError(f"Eagle3Config.{key}: must be a bool, got {v!r}")
+            return v
+    return False
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    hidden_size: int                   # H_draft
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int                    # the target vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int | None     # None: same as hidden_size
+    aux_layer_ids: tuple[int, ...] | None
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 131072
+    name: str = "draft"                # used in error messages (the checkpoint path)
+
+    def __post_init__(self):
+        for f in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                  "head_dim", "vocab_size", "draft_vocab_size", "max_position_embeddings"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Eagle3Config.{f}: must be a positive int, got {v!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"Eagle3Config.num_key_value_heads: must divide num_attention_heads "
+                             f"({self.num_attention_heads}), got {self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"Eagle3Config.head_dim: must be even, got {self.head_dim}")
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(f"Eagle3Config.draft_vocab_size: {self.draft_vocab_size} exceeds vocab_size "
+                             f"{self.vocab_size}")
+        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
+            raise ValueError(f"Eagle3Config.rope_theta: must be > 0, got {self.rope_theta!r}")
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], name: str = "draft") -> "Eagle3Config":
+        def need(key):
+            if d.get(key) is None:
+                raise ValueError(f"{name}: Eagle3Config.{key}: missing from config.json")
+            return d[key]
+
+        if d.get("num_hidden_layers", 1) != 1:
+            raise ValueError(f"{name}: Eagle3Config.num_hidden_layers: only 1 draft layer is supported, "
+                             f"got {d['num_hidden_layers']}")
+        rs = d.get("rope_scaling")
+        if rs and (rs.get("rope_type", rs.get("type")) not in (None, "default")):
+            raise ValueError(f"{name}: Eagle3Config.rope_scaling: only plain Llama RoPE is supported, got {rs!r}")
+        ids = aux_layer_ids_from_draft_config(d)
+        V = need("vocab_size")
+        return cls(
+            hidden_size=need("hidden_size"), intermediate_size=need("intermediate_size"),
+            num_attention_heads=need("num_attention_heads"),
+            num_key_value_heads=d.get("num_key_value_heads") or need("num_attention_heads"),
+            head_dim=d.get("head_dim") or need("hidden_size") // need("num_attention_heads"),
+            vocab_size=V, draft_vocab_size=d.get("draft_vocab_size") or V,
+            target_hidden_size=d.get("target_hidden_size"),
+            aux_layer_ids=None if ids is None else tuple(ids),
+            norm_before_fc=_flag(d, "norm_before_fc"),
+            fc_norm=_flag(d, "fc_norm") or _flag(d, "use_aux_norm"),
+            rope_theta=float(d.get("rope_theta") or 10000.0),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+            max_position_embeddings=d.get("max_position_embeddings", 131072),
+            name=name,
+        )
+
+    def to_hf_dict(self, ids_at_top_level: bool = False) -> dict[str, Any]:
+        eagle: dict[str, Any] = {"use_aux_hidden_state": True, "norm_before_fc": self.norm_before_fc}
+        d: dict[str, Any] = {
+            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": 1, "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+            "hidden_act": "silu", "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings, "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "eagle_config": eagle,
+        }
+        if self.target_hidden_size is not None:
+            d["target_hidden_size"] = self.target_hidden_size
+        if self.fc_norm:
+            d["fc_norm"] = True
+        if self.aux_layer_ids is not None:
+            (d if ids_at_top_level else eagle)["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layer_ids)
+        return dict(sorted(d.items()))
+
+
+def expected_draft_tensors(cfg: Eagle3Config, n_aux: int, target_hidden: int,
+                           with_embed: bool) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, kind) in the SpecForge layout (see the module docstring)."""
+    H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    Hq, Hkv, V, Vd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size, cfg.draft_vocab_size
+    A = n_aux * target_hidden
+    t: dict[str, tuple[tuple[int, ...], str]] = {}
+    if with_embed:
+        t["embed_tokens.weight"] = ((V, H), "float")
+    if cfg.norm_before_fc:
+        t["input_norm.weight"] = ((A,), "float")
+    if cfg.fc_norm:
+        for i in range(n_aux):
+            t[f"fc_norm.{i}.weight"] = ((target_hidden,), "float")
+    t["fc.weight"] = ((H, A), "float")
+    p = "midlayer."
+    t[p + "input_layernorm.weight"] = ((H,), "float")
+    t[p + "hidden_norm.weight"] = ((H,), "float")
+    t[p + "self_attn.q_proj.weight"] = ((Hq * D, 2 * H), "float")
+    t[p + "self_attn.k_proj.weight"] = ((Hkv * D, 2 * H), "float")
+    t[p + "self_attn.v_proj.weight"] = ((Hkv * D, 2 * H), "float")
+    t[p + "self_attn.o_proj.weight"] = ((H, Hq * D), "float")
+    t[p + "post_attention_layernorm.weight"] = ((H,), "float")
+    t[p + "mlp.gate_proj.weight"] = ((I, H), "float")
+    t[p + "mlp.up_proj.weight"] = ((I, H), "float")
+    t[p + "mlp.down_proj.weight"] = ((H, I), "float")
+    t["norm.weight"] = ((H,), "float")
+    t["lm_head.weight"] = ((Vd, H), "float")
+    t["d2t"] = ((Vd,), "int")
+    return t
+
+
+def _canonical_name(name: str) -> str:
+    if name.startswith("layers.0."):
+        return "midlayer." + name[len("layers.0."):]
+    for i, legacy in enumerate(AUX_NORM_LEGACY):
+        if name == legacy + ".weight":
+            return f"fc_norm.{i}.weight"
+    return name
+
+
+class DraftKV:
+    """Committed draft keys/values: [slots, Hkv, capacity, D]; tree rows are never written here."""
+
+    def __init__(self, cfg: Eagle3Config, num_slots: int, capacity: int):
+        shape = (num_slots, cfg.num_key_value_heads, capacity, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=torch.float32)
+        self.v = torch.zeros(shape, dtype=torch.float32)
+
+
+class DraftStep:
+    """Output of one draft forward: logits over the draft vocab, next h, and this step's k/v."""
+
+    def __init__(self, logits, hidden, k, v):
+        self.logits = logits      # [T, V_draft] fp32
+        self.hidden = hidden      # [T, H_draft] pre-norm output (the next step's h)
+        self.k = k                # [T, Hkv, D] (after RoPE)
+        self.v = v                # [T, Hkv, D]
+
+
+class Eagle3Draft:
+    """An EAGLE3 draft head bound to one target: its aux boundaries are resolved at load."""
+
+    def __init__(self, cfg: Eagle3Config, weights: dict[str, torch.Tensor], target_config: GptOssConfig,
+                 convention: str, target_embed: torch.Tensor | None = None, backend: str = "torch"):
+        self.config = cfg
+        self.backend = backend
+        self.target_config = target_config
+        Ht, L = target_config.hidden_size, target_config.num_hidden_layers
+        name = cfg.name
+        if cfg.target_hidden_size is not None and cfg.target_hidden_size != Ht:
+            raise ValueError(f"{name}: Eagle3Config.target_hidden_size={cfg.target_hidden_size} but the target's "
+                             f"hidden_size is {Ht}")
+        if cfg.vocab_size != target_config.vocab_size:
+            raise ValueError(f"{name}: Eagle3Config.vocab_size={cfg.vocab_size} but the target's vocab_size is "
+                             f"{target_config.vocab_size}")
+        weights = {_canonical_name(k): v for k, v in weights.items()}
+        if "fc.weight" not in weights:
+            raise CheckpointError(f"{name}: tensor fc.weight is missing")
+        A = weights["fc.weight"].shape[1]
+        if A % Ht:
+            raise ValueError(f"{name}: fc.weight input width {A} is not a multiple of the target hidden size "
+                             f"{Ht}: cannot tell the number of aux states")
+        n_aux = A // Ht
+        # DESIGN §3: ids, convention, count -> boundaries, or a LayerIdError naming all of them.
+        self.boundaries = resolve_boundaries(cfg.aux_layer_ids, convention, L, n_aux, name)
+        self.convention = convention
+        self.n_aux = n_aux
+        with_embed = "embed_tokens.weight" in weights
+        expected = expected_draft_tensors(cfg, n_aux, Ht, with_embed)
+        missing = [n for n in expected if n not in weights]
+        unexpected = [n for n in weights if n not in expected and n != "t2d"]
+        if missing or unexpected:
+            hint = ""
+            if "input_norm.weight" in unexpected:
+                hint = " (input_norm.weight is present but norm_before_fc is false)"
+            if "input_norm.weight" in missing:
+                hint = " (norm_before_fc is true but input_norm.weight is missing)"
+            raise CheckpointError(f"{name}: tensors do not match config.json{hint}: missing {missing}, "
+                                  f"unexpected {unexpected}")
+        for n, (shape, kind) in expected.items():
+            t = weights[n]
+            if tuple(t.shape) != shape:
+                raise CheckpointError(f"{name}: tensor {n}: shape {tuple(t.shape)}, expected {shape}")
+            if kind == "int" and t.dtype not in (torch.int64, torch.int32):
+                raise CheckpointError(f"{name}: tensor {n}: dtype {t.dtype}, expected int64")
+            if kind == "float" and not t.dtype.is_floating_point:
+                raise CheckpointError(f"{name}: tensor {n}: dtype {t.dtype}, expected a float dtype")
+        f32 = lambda n: weights[n].to(torch.float32).contiguous()   # noqa: E731
+        if with_embed:
+            self.embed = f32("embed_tokens.weight")
+        else:
+            if target_embed is None or cfg.hidden_size != Ht:
+                raise CheckpointError(f"{name}: no embed_tokens.weight, and the target's embedding cannot be "
+                                      f"shared (pass the target model; hidden sizes {cfg.hidden_size} vs {Ht})")
+            self.embed = target_embed.to(torch.float32)
+        self.input_norm = f32("input_norm.weight") if cfg.norm_before_fc else None
+        self.fc_norm = [f32(f"fc_norm.{i}.weight") for i in range(n_aux)] if cfg.fc_norm else None
+        self.fc = f32("fc.weight")
+        p = "midlayer."
+        self.input_layernorm = f32(p + "input_layernorm.weight")
+        self.hidden_norm = f32(p + "hidden_norm.weight")
+        self.q_w, self.k_w = f32(p + "self_attn.q_proj.weight"), f32(p + "self_attn.k_proj.weight")
+        self.v_w, self.o_w = f32(p + "self_attn.v_proj.weight"), f32(p + "self_attn.o_proj.weight")
+        self.post_norm = f32(p + "post_attention_layernorm.weight")
+        self.gate_w, self.up_w = f32(p + "mlp.gate_proj.weight"), f32(p + "mlp.up_proj.weight")
+        self.down_w = f32(p + "mlp.down_proj.weight")
+        self.norm = f32("norm.weight")
+        self.lm_head = f32("lm_head.weight")
+        self.d2t = weights["d2t"].to(torch.int64)
+        self.hot_ids = self.d2t + torch.arange(cfg.draft_vocab_size, dtype=torch.int64)   # draft id -> target id
+        bad = (self.hot_ids < 0) | (self.hot_ids >= cfg.vocab_size)
+        if bool(bad.any()):
+            d = int(bad.nonzero()[0, 0])
+            raise CheckpointError(f"{name}: d2t maps draft id {d} to target id {int(self.hot_ids[d])}, outside "
+                                  f"[0, {cfg.vocab_size})")
+        if len(set(self.hot_ids.tolist())) != cfg.draft_vocab_size:
+            raise CheckpointError(f"{name}: d2t maps two draft ids to one target id")
+        self.inv_freq, _ = rope_frequencies(cfg.head_dim, RopeParams(rope_type="default", theta=cfg.rope_theta))
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+
+    # ------------------------------------------------------------------ pieces
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """draft id d -> target id d + d2t[d]."""
+        return self.hot_ids.index_select(0, draft_ids.reshape(-1)).reshape(draft_ids.shape)
+
+    def combine_aux(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux [T, A] (captured boundary states, config order) -> fc input normed, then fc -> [T, H_draft]."""
+        if aux.shape[-1] != self.fc.shape[1]:
+            raise ValueError(f"{self.config.name}: aux width {aux.shape[-1]} != fc input width {self.fc.shape[1]}")
+        x = aux.to(torch.float32)
+        eps = self.config.rms_norm_eps
+        if self.input_norm is not None:                        # norm_before_fc: one norm over all of A
+            x = rms_norm(x, self.input_norm, eps)
+        if self.fc_norm is not None:                           # fc_norm: one norm per aux chunk
+            chunks = x.chunk(self.n_aux, dim=-1)
+            x = torch.cat([rms_norm(c, w, eps) for c, w in zip(chunks, self.fc_norm)], dim=-1)
+        return linear(x, self.fc, None, self.backend)
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """One query q [Hq, D] over keys/values [Hkv, n, D] (all visible) -> [Hq, D]."""
+        Hkv, n, D = keys.shape
+        G = q.shape[0] // Hkv
+        s = torch.matmul(q.reshape(Hkv, G, D), keys.transpose(1, 2)) * self.scale     # [Hkv, G, n]
+        p = torch.softmax(s, dim=-1)
+        return torch.matmul(p, values).reshape(Hkv * G, D)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, kv: DraftKV,
+                slots: torch.Tensor, commit: bool, prefix_lens: Sequence[int] | None = None,
+                ancestors: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]] | None = None) -> DraftStep:
+        """One draft step for T rows. hidden [T, H_draft] is h (fc output, or the previous step's output).
+
+        commit=True: rows are committed positions; their k/v go into `kv` at (slot, position) first,
+        then row t attends to its slot's positions 0 .. positions[t].
+        commit=False: tree rows; nothing is written. Row t attends to its slot's first
+        prefix_lens[t] positions, then its ancestors' (k, v) in depth order, then itself.
+        """
+        cfg = self.config
+        T, D = tokens.shape[0], cfg.head_dim
+        eps = cfg.rms_norm_eps
+        emb = self.embed.index_select(0, tokens)
+        x = torch.cat([rms_norm(emb, self.input_layernorm, eps), rms_norm(hidden, self.hidden_norm, eps)], dim=-1)
+        q = linear(x, self.q_w, None, self.backend).view(T, cfg.num_attention_heads, D)
+        k = linear(x, self.k_w, None, self.backend).view(T, cfg.num_key_value_heads, D)
+        v = linear(x, self.v_w, None, self.backend).view(T, cfg.num_key_value_heads, D)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, 1.0)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if commit:
+            kv.k[slots, :, positions] = k
+            kv.v[slots, :, positions] = v
+        o = q.new_empty((T, cfg.num_attention_heads, D))
+        for t in range(T):
+            s = int(slots[t])
+            if commit:
+                n = int(positions[t]) + 1
+                keys, values = kv.k[s, :, :n], kv.v[s, :, :n]
+            else:
+                c = prefix_lens[t]
+                anc = list(ancestors[t]) if ancestors is not None else []
+                keys = torch.cat([kv.k[s, :, :c]] + [a[0][:, None] for a in anc] + [k[t][:, None]], dim=1)
+                values = torch.cat([kv.v[s, :, :c]] + [a[1][:, None] for a in anc] + [v[t][:, None]], dim=1)
+            o[t] = self.attend(q[t], keys, values)
+        r = hidden.to(torch.float32) + linear(o.reshape(T, -1), self.o_w, None, self.backend)
+        y = rms_norm(r, self.post_norm, eps)
+        mlp = linear(F.silu(linear(y, self.gate_w, None, self.backend)) * linear(y, self.up_w, None, self.backend),
+                     self.down_w, None, self.backend)
+        out = r + mlp
+        logits = linear(rms_norm(out, self.norm, eps), self.lm_head, None, self.backend)
+        return DraftStep(logits, out, k, v)
+
+
+# ---------------------------------------------------------------------- loading
+def load_draft(path: str | Path, target, *, convention: str, backend: str = "torch") -> Eagle3Draft:
+    """Load an HF-style EAGLE3 draft for `target` (a GptOssModel, or a GptOssConfig when the draft
+    carries its own embed_tokens). `convention` names how its layer ids are read (DESIGN §3)."""
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise CheckpointError(f"{path}: no config.json")
+    with open(path / "config.json", encoding="utf-8") as f:
+        cfg = Eagle3Config.from_hf_dict(json.load(f), name=str(path))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no .safetensors file")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for n in f.keys():
+                weights[n] = f.get_tensor(n)
+    target_config = target if isinstance(target, GptOssConfig) else target.config
+    target_embed = None if isinstance(target, GptOssConfig) else target.embed
+    return Eagle3Draft(cfg, weights, target_config, convention, target_embed, backend)
+
+
+# ---------------------------------------------------------------------- synthetic drafts
+def synthetic_draft_weights(cfg: Eagle3Config, n_aux: int, target_hidden: int, seed: int,
+                            hot_ids: Sequence[int] | None = None, with_embed: bool = True
+                            ) -> dict[str, torch.Tensor]:
+    """Deterministic random draft weights (bf16 floats; d2t int64, t2d bool)."""
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, (shape, kind) in expected_draft_tensors(cfg, n_aux, target_hidden, with_embed).items():
+        if kind == "int":
+            continue
+        if "norm" in name:                                     # every RMSNorm weight
+            w = 1.0 + 0.1 * torch.randn(shape, generator=g)
+            if name == "input_norm.weight" or name.startswith("fc_norm."):
+                w = 0.25 + 1.5 * torch.rand(shape, generator=g)   # far from 1: the norms must matter
+        elif name == "embed_tokens.weight":
+            w = torch.randn(shape, generator=g)
+        else:
+            w = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+        out[name] = w.to(torch.bfloat16).contiguous()
+    V, Vd = cfg.vocab_size, cfg.draft_vocab_size
+    if hot_ids is None:
+        hot_ids = sorted(torch.randperm(V, generator=g)[:Vd].tolist())
+    hot = torch.tensor(list(hot_ids), dtype=torch.int64)
+    out["d2t"] = hot - torch.arange(Vd, dtype=torch.int64)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[hot] = True
+    out["t2d"] = t2d
+    return out
+
+
+def write_draft(out_dir: str | Path, cfg: Eagle3Config, tensors: dict[str, torch.Tensor],
+                overwrite: bool = False, ids_at_top_level: bool = False) -> Path:
+    """Write config.json + model.safetensors atomically (temp dir beside out_dir, then rename)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not overwrite:
+        raise FileExistsError(f"write_draft: {out_dir} exists and is not empty (pass overwrite=True)")
+
+    def write(tmp: Path) -> None:
+        save_file({n: tensors[n].contiguous() for n in sorted(tensors)}, str(tmp / DRAFT_FILE),
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(ids_at_top_level), indent=2, sort_keys=True)
+                                         + "\n", encoding="utf-8")
+
+    return write_folder_atomically(out_dir, write)
+
+
+def make_draft_checkpoint(target: str | GptOssConfig, seed: int, out_dir: str | Path, *,
+                          aux_layer_ids: Sequence[int] | None = None, n_aux: int = 3,
+                          norm_before_fc: bool = False, fc_norm: bool = False,
+                          hidden_size: int | None = None, intermediate_size: int | None = None,
+                          num_attention_heads: int = 2, num_key_value_heads: int = 1, head_dim: int | None = None,
+                          draft_vocab_size: int | None = None, rope_theta: float = 10000.0,
+                          ids_at_top_level: bool = False, with_embed: bool = True,
+                          overwrite: bool = False) -> Path:
+    """A synthetic EAGLE3 draft for a target preset (or config), in the SpecForge layout.
+    Same arguments -> byte-identical files. Defaults: H_draft = target hidden, draft vocab = half
+    the target vocab (a seeded random subset, so d2t is not trivial)."""
+    tc = preset(target) if isinstance(target, str) else target
+    H = hidden_size or tc.hidden_size
+    heads = num_attention_heads
+    cfg = Eagle3Config(
+        hidden_size=H, intermediate_size=intermediate_size or 2 * H, num_attention_heads=heads,
+        num_key_value_heads=num_key_value_heads, head_dim=head_dim or max(2, (H // heads) // 2 * 2),
+        vocab_size=tc.vocab_size, draft_vocab_size=draft_vocab_size or tc.vocab_size // 2,
+        target_hidden_size=tc.hidden_size, aux_layer_ids=None if aux_layer_ids is None else tuple(aux_layer_ids),
+        norm_before_fc=norm_before_fc, fc_norm=fc_norm, rope_theta=rope_theta, rms_norm_eps=tc.rms_norm_eps,
+        max_position_embeddings=tc.max_position_embeddings)
+    tensors = synthetic_draft_weights(cfg, n_aux, tc.hidden_size, seed, with_embed=with_embed)
+    return write_draft(out_dir, cfg, tensors, overwrite=overwrite, ids_at_top_level=ids_at_top_level)

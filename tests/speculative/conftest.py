@@ -1,0 +1,37 @@
+"""Fixtures for the speculative-decoding tests.
+
+`fitted`: the shipped pair models/tiny-target (= make_checkpoint("tiny", 0, "bf16")) and
+models/tiny-eagle3 (written by scripts/fit_draft.py), so drafts are actually accepted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.checkpoint import make_checkpoint
+from engine.eagle3 import load_draft
+from engine.model import GptOssModel
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+@pytest.fixture(scope="session")
+def fitted():
+    target = GptOssModel.from_checkpoint(MODELS / "tiny-target")
+    return target, load_draft(MODELS / "tiny-eagle3", target, convention="sglang")
+
+
+@pytest.fixture(scope="session")
+def deep_targets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deep")
+    return {name: GptOssModel.from_checkpoint(make_checkpoint(name, 0, "bf16", root / name))
+            for name in ("tiny-d36", "tiny-d24")}
+
+
+def training_prompts(n: int) -> list[list[int]]:
+    """The first n prompts scripts/fit_draft.py trained the shipped draft on (seeded, 8 tokens)."""
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 512 - 8, (128, 8), generator=g)[:n].tolist()
