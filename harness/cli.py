@@ -51,6 +51,9 @@ def _running(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype policy (default fp32)")
     p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="engine kernel backend")
+    p.add_argument("--world-size", type=_int_list, default=[], metavar="W[,W...]",
+                   help="also run generate specs at tensor parallel tp=W and expert parallel ep=W "
+                        "(torch.distributed; gloo on CPU, NCCL on GPU) and require the one-device bits")
 
 
 def _load(args) -> tuple[list, list]:
@@ -70,7 +73,8 @@ def _load(args) -> tuple[list, list]:
 
 def _context(args) -> RunContext:
     try:
-        return RunContext(platform=detect(args.device, args.dtype), backend=args.backend)
+        return RunContext(platform=detect(args.device, args.dtype), backend=args.backend,
+                          world_sizes=tuple(args.world_size))
     except ValueError as e:
         raise UsageError(str(e)) from None
 

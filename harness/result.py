@@ -13,6 +13,7 @@ from harness.platform import Platform
 class RunContext:
     platform: Platform
     backend: str = "torch"  # kernel backend of the engine: "torch" or "triton"
+    world_sizes: tuple[int, ...] = ()  # `--world-size`: also run engine specs at tp = w and ep = w
 
     @property
     def device(self) -> torch.device:
@@ -21,7 +22,13 @@ class RunContext:
 
 @dataclass
 class Result:
-    """A run's output. Tensors are compared bitwise with the golden, data with deepdiff."""
+    """A run's output. Tensors are compared bitwise with the golden, data with deepdiff.
+
+    `facts` are what the spec's expectations read that do not belong in the golden (e.g. which
+    variants of a run disagreed, which depend on command-line options); `notes` are shown to
+    the reader and never fail a spec."""
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     data: dict = field(default_factory=dict)
+    facts: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)

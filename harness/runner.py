@@ -34,6 +34,8 @@ def repro_command(spec_id: str, ctx: RunContext, verb: str = "diff") -> str:
         args += ["--dtype", ctx.platform.dtype]
     if ctx.backend != "torch":
         args += ["--backend", ctx.backend]
+    if ctx.world_sizes:
+        args += ["--world-size", ",".join(map(str, ctx.world_sizes))]
     return shlex.join(args)
 
 
@@ -103,6 +105,7 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore) -> Outcome:
         out.status, out.messages = CRASH, [crash]
     else:
         out.messages = [f"expectation failed: {m}" for m in failed]
+        out.notes += result.notes
         try:
             golden = store.load(platform, spec.id)
         except CorruptGolden as e:
@@ -142,6 +145,12 @@ class RegenOutcome:
         return "\n".join(lines + ["    " + line for e in self.explanation for line in e.splitlines()])
 
 
+def _topologies_checked(spec: Spec, ctx: RunContext) -> list[dict]:
+    """One device, plus the (tp, ep) pairs the spec itself lists; `--world-size` adds more at check time."""
+    pairs = [(1, 1)] + [tuple(t) for t in spec.inputs.get("topologies") or []]
+    return [{"world_size": tp * ep, "tp": tp, "ep": ep} for tp, ep in pairs]
+
+
 def provenance(ctx: RunContext, spec: Spec) -> dict:
     return {
         "lockstep_revision": lockstep_revision(),
@@ -150,7 +159,7 @@ def provenance(ctx: RunContext, spec: Spec) -> dict:
         "platform": ctx.platform.name,
         "dtype_policy": ctx.platform.dtype,
         "backend": ctx.backend,
-        "topologies": [{"world_size": 1, "tp": 1, "ep": 1}],
+        "topologies": _topologies_checked(spec, ctx),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "regen_command": repro_command(spec.id, ctx, "regen"),
     }

@@ -50,3 +50,32 @@ def test_a_batch_variant_linear_fails_the_d2_and_d3_checks(monkeypatch):
     spec = parse_spec(SPEC, "f.yaml", "g/x")
     fails = kind.check(spec, kind.run(spec, RunContext(detect("cpu"))))
     assert any("each request alone" in f or "prefill chunks of 5" in f for f in fails), fails
+
+
+def test_world_sizes_add_topologies_and_name_unsupported_splits():
+    spec = parse_spec(SPEC.replace("expect:\n  batch_invariant: true\n  prefill_chunks: [5]\n", ""), "f.yaml", "g/x")
+    result = kind.run(spec, RunContext(detect("cpu"), world_sizes=(1, 4)))
+    # tiny has 2 KV heads (no TP 4) but 4 experts (EP 4 runs)
+    assert list(result.facts["variants_differing"]) == ["topology tp=1 ep=4"]
+    assert kind.check(spec, result) == []
+    assert any("tp=4 ep=1" in n and "unsupported" in n for n in result.notes)
+
+
+def test_paths_in_specs_cannot_leave_the_project(tmp_path):
+    from harness.checkpoints import resolve_path
+
+    assert resolve_path("models/x", tmp_path) == (tmp_path / "models/x").resolve()
+    for bad in ("../outside", "/etc", "models/../../x"):
+        with pytest.raises(ValueError, match="leaves the project root"):
+            resolve_path(bad, tmp_path)
+
+
+def test_speculative_needs_a_draft_and_valid_params():
+    with pytest.raises(SpecErrors) as e:
+        parse_spec(SPEC.replace("expect:", "  speculative: {topk: 1}\nexpect:"), "f.yaml", "g/x")
+    assert "'draft' and 'speculative' go together" in str(e.value)
+    bad = SPEC.replace("expect:", "  draft: {seed: 1, convention: sglang}\n"
+                                  "  speculative: {topk: 2, num_steps: 1, draft_token_num: 9}\nexpect:")
+    with pytest.raises(SpecErrors) as e:
+        parse_spec(bad, "f.yaml", "g/x")
+    assert "SpecParams.draft_token_num" in str(e.value) and "inputs.speculative" in str(e.value)

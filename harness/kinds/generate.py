@@ -11,6 +11,11 @@
                      max_new_tokens: 16, greedy: false, stop_token_ids: [5, 6]}
       capture: [2, 4]                 # optional: boundaries captured at every position
       schedule: {max_batch: 8, prefill_chunk: 16}   # how the batch is run (default: all at once)
+      topologies: [[2, 1], [1, 2]]    # optional: also run at these (tp, ep) over torch.distributed;
+                                      # each must give the one-device bits (D4)
+      draft: {path: models/tiny-eagle3, convention: sglang}   # optional: EAGLE3 speculative decoding
+      speculative: {num_steps: 3, topk: 2, draft_token_num: 6, verify: target-only,
+                    threshold_single: 1.0, threshold_acc: 1.0}
     expect:                           # all optional; the golden is always compared bitwise
       finish_reasons: [stop, length]
       last_tokens: [509, any]         # the last generated id of each request ("any": not pinned)
@@ -18,9 +23,13 @@
                                       #     same tokens, logprob bytes and captured bytes
       prefill_chunks: [1, 7]          # D3: the same with these prefill chunk sizes
       reproducible: true              # D1: a second run gives the same bits
+      equals_plain: true              # speculative: same tokens and logprob bytes as plain generate
+      min_mean_accept: 1.5            # speculative: mean accept length over requests and rounds
 
 The golden holds, per request i, `tokens_i` (int64), `logprobs_i` (float32: log_softmax of the
-raw logits at the chosen token) and `captured_i`, and the token lists and finish reasons as data.
+raw logits at the chosen token), `captured_i` and, speculative, `accept_lengths_i` (accepted
+drafts + 1 per verify round), and the token lists and finish reasons as data. Checkpoint and
+draft paths are relative to the project root (the folder holding `specs/`).
 Its platform is this machine's (`cpu-fp32`, …), with `-triton` appended for the Triton backend.
 """
 
@@ -28,7 +37,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.checkpoints import CHECKPOINT, model_for
+from pathlib import Path
+
+from harness.checkpoints import CHECKPOINT, DRAFT, draft_for, model_for, target_dir
 from harness.intseq import IntSeq, materialize
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
@@ -59,6 +70,17 @@ INPUTS = Map({
         "max_batch": Field(Int(min=1), default=8),
         "prefill_chunk": Field(Int(min=1)),
     }), default=dict),
+    "topologies": Field(List(List(Int(min=1, max=8), min_len=2, max_len=2), min_len=1),
+                        doc="(tp, ep) pairs that must reproduce the one-device bits"),
+    "draft": Field(DRAFT, doc="an EAGLE3 draft; with `speculative`"),
+    "speculative": Field(Map({
+        "num_steps": Field(Int(min=1), default=3),
+        "topk": Field(Int(min=1), default=1),
+        "draft_token_num": Field(Int(min=1), default=4),
+        "verify": Field(Str(choices=["greedy", "target-only", "rejection"]), default="target-only"),
+        "threshold_single": Field(Float(), default=1.0),
+        "threshold_acc": Field(Float(), default=1.0),
+    })),
 })
 EXPECT = Map({
     "finish_reasons": Field(List(Str(choices=["stop", "length"]))),
@@ -66,6 +88,8 @@ EXPECT = Map({
     "batch_invariant": Field(Bool(), default=False),
     "prefill_chunks": Field(List(Int(min=1), min_len=1)),
     "reproducible": Field(Bool(), default=False),
+    "equals_plain": Field(Bool(), default=False),
+    "min_mean_accept": Field(Float()),
 })
 
 
@@ -87,6 +111,17 @@ def validate(doc: dict) -> list[Problem]:
         if req["seed"] is None and not params.is_greedy:
             out.append(Problem(("inputs", "requests", i), "a sampled request needs a 'seed' to be reproducible "
                                                           "(or set sampling.greedy: true)"))
+    if (inp["draft"] is None) != (inp["speculative"] is None):
+        out.append(Problem(("inputs",), "'draft' and 'speculative' go together"))
+    if inp["speculative"] is not None:
+        try:
+            _spec_params(inp["speculative"])
+        except ValueError as e:
+            out.append(Problem(("inputs", "speculative"), str(e)))
+        if inp["topologies"]:
+            out.append(Problem(("inputs", "topologies"), "not supported with speculative decoding yet", at_key=True))
+    elif exp.get("equals_plain") or exp.get("min_mean_accept") is not None:
+        out.append(Problem(("expect",), "equals_plain and min_mean_accept need speculative decoding"))
     n = len(inp["requests"])
     for key in ("finish_reasons", "last_tokens"):
         if exp.get(key) is not None and len(exp[key]) != n:
@@ -103,43 +138,112 @@ def _requests(spec) -> list[Request]:
             for r in spec.inputs["requests"]]
 
 
-def _run(model, requests, capture, schedule, prefill_chunk="schedule"):
-    chunk = schedule.get("prefill_chunk") if prefill_chunk == "schedule" else prefill_chunk
-    return generate(model, requests, capture=capture or (), max_batch=schedule.get("max_batch") or 8,
-                    prefill_chunk=chunk)
+def _spec_params(speculative: dict):
+    from engine.speculative import SpecParams
+
+    return SpecParams(**speculative)
+
+
+def project_root(spec) -> Path:
+    """The folder holding `specs/`: the spec file's ancestor one level above its id's parts."""
+    return Path(spec.file).resolve().parents[len(spec.id.split("/"))]
+
+
+class _Runner:
+    """How a spec's requests are run: plain generate, or speculative with its draft."""
+
+    def __init__(self, spec, ctx):
+        inp = spec.inputs
+        self.root = project_root(spec)
+        self.model = model_for(inp["checkpoint"], ctx.backend, self.root)
+        self.capture, self.schedule = inp["capture"], inp["schedule"] or {}
+        self.draft = draft_for(inp["draft"], inp["checkpoint"], self.model, self.root) if inp["draft"] else None
+        self.spec_params = _spec_params(inp["speculative"]) if inp["speculative"] else None
+
+    def __call__(self, requests, prefill_chunk="schedule", speculative=True):
+        if self.draft is not None and speculative:
+            from engine.speculative import speculative_generate
+
+            return speculative_generate(self.model, self.draft, requests, self.spec_params)
+        chunk = self.schedule.get("prefill_chunk") if prefill_chunk == "schedule" else prefill_chunk
+        return generate(self.model, requests, capture=self.capture or (),
+                        max_batch=self.schedule.get("max_batch") or 8, prefill_chunk=chunk)
+
+    def at_topology(self, spec, requests, tp: int, ep: int):
+        from engine.parallel import generate_at
+
+        return generate_at(target_dir(spec.inputs["checkpoint"], self.root), tp, ep, requests,
+                           capture=self.capture or (), max_batch=self.schedule.get("max_batch") or 8,
+                           prefill_chunk=self.schedule.get("prefill_chunk"))
 
 
 def _bytes(result) -> tuple:
     """Everything of one request's result that must be bit-identical, as comparable bytes."""
-    cap = result.captured.contiguous().view(torch.uint8).numpy().tobytes() if result.captured is not None else b""
+    captured = getattr(result, "captured", None)
+    cap = captured.contiguous().view(torch.uint8).numpy().tobytes() if captured is not None else b""
     return (tuple(result.tokens), result.logprobs.contiguous().view(torch.uint8).numpy().tobytes(), cap)
+
+
+def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
+    """The spec's (tp, ep) pairs, plus (w, 1) and (1, w) for each `--world-size` w the model can
+    be split over; the splits it cannot take are listed (with the constraint) instead of run."""
+    from engine.distributed import Topology
+
+    wanted = [tuple(t) for t in spec.inputs["topologies"] or []]
+    skipped = []
+    if spec.inputs["speculative"] is None:
+        for w in ctx.world_sizes:
+            for tp, ep in ((w, 1), (1, w)):
+                if w == 1 or (tp, ep) in wanted:
+                    continue
+                problems = Topology(tp, ep).problems(config)
+                if problems:
+                    skipped.append(f"tp={tp} ep={ep}: " + "; ".join(problems))
+                else:
+                    wanted.append((tp, ep))
+    return wanted, skipped
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Same tokens and logprob bytes, and same captured bytes where both runs captured states
+    (speculative decoding captures none, so it is compared with plain generate on the rest)."""
+    return a[:2] == b[:2] and (not a[2] or not b[2] or a[2] == b[2])
 
 
 def run(spec, ctx) -> Result:
     inp, exp = spec.inputs, spec.expect
-    model = model_for(inp["checkpoint"], ctx.backend)
+    runner = _Runner(spec, ctx)
     requests = _requests(spec)
-    capture, schedule = inp["capture"], inp["schedule"] or {}
-    results = _run(model, requests, capture, schedule)
+    results = runner(requests)
     tensors, data = {}, {"tokens": [r.tokens for r in results], "finish_reasons": [r.finish_reason for r in results]}
     for i, r in enumerate(results):
         tensors[f"tokens_{i}"] = torch.tensor(r.tokens, dtype=torch.int64)
         tensors[f"logprobs_{i}"] = r.logprobs
-        if r.captured is not None:
+        if getattr(r, "captured", None) is not None:
             tensors[f"captured_{i}"] = r.captured
+        if hasattr(r, "accept_lengths"):
+            tensors[f"accept_lengths_{i}"] = torch.tensor(r.accept_lengths, dtype=torch.int64)
+    if runner.draft is not None:
+        data["mean_accept_length"] = [r.mean_accept_length for r in results]
     reference = [_bytes(r) for r in results]
     variants = {}
     if exp.get("reproducible"):
-        variants["a second run"] = _run(model, requests, capture, schedule)
+        variants["a second run"] = runner(requests)
     if exp.get("batch_invariant"):
-        alone = [_run(model, [req], capture, schedule)[0] for req in requests]
-        variants["each request alone"] = alone
-        variants["reversed order"] = _run(model, requests[::-1], capture, schedule)[::-1]
+        variants["each request alone"] = [runner([req])[0] for req in requests]
+        variants["reversed order"] = runner(requests[::-1])[::-1]
     for chunk in exp.get("prefill_chunks") or []:
-        variants[f"prefill chunks of {chunk}"] = _run(model, requests, capture, schedule, prefill_chunk=chunk)
-    data["variants_differing"] = {name: [i for i, r in enumerate(res) if _bytes(r) != reference[i]]
-                                  for name, res in variants.items()}
-    return Result(tensors=tensors, data=data)
+        variants[f"prefill chunks of {chunk}"] = runner(requests, prefill_chunk=chunk)
+    if exp.get("equals_plain"):
+        variants["plain (non-speculative) generate"] = runner(requests, speculative=False)
+    topologies, skipped = _topologies(spec, ctx, runner.model.config)
+    for tp, ep in topologies:
+        variants[f"topology tp={tp} ep={ep}"] = runner.at_topology(spec, requests, tp, ep)
+    differing = {name: [i for i, r in enumerate(res) if not _same(_bytes(r), reference[i])]
+                 for name, res in variants.items()}
+    notes = [f"checked at {', '.join(n for n in variants if n.startswith('topology'))}"] if topologies else []
+    notes += [f"not run at {s} (unsupported split)" for s in skipped]
+    return Result(tensors=tensors, data=data, facts={"variants_differing": differing}, notes=notes)
 
 
 def check(spec, result: Result) -> list[str]:
@@ -150,7 +254,11 @@ def check(spec, result: Result) -> list[str]:
         got = data["tokens"][i][-1] if data["tokens"][i] else None
         if want != "any" and got != want:
             fails.append(f"request {i} ended on token {got}, the spec expects {want}")
-    for name, differing in data["variants_differing"].items():
+    for name, differing in result.facts["variants_differing"].items():
         if differing:
             fails.append(f"{name}: requests {differing} gave different tokens, logprob bytes or captured states")
+    if exp.get("min_mean_accept") is not None:
+        mean = sum(data["mean_accept_length"]) / len(data["mean_accept_length"])
+        if mean < exp["min_mean_accept"]:
+            fails.append(f"mean accept length {mean:.3f} is below the spec's {exp['min_mean_accept']}")
     return fails
