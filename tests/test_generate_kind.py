@@ -79,3 +79,12 @@ def test_speculative_needs_a_draft_and_valid_params():
     with pytest.raises(SpecErrors) as e:
         parse_spec(bad, "f.yaml", "g/x")
     assert "SpecParams.draft_token_num" in str(e.value) and "inputs.speculative" in str(e.value)
+
+
+def test_speculative_refuses_what_it_cannot_check_yet():
+    text = SPEC.replace("expect:", "  draft: {seed: 1, convention: sglang}\n  speculative: {topk: 1}\n"
+                                   "  capture: [1]\nexpect:")
+    with pytest.raises(SpecErrors) as e:
+        parse_spec(text, "f.yaml", "g/x")
+    assert "inputs.capture: not supported with speculative decoding yet" in str(e.value)
+    assert "expect.prefill_chunks: speculative decoding has no chunked prefill yet" in str(e.value)

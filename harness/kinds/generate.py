@@ -118,8 +118,12 @@ def validate(doc: dict) -> list[Problem]:
             _spec_params(inp["speculative"])
         except ValueError as e:
             out.append(Problem(("inputs", "speculative"), str(e)))
-        if inp["topologies"]:
-            out.append(Problem(("inputs", "topologies"), "not supported with speculative decoding yet", at_key=True))
+        for key in ("topologies", "capture"):
+            if inp[key]:
+                out.append(Problem(("inputs", key), "not supported with speculative decoding yet", at_key=True))
+        if exp.get("prefill_chunks"):
+            out.append(Problem(("expect", "prefill_chunks"), "speculative decoding has no chunked prefill yet",
+                               at_key=True))
     elif exp.get("equals_plain") or exp.get("min_mean_accept") is not None:
         out.append(Problem(("expect",), "equals_plain and min_mean_accept need speculative decoding"))
     n = len(inp["requests"])
