@@ -43,7 +43,7 @@ from engine.distributed import ParallelContext, Topology, invariant_sum
 from engine.kv_cache import KVCache
 from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear
 from engine.model import GptOssModel, clamped_swiglu, top_k_lowest_index
-from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
+from engine.rope import apply_rope, rope_frequencies
 
 
 def local_chunks(K: int, tp: int, tp_rank: int) -> tuple[int, int, list[tuple[int, int]]]:

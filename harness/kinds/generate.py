@@ -215,7 +215,7 @@ def _same(a: tuple, b: tuple) -> bool:
 
 
 def run(spec, ctx) -> Result:
-    inp, exp = spec.inputs, spec.expect
+    exp = spec.expect
     runner = _Runner(spec, ctx)
     requests = _requests(spec)
     results = runner(requests)
