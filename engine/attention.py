@@ -40,7 +40,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if S % KV_TILE:
         raise ValueError(f"attention: cache capacity {S} is not a multiple of KV_TILE={KV_TILE}")
     sink_logits = sinks.to(torch.float32).reshape(Hkv, G, 1)
-    tile_offsets = torch.arange(KV_TILE, dtype=torch.int64)
+    tile_offsets = torch.arange(KV_TILE, dtype=torch.int64, device=q.device)
     out = q.new_empty((T, Hq, D))
     for t in range(T):
         qt = q[t].reshape(Hkv, G, D)                                  # query head h = kv * G + g

@@ -210,10 +210,10 @@ def _canonical_name(name: str) -> str:
 class DraftKV:
     """Committed draft keys/values: [slots, Hkv, capacity, D]; tree rows are never written here."""
 
-    def __init__(self, cfg: Eagle3Config, num_slots: int, capacity: int):
+    def __init__(self, cfg: Eagle3Config, num_slots: int, capacity: int, device: str | torch.device = "cpu"):
         shape = (num_slots, cfg.num_key_value_heads, capacity, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=torch.float32)
-        self.v = torch.zeros(shape, dtype=torch.float32)
+        self.k = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.v = torch.zeros(shape, dtype=torch.float32, device=device)
 
 
 class DraftStep:
@@ -230,9 +230,13 @@ class Eagle3Draft:
     """An EAGLE3 draft head bound to one target: its aux boundaries are resolved at load."""
 
     def __init__(self, cfg: Eagle3Config, weights: dict[str, torch.Tensor], target_config: GptOssConfig,
-                 convention: str, target_embed: torch.Tensor | None = None, backend: str = "torch"):
+                 convention: str, target_embed: torch.Tensor | None = None, backend: str = "torch",
+                 device: str | torch.device | None = None):
+        """`device`: where weights and activations live; default the target embedding's device, else cpu."""
         self.config = cfg
         self.backend = backend
+        self.device = torch.device(device if device is not None else
+                                   target_embed.device if target_embed is not None else "cpu")
         self.target_config = target_config
         Ht, L = target_config.hidden_size, target_config.num_hidden_layers
         name = cfg.name
@@ -274,14 +278,18 @@ class Eagle3Draft:
                 raise CheckpointError(f"{name}: tensor {n}: dtype {t.dtype}, expected int64")
             if kind == "float" and not t.dtype.is_floating_point:
                 raise CheckpointError(f"{name}: tensor {n}: dtype {t.dtype}, expected a float dtype")
-        f32 = lambda n: weights[n].to(torch.float32).contiguous()   # noqa: E731
+        f32 = lambda n: weights[n].to(self.device, torch.float32).contiguous()   # noqa: E731
         if with_embed:
             self.embed = f32("embed_tokens.weight")
         else:
             if target_embed is None or cfg.hidden_size != Ht:
                 raise CheckpointError(f"{name}: no embed_tokens.weight, and the target's embedding cannot be "
                                       f"shared (pass the target model; hidden sizes {cfg.hidden_size} vs {Ht})")
-            self.embed = target_embed.to(torch.float32)
+            if tuple(target_embed.shape) != (cfg.vocab_size, Ht):      # e.g. a vocab-parallel shard
+                raise CheckpointError(f"{name}: no embed_tokens.weight, and the target embedding passed is "
+                                      f"{tuple(target_embed.shape)}, not the full [{cfg.vocab_size}, {Ht}] "
+                                      f"(a sharded target: pass target_embed=the checkpoint's table)")
+            self.embed = target_embed.to(self.device, torch.float32)
         self.input_norm = f32("input_norm.weight") if cfg.norm_before_fc else None
         self.fc_norm = [f32(f"fc_norm.{i}.weight") for i in range(n_aux)] if cfg.fc_norm else None
         self.fc = f32("fc.weight")
@@ -295,8 +303,9 @@ class Eagle3Draft:
         self.down_w = f32(p + "mlp.down_proj.weight")
         self.norm = f32("norm.weight")
         self.lm_head = f32("lm_head.weight")
-        self.d2t = weights["d2t"].to(torch.int64)
-        self.hot_ids = self.d2t + torch.arange(cfg.draft_vocab_size, dtype=torch.int64)   # draft id -> target id
+        self.d2t = weights["d2t"].to(self.device, torch.int64)
+        self.hot_ids = self.d2t + torch.arange(cfg.draft_vocab_size, dtype=torch.int64,
+                                               device=self.device)                 # draft id -> target id
         bad = (self.hot_ids < 0) | (self.hot_ids >= cfg.vocab_size)
         if bool(bad.any()):
             d = int(bad.nonzero()[0, 0])
@@ -305,6 +314,7 @@ class Eagle3Draft:
         if len(set(self.hot_ids.tolist())) != cfg.draft_vocab_size:
             raise CheckpointError(f"{name}: d2t maps two draft ids to one target id")
         self.inv_freq, _ = rope_frequencies(cfg.head_dim, RopeParams(rope_type="default", theta=cfg.rope_theta))
+        self.inv_freq = self.inv_freq.to(self.device)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
 
     # ------------------------------------------------------------------ pieces
@@ -347,6 +357,7 @@ class Eagle3Draft:
         cfg = self.config
         T, D = tokens.shape[0], cfg.head_dim
         eps = cfg.rms_norm_eps
+        tokens, positions, slots = tokens.to(self.device), positions.to(self.device), slots.to(self.device)
         emb = self.embed.index_select(0, tokens)
         x = torch.cat([rms_norm(emb, self.input_layernorm, eps), rms_norm(hidden, self.hidden_norm, eps)], dim=-1)
         q = linear(x, self.q_w, None, self.backend).view(T, cfg.num_attention_heads, D)
@@ -379,9 +390,13 @@ class Eagle3Draft:
 
 
 # ---------------------------------------------------------------------- loading
-def load_draft(path: str | Path, target, *, convention: str, backend: str = "torch") -> Eagle3Draft:
+def load_draft(path: str | Path, target, *, convention: str, backend: str = "torch",
+               device: str | torch.device | None = None, target_embed: torch.Tensor | None = None) -> Eagle3Draft:
     """Load an HF-style EAGLE3 draft for `target` (a GptOssModel, or a GptOssConfig when the draft
-    carries its own embed_tokens). `convention` names how its layer ids are read (DESIGN §3)."""
+    carries its own embed_tokens). `convention` names how its layer ids are read (DESIGN §3).
+    `device`: default the target model's device (cpu for a config). `target_embed`: the target's
+    full [V, H] embedding, for a draft without its own when `target.embed` is not the full table
+    (engine.parallel holds a vocab shard per rank); default `target.embed`."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json")
@@ -396,8 +411,11 @@ def load_draft(path: str | Path, target, *, convention: str, backend: str = "tor
             for n in f.keys():
                 weights[n] = f.get_tensor(n)
     target_config = target if isinstance(target, GptOssConfig) else target.config
-    target_embed = None if isinstance(target, GptOssConfig) else target.embed
-    return Eagle3Draft(cfg, weights, target_config, convention, target_embed, backend)
+    if target_embed is None and not isinstance(target, GptOssConfig):
+        target_embed = target.embed
+    if device is None and not isinstance(target, GptOssConfig):
+        device = getattr(target, "device", None)
+    return Eagle3Draft(cfg, weights, target_config, convention, target_embed, backend, device)
 
 
 # ---------------------------------------------------------------------- synthetic drafts

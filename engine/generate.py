@@ -167,7 +167,7 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
                 take(i, out.logits[row], pos[row])
 
     return [Result(tokens=tokens[i],
-                   logprobs=torch.stack(logprobs[i]).to(torch.float32),
+                   logprobs=torch.stack(logprobs[i]).to("cpu", torch.float32),
                    finish_reason=finish[i],
-                   captured=torch.stack(captured[i]) if capture else None)
+                   captured=torch.stack(captured[i]).cpu() if capture else None)
             for i in range(n)]

@@ -17,14 +17,14 @@ from engine.config import GptOssConfig
 
 class KVCache:
     def __init__(self, config: GptOssConfig, num_slots: int, max_seq_len: int,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         if num_slots < 1 or max_seq_len < 1:
             raise ValueError(f"KVCache needs num_slots >= 1 and max_seq_len >= 1, got {num_slots}, {max_seq_len}")
         self.num_slots = num_slots
         self.capacity = -(-max_seq_len // KV_TILE) * KV_TILE
         shape = (num_slots, config.num_key_value_heads, self.capacity, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
 
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:

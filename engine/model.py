@@ -16,9 +16,10 @@ Determinism (DESIGN §2): all matmuls go through `engine.linear.linear` (one row
 and attention through `engine.attention.attention` (one query per call, fixed key tiles);
 the row-parallel layers (o_proj, experts' down) use `linear_k_chunked`: 8 fixed K chunks
 added in one fixed tree, the order engine/parallel.py keeps at every TP degree (D4);
-MoE experts run per token and slot. Elementwise ops and per-row reductions (RMSNorm's mean,
-softmax) are batched: in torch on CPU their per-element result does not depend on the number
-of rows (checked by tests/engine/test_linear_invariance.py and the D2/D3 tests). Nothing in
+MoE experts run per token and slot. Per-row reductions (RMSNorm's mean, the routing softmax)
+also run one row at a time: on CUDA a batched reduction picks its split by the number of rows.
+Elementwise ops are batched (checked by tests/engine/test_linear_invariance.py and the D2/D3
+tests). Everything runs on the model's device ("cpu" or "cuda"). Nothing in
 `forward` reads a tensor value on the host, so a decode step has static shapes per batch size.
 
 Shapes: T tokens in the step, H hidden, Hq / Hkv query / KV heads, D head_dim, E experts,
@@ -42,12 +43,17 @@ from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "torch") -> torch.Tensor:
-    """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight, in fp32."""
+    """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight, in fp32, each row alone: a CUDA reduction
+    over H picks its split (and so its summation order) by the number of rows (D2)."""
     x = x.to(torch.float32)
     if backend == "triton":
         from kernels.rmsnorm import rms_norm_triton          # one program per row, fixed chunks
         return rms_norm_triton(x, weight, eps)
-    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+    out = torch.empty_like(x)
+    for t in range(x.shape[0]):
+        row = x[t:t + 1]                                                  # [1, H]
+        out[t] = (row * torch.rsqrt(row.pow(2).mean(dim=-1, keepdim=True) + eps) * weight)[0]
+    return out
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float, backend: str = "torch") -> torch.Tensor:
@@ -98,11 +104,14 @@ class ForwardOutput(NamedTuple):
 
 
 class GptOssModel:
-    def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], backend: str = "torch"):
-        """`weights`: HF tensor names and layout (see engine.checkpoint), any float dtype."""
+    def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], backend: str = "torch",
+                 device: str | torch.device = "cpu"):
+        """`weights`: HF tensor names and layout (see engine.checkpoint), any float dtype.
+        Every weight, the KV cache and every activation live on `device` ("cpu" or "cuda")."""
         self.config = config
         self.backend = backend
-        f32 = lambda name: weights[name].to(torch.float32).contiguous()   # noqa: E731
+        self.device = torch.device(device)
+        f32 = lambda name: weights[name].to(self.device, torch.float32).contiguous()   # noqa: E731
         self.embed = f32("model.embed_tokens.weight")                      # [V, H]
         self.norm = f32("model.norm.weight")                               # [H]
         self.lm_head = f32("lm_head.weight")                               # [V, H]
@@ -125,16 +134,18 @@ class GptOssModel:
                 down_b=f32(p + "mlp.experts.down_proj_bias"),
             ))
         self.inv_freq, self.mscale = rope_frequencies(config.head_dim, config.rope)
+        self.inv_freq = self.inv_freq.to(self.device)
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, backend: str = "torch") -> "GptOssModel":
+    def from_checkpoint(cls, path: str | Path, backend: str = "torch",
+                        device: str | torch.device = "cpu") -> "GptOssModel":
         from engine.checkpoint import load_checkpoint
         config, weights = load_checkpoint(path)
-        return cls(config, weights, backend=backend)
+        return cls(config, weights, backend=backend, device=device)
 
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
-        return KVCache(self.config, num_slots, max_seq_len)
+        return KVCache(self.config, num_slots, max_seq_len, device=self.device)
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
@@ -196,9 +207,9 @@ class GptOssModel:
         k = cfg.num_experts_per_tok
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E]
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
-        routing = torch.softmax(top_logits, dim=-1)                          # over the k only
         out = torch.empty_like(x)                                            # [T, H]
         for t in range(x.shape[0]):
+            routing = torch.softmax(top_logits[t], dim=-1)                   # [k], over the k only
             ids = top_ids[t]                                                 # [k], stays a tensor
             gate_up_w = blk.gate_up_w.index_select(0, ids)                   # [k, 2I, H]
             gate_up_b = blk.gate_up_b.index_select(0, ids)                   # [k, 2I]
@@ -212,7 +223,7 @@ class GptOssModel:
                 y = linear_k_chunked(h, down_w[slot], down_b[slot], self.backend, x_per_k=2,
                                      prologue=lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit,
                                                                        self.backend))   # [1, H]
-                y = y * routing[t, slot]
+                y = y * routing[slot]
                 total = y if total is None else total + y
             out[t] = total[0]
         return out

@@ -87,16 +87,16 @@ def keep_mask(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.
     The most likely id (lowest id among equals) always survives.
     """
     V = z.shape[-1]
-    keep_sorted = torch.ones(V, dtype=torch.bool)
+    keep_sorted = torch.ones(V, dtype=torch.bool, device=z.device)
     probs = torch.softmax(z, dim=-1)
     sorted_p, order = torch.sort(probs, descending=True, stable=True)
-    ranks = torch.arange(V)
+    ranks = torch.arange(V, device=z.device)
     if top_k > 0:
         keep_sorted &= ranks < top_k
     if top_p < 1.0:
         exclusive = torch.cat([sorted_p.new_zeros(1), torch.cumsum(sorted_p, dim=-1)[:-1]])
         keep_sorted &= exclusive < top_p
-    keep = torch.empty(V, dtype=torch.bool)
+    keep = torch.empty(V, dtype=torch.bool, device=z.device)
     keep[order] = keep_sorted
     if min_p > 0.0:
         keep &= probs >= min_p * sorted_p[0]
@@ -125,13 +125,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int | None, pos: 
     logp = torch.log_softmax(torch.where(keep, z, float("-inf")), dim=-1)
     V = logits.shape[-1]
     if seed is not None:
-        s = torch.tensor([seed_as_int64(seed)], dtype=torch.int64)
-        p = torch.tensor([pos], dtype=torch.int64)
-        cols = SAMPLE_COLUMNS + torch.arange(V, dtype=torch.int64)
+        dev = logits.device
+        s = torch.tensor([seed_as_int64(seed)], dtype=torch.int64, device=dev)
+        p = torch.tensor([pos], dtype=torch.int64, device=dev)
+        cols = SAMPLE_COLUMNS + torch.arange(V, dtype=torch.int64, device=dev)
         g = gumbel_noise(s, p, cols)[0]                        # [V] float64
     else:
         if generator is None:
             raise ValueError("sample: a request without a seed needs an explicit torch.Generator")
         h = torch.randint(0, 1 << 32, (V,), dtype=torch.int64, generator=generator)
-        g = gumbel_from_hash(h)
+        g = gumbel_from_hash(h.to(logits.device))
     return int(torch.argmax(logp + g))                       # -inf where masked; first maximum

@@ -269,12 +269,14 @@ def _draft_children(draft: Eagle3Draft, logits: torch.Tensor, params: SamplingPa
     z = logits.to(torch.float64) / params.temperature
     logq = torch.log_softmax(z, dim=-1)
     if seed is not None:
-        g = gumbel_noise(torch.tensor([seed_as_int64(seed)]), torch.tensor([pos], dtype=torch.int64),
-                         DRAFT_COLUMNS + torch.arange(Vd, dtype=torch.int64))[0]
+        dev = logits.device
+        g = gumbel_noise(torch.tensor([seed_as_int64(seed)], device=dev), torch.tensor([pos], device=dev),
+                         DRAFT_COLUMNS + torch.arange(Vd, dtype=torch.int64, device=dev))[0]
     else:
-        g = gumbel_from_hash(torch.randint(0, 1 << 32, (Vd,), dtype=torch.int64, generator=generator))
+        h = torch.randint(0, 1 << 32, (Vd,), dtype=torch.int64, generator=generator)
+        g = gumbel_from_hash(h.to(logits.device))
     d = int(torch.argmax(logq + g))
-    q = torch.zeros(draft.config.vocab_size, dtype=torch.float64)
+    q = torch.zeros(draft.config.vocab_size, dtype=torch.float64, device=logits.device)
     q[draft.hot_ids] = logq.exp()
     return [(d, float(logq[d]), q)]
 
@@ -330,7 +332,7 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
     scratch0 = n_req
     capacity = max(len(r.prompt) + r.params.max_new_tokens + spec.num_steps for r in requests)
     cache = target.new_cache(n_req + n_req * (max_paths - 1) + 1, capacity)
-    dkv = DraftKV(dcfg, n_req, capacity)
+    dkv = DraftKV(dcfg, n_req, capacity, device=draft.device)
     bounds = draft.boundaries
     stop_ids = [set(r.params.stop_token_ids if r.params.stop_token_ids is not None else cfg.eos_token_id)
                 for r in requests]
@@ -416,8 +418,9 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
         coins: dict[int, tuple[torch.Tensor, float]] = {}
         seeded = [i for i in active if requests[i].seed is not None and not requests[i].params.is_greedy]
         if seeded:
-            c, f = verify_coins(torch.tensor([seed_as_int64(requests[i].seed) for i in seeded], dtype=torch.int64),
-                                torch.tensor([len(seqs[i]) for i in seeded], dtype=torch.int64), N)
+            dev = vout.logits.device
+            c, f = verify_coins(torch.tensor([seed_as_int64(requests[i].seed) for i in seeded], device=dev),
+                                torch.tensor([len(seqs[i]) for i in seeded], device=dev), N)
             for k, i in enumerate(seeded):
                 coins[i] = (c[k], float(f[k]))
         for i in active:
@@ -458,7 +461,7 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
                 ext += [(i, r + j, new_tokens[j], vout.captured[where[i][a]]) for j, a in enumerate(accepted)]
         draft_extend(ext)
 
-    return [SpecResult(tokens=out_tok[i], logprobs=torch.stack(out_lp[i]).to(torch.float32),
+    return [SpecResult(tokens=out_tok[i], logprobs=torch.stack(out_lp[i]).to("cpu", torch.float32),
                        finish_reason=finish[i], accept_lengths=accept_lengths[i]) for i in range(n_req)]
 
 

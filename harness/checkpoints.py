@@ -62,10 +62,10 @@ def checkpoint_dir(preset: str, seed: int, fmt: str) -> Path:
 
 
 @lru_cache(maxsize=8)
-def load_model(preset: str, seed: int, fmt: str, backend: str = "torch"):
+def load_model(preset: str, seed: int, fmt: str, backend: str = "torch", device: str = "cpu"):
     from engine.model import GptOssModel
 
-    return GptOssModel.from_checkpoint(checkpoint_dir(preset, seed, fmt), backend=backend)
+    return GptOssModel.from_checkpoint(checkpoint_dir(preset, seed, fmt), backend=backend, device=device)
 
 
 def resolve_path(relative: str, root: Path) -> Path:
@@ -84,16 +84,18 @@ def target_dir(ckpt: dict, root: Path) -> Path:
 
 
 @lru_cache(maxsize=8)
-def _load_dir(path: Path, backend: str):
+def _load_dir(path: Path, backend: str, device: str):
     from engine.model import GptOssModel
 
-    return GptOssModel.from_checkpoint(path, backend=backend)
+    return GptOssModel.from_checkpoint(path, backend=backend, device=device)
 
 
-def model_for(ckpt: dict, backend: str = "torch", root: Path = Path(".")):
+def model_for(ckpt: dict, backend: str = "torch", root: Path = Path("."), device: str = "cpu"):
+    """The spec's target model on `device` (cached: specs share models)."""
+    device = str(device)
     if "path" in ckpt:
-        return _load_dir(resolve_path(ckpt["path"], root), backend)
-    return load_model(ckpt["preset"], ckpt["seed"], ckpt["format"], backend)
+        return _load_dir(resolve_path(ckpt["path"], root), backend, device)
+    return load_model(ckpt["preset"], ckpt["seed"], ckpt["format"], backend, device)
 
 
 @lru_cache(maxsize=None)
@@ -105,16 +107,19 @@ def _synthetic_draft_dir(preset: str, seed: int, aux_layer_ids, norm_before_fc: 
                                  norm_before_fc=norm_before_fc, fc_norm=fc_norm)
 
 
+def draft_dir(draft: dict, target_ckpt: dict, root: Path = Path(".")) -> Path:
+    """The folder of a spec's draft checkpoint (a synthetic one is written on first use)."""
+    if "path" in draft:
+        return resolve_path(draft["path"], root)
+    if "preset" not in target_ckpt:
+        raise ValueError("a synthetic draft needs a target given by preset")
+    ids = tuple(draft["aux_layer_ids"]) if draft.get("aux_layer_ids") is not None else None
+    return _synthetic_draft_dir(target_ckpt["preset"], draft["seed"], ids, draft["norm_before_fc"], draft["fc_norm"])
+
+
 def draft_for(draft: dict, target_ckpt: dict, target, root: Path = Path(".")):
     """Load the draft of a spec against its loaded target model."""
     from engine.eagle3 import load_draft
 
-    if "path" in draft:
-        path = resolve_path(draft["path"], root)
-    else:
-        if "preset" not in target_ckpt:
-            raise ValueError("a synthetic draft needs a target given by preset")
-        ids = tuple(draft["aux_layer_ids"]) if draft.get("aux_layer_ids") is not None else None
-        path = _synthetic_draft_dir(target_ckpt["preset"], draft["seed"], ids, draft["norm_before_fc"],
-                                    draft["fc_norm"])
-    return load_draft(path, target, convention=draft["convention"], backend=target.backend)
+    return load_draft(draft_dir(draft, target_ckpt, root), target, convention=draft["convention"],
+                      backend=target.backend)

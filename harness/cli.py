@@ -249,7 +249,8 @@ def cmd_generate(args) -> int:
     from engine.sampling import SamplingParams
 
     try:
-        model = GptOssModel.from_checkpoint(args.checkpoint, backend=args.backend)
+        device = detect(args.device).torch_device                   # refuses cuda without a GPU
+        model = GptOssModel.from_checkpoint(args.checkpoint, backend=args.backend, device=device)
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                 max_new_tokens=args.max_new_tokens, greedy=args.seed is None,
                                 stop_token_ids=tuple(args.stop_ids) if args.stop_ids is not None else None)
@@ -319,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-ids", type=_int_list, help="replace the EOS list, e.g. --stop-ids 509,510")
     p.add_argument("--logprobs", action="store_true", help="include each token's logprob (and its float32 bits)")
     p.add_argument("--backend", choices=["torch", "triton"], default="torch")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
     return parser

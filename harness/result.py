@@ -19,6 +19,12 @@ class RunContext:
     def device(self) -> torch.device:
         return self.platform.torch_device
 
+    @property
+    def engine_platform(self) -> str:
+        """Where goldens of engine runs live: the platform, plus the backend unless it is torch
+        (e.g. `cuda-sm90-fp32-triton`): Triton kernels and torch ops round differently."""
+        return self.platform.name + ("" if self.backend == "torch" else f"-{self.backend}")
+
 
 @dataclass
 class Result:

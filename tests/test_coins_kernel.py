@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from kernels.coins import (COIN_MAX, SAMPLE_COLUMNS, coins_from_hash, gumbel_from_hash, murmur_hash32,
                            verify_coins)
+from tests.kernels.conftest import DEVICE  # the device the kernels are tested on (LOCKSTEP_TEST_DEVICE)
 from tests.murmur3_reference import lockstep_key_hash
 
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -15,7 +16,6 @@ KNOWN = [((0, 0, 0), 2167721464), ((1, 7, 1), 4196701286), ((42, 123, 2), 274067
          ((0x123456789ABCDEF0, 456, 17), 3372550890), ((7847, 12345, 1208), 0xFFFFFFFF),
          ((6469398791980356130, 7371, 248146), 0xFFFFFFFF), ((-1, 0, 0), 1040203207)]
 BACKENDS = ["torch", "triton"]
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton compiled on a GPU
 
 
 def t(values):

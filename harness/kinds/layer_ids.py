@@ -76,7 +76,7 @@ def validate(doc: dict) -> list[Problem]:
 
 
 def golden_platform(spec, ctx) -> str:
-    return ctx.platform.name if spec.inputs["forward"] else SHARED
+    return ctx.engine_platform if spec.inputs["forward"] else SHARED
 
 
 def _resolve(spec) -> tuple[list[int], int]:
@@ -95,7 +95,9 @@ def _resolve(spec) -> tuple[list[int], int]:
 def walk_boundaries(model, tokens: torch.Tensor) -> list[torch.Tensor]:
     """Every boundary state of one prompt, by running the blocks one at a time (no capture code)."""
     T = tokens.shape[0]
-    positions, slots = torch.arange(T), torch.zeros(T, dtype=torch.int64)
+    positions = torch.arange(T, device=model.device)
+    slots = torch.zeros(T, dtype=torch.int64, device=model.device)
+    tokens = tokens.to(model.device)
     cache = model.new_cache(1, T)
     eps = model.config.rms_norm_eps
     cos, sin = rope_cos_sin(positions, model.inv_freq, model.mscale)
@@ -117,7 +119,8 @@ def run(spec, ctx) -> Result:
     tensors = {}
     fwd = spec.inputs["forward"]
     if fwd:
-        model = model_for({"preset": spec.inputs["target"], "seed": fwd["seed"], "format": "bf16"}, ctx.backend)
+        model = model_for({"preset": spec.inputs["target"], "seed": fwd["seed"], "format": "bf16"}, ctx.backend,
+                          device=ctx.device)
         tokens = materialize(fwd["prompt"])
         T = tokens.shape[0]
         out = model.forward(tokens, torch.arange(T), torch.zeros(T, dtype=torch.int64), model.new_cache(1, T),
@@ -130,7 +133,7 @@ def run(spec, ctx) -> Result:
             if not torch.equal(out.captured[:, k * H:(k + 1) * H].contiguous().view(torch.int32),
                                walked[b].contiguous().view(torch.int32))]
         data["expected_width"] = len(boundaries) * H
-        tensors["captured"] = out.captured
+        tensors["captured"] = out.captured.cpu()
     return Result(tensors=tensors, data=data)
 
 

@@ -11,6 +11,7 @@ from harness.kinds import kernel as kernel_kind
 from harness.platform import detect
 from harness.result import RunContext
 from harness.specfile import load_specs
+from tests.kernels.conftest import DEVICE
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 
@@ -24,8 +25,12 @@ def kernel_specs():
     return {s.id: s for s in specs if s.kind == "kernel"}
 
 
+def platform():
+    return detect(DEVICE.type)          # the runner makes its inputs on the platform's device
+
+
 def check(spec):
-    ctx = RunContext(platform=detect())
+    ctx = RunContext(platform=platform())
     return kernel_kind.check(spec, kernel_kind.run(spec, ctx))
 
 
@@ -33,7 +38,7 @@ def test_there_are_enough_specs(kernel_specs):
     assert len(kernel_specs) >= 25
     kernels = {s.inputs["kernel"] for s in kernel_specs.values()}
     assert kernels == set(kernel_kind.KERNELS)
-    assert kernel_kind.golden_platform(next(iter(kernel_specs.values())), RunContext(platform=detect())).endswith("-triton")
+    assert kernel_kind.golden_platform(next(iter(kernel_specs.values())), RunContext(platform=platform())).endswith("-triton")
 
 
 FAST = ["kernels/attention-empty-tiles-window-128", "kernels/attention-no-sink", "kernels/matmul-n127-k129",

@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from kernels.matmul import TILES, linear
+from tests.kernels.conftest import DEVICE
 
 DTYPES = [torch.float32, torch.bfloat16]
 # Stated tolerance against a float64 reference, weights scaled by 1/sqrt(K):
@@ -13,16 +14,19 @@ TOL = {torch.float32: dict(rtol=0, atol=2e-5), torch.bfloat16: dict(rtol=1.6e-2,
 
 
 def make(M, K, N, dtype, seed=0, bias=True):
+    """x, W, b made on the CPU (the same values everywhere), on DEVICE."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(M, K, generator=g).to(dtype)
     w = (torch.randn(N, K, generator=g) / max(K, 1) ** 0.5).to(dtype)
     b = torch.randn(N, generator=g).to(dtype) if bias else None
-    return x, w, b
+    return x.to(DEVICE), w.to(DEVICE), b.to(DEVICE) if bias else None
 
 
 def ref64(x, w, b):
-    y = x.double() @ w.double().T
-    return y + b.double() if b is not None else y
+    """The float64 reference, computed on the CPU, returned on x's device."""
+    y = x.cpu().double() @ w.cpu().double().T
+    y = y + b.cpu().double() if b is not None else y
+    return y.to(x.device)
 
 
 @pytest.mark.parametrize("K, N, dtype", [
@@ -44,8 +48,8 @@ def test_no_read_past_the_tails(dtype):
     in M, N or K (DESIGN §8 'unguarded tail') would read them and poison the output."""
     M, K, N = 5, 129, 131
     x0, w0, b = make(M, K, N, dtype, seed=3)
-    xbuf = torch.full((M * K + 4096,), float("nan"), dtype=dtype)
-    wbuf = torch.full((N * K + 4096,), float("nan"), dtype=dtype)
+    xbuf = torch.full((M * K + 4096,), float("nan"), dtype=dtype, device=DEVICE)
+    wbuf = torch.full((N * K + 4096,), float("nan"), dtype=dtype, device=DEVICE)
     xbuf[:M * K] = x0.reshape(-1)
     wbuf[:N * K] = w0.reshape(-1)
     x, w = xbuf[:M * K].view(M, K), wbuf[:N * K].view(N, K)

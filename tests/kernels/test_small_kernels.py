@@ -9,16 +9,24 @@ from kernels.moe import clamped_swiglu, expert_linear, moe, router_top_k
 from kernels.rmsnorm import rms_norm
 from kernels.rope import apply_rope
 from kernels.sampling import gumbel_argmax
+from tests.kernels.conftest import DEVICE
 
+# Inputs are made on the CPU from seeded generators (the same values everywhere) and moved to
+# DEVICE; the Triton kernel and its torch reference then run on the same DEVICE tensors.
 G = lambda s: torch.Generator().manual_seed(s)   # noqa: E731
+
+
+def dev(values, dtype=None):
+    """A tensor from a Python literal, on DEVICE."""
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
 
 
 # ------------------------------------------------------------------ rmsnorm (fp32 math)
 @pytest.mark.parametrize("N", [1, 127, 129, 2880, 2881])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rmsnorm_tails_and_rows(N, dtype):
-    x = (torch.randn(6, N, generator=G(N)) * 3).to(dtype)
-    w = torch.randn(N, generator=G(N + 1)).to(dtype)
+    x = (torch.randn(6, N, generator=G(N)) * 3).to(dtype).to(DEVICE)
+    w = torch.randn(N, generator=G(N + 1)).to(dtype).to(DEVICE)
     y = rms_norm(x, w, 1e-5, backend="triton")
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(y.float(), rms_norm(x, w, 1e-5).float(), **tol)
@@ -27,8 +35,8 @@ def test_rmsnorm_tails_and_rows(N, dtype):
 
 
 def test_rmsnorm_zero_row_and_huge_values():
-    x = torch.tensor([[0.0] * 5, [3e18, -3e18, 1.0, 0.0, 2.0]])
-    w = torch.ones(5)
+    x = dev([[0.0] * 5, [3e18, -3e18, 1.0, 0.0, 2.0]])
+    w = torch.ones(5, device=DEVICE)
     y = rms_norm(x, w, 1e-5, backend="triton")
     assert y[0].eq(0).all() and torch.isfinite(y).all()
     torch.testing.assert_close(y, rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
@@ -37,9 +45,9 @@ def test_rmsnorm_zero_row_and_huge_values():
 # ------------------------------------------------------------------ rope (elementwise)
 @pytest.mark.parametrize("H, D", [(1, 2), (3, 32), (8, 64), (5, 128)])
 def test_rope_matches_reference(H, D):
-    x = torch.randn(7, H, D, generator=G(D))
+    x = torch.randn(7, H, D, generator=G(D)).to(DEVICE)
     ang = torch.randn(7, D // 2, generator=G(H)) * 100
-    cos, sin = ang.cos() * 1.35, ang.sin() * 1.35
+    cos, sin = (ang.cos() * 1.35).to(DEVICE), (ang.sin() * 1.35).to(DEVICE)
     torch.testing.assert_close(apply_rope(x, cos, sin, backend="triton"), apply_rope(x, cos, sin), rtol=1e-6, atol=1e-6)
     xb = x.to(torch.bfloat16)
     torch.testing.assert_close(apply_rope(xb, cos, sin, backend="triton").float(), apply_rope(xb, cos, sin).float(),
@@ -50,17 +58,18 @@ def test_rope_agrees_with_engine():
     from engine.config import preset
     from engine.rope import apply_rope as engine_rope, rope_cos_sin, rope_frequencies
     inv, ms = rope_frequencies(64, preset("gpt-oss-20b").rope)
-    cos, sin = rope_cos_sin(torch.tensor([0, 1, 4095, 131071]), inv, ms)
-    x = torch.randn(4, 8, 64, generator=G(3))
+    cos, sin = rope_cos_sin(torch.tensor([0, 1, 4095, 131071]), inv, ms)      # on the CPU
+    cos, sin = cos.to(DEVICE), sin.to(DEVICE)
+    x = torch.randn(4, 8, 64, generator=G(3)).to(DEVICE)
     torch.testing.assert_close(apply_rope(x, cos, sin, backend="triton"), engine_rope(x, cos, sin), rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------ router top-k
 def test_top_k_ties_go_to_the_lowest_index():
-    logits = torch.tensor([[1.0] * 8,
-                           [0.0, 5.0, 5.0, 1.0, 5.0, 0.0, 0.0, 5.0],
-                           [float("-inf")] * 6 + [2.0, 2.0],
-                           [3.0, -1.0, 3.0, 3.0, -1.0, 7.0, -1.0, -1.0]])
+    logits = dev([[1.0] * 8,
+                  [0.0, 5.0, 5.0, 1.0, 5.0, 0.0, 0.0, 5.0],
+                  [float("-inf")] * 6 + [2.0, 2.0],
+                  [3.0, -1.0, 3.0, 3.0, -1.0, 7.0, -1.0, -1.0]])
     for backend in ("torch", "triton"):
         w, ids = router_top_k(logits, 4, backend=backend)
         assert ids.tolist() == [[0, 1, 2, 3], [1, 2, 4, 7], [6, 7, 0, 1], [5, 0, 2, 3]], backend
@@ -76,6 +85,7 @@ def test_property_top_k(T, E, k, seed, levels):
     logits = torch.randn(T, E, generator=G(seed)) * 4
     if levels:                                     # few distinct values: many ties
         logits = logits.round().clamp(-levels, levels)
+    logits = logits.to(DEVICE)
     w, ids = router_top_k(logits, k, backend="triton")
     w0, ids0 = router_top_k(logits, k)
     assert ids.equal(ids0)
@@ -83,7 +93,7 @@ def test_property_top_k(T, E, k, seed, levels):
 
 
 def test_top_k_large_and_small_logits():
-    logits = torch.tensor([[1e30, -1e30, 1e-30, 0.0, 88.0, -88.0]])
+    logits = dev([[1e30, -1e30, 1e-30, 0.0, 88.0, -88.0]])
     w, ids = router_top_k(logits, 3, backend="triton")
     assert ids.tolist() == [[0, 4, 2]] and torch.isfinite(w).all()
     torch.testing.assert_close(w, router_top_k(logits, 3)[0])
@@ -92,30 +102,38 @@ def test_top_k_large_and_small_logits():
 # ------------------------------------------------------------------ clamped SwiGLU
 @pytest.mark.filterwarnings("ignore:overflow encountered")
 def test_swiglu_clamps_and_interleaving():
-    gu = torch.tensor([[8.0, 9.0, -100.0, -9.0, 7.0, 7.0, 0.5, -0.5]])
+    gu = dev([[8.0, 9.0, -100.0, -9.0, 7.0, 7.0, 0.5, -0.5]])
     y = clamped_swiglu(gu, backend="triton")
     # gate 8 -> 7, up 9 -> 7; gate -100 stays, up -9 -> -7; gate 7, up 7; gate .5, up -.5
     s = torch.sigmoid
-    want = torch.tensor([[7 * s(torch.tensor(1.702 * 7)) * 8, -100 * s(torch.tensor(-170.2)) * -6,
-                          7 * s(torch.tensor(1.702 * 7)) * 8, 0.5 * s(torch.tensor(0.851)) * 0.5]])
+    want = dev([[7 * s(torch.tensor(1.702 * 7)) * 8, -100 * s(torch.tensor(-170.2)) * -6,
+                 7 * s(torch.tensor(1.702 * 7)) * 8, 0.5 * s(torch.tensor(0.851)) * 0.5]])   # CPU math
     torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
-    x = torch.randn(5, 2 * 129, generator=G(1)) * 20
+    x = (torch.randn(5, 2 * 129, generator=G(1)) * 20).to(DEVICE)
     torch.testing.assert_close(clamped_swiglu(x, backend="triton"), clamped_swiglu(x), rtol=1e-6, atol=1e-5)
 
 
 # ------------------------------------------------------------------ experts
 def experts(E, H, I, seed=0, dtype=torch.float32):
+    """gate_up_w, gate_up_b, down_w, down_b on DEVICE."""
     g = G(seed)
-    return ((torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(dtype), torch.randn(E, 2 * I, generator=g).to(dtype),
-            (torch.randn(E, H, I, generator=g) / I ** 0.5).to(dtype), torch.randn(E, H, generator=g).to(dtype))
+    W = ((torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(dtype), torch.randn(E, 2 * I, generator=g).to(dtype),
+         (torch.randn(E, H, I, generator=g) / I ** 0.5).to(dtype), torch.randn(E, H, generator=g).to(dtype))
+    return tuple(w.to(DEVICE) for w in W)
+
+
+def routing(T, E, k, seed):
+    """routing weights and expert ids from the torch top-k on the CPU, on DEVICE."""
+    r, ids = router_top_k(torch.randn(T, E, generator=G(seed)), k)
+    return r.to(DEVICE), ids.to(DEVICE)
 
 
 @pytest.mark.parametrize("H, I", [(1, 1), (127, 129), (129, 127), (96, 64)])
 def test_moe_matches_reference_and_rows_alone(H, I):
     E, k, T = 8, 4, 5
     W = experts(E, H, I, seed=H)
-    x = torch.randn(T, H, generator=G(2))
-    r, ids = router_top_k(torch.randn(T, E, generator=G(3)), k)
+    x = torch.randn(T, H, generator=G(2)).to(DEVICE)
+    r, ids = routing(T, E, k, seed=3)
     out = moe(x, r, ids, *W, backend="triton")
     torch.testing.assert_close(out, moe(x, r, ids, *W), rtol=1e-5, atol=2e-5)
     for t in (0, T - 1):
@@ -124,8 +142,8 @@ def test_moe_matches_reference_and_rows_alone(H, I):
 
 def test_moe_bf16():
     W = experts(4, 64, 32, seed=5, dtype=torch.bfloat16)
-    x = torch.randn(3, 64, generator=G(6)).to(torch.bfloat16)
-    r, ids = router_top_k(torch.randn(3, 4, generator=G(7)), 2)
+    x = torch.randn(3, 64, generator=G(6)).to(torch.bfloat16).to(DEVICE)
+    r, ids = routing(3, 4, 2, seed=7)
     torch.testing.assert_close(moe(x, r, ids, *W, backend="triton").float(), moe(x, r, ids, *W).float(),
                                rtol=3e-2, atol=3e-2)
 
@@ -136,9 +154,9 @@ def test_expert_parallel_skips_non_local_experts():
     NaN-producing expert elsewhere never leaks in. The two halves add up to the whole."""
     E, H, I, k, T = 8, 33, 17, 2, 6
     gw, gb, dw, db = experts(E, H, I, seed=9)
-    x = torch.randn(T, H, generator=G(10))
-    ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [1, 6], [7, 0]])
-    r = torch.full((T, k), 0.5)
+    x = torch.randn(T, H, generator=G(10)).to(DEVICE)
+    ids = dev([[0, 1], [2, 3], [4, 5], [6, 7], [1, 6], [7, 0]])
+    r = torch.full((T, k), 0.5, device=DEVICE)
     full = moe(x, r, ids, gw, gb, dw, db, backend="triton")
     lo = moe(x, r, ids, gw[:4], gb[:4], dw[:4], db[:4], expert_start=0, backend="triton")
     hi_db = db[4:].clone()
@@ -149,7 +167,7 @@ def test_expert_parallel_skips_non_local_experts():
     bad_db[:] = float("inf")                        # rank 1's experts blow up; rank 0 must not see it
     assert torch.isfinite(moe(x[:2], r[:2], ids[:2], gw[4:], gb[4:], dw[4:], bad_db, expert_start=4,
                               backend="triton")).all()
-    y = expert_linear(x, torch.tensor([9, 0, 3, -1, 4, 8]), gw, gb, backend="triton")
+    y = expert_linear(x, dev([9, 0, 3, -1, 4, 8]), gw, gb, backend="triton")
     assert y[0].eq(0).all() and y[3].eq(0).all() and y[5].eq(0).all()
 
 
@@ -157,9 +175,9 @@ def test_expert_parallel_skips_non_local_experts():
 @pytest.mark.parametrize("V", [1, 127, 1025, 201088])
 def test_gumbel_argmax_matches_reference(V):
     R = 3 if V > 2000 else 6
-    logp = torch.log_softmax(torch.randn(R, V, generator=G(V), dtype=torch.float64) * 2, -1)
-    seeds = torch.tensor([0, 42, -1, 7, 1 << 40, 3])[:R]
-    pos = torch.tensor([0, 7, 123, 5, 99, 100000])[:R]
+    logp = torch.log_softmax(torch.randn(R, V, generator=G(V), dtype=torch.float64) * 2, -1).to(DEVICE)
+    seeds = dev([0, 42, -1, 7, 1 << 40, 3])[:R]
+    pos = dev([0, 7, 123, 5, 99, 100000])[:R]
     assert gumbel_argmax(logp, seeds, pos, backend="triton").equal(gumbel_argmax(logp, seeds, pos))
 
 
@@ -170,16 +188,16 @@ def test_gumbel_argmax_is_engine_sample():
                               (SamplingParams(top_p=0.5, min_p=0.01), 123, 4096)):
         z = logits.to(torch.float64) / params.temperature
         keep = keep_mask(z, params.top_k, params.top_p, params.min_p)
-        logp = torch.log_softmax(torch.where(keep, z, float("-inf")), dim=-1)[None]
-        s = torch.tensor([seed - (1 << 64) if seed >= 1 << 63 else seed])
-        got = gumbel_argmax(logp, s, torch.tensor([pos]), backend="triton")
+        logp = torch.log_softmax(torch.where(keep, z, float("-inf")), dim=-1)[None].to(DEVICE)
+        s = dev([seed - (1 << 64) if seed >= 1 << 63 else seed])
+        got = gumbel_argmax(logp, s, dev([pos]), backend="triton")
         assert int(got) == sample(logits, params, seed, pos)
 
 
 def test_gumbel_argmax_ties_and_all_masked():
     # every id masked: the first index (as torch.argmax); identical rows: identical ids
-    logp = torch.full((2, 2100), float("-inf"), dtype=torch.float64)
-    assert gumbel_argmax(logp, torch.tensor([1, 2]), torch.tensor([0, 0]), backend="triton").tolist() == [0, 0]
-    logp = torch.zeros(3, 2100, dtype=torch.float64)
-    out = gumbel_argmax(logp, torch.tensor([9, 9, 10]), torch.tensor([4, 4, 4]), backend="triton")
-    assert out[0] == out[1] and out.equal(gumbel_argmax(logp, torch.tensor([9, 9, 10]), torch.tensor([4, 4, 4])))
+    logp = torch.full((2, 2100), float("-inf"), dtype=torch.float64, device=DEVICE)
+    assert gumbel_argmax(logp, dev([1, 2]), dev([0, 0]), backend="triton").tolist() == [0, 0]
+    logp = torch.zeros(3, 2100, dtype=torch.float64, device=DEVICE)
+    out = gumbel_argmax(logp, dev([9, 9, 10]), dev([4, 4, 4]), backend="triton")
+    assert out[0] == out[1] and out.equal(gumbel_argmax(logp, dev([9, 9, 10]), dev([4, 4, 4])))
