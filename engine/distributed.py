@@ -91,10 +91,11 @@ class ParallelContext:
     """This process's place in a topology, its process groups and collectives.
 
     Build it after torch.distributed is initialised (engine.launch does that), on every rank,
-    in the same order: `ParallelContext(Topology(tp, ep))`. With world size 1 no process
-    group is needed."""
+    in the same order: `ParallelContext(Topology(tp, ep))`. The device follows the process
+    group's backend: NCCL -> this rank's GPU, gloo -> cpu. With world size 1 no process group is
+    needed, and `device` (default cpu) says where the model runs."""
 
-    def __init__(self, topology: Topology, rank: int | None = None):
+    def __init__(self, topology: Topology, rank: int | None = None, device: str | torch.device | None = None):
         self.topology = topology
         tp, ep = topology.tp, topology.ep
         if topology.world_size == 1 and not dist.is_initialized():
@@ -110,8 +111,13 @@ class ParallelContext:
         if self.backend == "nccl":
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", self.rank % torch.cuda.device_count())))
             torch.cuda.set_device(self.device)
+        elif self.backend == "none":
+            self.device = torch.device(device if device is not None else "cpu")
         else:
             self.device = torch.device("cpu")
+        if device is not None and torch.device(device).type != self.device.type:
+            raise ValueError(f"ParallelContext: device {device} was asked for, but the {self.backend} process "
+                             f"group runs on {self.device.type}")
         # Every rank creates every group, in the same order (a torch.distributed rule).
         self.tp_group = self.ep_group = None
         if tp > 1 and ep > 1:

@@ -3,6 +3,11 @@
     model = ParallelGptOssModel(config, weights, ParallelContext(Topology(tp=2, ep=2)))
     results = engine.generate.generate(model, requests)        # unchanged: same forward API
 
+    # the same, run on tp × ep local processes (rank 0's results; every rank's must agree):
+    results = generate_at(ckpt, tp, ep, requests)
+    results = speculative_generate_at(ckpt, tp, ep, requests, draft=draft_dir, convention="sglang",
+                                      spec=SpecParams(topk=2, num_steps=3, draft_token_num=6))
+
 Layout and groups: engine/distributed.py (world = tp × ep). What each rank holds and does:
 
     embedding   vocab rows [tp_rank * V/tp, ...); a token's row comes from its owner rank by an
@@ -39,7 +44,7 @@ import torch
 
 from engine.attention import attention
 from engine.config import GptOssConfig
-from engine.distributed import ParallelContext, Topology, invariant_sum
+from engine.distributed import ParallelContext, Topology, UnsupportedTopology, invariant_sum
 from engine.kv_cache import KVCache
 from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear
 from engine.model import GptOssModel, clamped_swiglu, top_k_lowest_index
@@ -68,7 +73,7 @@ class ParallelGptOssModel(GptOssModel):
         ctx.topology.check(config)
         self.config, self.ctx, self.backend = config, ctx, backend
         tp, tr, ep, er = ctx.tp, ctx.tp_rank, ctx.ep, ctx.ep_rank
-        dev = ctx.device
+        dev = self.device = ctx.device
         D = config.head_dim
 
         def f32(name, rows=None, cols=None):
@@ -120,6 +125,7 @@ class ParallelGptOssModel(GptOssModel):
             b.down_b = f32(p + "mlp.experts.down_proj_bias")                            # [E, H], all experts
             self.blocks.append(b)
         self.inv_freq, self.mscale = rope_frequencies(D, config.rope)
+        self.inv_freq = self.inv_freq.to(dev)
         self.scale = 1.0 / math.sqrt(D)
         self.local_config = config.replace(num_attention_heads=self.hq, num_key_value_heads=self.hkv)
 
@@ -131,11 +137,7 @@ class ParallelGptOssModel(GptOssModel):
 
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
         """A cache of this rank's KV heads only."""
-        cache = KVCache(self.local_config, num_slots, max_seq_len)
-        if self.ctx.device.type != "cpu":
-            cache.k = [t.to(self.ctx.device) for t in cache.k]
-            cache.v = [t.to(self.ctx.device) for t in cache.v]
-        return cache
+        return KVCache(self.local_config, num_slots, max_seq_len, device=self.device)
 
     # forward() is GptOssModel's, unchanged: it calls the per-rank _embed, _attention, _moe
     # and _logits below.
@@ -174,7 +176,7 @@ class ParallelGptOssModel(GptOssModel):
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E], replicated
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
         act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
-        routing = torch.softmax(top_logits, dim=-1)
+        routing = torch.stack([torch.softmax(row, dim=-1) for row in top_logits])   # [T, k], row by row
         n_local = K_CHUNKS // ctx.tp
         parts = x.new_zeros((n_local, T, k, H))       # placeholders stay zero and are never used
         ids = top_ids.tolist()                        # host read: which (token, slot) is local
@@ -209,35 +211,98 @@ def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -
 
 
 # ---------------------------------------------------------------- one call for a runner
-def _generate_rank(ckpt: str, tp: int, ep: int, requests, generate_kwargs: dict):
+def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | torch.device, timeout_s: float,
+           collective_timeout_s: float, what: str) -> list:
+    """fn(ParallelContext, *args) on every rank of `topology` -> rank 0's result, once every rank
+    returned the same bits. device "cpu": gloo, one process per rank; "cuda": NCCL, one GPU per
+    rank (refused up front, naming the count, when the machine has fewer: a CPU fallback would be
+    compared with one-device CUDA bits). World size 1 runs in this process, no process group."""
+    from engine.config import GptOssConfig
+    from engine.launch import launch
+    topology.check(GptOssConfig.from_json_file(Path(ckpt) / "config.json"))   # before any process starts
+    device = torch.device(device)
+    if device.type == "cuda" and topology.world_size > 1 and torch.cuda.device_count() < topology.world_size:
+        raise UnsupportedTopology(f"topology {topology} on cuda needs {topology.world_size} GPUs (one per rank), "
+                                  f"this machine has {torch.cuda.device_count()}")
+    if topology.world_size == 1:
+        return fn(ParallelContext(topology, device=device), *args)
+    per_rank = launch(_on_rank, topology.world_size, args=(fn, topology, args),
+                      backend="nccl" if device.type == "cuda" else "gloo",
+                      timeout_s=timeout_s, collective_timeout_s=collective_timeout_s)
+    return _rank_0_if_all_agree(per_rank, what)
+
+
+def _on_rank(fn, topology: Topology, args: tuple):
+    return fn(ParallelContext(topology), *args)      # the device follows the process group's backend
+
+
+def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, generate_kwargs: dict):
     from engine.generate import generate
-    model = ParallelGptOssModel.from_checkpoint(ckpt, ParallelContext(Topology(tp, ep)))
+    model = ParallelGptOssModel.from_checkpoint(ckpt, ctx, backend=backend)
     return generate(model, requests, **generate_kwargs)
 
 
-def generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, timeout_s: float = 600.0,
+def generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, backend: str = "torch",
+                device: str | torch.device = "cpu", timeout_s: float = 600.0,
                 collective_timeout_s: float = 120.0, **generate_kwargs):
     """engine.generate.generate(model, requests, **generate_kwargs) on a tp × ep topology of
-    local processes (engine.launch; gloo on CPU, NCCL when there is a GPU per rank).
+    local processes on `device` (see run_at), kernels from `backend`.
     -> rank 0's list[Result]. Every rank must return the same bits; a disagreement raises.
 
     Requests must be greedy or carry a seed (or pass a `generator`, which each rank gets a
     copy of): an unseeded stream would differ from rank to rank."""
-    from engine.config import GptOssConfig
-    from engine.launch import launch
-    config = GptOssConfig.from_json_file(Path(ckpt) / "config.json")
     topology = Topology(tp, ep)
-    topology.check(config)                                  # before any process starts
-    if topology.world_size == 1:                            # no processes, no process group
-        return _generate_rank(str(ckpt), tp, ep, requests, generate_kwargs)
-    per_rank = launch(_generate_rank, topology.world_size, args=(str(ckpt), tp, ep, list(requests), generate_kwargs),
-                      timeout_s=timeout_s, collective_timeout_s=collective_timeout_s)
+    return run_at(_generate_rank, ckpt, topology, (str(ckpt), list(requests), backend, generate_kwargs), device,
+                  timeout_s, collective_timeout_s, f"generate_at({topology})")
 
-    def bits(results):
-        return [(r.tokens, r.finish_reason, r.logprobs.numpy().tobytes(),
-                 None if r.captured is None else r.captured.numpy().tobytes()) for r in results]
-    first = bits(per_rank[0])
+
+def _result_bits(r) -> tuple:
+    """Everything of one request's result (engine.generate or engine.speculative) every rank must
+    agree on, as comparable values."""
+    captured = getattr(r, "captured", None)
+    return (r.tokens, r.finish_reason, r.logprobs.numpy().tobytes(),
+            None if captured is None else captured.numpy().tobytes(), getattr(r, "accept_lengths", None))
+
+
+def _rank_0_if_all_agree(per_rank: list, what: str) -> list:
+    first = [_result_bits(r) for r in per_rank[0]]
     for rank, res in enumerate(per_rank[1:], 1):
-        if bits(res) != first:
-            raise RuntimeError(f"generate_at({topology}): rank {rank}'s results differ from rank 0's")
+        if [_result_bits(r) for r in res] != first:
+            raise RuntimeError(f"{what}: rank {rank}'s results differ from rank 0's")
     return per_rank[0]
+
+
+# ---------------------------------------------------------------- speculative decoding
+def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, convention: str, spec,
+                      backend: str = "torch"):
+    """engine.speculative.speculative_generate, unchanged, on this rank: the target is this rank's
+    ParallelGptOssModel (its forward gathers full logits and captured states on every rank), the
+    draft is a full replica (it is small), so every rank drafts, verifies and samples the same
+    trees. A draft without its own embed_tokens reads the target's embedding, of which this rank
+    holds only a vocab shard: it gets the checkpoint's full table (the one-device model's values)."""
+    from engine.checkpoint import load_checkpoint
+    from engine.eagle3 import load_draft
+    from engine.speculative import speculative_generate
+    config, weights = load_checkpoint(ckpt)
+    target = ParallelGptOssModel(config, weights, ctx, backend=backend)
+    drafter = load_draft(draft, target, convention=convention, backend=backend,
+                         target_embed=weights["model.embed_tokens.weight"])
+    del weights                                 # from here on only this rank's shard and the draft
+    return speculative_generate(target, drafter, requests, spec)
+
+
+def speculative_generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, draft: str | Path, convention: str,
+                            spec, backend: str = "torch", device: str | torch.device = "cpu",
+                            timeout_s: float = 600.0, collective_timeout_s: float = 120.0):
+    """engine.speculative.speculative_generate(target, draft, requests, spec) with the target at
+    a tp × ep topology of local processes on `device` (as generate_at) and the draft checkpoint
+    `draft` (read under layer-id `convention`) replicated on every rank. -> rank 0's
+    list[SpecResult]; every rank must return the same tokens, logprob bytes and accept lengths, or
+    it raises. Requests must be greedy or seeded (an unseeded stream would differ from rank to rank)."""
+    unseeded = [i for i, r in enumerate(requests) if r.seed is None and not r.params.is_greedy]
+    if unseeded:
+        raise ValueError(f"speculative_generate_at: requests {unseeded} are sampled without a seed; "
+                         f"each rank would draw its own coins")
+    topology = Topology(tp, ep)
+    return run_at(_speculative_rank, ckpt, topology, (str(ckpt), list(requests), str(draft), convention, spec, backend),
+                  device, timeout_s, collective_timeout_s, f"speculative_generate_at({topology})")

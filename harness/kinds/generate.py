@@ -12,7 +12,8 @@
       capture: [2, 4]                 # optional: boundaries captured at every position
       schedule: {max_batch: 8, prefill_chunk: 16}   # how the batch is run (default: all at once)
       topologies: [[2, 1], [1, 2]]    # optional: also run at these (tp, ep) over torch.distributed;
-                                      # each must give the one-device bits (D4)
+                                      # each must give the one-device bits (D4), and with a draft
+                                      # (draft replicated per rank) the same accept lengths too
       draft: {path: models/tiny-eagle3, convention: sglang}   # optional: EAGLE3 speculative decoding
       speculative: {num_steps: 3, topk: 2, draft_token_num: 6, verify: target-only,
                     threshold_single: 1.0, threshold_acc: 1.0}
@@ -39,7 +40,7 @@ import torch
 
 from pathlib import Path
 
-from harness.checkpoints import CHECKPOINT, DRAFT, draft_for, model_for, target_dir
+from harness.checkpoints import CHECKPOINT, DRAFT, draft_dir, draft_for, model_for, target_dir
 from harness.intseq import IntSeq, materialize
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
@@ -118,9 +119,8 @@ def validate(doc: dict) -> list[Problem]:
             _spec_params(inp["speculative"])
         except ValueError as e:
             out.append(Problem(("inputs", "speculative"), str(e)))
-        for key in ("topologies", "capture"):
-            if inp[key]:
-                out.append(Problem(("inputs", key), "not supported with speculative decoding yet", at_key=True))
+        if inp["capture"]:
+            out.append(Problem(("inputs", "capture"), "not supported with speculative decoding yet", at_key=True))
         if exp.get("prefill_chunks"):
             out.append(Problem(("expect", "prefill_chunks"), "speculative decoding has no chunked prefill yet",
                                at_key=True))
@@ -134,7 +134,7 @@ def validate(doc: dict) -> list[Problem]:
 
 
 def golden_platform(spec, ctx) -> str:
-    return ctx.platform.name + ("" if ctx.backend == "torch" else f"-{ctx.backend}")
+    return ctx.engine_platform
 
 
 def _requests(spec) -> list[Request]:
@@ -159,7 +159,7 @@ class _Runner:
     def __init__(self, spec, ctx):
         inp = spec.inputs
         self.root = project_root(spec)
-        self.model = model_for(inp["checkpoint"], ctx.backend, self.root)
+        self.model = model_for(inp["checkpoint"], ctx.backend, self.root, ctx.device)
         self.capture, self.schedule = inp["capture"], inp["schedule"] or {}
         self.draft = draft_for(inp["draft"], inp["checkpoint"], self.model, self.root) if inp["draft"] else None
         self.spec_params = _spec_params(inp["speculative"]) if inp["speculative"] else None
@@ -174,18 +174,29 @@ class _Runner:
                         max_batch=self.schedule.get("max_batch") or 8, prefill_chunk=chunk)
 
     def at_topology(self, spec, requests, tp: int, ep: int):
-        from engine.parallel import generate_at
+        """The same run with the target split tp × ep over local processes (rank 0's results)."""
+        from engine.parallel import generate_at, speculative_generate_at
 
-        return generate_at(target_dir(spec.inputs["checkpoint"], self.root), tp, ep, requests,
+        inp = spec.inputs
+        ckpt = target_dir(inp["checkpoint"], self.root)
+        if self.draft is not None:
+            return speculative_generate_at(ckpt, tp, ep, requests, spec=self.spec_params,
+                                           draft=draft_dir(inp["draft"], inp["checkpoint"], self.root),
+                                           convention=inp["draft"]["convention"], backend=self.model.backend,
+                                           device=self.model.device)
+        return generate_at(ckpt, tp, ep, requests, backend=self.model.backend, device=self.model.device,
                            capture=self.capture or (), max_batch=self.schedule.get("max_batch") or 8,
                            prefill_chunk=self.schedule.get("prefill_chunk"))
 
 
 def _bytes(result) -> tuple:
-    """Everything of one request's result that must be bit-identical, as comparable bytes."""
+    """Everything of one request's result that must be bit-identical, as comparable values:
+    (tokens, logprob bytes, captured bytes or None, accept lengths or None)."""
     captured = getattr(result, "captured", None)
-    cap = captured.contiguous().view(torch.uint8).numpy().tobytes() if captured is not None else b""
-    return (tuple(result.tokens), result.logprobs.contiguous().view(torch.uint8).numpy().tobytes(), cap)
+    cap = captured.contiguous().view(torch.uint8).numpy().tobytes() if captured is not None else None
+    accept = getattr(result, "accept_lengths", None)
+    return (tuple(result.tokens), result.logprobs.contiguous().view(torch.uint8).numpy().tobytes(), cap,
+            None if accept is None else tuple(accept))
 
 
 def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
@@ -195,23 +206,28 @@ def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
 
     wanted = [tuple(t) for t in spec.inputs["topologies"] or []]
     skipped = []
-    if spec.inputs["speculative"] is None:
-        for w in ctx.world_sizes:
-            for tp, ep in ((w, 1), (1, w)):
-                if w == 1 or (tp, ep) in wanted:
-                    continue
-                problems = Topology(tp, ep).problems(config)
-                if problems:
-                    skipped.append(f"tp={tp} ep={ep}: " + "; ".join(problems))
-                else:
-                    wanted.append((tp, ep))
+    for w in ctx.world_sizes:
+        for tp, ep in ((w, 1), (1, w)):
+            if w == 1 or (tp, ep) in wanted:
+                continue
+            problems = Topology(tp, ep).problems(config)
+            if problems:
+                skipped.append(f"tp={tp} ep={ep}: " + "; ".join(problems) + " (unsupported split)")
+            else:
+                wanted.append((tp, ep))
+    if ctx.device.type == "cuda":              # one GPU per rank; a CPU fallback would not compare
+        gpus = torch.cuda.device_count()
+        skipped += [f"tp={tp} ep={ep}: needs {tp * ep} GPUs, this machine has {gpus}"
+                    for tp, ep in wanted if tp * ep > gpus]
+        wanted = [(tp, ep) for tp, ep in wanted if tp * ep <= gpus]
     return wanted, skipped
 
 
 def _same(a: tuple, b: tuple) -> bool:
-    """Same tokens and logprob bytes, and same captured bytes where both runs captured states
-    (speculative decoding captures none, so it is compared with plain generate on the rest)."""
-    return a[:2] == b[:2] and (not a[2] or not b[2] or a[2] == b[2])
+    """Same tokens and logprob bytes; same captured states and accept lengths where both runs have
+    them (speculative decoding captures none and plain generate has no accept lengths, so the two
+    are compared on tokens and logprobs; two speculative runs also on their accept lengths)."""
+    return a[:2] == b[:2] and all(x is None or y is None or x == y for x, y in zip(a[2:], b[2:]))
 
 
 def run(spec, ctx) -> Result:
@@ -246,7 +262,7 @@ def run(spec, ctx) -> Result:
     differing = {name: [i for i, r in enumerate(res) if not _same(_bytes(r), reference[i])]
                  for name, res in variants.items()}
     notes = [f"checked at {', '.join(n for n in variants if n.startswith('topology'))}"] if topologies else []
-    notes += [f"not run at {s} (unsupported split)" for s in skipped]
+    notes += [f"not run at {s}" for s in skipped]
     return Result(tensors=tensors, data=data, facts={"variants_differing": differing}, notes=notes)
 
 
@@ -260,7 +276,8 @@ def check(spec, result: Result) -> list[str]:
             fails.append(f"request {i} ended on token {got}, the spec expects {want}")
     for name, differing in result.facts["variants_differing"].items():
         if differing:
-            fails.append(f"{name}: requests {differing} gave different tokens, logprob bytes or captured states")
+            fails.append(f"{name}: requests {differing} gave different tokens, logprob bytes, captured states "
+                         f"or accept lengths")
     if exp.get("min_mean_accept") is not None:
         mean = sum(data["mean_accept_length"]) / len(data["mean_accept_length"])
         if mean < exp["min_mean_accept"]:
