@@ -15,6 +15,8 @@ Presets (`preset(name)`):
   small                       6 layers, hidden 160, 8 experts top-4, window 16
   tiny-d24, tiny-d36          narrow models with the real depths, for layer-ID checks
   tiny-parallel               16 q / 8 KV heads, 8 experts: every TP in 1..8, EP in 1..8
+  tiny-vocab8                 2 layers, 8-token vocabulary: exact output distributions (specs of kind
+                              `distribution`)
 Every invalid field raises a ValueError that names the field.
 """
 
@@ -313,6 +315,9 @@ PRESETS = {
     "tiny-d36": lambda: _tiny_family(vocab_size=256, hidden_size=32, intermediate_size=32,
                                      num_hidden_layers=36, num_attention_heads=2, num_key_value_heads=1,
                                      head_dim=16, eos_token_id=(253, 254, 255), pad_token_id=252),
+    "tiny-vocab8": lambda: _tiny_family(vocab_size=8, hidden_size=32, intermediate_size=32,
+                                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                        head_dim=16, eos_token_id=(7,), pad_token_id=6),
 }
 
 

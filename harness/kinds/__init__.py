@@ -10,6 +10,6 @@ A kind module defines
     check(spec, result) → list[str], one message per failed expectation
 """
 
-from harness.kinds import coins, generate, kernel, layer_ids
+from harness.kinds import coins, distribution, generate, kernel, layer_ids, verify
 
-KINDS = {module.NAME: module for module in (coins, layer_ids, generate, kernel)}
+KINDS = {module.NAME: module for module in (coins, layer_ids, generate, kernel, verify, distribution)}
