@@ -7,7 +7,7 @@ shape and sha256, plus the sha256 of the whole tensor file. Loading checks all o
 truncated or edited golden is reported as corrupt, never compared as if it were good.
 
 Writes are atomic: each file is written to a temporary file in its folder, flushed to disk and
-renamed over the old one; SIGINT and SIGTERM are held back between the two renames. A kill -9
+renamed over the old one; SIGINT and SIGTERM are deferred between the two renames. A kill -9
 in that window leaves a new tensor file beside the old manifest, which the sha256 check
 reports as corrupt rather than accepting.
 """
@@ -185,12 +185,18 @@ def _fsync_dir(d: Path) -> None:
 
 @contextlib.contextmanager
 def _signals_held():
+    """Defer SIGINT and SIGTERM to the end of the block. A handler, not a signal mask: the kernel
+    may hand a process-directed signal to any thread that does not block it (torch's worker
+    threads do not), and its default action would end the process between the two renames."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    caught: list[int] = []
+    old = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in old.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s in caught:
+            signal.raise_signal(s)

@@ -131,3 +131,34 @@ def test_killed_writer_never_leaves_a_golden_that_loads_wrong(tmp_path):
         assert torch.equal(g.tensors["v"], torch.full((50000,), float(i)))
         loads += 1
     assert loads >= 4
+
+
+SIGTERM_TO_A_THREAD = textwrap.dedent("""
+    import os, signal, sys, threading, time, torch
+    from harness.golden import GoldenStore
+    store = GoldenStore(sys.argv[1])
+    store.write("shared", "coins/a", {"v": torch.zeros(8)}, {"i": 0}, "0" * 64, "coins", {})
+    other = threading.Thread(target=threading.Event().wait, daemon=True)   # blocks no signal,
+    other.start()                                                          # like torch's workers
+    real_replace, calls = os.replace, []
+    def replace(src, dst):
+        real_replace(src, dst)
+        calls.append(dst)
+        if len(calls) == 1:                      # between the tensors' rename and the manifest's
+            signal.pthread_kill(other.ident, signal.SIGTERM)
+            time.sleep(0.3)
+    os.replace = replace
+    store.write("shared", "coins/a", {"v": torch.ones(8)}, {"i": 1}, "0" * 64, "coins", {})
+    print("not stopped", flush=True)
+""")
+
+
+def test_sigterm_delivered_to_another_thread_waits_for_both_renames(tmp_path):
+    """The kernel may hand a kill to any thread; one that does not block it (every torch worker)
+    must not end the process between the two renames. The deferred SIGTERM still ends it after."""
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_TO_A_THREAD, str(tmp_path)], capture_output=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr.decode()[-2000:]
+    assert b"not stopped" not in proc.stdout
+    g = GoldenStore(tmp_path).load("shared", "coins/a")      # whole, new golden: not CorruptGolden
+    assert g.data["i"] == 1 and torch.equal(g.tensors["v"], torch.ones(8))
