@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import engine.speculative as speculative
-from engine.speculative import inverse_cdf
 from harness.kinds import distribution
 from engine.sampling import SamplingParams
 from harness.checkpoints import model_for
@@ -15,6 +14,8 @@ from harness.kinds.distribution import chi_square, exact_law
 from harness.platform import detect
 from harness.result import RunContext
 from harness.specfile import load_spec_file
+
+from tests.speculative.verify_bugs import rejection
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 REJECTION_SPEC = SPECS / "speculative" / "rejection-distribution.yaml"
@@ -84,23 +85,6 @@ def run_spec():
     return spec, result, distribution.check(spec, result)
 
 
-def accept_if_u_below_p(tree, p, coins, final_coin):
-    """A classic bug: accept draft x iff u < p(x), ignoring q (the correction is still drawn from
-    max(p - q, 0)). It accepts too rarely where q(x) < p(x) and too often where q(x) > p(x)."""
-    cur, accepted = 0, [0]
-    while True:
-        kids = tree.children(cur)
-        if not kids:
-            return accepted, inverse_cdf(p[cur], final_coin)
-        child = kids[0]
-        if float(coins[cur]) < float(p[cur, tree.tokens[child]]):
-            cur = child
-            accepted.append(child)
-            continue
-        residual = (p[cur] - tree.q[child]).clamp(min=0)
-        return accepted, inverse_cdf(residual if bool((residual > 0).any()) else p[cur], final_coin)
-
-
 def test_the_engine_rejection_verifier_passes():
     spec, result, fails = run_spec()
     d = result.data
@@ -111,7 +95,7 @@ def test_the_engine_rejection_verifier_passes():
 
 
 def test_a_verifier_ignoring_q_fails_the_spec(monkeypatch):
-    monkeypatch.setattr(speculative, "verify_rejection", accept_if_u_below_p)
+    monkeypatch.setattr(speculative, "verify_rejection", rejection(ignore_q=True))   # u < p(x)
     spec, result, fails = run_spec()
     d = result.data
     print(f"biased verifier: X² = {d['statistic']:.2f}, df = {d['df']}, p = {d['p_value']:.4g}, "

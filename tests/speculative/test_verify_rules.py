@@ -12,6 +12,8 @@ from engine.sampling import SamplingParams
 from engine.speculative import Tree, inverse_cdf, verify_greedy, verify_rejection, verify_target_only
 from kernels.coins import COIN_MAX, verify_coins
 
+from tests.speculative.verify_bugs import rejection
+
 #        0 (root)
 #       /        \
 #   1 (tok 3)   2 (tok 1)
@@ -171,20 +173,7 @@ def test_rejection_output_follows_the_target_distribution():
 
 def test_a_biased_verifier_is_caught(monkeypatch):
     """Accepting with u < p(x) (ignoring q) is a classic bug: the same test must reject it."""
-    def biased(tree, p, coins, final_coin):
-        cur, accepted = 0, [0]
-        while True:
-            kids = tree.children(cur)
-            if not kids:
-                return accepted, inverse_cdf(p[cur], final_coin)
-            c = kids[0]
-            if float(coins[cur]) < float(p[cur, tree.tokens[c]]):
-                cur = c
-                accepted.append(c)
-                continue
-            return accepted, inverse_cdf((p[cur] - tree.q[c]).clamp(min=0), final_coin)
-
-    monkeypatch.setattr(spec, "verify_rejection", biased)
+    monkeypatch.setattr(spec, "verify_rejection", rejection(ignore_q=True))
     p_value = chi_square_p([run_chain(s) for s in range(TRIALS)])
     print(f"chi-square p-value, biased verifier: {p_value:.4g}")
     assert p_value < ALPHA, p_value

@@ -19,6 +19,8 @@ from harness.platform import detect
 from harness.result import RunContext
 from harness.specfile import SpecErrors, load_spec_file, parse_spec
 
+from tests.speculative.verify_bugs import rejection
+
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 VERIFY_IDS = sorted(f"verify/{p.stem}" for p in (SPECS / "verify").glob("*.yaml"))
 
@@ -120,25 +122,6 @@ def test_inverse_cdf_at_or_above_the_coin_is_caught(monkeypatch):
 
 
 # ---------------------------------------------------------------------- rejection and greedy bugs
-def rejection(ignore_q=False, accept_on_equal=False, residual_is_p=False):
-    def verify_rejection(tree, p, coins, final_coin):
-        cur, accepted = 0, [0]
-        while True:
-            kids = tree.children(cur)
-            if not kids:
-                return accepted, inverse_cdf(p[cur], final_coin)
-            c = kids[0]
-            x, q, u = tree.tokens[c], tree.q[c], float(coins[cur])
-            lhs = u if ignore_q else u * float(q[x])
-            if lhs <= float(p[cur, x]) if accept_on_equal else lhs < float(p[cur, x]):
-                cur = c
-                accepted.append(c)
-                continue
-            residual = p[cur] if residual_is_p else (p[cur] - q).clamp(min=0)
-            return accepted, inverse_cdf(residual, final_coin)
-    return verify_rejection
-
-
 R = "verify/rejection-"
 REJECTION_BUGS = {
     # node 1: u = .70 >= p = .40 rejects what .70 x .50 = .35 < .40 accepts
