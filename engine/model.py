@@ -56,6 +56,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "
     return out
 
 
+def routing_weights(top_logits: torch.Tensor) -> torch.Tensor:
+    """top_logits [T, k] -> softmax over the k selected logits, [T, k], each row alone (a CUDA
+    softmax, like any reduction, may pick its split by the number of rows)."""
+    rows = [torch.softmax(row, dim=-1) for row in top_logits]
+    return torch.stack(rows) if rows else torch.empty_like(top_logits)
+
+
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float, backend: str = "torch") -> torch.Tensor:
     """gate_up [T, 2I], interleaved (gate = even columns, up = odd) -> [T, I]."""
     if backend == "triton":
@@ -207,9 +214,9 @@ class GptOssModel:
         k = cfg.num_experts_per_tok
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E]
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
+        routing = routing_weights(top_logits)                                # [T, k], over the k only
         out = torch.empty_like(x)                                            # [T, H]
         for t in range(x.shape[0]):
-            routing = torch.softmax(top_logits[t], dim=-1)                   # [k], over the k only
             ids = top_ids[t]                                                 # [k], stays a tensor
             gate_up_w = blk.gate_up_w.index_select(0, ids)                   # [k, 2I, H]
             gate_up_b = blk.gate_up_b.index_select(0, ids)                   # [k, 2I]
@@ -223,7 +230,7 @@ class GptOssModel:
                 y = linear_k_chunked(h, down_w[slot], down_b[slot], self.backend, x_per_k=2,
                                      prologue=lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit,
                                                                        self.backend))   # [1, H]
-                y = y * routing[slot]
+                y = y * routing[t, slot]
                 total = y if total is None else total + y
             out[t] = total[0]
         return out

@@ -47,7 +47,7 @@ from engine.config import GptOssConfig
 from engine.distributed import ParallelContext, Topology, UnsupportedTopology, invariant_sum
 from engine.kv_cache import KVCache
 from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear
-from engine.model import GptOssModel, clamped_swiglu, top_k_lowest_index
+from engine.model import GptOssModel, clamped_swiglu, routing_weights, top_k_lowest_index
 from engine.rope import apply_rope, rope_frequencies
 
 
@@ -176,7 +176,7 @@ class ParallelGptOssModel(GptOssModel):
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E], replicated
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
         act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
-        routing = torch.stack([torch.softmax(row, dim=-1) for row in top_logits])   # [T, k], row by row
+        routing = routing_weights(top_logits)                                      # [T, k]
         n_local = K_CHUNKS // ctx.tp
         parts = x.new_zeros((n_local, T, k, H))       # placeholders stay zero and are never used
         ids = top_ids.tolist()                        # host read: which (token, slot) is local
@@ -221,15 +221,23 @@ def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | 
     from engine.launch import launch
     topology.check(GptOssConfig.from_json_file(Path(ckpt) / "config.json"))   # before any process starts
     device = torch.device(device)
-    if device.type == "cuda" and topology.world_size > 1 and torch.cuda.device_count() < topology.world_size:
-        raise UnsupportedTopology(f"topology {topology} on cuda needs {topology.world_size} GPUs (one per rank), "
-                                  f"this machine has {torch.cuda.device_count()}")
+    missing = missing_gpus(topology, device)
+    if missing:
+        raise UnsupportedTopology(f"topology {topology} {missing}")
     if topology.world_size == 1:
         return fn(ParallelContext(topology, device=device), *args)
     per_rank = launch(_on_rank, topology.world_size, args=(fn, topology, args),
                       backend="nccl" if device.type == "cuda" else "gloo",
                       timeout_s=timeout_s, collective_timeout_s=collective_timeout_s)
     return _rank_0_if_all_agree(per_rank, what)
+
+
+def missing_gpus(topology: Topology, device: str | torch.device) -> str | None:
+    """Why `topology` cannot run on `device` here (CUDA runs one GPU per rank), or None."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if torch.device(device).type == "cuda" and topology.world_size > 1 and gpus < topology.world_size:
+        return f"on cuda needs {topology.world_size} GPUs (one per rank), this machine has {gpus}"
+    return None
 
 
 def _on_rank(fn, topology: Topology, args: tuple):

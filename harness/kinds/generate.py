@@ -203,6 +203,7 @@ def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
     """The spec's (tp, ep) pairs, plus (w, 1) and (1, w) for each `--world-size` w the model can
     be split over; the splits it cannot take are listed (with the constraint) instead of run."""
     from engine.distributed import Topology
+    from engine.parallel import missing_gpus
 
     wanted = [tuple(t) for t in spec.inputs["topologies"] or []]
     skipped = []
@@ -215,12 +216,9 @@ def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
                 skipped.append(f"tp={tp} ep={ep}: " + "; ".join(problems) + " (unsupported split)")
             else:
                 wanted.append((tp, ep))
-    if ctx.device.type == "cuda":              # one GPU per rank; a CPU fallback would not compare
-        gpus = torch.cuda.device_count()
-        skipped += [f"tp={tp} ep={ep}: needs {tp * ep} GPUs, this machine has {gpus}"
-                    for tp, ep in wanted if tp * ep > gpus]
-        wanted = [(tp, ep) for tp, ep in wanted if tp * ep <= gpus]
-    return wanted, skipped
+    missing = {t: missing_gpus(Topology(*t), ctx.device) for t in wanted}   # CUDA: one GPU per rank
+    skipped += [f"tp={tp} ep={ep}: {why}" for (tp, ep), why in missing.items() if why]
+    return [t for t in wanted if not missing[t]], skipped
 
 
 def _same(a: tuple, b: tuple) -> bool:
