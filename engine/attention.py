@@ -5,16 +5,21 @@ For query head h (KV head h // G, G = q_heads / kv_heads) at position p:
     s_j = (q . k_j) * scale          for visible keys j: j <= p, and j > p - window if windowed
     out = sum_j softmax([s_j..., sink_h])_j * v_j      (the sink column is dropped afterwards)
 
-How it stays deterministic (DESIGN §2): each query is computed on its own, and its keys are
-walked in fixed tiles of KV_TILE positions, first to last, merging with the online-softmax
-update. Every tile call has the same shapes, so the bits depend only on the query, its slot's
-cache and its position: not on batchmates (D2), and not on whether it ran in a prefill, a
-chunk or a decode step (D3), because all three take this one path.
+How it stays deterministic (DESIGN §2), for the whole batch in one pass:
 
-The running max starts at the sink logit (never -inf), so a tile with no visible key (outside
-the window, or in the causal future; DESIGN §8 "empty tile") gives p = exp(-inf) = 0 and a
-rescale exp(0) = 1: the merge leaves the state bit-identical. That also makes the result
-independent of the cache capacity (trailing empty tiles are no-ops).
+    s_j    = tree_sum_d(q_d * k_jd) * scale                      fixed tree over head_dim
+    m      = max(sink, max over visible j of s_j)                exact
+    p_j    = exp(s_j - m), 0 where not visible                   kernels.portable.exp
+    l      = e^(sink - m) + T_0 + T_1 + ...                      T_t = tree_sum over tile t
+    acc    = A_0 + A_1 + ...                                     A_t = tree_sum over tile t of p_j v_j
+    out    = acc / l
+
+Keys are cut into fixed tiles of KV_TILE positions; within a tile the sum is the fixed tree,
+and the tiles are added first to last. Every operation is elementwise over (query, head), so
+a query's bits depend only on the query, its slot's cache and its position: not on its
+batchmates (D2), not on prefill, chunk or decode step (D3), nor on the CPU (D0). A tile with
+no visible key (outside the window, or in the causal future; DESIGN §8 "empty tile") adds
++0.0, which leaves the sums unchanged, so the result is also independent of the cache capacity.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from kernels import check_backend
+from kernels.portable import exp, tree_sum
 
 KV_TILE = 32   # key positions per tile; the cache capacity is a multiple of it
 
@@ -39,31 +45,49 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     G = Hq // Hkv
     if S % KV_TILE:
         raise ValueError(f"attention: cache capacity {S} is not a multiple of KV_TILE={KV_TILE}")
-    sink_logits = sinks.to(torch.float32).reshape(Hkv, G, 1)
-    tile_offsets = torch.arange(KV_TILE, dtype=torch.int64, device=q.device)
+    if T == 0:
+        return q.new_empty((0, Hq, D))
     out = q.new_empty((T, Hq, D))
-    for t in range(T):
-        qt = q[t].reshape(Hkv, G, D)                                  # query head h = kv * G + g
-        keys = k_cache.index_select(0, slots[t:t + 1])[0]            # [Hkv, S, D]
-        values = v_cache.index_select(0, slots[t:t + 1])[0]          # [Hkv, S, D]
-        pos = positions[t]                                            # 0-dim tensor, no .item()
-        m = sink_logits                                               # running max     [Hkv, G, 1]
-        l = torch.ones_like(sink_logits)                              # running sum (sink: exp(0))
-        acc = q.new_zeros((Hkv, G, D))                                # running output
-        for start in range(0, S, KV_TILE):
-            k_tile = keys[:, start:start + KV_TILE]                   # [Hkv, KV_TILE, D]
-            v_tile = values[:, start:start + KV_TILE]
-            s = torch.matmul(qt, k_tile.transpose(1, 2)) * scale         # [Hkv, G, KV_TILE]
-            j = start + tile_offsets
-            visible = j <= pos
-            if window > 0:
-                visible = visible & (j > pos - window)
-            s = torch.where(visible, s, float("-inf"))
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            rescale = torch.exp(m - m_new)
-            p = torch.exp(s - m_new)                                  # 0 where not visible
-            l = l * rescale + p.sum(dim=-1, keepdim=True)
-            acc = acc * rescale + torch.matmul(p, v_tile)                # [Hkv, G, D]
-            m = m_new
-        out[t] = (acc / l).reshape(Hq, D)
+    rows = max(1, _CHUNK_ELEMENTS // (Hq * S * D))                       # memory bound only
+    for t0 in range(0, T, rows):
+        t1 = min(T, t0 + rows)
+        out[t0:t1] = _attend(q[t0:t1], k_cache, v_cache, slots[t0:t1], positions[t0:t1],
+                             sinks, window, scale)
     return out
+
+
+_CHUNK_ELEMENTS = 1 << 23
+
+
+def _attend(q, k_cache, v_cache, slots, positions, sinks, window, scale) -> torch.Tensor:
+    """The module docstring's recipe for the queries q [T, Hq, D] -> [T, Hq, D]."""
+    T, Hq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    keys = k_cache.index_select(0, slots)                                # [T, Hkv, S, D]
+    values = v_cache.index_select(0, slots)                              # [T, Hkv, S, D]
+    qg = q.reshape(T, Hkv, G, 1, D)                                       # head h = kv * G + g
+    s = tree_sum(torch.mul(qg, keys[:, :, None]), -1)                     # [T, Hkv, G, S]
+    s = torch.mul(s, scale)
+    j = torch.arange(S, dtype=torch.int64, device=q.device)
+    pos = positions[:, None]                                              # [T, 1]
+    visible = j[None, :] <= pos                                           # [T, S]
+    if window > 0:
+        visible = visible & (j[None, :] > pos - window)
+    visible = visible[:, None, None, :]                                   # [T, 1, 1, S]
+    sink = sinks.to(torch.float32).reshape(1, Hkv, G, 1)
+    s = torch.where(visible, s, float("-inf"))
+    m = torch.maximum(s.amax(dim=-1, keepdim=True), sink)                 # [T, Hkv, G, 1]
+    p = torch.where(visible, exp(torch.sub(s, m)), 0.0)                   # [T, Hkv, G, S]
+    n_tiles = S // KV_TILE
+    p_tiles = p.reshape(T, Hkv, G, n_tiles, KV_TILE)
+    pv = torch.mul(p_tiles[..., None], values.reshape(T, Hkv, 1, n_tiles, KV_TILE, D))
+    l_tiles = tree_sum(p_tiles, -1)                                       # [T, Hkv, G, n_tiles]
+    acc_tiles = tree_sum(pv, -2)                                          # [T, Hkv, G, n_tiles, D]
+    l = exp(torch.sub(sink, m))[..., 0]                                   # [T, Hkv, G]
+    acc = acc_tiles[..., 0, :]
+    for t in range(n_tiles):                                              # tiles first to last
+        l = torch.add(l, l_tiles[..., t])
+        if t > 0:
+            acc = torch.add(acc, acc_tiles[..., t, :])
+    return torch.div(acc, l[..., None]).reshape(T, Hq, D)

@@ -43,6 +43,7 @@ from safetensors.torch import save_file
 
 from engine import mxfp4
 from engine.config import MXFP4_QUANTIZATION_CONFIG, GptOssConfig, preset
+from kernels import portable
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_FILE = "model.safetensors.index.json"
@@ -182,7 +183,7 @@ def synthetic_weights(config: GptOssConfig, seed: int, mxfp4_experts: bool) -> d
     g = torch.Generator(device="cpu").manual_seed(seed)
 
     def normal(shape, std, mean=0.0):
-        return torch.randn(shape, generator=g, dtype=torch.float32) * std + mean
+        return portable.normal(shape, g) * std + mean          # torch.randn is not portable
 
     bf16 = lambda t: t.to(torch.bfloat16).contiguous()   # noqa: E731
     out: dict[str, torch.Tensor] = {}

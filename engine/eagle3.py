@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -63,6 +62,7 @@ from engine.config import GptOssConfig, RopeParams, preset
 from engine.linear import linear
 from engine.model import rms_norm
 from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
+from kernels import portable
 
 DRAFT_FILE = "model.safetensors"
 AUX_NORM_LEGACY = ("aux_norm_low", "aux_norm_mid", "aux_norm_high")
@@ -336,12 +336,13 @@ class Eagle3Draft:
         return linear(x, self.fc, None, self.backend)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """One query q [Hq, D] over keys/values [Hkv, n, D] (all visible) -> [Hq, D]."""
+        """One query q [Hq, D] over keys/values [Hkv, n, D] (all visible) -> [Hq, D]; fixed-order
+        sums (kernels.portable) over D for the scores and over the n keys for the output."""
         Hkv, n, D = keys.shape
         G = q.shape[0] // Hkv
-        s = torch.matmul(q.reshape(Hkv, G, D), keys.transpose(1, 2)) * self.scale     # [Hkv, G, n]
-        p = torch.softmax(s, dim=-1)
-        return torch.matmul(p, values).reshape(Hkv * G, D)
+        s = torch.mul(portable.tree_sum(torch.mul(q.reshape(Hkv, G, 1, D), keys[:, None]), -1), self.scale)
+        p = portable.softmax(s, dim=-1)                                              # [Hkv, G, n]
+        return portable.tree_sum(torch.mul(p[..., None], values[:, None]), -2).reshape(Hkv * G, D)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, kv: DraftKV,
@@ -382,8 +383,9 @@ class Eagle3Draft:
             o[t] = self.attend(q[t], keys, values)
         r = hidden.to(torch.float32) + linear(o.reshape(T, -1), self.o_w, None, self.backend)
         y = rms_norm(r, self.post_norm, eps)
-        mlp = linear(F.silu(linear(y, self.gate_w, None, self.backend)) * linear(y, self.up_w, None, self.backend),
-                     self.down_w, None, self.backend)
+        gate = linear(y, self.gate_w, None, self.backend)
+        silu = torch.mul(gate, portable.sigmoid(gate))                    # SiLU, portable sigmoid
+        mlp = linear(torch.mul(silu, linear(y, self.up_w, None, self.backend)), self.down_w, None, self.backend)
         out = r + mlp
         logits = linear(rms_norm(out, self.norm, eps), self.lm_head, None, self.backend)
         return DraftStep(logits, out, k, v)
@@ -429,13 +431,13 @@ def synthetic_draft_weights(cfg: Eagle3Config, n_aux: int, target_hidden: int, s
         if kind == "int":
             continue
         if "norm" in name:                                     # every RMSNorm weight
-            w = 1.0 + 0.1 * torch.randn(shape, generator=g)
+            w = 1.0 + 0.1 * portable.normal(shape, g)
             if name == "input_norm.weight" or name.startswith("fc_norm."):
                 w = 0.25 + 1.5 * torch.rand(shape, generator=g)   # far from 1: the norms must matter
         elif name == "embed_tokens.weight":
-            w = torch.randn(shape, generator=g)
+            w = portable.normal(shape, g)
         else:
-            w = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+            w = portable.normal(shape, g) / math.sqrt(shape[-1])
         out[name] = w.to(torch.bfloat16).contiguous()
     V, Vd = cfg.vocab_size, cfg.draft_vocab_size
     if hot_ids is None:

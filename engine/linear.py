@@ -1,36 +1,36 @@
-"""The one linear layer of the engine: y = x @ W^T + b, batch invariant.
+"""The one linear layer of the engine: y = x @ W^T + b, the same bits on every machine.
 
-torch's CPU matmul is not batch invariant: MKL picks a different kernel (and with it a
-different summation order over K) for M = 1 than for M >= 2, and its blocking depends on
-M, so the same row can come out with different low bits depending on how many rows share
-the call (tests/engine/test_linear_invariance.py shows it for M in {2, 3, 8, 17, 64}).
+torch's matmul is neither batch invariant nor portable: MKL picks a different kernel (and
+with it a different summation order over K) for M = 1 than for M >= 2, its blocking depends
+on M, and its vector width on the CPU, so the same row comes out with different low bits
+depending on how many rows share the call and on which CPU runs it.
 
-Fix: every row is computed by its own call with the identical shape [1, K] x [K, N]. The
-result of a row then depends only on that row and W, never on M, the row's index, or the
-other rows (DESIGN §2, D2/D3). This costs speed, which a CPU reference can afford; the
-Triton backend will use fixed K tiles instead and slot in here.
+Fix (DESIGN §2): the torch backend never calls a BLAS. `kernels.portable.matmul_nt` forms
+each product x[m, k] * W[n, k] as one rounded fp32 multiply and adds the K products in one
+fixed pairwise tree. Every output element is then the same sequence of IEEE operations
+whatever M, the row's index, the other rows, the CPU's instruction set or the thread count,
+so a whole batch goes in one call (D0, D2, D3). The Triton backend uses fixed K tiles
+instead (kernels/matmul.py).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kernels import check_backend
+from kernels.portable import matmul_nt
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            backend: str = "torch") -> torch.Tensor:
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N], each row computed alone."""
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N]; every row computed the same way."""
     if check_backend(backend) == "triton":
         from kernels.matmul import linear_triton          # fixed tiles, no split-K: batch invariant
         return linear_triton(x, weight, bias)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit [M, K] x [N, K]")
-    out = x.new_empty((x.shape[0], weight.shape[0]))
-    for i in range(x.shape[0]):
-        out[i] = F.linear(x[i:i + 1], weight, bias)[0]     # [1, K] -> [1, N]; same shape every row
-    return out
+    y = matmul_nt(x, weight)                               # [M, N], fixed-order K sums
+    return y if bias is None else torch.add(y, bias)
 
 
 # ---------------------------------------------------------------- row-parallel layers (DESIGN §2, D4)
@@ -57,29 +57,40 @@ def k_chunk_partials(x: torch.Tensor, weight: torch.Tensor, bounds, backend: str
     Chunk c's input is a fresh contiguous copy of x[:, x_per_k*lo : x_per_k*hi], passed
     through `prologue` if given (e.g. the clamped SwiGLU: x_per_k = 2 interleaved gate/up
     columns per K column). Every chunk is its own call with the same shapes, strides and
-    alignment whether the full K or one rank's slice of it is at hand. That matters for the
-    prologue too: torch's CPU sigmoid gives an element different bits in the vectorised body
-    and in the scalar tail, so an activation evaluated over all of I would not match the same
-    activation over one rank's I / tp (tests/parallel/test_reductions.py shows it)."""
+    alignment whether the full K or one rank's slice of it is at hand (the Triton kernels'
+    masks and tiles see the same shapes at every TP degree)."""
     check_backend(backend)
     bounds = list(bounds)
-    ws = None
-    if backend == "torch" and x.shape[0] == 1 and bounds:
-        lo0, hi_end, w0 = bounds[0][0], bounds[-1][1], bounds[0][1] - bounds[0][0]
-        if w0 > 0 and all(hi - lo == w0 for lo, hi in bounds) and hi_end - lo0 == len(bounds) * w0:
-            # equal adjacent chunks: one copy of W into an [n, N, Kc] stack
-            ws = weight[:, lo0:hi_end].reshape(weight.shape[0], len(bounds), w0).transpose(0, 1).contiguous()
+    if backend == "torch" and _equal_adjacent(bounds):
+        return _partials_at_once(x, weight, bounds, prologue, x_per_k)
     parts = []
-    for c, (lo, hi) in enumerate(bounds):
+    for lo, hi in bounds:
         xc = x[:, x_per_k * lo:x_per_k * hi].clone(memory_format=torch.contiguous_format)  # fresh
         if prologue is not None:
             xc = prologue(xc).contiguous()
-        wc = ws[c] if ws is not None else weight[:, lo:hi].clone(memory_format=torch.contiguous_format)
-        if backend == "torch" and xc.shape[0] == 1:
-            parts.append(F.linear(xc, wc))      # what linear() does for its one row, minus overhead
-        else:
-            parts.append(linear(xc, wc, None, backend))
+        wc = weight[:, lo:hi].clone(memory_format=torch.contiguous_format)
+        parts.append(linear(xc, wc, None, backend))
     return parts
+
+
+def _equal_adjacent(bounds) -> bool:
+    return bool(bounds) and bounds[0][1] > bounds[0][0] and all(
+        hi - lo == bounds[0][1] - bounds[0][0] and lo == prev_hi
+        for (lo, hi), (_, prev_hi) in zip(bounds[1:], bounds[:-1]))
+
+
+def _partials_at_once(x, weight, bounds, prologue, x_per_k) -> list[torch.Tensor]:
+    """The torch backend's partials of equal adjacent chunks in one batched product: every
+    element is the same tree_sum as chunk by chunk (the prologue is elementwise), in far
+    fewer calls."""
+    lo, hi, n = bounds[0][0], bounds[-1][1], len(bounds)
+    w0 = bounds[0][1] - lo
+    xs = x[:, x_per_k * lo:x_per_k * hi]
+    if prologue is not None:
+        xs = prologue(xs)                                                   # [M, n * w0]
+    xs = xs.reshape(x.shape[0], n, w0).transpose(0, 1)                      # [n, M, w0]
+    ws = weight[:, lo:hi].reshape(weight.shape[0], n, w0).transpose(0, 1)   # [n, N, w0]
+    return list(matmul_nt(xs, ws).unbind(0))                                # n x [M, N]
 
 
 def tree_sum(parts) -> torch.Tensor:

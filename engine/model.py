@@ -12,15 +12,14 @@ each with its position and the KV-cache slot of its request, writes their keys a
 into the cache, and then lets every token attend to its own slot. A batch may mix requests
 and phases freely.
 
-Determinism (DESIGN §2): all matmuls go through `engine.linear.linear` (one row per call)
-and attention through `engine.attention.attention` (one query per call, fixed key tiles);
-the row-parallel layers (o_proj, experts' down) use `linear_k_chunked`: 8 fixed K chunks
-added in one fixed tree, the order engine/parallel.py keeps at every TP degree (D4);
-MoE experts run per token and slot. Per-row reductions (RMSNorm's mean, the routing softmax)
-also run one row at a time: on CUDA a batched reduction picks its split by the number of rows.
-Elementwise ops are batched (checked by tests/engine/test_linear_invariance.py and the D2/D3
-tests). Everything runs on the model's device ("cpu" or "cuda"). Nothing in
-`forward` reads a tensor value on the host, so a decode step has static shapes per batch size.
+Determinism (DESIGN §2): every reduction has one order written in Lockstep's code. The torch
+backend builds everything from single IEEE operations and fixed trees (kernels/portable.py):
+linears (`engine.linear`), attention (`engine.attention`), RMSNorm, the routing softmax and
+the SwiGLU's sigmoid, so each row of a batch is computed exactly as it would be alone (D2, D3)
+and on any CPU (D0). The row-parallel layers (o_proj, experts' down) use `linear_k_chunked`:
+8 fixed K chunks added in one fixed tree, the order engine/parallel.py keeps at every TP
+degree (D4). MoE groups the tokens by expert and adds each token's k expert outputs in slot
+order. Everything runs on the model's device ("cpu" or "cuda").
 
 Shapes: T tokens in the step, H hidden, Hq / Hkv query / KV heads, D head_dim, E experts,
 k experts per token, I intermediate size, V vocab.
@@ -40,37 +39,32 @@ from engine.config import GptOssConfig
 from engine.kv_cache import KVCache
 from engine.linear import linear, linear_k_chunked
 from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
+from kernels import portable
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "torch") -> torch.Tensor:
-    """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight, in fp32, each row alone: a CUDA reduction
-    over H picks its split (and so its summation order) by the number of rows (D2)."""
+    """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight, in fp32, the mean a fixed tree over H."""
     x = x.to(torch.float32)
     if backend == "triton":
         from kernels.rmsnorm import rms_norm_triton          # one program per row, fixed chunks
         return rms_norm_triton(x, weight, eps)
-    out = torch.empty_like(x)
-    for t in range(x.shape[0]):
-        row = x[t:t + 1]                                                  # [1, H]
-        out[t] = (row * torch.rsqrt(row.pow(2).mean(dim=-1, keepdim=True) + eps) * weight)[0]
-    return out
+    return portable.rms_norm(x, weight, eps)
 
 
 def routing_weights(top_logits: torch.Tensor) -> torch.Tensor:
-    """top_logits [T, k] -> softmax over the k selected logits, [T, k], each row alone (a CUDA
-    softmax, like any reduction, may pick its split by the number of rows)."""
-    rows = [torch.softmax(row, dim=-1) for row in top_logits]
-    return torch.stack(rows) if rows else torch.empty_like(top_logits)
+    """top_logits [T, k] -> softmax over the k selected logits, [T, k] (portable exp, fixed tree)."""
+    return portable.softmax(top_logits, dim=-1)
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float, backend: str = "torch") -> torch.Tensor:
-    """gate_up [T, 2I], interleaved (gate = even columns, up = odd) -> [T, I]."""
+    """gate_up [T, 2I], interleaved (gate = even columns, up = odd) -> [T, I]:
+    (gate * sigmoid(alpha * gate)) * (up + 1), the sigmoid portable (float64, rounded once)."""
     if backend == "triton":
         from kernels.moe import clamped_swiglu_triton
         return clamped_swiglu_triton(gate_up, alpha, limit)
     gate = gate_up[..., 0::2].clamp(max=limit)
     up = gate_up[..., 1::2].clamp(min=-limit, max=limit)
-    return gate * torch.sigmoid(alpha * gate) * (up + 1)
+    return torch.mul(torch.mul(gate, portable.sigmoid(torch.mul(gate, alpha))), torch.add(up, 1.0))
 
 
 def top_k_lowest_index(logits: torch.Tensor, k: int, backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,22 +209,22 @@ class GptOssModel:
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E]
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
         routing = routing_weights(top_logits)                                # [T, k], over the k only
-        out = torch.empty_like(x)                                            # [T, H]
-        for t in range(x.shape[0]):
-            ids = top_ids[t]                                                 # [k], stays a tensor
-            gate_up_w = blk.gate_up_w.index_select(0, ids)                   # [k, 2I, H]
-            gate_up_b = blk.gate_up_b.index_select(0, ids)                   # [k, 2I]
-            down_w = blk.down_w.index_select(0, ids)                         # [k, H, I]
-            down_b = blk.down_b.index_select(0, ids)                         # [k, H]
-            xt = x[t:t + 1]                                                  # [1, H]
-            total = None
-            for slot in range(k):                                            # slot order
-                h = linear(xt, gate_up_w[slot], gate_up_b[slot], self.backend)   # [1, 2I]
-                # clamped SwiGLU, then down: both per fixed K chunk, as at any TP degree (D4)
-                y = linear_k_chunked(h, down_w[slot], down_b[slot], self.backend, x_per_k=2,
-                                     prologue=lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit,
-                                                                       self.backend))   # [1, H]
-                y = y * routing[t, slot]
-                total = y if total is None else total + y
-            out[t] = total[0]
-        return out
+        T, H = x.shape
+        slot_out = x.new_empty((T, k, H))                                    # each (token, slot)'s output
+        flat_ids = top_ids.reshape(-1)                                       # [T * k], token-major
+        for e in range(cfg.num_local_experts):                               # tokens grouped by expert
+            rows = (flat_ids == e).nonzero()[:, 0]                           # (token, slot) pairs
+            if rows.numel() == 0:
+                continue
+            xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))   # [n, H]
+            h = linear(xe, blk.gate_up_w[e], blk.gate_up_b[e], self.backend)    # [n, 2I]
+            # clamped SwiGLU, then down: both per fixed K chunk, as at any TP degree (D4)
+            y = linear_k_chunked(h, blk.down_w[e], blk.down_b[e], self.backend, x_per_k=2,
+                                 prologue=lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit,
+                                                                   self.backend))   # [n, H]
+            slot_out.view(T * k, H).index_copy_(0, rows, y)
+        weighted = torch.mul(slot_out, routing[..., None])                  # [T, k, H]
+        total = weighted[:, 0]
+        for slot in range(1, k):                                             # slot order
+            total = torch.add(total, weighted[:, slot])
+        return total

@@ -178,18 +178,18 @@ class ParallelGptOssModel(GptOssModel):
         act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
         routing = routing_weights(top_logits)                                      # [T, k]
         n_local = K_CHUNKS // ctx.tp
-        parts = x.new_zeros((n_local, T, k, H))       # placeholders stay zero and are never used
-        ids = top_ids.tolist()                        # host read: which (token, slot) is local
-        for t in range(T):
-            xt = x[t:t + 1]
-            for slot in range(k):
-                e = ids[t][slot] - self.expert_lo
-                if not 0 <= e < self.experts_per_rank:
-                    continue                                                 # skipped, not × 0
-                h = linear(xt, blk.gate_up_w[e], blk.gate_up_b[e], self.backend)   # [1, 2I/tp]
-                for c, p in enumerate(k_chunk_partials(h, blk.down_w[e], self.down_bounds, self.backend,
-                                                       prologue=act, x_per_k=2)):  # SwiGLU per chunk
-                    parts[c, t, slot] = p[0]
+        parts = x.new_zeros((n_local, T * k, H))   # placeholders stay zero and are never used
+        flat_ids = top_ids.reshape(-1)                # [T * k], token-major (token, slot) pairs
+        for e in range(self.experts_per_rank):        # local experts; the rest are skipped, not × 0
+            rows = (flat_ids == e + self.expert_lo).nonzero()[:, 0]
+            if rows.numel() == 0:
+                continue
+            xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))          # [n, H]
+            h = linear(xe, blk.gate_up_w[e], blk.gate_up_b[e], self.backend)           # [n, 2I/tp]
+            for c, p in enumerate(k_chunk_partials(h, blk.down_w[e], self.down_bounds, self.backend,
+                                                   prologue=act, x_per_k=2)):          # SwiGLU per chunk
+                parts[c].index_copy_(0, rows, p)
+        parts = parts.view(n_local, T, k, H)
         y = reduce_row_parallel(list(parts.unbind(0)), ctx)                   # [T, k, H]
         y = (y + blk.down_b.index_select(0, top_ids.reshape(-1)).view(T, k, H)) * routing.unsqueeze(-1)
         if ctx.ep > 1:                                                        # take each slot
@@ -200,7 +200,7 @@ class ParallelGptOssModel(GptOssModel):
             y = every[owner, ti, si]                                          # [T, k, H]
         total = y[:, 0]
         for slot in range(1, k):                                              # slot order
-            total = total + y[:, slot]
+            total = torch.add(total, y[:, slot])
         return total
 
 

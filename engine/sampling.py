@@ -17,6 +17,9 @@ torch.Generator instead of the hash, and go through the same Gumbel transform.
 
 The logprob reported for a chosen token is log_softmax of the raw fp32 logits (no
 temperature, no masks) at that token, in float32.
+
+Every softmax, log_softmax and running sum here is kernels.portable's (fixed trees and a
+fixed scan, float64 exp / log of our own), so a draw is the same on every CPU (D0).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import portable
 from kernels.coins import SAMPLE_COLUMNS, gumbel_from_hash, gumbel_noise
 
 INT64_MIN, UINT64_END = -(1 << 63), 1 << 64
@@ -80,21 +84,21 @@ def keep_mask(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.
     All three filters look at the same distribution p = softmax(z) and the result is their
     intersection. Ids are ranked by p descending, equal p by lower id (a stable sort):
       top_k (>0): keep the first top_k ranks; ties at the cut go to the lower ids.
-      top_p (<1): keep rank r iff the mass of the ranks before it (float64 cumsum in rank
-                  order) is < top_p: the shortest prefix whose mass reaches top_p; ties at
+      top_p (<1): keep rank r iff the mass of the ranks before it (float64 prefix sum in rank
+                  order, portable.prefix_sum) is < top_p: the shortest prefix whose mass reaches top_p; ties at
                   the cut go to the lower ids. top_p = 1 keeps everything.
       min_p (>0): keep v iff p_v >= min_p * max(p).
     The most likely id (lowest id among equals) always survives.
     """
     V = z.shape[-1]
     keep_sorted = torch.ones(V, dtype=torch.bool, device=z.device)
-    probs = torch.softmax(z, dim=-1)
+    probs = portable.softmax(z, dim=-1)
     sorted_p, order = torch.sort(probs, descending=True, stable=True)
     ranks = torch.arange(V, device=z.device)
     if top_k > 0:
         keep_sorted &= ranks < top_k
     if top_p < 1.0:
-        exclusive = torch.cat([sorted_p.new_zeros(1), torch.cumsum(sorted_p, dim=-1)[:-1]])
+        exclusive = torch.cat([sorted_p.new_zeros(1), portable.prefix_sum(sorted_p, dim=-1)[:-1]])
         keep_sorted &= exclusive < top_p
     keep = torch.empty(V, dtype=torch.bool, device=z.device)
     keep[order] = keep_sorted
@@ -105,7 +109,7 @@ def keep_mask(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.
 
 def chosen_logprob(logits: torch.Tensor, token: int) -> torch.Tensor:
     """log_softmax of the raw fp32 logits [V] at `token`, float32 0-dim."""
-    return torch.log_softmax(logits.to(torch.float32), dim=-1)[token]
+    return portable.log_softmax(logits.to(torch.float32), dim=-1)[token]
 
 
 def seed_as_int64(seed: int) -> int:
@@ -122,7 +126,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int | None, pos: 
         return int(torch.argmax(logits))                      # first maximum
     z = logits.to(torch.float64) / params.temperature
     keep = keep_mask(z, params.top_k, params.top_p, params.min_p)
-    logp = torch.log_softmax(torch.where(keep, z, float("-inf")), dim=-1)
+    logp = portable.log_softmax(torch.where(keep, z, float("-inf")), dim=-1)
     V = logits.shape[-1]
     if seed is not None:
         dev = logits.device

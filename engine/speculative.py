@@ -52,6 +52,7 @@ from engine.eagle3 import DraftKV, Eagle3Draft
 from engine.generate import Request, validate_request
 from engine.model import GptOssModel, top_k_lowest_index
 from engine.sampling import SamplingParams, chosen_logprob, keep_mask, sample, seed_as_int64
+from kernels import portable
 from kernels.coins import COIN_MAX, DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise, verify_coins
 
 VERIFY_MODES = ("greedy", "target-only", "rejection")
@@ -153,13 +154,13 @@ class Tree:
 
 # ---------------------------------------------------------------------- verify (pure)
 def inverse_cdf(weights: torch.Tensor, coin: float) -> int:
-    """First index whose running sum (float64, left to right) exceeds coin * total, among ids with
+    """First index whose running sum (float64, left to right: portable.running_sum) exceeds coin * total, among ids with
     non-zero weight (DESIGN §5). total is the running sum's last value, so coin < 1 always lands.
     A coin outside [0, 1) is refused (an unclamped float32 coin of 1.0 would walk past the CDF)."""
     if not 0.0 <= float(coin) < 1.0:
         raise ValueError(f"inverse_cdf: coin must be in [0, 1), got {float(coin)!r}")
     w = weights.to(torch.float64).clamp(min=0)
-    cs = torch.cumsum(w, dim=0)
+    cs = portable.running_sum(w)
     target = float(coin) * float(cs[-1])
     hit = ((cs > target) & (w > 0)).nonzero()
     if hit.numel():
@@ -240,7 +241,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     renormalized (the same masks as engine.sampling)."""
     z = logits.to(torch.float64) / params.temperature
     keep = keep_mask(z, params.top_k, params.top_p, params.min_p)
-    return torch.softmax(torch.where(keep, z, float("-inf")), dim=-1)
+    return portable.softmax(torch.where(keep, z, float("-inf")), dim=-1)
 
 
 # ---------------------------------------------------------------------- drafting helpers
@@ -262,12 +263,12 @@ def _draft_children(draft: Eagle3Draft, logits: torch.Tensor, params: SamplingPa
                     ) -> list[tuple[int, float, torch.Tensor | None]]:
     """-> [(draft id, log-prob, q over target vocab or None)] for one node's draft logits [V_draft]."""
     if not sampled:
-        logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+        logp = portable.log_softmax(logits.to(torch.float64), dim=-1)
         vals, ids = top_k_lowest_index(logp, topk)
         return [(int(i), float(v), None) for v, i in zip(vals, ids)]
     Vd = logits.shape[-1]
     z = logits.to(torch.float64) / params.temperature
-    logq = torch.log_softmax(z, dim=-1)
+    logq = portable.log_softmax(z, dim=-1)
     if seed is not None:
         dev = logits.device
         g = gumbel_noise(torch.tensor([seed_as_int64(seed)], device=dev), torch.tensor([pos], device=dev),
@@ -277,7 +278,7 @@ def _draft_children(draft: Eagle3Draft, logits: torch.Tensor, params: SamplingPa
         g = gumbel_from_hash(h.to(logits.device))
     d = int(torch.argmax(logq + g))
     q = torch.zeros(draft.config.vocab_size, dtype=torch.float64, device=logits.device)
-    q[draft.hot_ids] = logq.exp()
+    q[draft.hot_ids] = portable.exp(logq)
     return [(d, float(logq[d]), q)]
 
 

@@ -3,6 +3,15 @@
 A platform is a device kind plus a dtype policy, e.g. `cpu-fp32` or `cuda-sm90-bf16`.
 Results that only integer arithmetic and correctly rounded IEEE operations produced are the
 same on every platform; their goldens live under the one platform name `shared`.
+
+A platform key names only what the bits depend on (DESIGN §2, D0). The CPU reference is
+portable by construction (kernels/portable.py), so `cpu-fp32` depends on nothing else: not the
+CPU model, its instruction set or the thread count. What the other golden folders still
+depend on is recorded in each manifest (`bit_dependencies`), and `lockstep check` names the
+recorded items that differ from this machine when a golden mismatches:
+    cpu-*-triton   Triton's interpreter and numpy (their reductions run our kernels' sums)
+    cuda-*         the GPU, torch (which bundles the CUDA runtime and cuBLAS), the CUDA
+                   version, the driver and Triton (which compiles the kernels)
 """
 
 from __future__ import annotations
@@ -76,3 +85,44 @@ def versions() -> dict:
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
             "triton_interpret": os.environ.get("TRITON_INTERPRET", "0")}
+
+
+def bit_dependencies(golden_platform: str) -> dict:
+    """What the bits of a golden in `golden_platform` depend on besides Lockstep's own code,
+    with this machine's values (see the module docstring)."""
+    import numpy
+    import triton
+
+    if golden_platform.startswith("cuda"):
+        return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                "driver": _cuda_driver(), "triton": triton.__version__}
+    if golden_platform.startswith("cpu") and golden_platform.endswith("-triton"):
+        return {"triton": triton.__version__, "numpy": numpy.__version__}
+    return {}
+
+
+@lru_cache(maxsize=1)
+def _cuda_driver() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.split()
+        return out[0] if out else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def dependency_report(recorded: dict | None, golden_platform: str) -> str:
+    """One line for a mismatch: which recorded dependencies differ from this machine's."""
+    if recorded is None:
+        return "this golden does not record what its bits depend on (recorded before lockstep did)"
+    here = bit_dependencies(golden_platform)
+    if not recorded and not here:
+        return (f"{golden_platform} bits depend on nothing but Lockstep's code (portable by construction), "
+                f"so this is a change in results, not a foreign golden")
+    differ = sorted(k for k in set(recorded) | set(here) if recorded.get(k) != here.get(k))
+    if not differ:
+        listed = ", ".join(f"{k} {v}" for k, v in sorted(here.items()))
+        return f"every item these bits depend on matches the recording ({listed}): a change in results"
+    rec = ", ".join(f"{k} {recorded.get(k, '(none)')}" for k in differ)
+    now = ", ".join(f"{k} {here.get(k, '(none)')}" for k in differ)
+    return f"recorded on {rec}; this machine: {now} (a foreign golden may differ for that reason alone)"

@@ -17,7 +17,7 @@ import torch
 from harness import kinds
 from harness.compare import TensorDiff, diff_data, diff_tensors
 from harness.golden import CorruptGolden, GoldenStore, json_roundtrip
-from harness.platform import device_name, lockstep_revision, versions
+from harness.platform import bit_dependencies, dependency_report, device_name, lockstep_revision, versions
 from harness.result import Result, RunContext
 from harness.specfile import Spec
 
@@ -120,6 +120,8 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore) -> Outcome:
                 out.notes.append("the spec was edited after this golden was recorded")
             if out.diffs or out.data_diff:
                 out.status = MISMATCH
+                recorded = golden.manifest.get("provenance", {}).get("bit_dependencies")
+                out.messages.append(dependency_report(recorded, platform))
         if failed and out.status in (PASS, MISSING):
             out.status = FAILED
     if out.status in (PASS, MISSING):
@@ -151,7 +153,7 @@ def _topologies_checked(spec: Spec, ctx: RunContext) -> list[dict]:
     return [{"world_size": tp * ep, "tp": tp, "ep": ep} for tp, ep in pairs]
 
 
-def provenance(ctx: RunContext, spec: Spec) -> dict:
+def provenance(ctx: RunContext, spec: Spec, golden_platform: str) -> dict:
     return {
         "lockstep_revision": lockstep_revision(),
         **versions(),
@@ -162,6 +164,7 @@ def provenance(ctx: RunContext, spec: Spec) -> dict:
         "topologies": _topologies_checked(spec, ctx),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "regen_command": repro_command(spec.id, ctx, "regen"),
+        "bit_dependencies": bit_dependencies(golden_platform),
     }
 
 
@@ -208,6 +211,7 @@ def regen_spec(spec: Spec, ctx: RunContext, store: GoldenStore, write: bool = Tr
         if spec_edited and not changes and not data_change:
             out.explanation.append("same bits; the spec text changed, so the manifest's spec hash is updated")
     if write:
-        store.write(platform, spec.id, new.tensors, new.data, spec.sha256, spec.kind, provenance(ctx, spec))
+        store.write(platform, spec.id, new.tensors, new.data, spec.sha256, spec.kind,
+                    provenance(ctx, spec, platform))
         out.written = True
     return out

@@ -12,6 +12,10 @@ multiply and `tl.sum` over a fixed BLOCK_K, which numpy evaluates per element in
 depends only on BLOCK_K (checked row alone vs every position in tiles of M = 2..64: equal).
 Compiled on a GPU the kernels use `tl.dot` with fixed tiles, fixed num_warps / num_stages
 and input_precision="ieee" (no TF32), so each output element is one fixed MMA sequence.
+
+PORTABLE_MATH = INTERPRET likewise: in the interpreter, exp / log / sigmoid are numpy's, which
+picks an implementation by the CPU's instruction set, so kernels take kernels.portable_tl's
+float64 polynomials there (the same bits on every CPU); compiled, the GPU's own functions.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 USE_DOT = not INTERPRET
+PORTABLE_MATH = INTERPRET
 
 
 def next_pow2(n: int) -> int:

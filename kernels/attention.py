@@ -35,7 +35,8 @@ import triton
 import triton.language as tl
 
 from kernels import check_backend
-from kernels._common import USE_DOT, check_float, next_pow2
+from kernels._common import PORTABLE_MATH, USE_DOT, check_float, next_pow2
+from kernels.portable_tl import exp_f32
 
 BLOCK_KV = 64          # the fixed KV split size, for prefill and decode alike
 _GUARD_EMPTY_TILES = True   # only tests turn this off, to show the specs catch the seed bug
@@ -46,7 +47,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
                       Hq, Hkv, S, D, WINDOW, N_WIN, scale,
                       G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
                       BLOCK_KV: tl.constexpr, SLIDING: tl.constexpr,
-                      USE_DOT: tl.constexpr, GUARD: tl.constexpr):
+                      USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)                   # token
     h = tl.program_id(1).to(tl.int64)                   # KV head
     slot = tl.load(slot_ptr + t)
@@ -86,8 +87,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # empty so far: no NaN
         else:
             m_use = m_new                                            # the seed bug
-        alpha = tl.exp(m_i - m_use)
-        p = tl.exp(s - m_use[:, None])
+        alpha = exp_f32(m_i - m_use, PORTABLE)
+        p = exp_f32(s - m_use[:, None], PORTABLE)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if USE_DOT:
             pv = tl.dot(p, vt, input_precision="ieee")                          # [G_PAD, D_PAD]
@@ -99,8 +100,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
     sink = tl.load(sink_ptr + h * G + g, mask=g_ok, other=float("-inf")).to(tl.float32)
     m_f = tl.maximum(m_i, sink)
     m_fu = tl.where(m_f == float("-inf"), 0.0, m_f)
-    alpha = tl.exp(m_i - m_fu)
-    l_i = l_i * alpha + tl.exp(sink - m_fu)
+    alpha = exp_f32(m_i - m_fu, PORTABLE)
+    l_i = l_i * alpha + exp_f32(sink - m_fu, PORTABLE)
     acc = acc * alpha[:, None]
     empty = l_i == 0.0                                  # no key and no finite sink: 0, not 0/0
     out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])  # NaN stays NaN
@@ -125,7 +126,8 @@ def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, 
     _attention_kernel[(T, Hkv)](q, k_cache, v_cache, slots, positions, sinks, out,
                                 Hq, Hkv, S, D, int(window), _window_tiles(window), float(scale),
                                 G=G, G_PAD=g_pad, D_PAD=d_pad, BLOCK_KV=BLOCK_KV, SLIDING=window > 0,
-                                USE_DOT=USE_DOT, GUARD=_GUARD_EMPTY_TILES, num_warps=4, num_stages=1)
+                                USE_DOT=USE_DOT, GUARD=_GUARD_EMPTY_TILES, PORTABLE=PORTABLE_MATH,
+                                num_warps=4, num_stages=1)
     return out
 
 

@@ -18,8 +18,10 @@ guarantees no two streams ever share a key (DESIGN §5 "Streams"):
 
 The hash has one Triton kernel and one plain-torch reference; they are bitwise identical.
 Everything after the hash is plain torch float64 arithmetic (IEEE division and casts), so
-coins are the same bits on every platform; Gumbel noise goes through `log`, whose last bit
-may differ between libm and CUDA, so it is platform dependent.
+coins are the same bits on every platform. Gumbel noise goes through `log`: the torch path
+uses kernels.portable.log64 (range reduction and a fixed polynomial from IEEE operations), so
+it too is the same on every CPU and on CUDA; the Triton kernel uses the same polynomial in
+the interpreter and the GPU's own `log` when compiled.
 """
 
 import torch
@@ -27,6 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels import check_backend
+from kernels.portable import log64
 
 SAMPLE_COLUMNS = 1 << 31
 DRAFT_COLUMNS = 1 << 30
@@ -162,9 +165,9 @@ def coins_from_hash(h: torch.Tensor) -> torch.Tensor:
 
 def gumbel_from_hash(h: torch.Tensor) -> torch.Tensor:
     """float64 Gumbel noise, finite for every hash: h = 0 gives log 0, h = 2^32 − 1 gives u = 1."""
-    log_u = torch.log(uniform_from_hash(h))
+    log_u = log64(uniform_from_hash(h))                      # portable: libm and SLEEF differ
     log_u = log_u.clamp(min=-torch.finfo(torch.float64).max, max=-(2.0**-32))
-    return -torch.log(-log_u)
+    return -log64(-log_u)
 
 
 def verify_coins(seeds: torch.Tensor, seq_lens: torch.Tensor, draft_token_num: int,

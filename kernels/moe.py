@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from kernels import check_backend
-from kernels._common import INTERPRET, check_float, next_pow2
+from kernels._common import INTERPRET, PORTABLE_MATH, check_float, next_pow2
+from kernels.portable_tl import exp_f32, sigmoid_f32
 
 EXPERT_TILES = (128, 128) if INTERPRET else (64, 128)   # (BLOCK_N, BLOCK_K), fixed
 BLOCK_H = 1024
@@ -36,7 +37,7 @@ BLOCK_H = 1024
 # --------------------------------------------------------------------------- kernels
 @triton.jit
 def _router_top_k_kernel(logit_ptr, w_ptr, id_ptr, E, K_TOP: tl.constexpr,
-                         E_PAD: tl.constexpr, K_PAD: tl.constexpr):
+                         E_PAD: tl.constexpr, K_PAD: tl.constexpr, PORTABLE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_PAD)
     vals = tl.load(logit_ptr + t * E + e, mask=e < E, other=float("-inf")).to(tl.float32)
@@ -50,13 +51,13 @@ def _router_top_k_kernel(logit_ptr, w_ptr, id_ptr, E, K_TOP: tl.constexpr,
         tl.store(id_ptr + t * K_TOP + i, idx.to(tl.int64))
         top = tl.where(kk == i, m, top)
         taken = taken | (e == idx)
-    p = tl.exp(top - tl.max(top, axis=0))                # padded slots: exp(-inf) = 0
+    p = exp_f32(top - tl.max(top, axis=0), PORTABLE)                # padded slots: exp(-inf) = 0
     p = p / tl.sum(p, axis=0)
     tl.store(w_ptr + t * K_TOP + kk, p, mask=kk < K_TOP)
 
 
 @triton.jit
-def _swiglu_kernel(x_ptr, y_ptr, I, alpha, limit, BLOCK: tl.constexpr):
+def _swiglu_kernel(x_ptr, y_ptr, I, alpha, limit, BLOCK: tl.constexpr, PORTABLE: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = i < I
@@ -64,7 +65,7 @@ def _swiglu_kernel(x_ptr, y_ptr, I, alpha, limit, BLOCK: tl.constexpr):
     up = tl.load(x_ptr + r * 2 * I + 2 * i + 1, mask=ok, other=0.0).to(tl.float32)
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
-    y = gate * tl.sigmoid(alpha * gate) * (up + 1.0)
+    y = gate * sigmoid_f32(alpha * gate, PORTABLE) * (up + 1.0)
     tl.store(y_ptr + r * I + i, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
@@ -114,7 +115,8 @@ def router_top_k_triton(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     w = torch.empty((T, k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((T, k), dtype=torch.int64, device=logits.device)
     if T:
-        _router_top_k_kernel[(T,)](logits, w, ids, E, K_TOP=k, E_PAD=next_pow2(E), K_PAD=next_pow2(k), num_warps=4)
+        _router_top_k_kernel[(T,)](logits, w, ids, E, K_TOP=k, E_PAD=next_pow2(E), K_PAD=next_pow2(k),
+                                   PORTABLE=PORTABLE_MATH, num_warps=4)
     return w, ids
 
 
@@ -123,7 +125,8 @@ def clamped_swiglu_triton(gate_up: torch.Tensor, alpha: float = 1.702, limit: fl
     R, I = gate_up.shape[0], gate_up.shape[1] // 2
     y = torch.empty((R, I), dtype=gate_up.dtype, device=gate_up.device)
     if R and I:
-        _swiglu_kernel[(R, triton.cdiv(I, BLOCK_H))](gate_up, y, I, float(alpha), float(limit), BLOCK=BLOCK_H, num_warps=4)
+        _swiglu_kernel[(R, triton.cdiv(I, BLOCK_H))](gate_up, y, I, float(alpha), float(limit), BLOCK=BLOCK_H,
+                                                         PORTABLE=PORTABLE_MATH, num_warps=4)
     return y
 
 

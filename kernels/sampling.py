@@ -8,8 +8,9 @@
 
 One program per row walks the vocabulary in fixed BLOCK_V chunks, first to last, keeping the
 best score and its id; a later chunk replaces it only if strictly greater, and inside a chunk
-the lowest id among equal maxima wins. The hash is kernels.coins's; the log is float64 (it may
-differ from torch's in the last bit on another platform, as DESIGN §5 allows).
+the lowest id among equal maxima wins. The hash is kernels.coins's; the log is float64:
+kernels.portable's in the interpreter (so the noise equals the torch path's bit for bit), the
+GPU's own when compiled (it may differ in the last bit, as DESIGN §5 allows).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import triton
 import triton.language as tl
 
 from kernels import check_backend
+from kernels._common import PORTABLE_MATH
 from kernels.coins import SAMPLE_COLUMNS, _fmix, _mix, gumbel_noise
+from kernels.portable_tl import log_f64
 
 BLOCK_V = 1024
 DBL_MAX = 1.7976931348623157e308
@@ -27,7 +30,7 @@ DBL_MAX = 1.7976931348623157e308
 
 @triton.jit
 def _gumbel_argmax_kernel(logp_ptr, seed_ptr, pos_ptr, out_ptr, V, col_base,
-                          BLOCK_V: tl.constexpr):
+                          BLOCK_V: tl.constexpr, PORTABLE: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     seed = tl.load(seed_ptr + r)
     pos = tl.load(pos_ptr + r)
@@ -43,8 +46,8 @@ def _gumbel_argmax_kernel(logp_ptr, seed_ptr, pos_ptr, out_ptr, V, col_base,
         col = ((col_base + v) & 0xFFFFFFFF).to(tl.uint32)
         h = _fmix(_mix(h0, col))
         u = h.to(tl.float64) / 4294967295.0
-        log_u = tl.minimum(tl.maximum(tl.log(u), -1.7976931348623157e308), -2.3283064365386963e-10)
-        g = -tl.log(-log_u)
+        log_u = tl.minimum(tl.maximum(log_f64(u, PORTABLE), -1.7976931348623157e308), -2.3283064365386963e-10)
+        g = -log_f64(-log_u, PORTABLE)
         lp = tl.load(logp_ptr + r * V + v, mask=ok, other=float("-inf")).to(tl.float64)
         score = tl.where(ok, lp + g, float("-inf"))
         m = tl.max(score, axis=0)
@@ -61,7 +64,7 @@ def gumbel_argmax_triton(logp: torch.Tensor, seeds: torch.Tensor, positions: tor
     out = torch.empty(logp.shape[0], dtype=torch.int64, device=logp.device)
     if logp.shape[0]:
         _gumbel_argmax_kernel[(logp.shape[0],)](logp, seeds, positions, out, logp.shape[1], int(col_base),
-                                                BLOCK_V=BLOCK_V, num_warps=4)
+                                                BLOCK_V=BLOCK_V, PORTABLE=PORTABLE_MATH, num_warps=4)
     return out
 
 

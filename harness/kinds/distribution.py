@@ -51,6 +51,7 @@ from harness.checkpoints import CHECKPOINT, DRAFT, draft_for, model_for
 from harness.intseq import IntSeq, materialize
 from harness.result import Result
 from harness.schema import Field, Float, Int, Map, Problem, Str
+from kernels import portable
 
 NAME = "distribution"
 MAX_PREFIXES = 4096          # V^(K-1) target forwards for the exact law
@@ -150,7 +151,7 @@ def exact_law(model, prompt: list[int], params, k: int) -> torch.Tensor:
     logits = model.forward(*(torch.tensor(x, device=model.device) for x in (toks, pos, slots)), cache).logits
     z = logits.reshape(len(prefixes), n, V)[:, len(prompt) - 1:].to(torch.float64).cpu() / params.temperature
     keep = torch.stack([keep_mask(row, params.top_k, params.top_p, params.min_p) for row in z.reshape(-1, V)])
-    cond = torch.softmax(torch.where(keep.reshape(z.shape), z, float("-inf")), dim=-1)   # [prefixes, K, V]
+    cond = portable.softmax(torch.where(keep.reshape(z.shape), z, float("-inf")), dim=-1)   # [prefixes, K, V]
     law = torch.empty([V] * k, dtype=torch.float64)
     for seq in itertools.product(range(V), repeat=k):
         row = cond[_flat_index(seq[:-1], V)]
@@ -189,24 +190,25 @@ def chi_square(counts: torch.Tensor, law: torch.Tensor, min_expected: float) -> 
     kept = [i for i in range(len(names)) if expected[i] >= min_expected]
     low = [i for i in range(len(names)) if 0 < expected[i] < min_expected]
     bins = [([i], names[i]) for i in kept]
-    pooled_expected = float(expected[low].sum()) if low else 0.0
+    pooled_expected = math.fsum(expected[low].tolist()) if low else 0.0
     if low:
         if pooled_expected >= min_expected or not bins:
             bins.append((low, "pooled"))
         else:                                        # too small alone: join the smallest kept bin
-            smallest = min(range(len(bins)), key=lambda b: float(expected[bins[b][0]].sum()))
+            smallest = min(range(len(bins)), key=lambda b: math.fsum(expected[bins[b][0]].tolist()))
             bins[smallest] = (bins[smallest][0] + low, f"{bins[smallest][1]} + pooled")
     if len(bins) < 2:
         raise ValueError(f"the chi-square test needs at least 2 bins, found {len(bins)} with {int(n)} requests: "
                          f"use more seeds")
     terms = []
     for members, name in bins:
-        o, e = float(observed[members].sum()), float(expected[members].sum())
+        o, e = math.fsum(observed[members].tolist()), math.fsum(expected[members].tolist())
         terms.append(((o - e) ** 2 / e, name, o, e))
     statistic = math.fsum(t[0] for t in terms)
     df = len(bins) - 1
     p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
                                       torch.tensor(statistic / 2, dtype=torch.float64)))
+    p = float(f"{p:.9g}")   # libm's exp / lgamma inside gammaincc: keep only digits every CPU agrees on
     if impossible:
         p = 0.0
     largest = [(name, o, e) for _, name, o, e in sorted(terms, key=lambda t: -t[0])[:3]]

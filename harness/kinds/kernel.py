@@ -31,6 +31,7 @@ import math
 import torch
 
 from harness.intseq import IntSeq, length, materialize
+from kernels import portable
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, Map, Problem, Str
 
@@ -113,7 +114,7 @@ def _inputs(spec, device):
     dt, sc = DTYPES[inp["dtype"]], inp["scale"]
 
     def rnd(*shape, scale=1.0, dtype=None):
-        return (torch.randn(*shape, generator=g) * scale).to(dtype or dt).to(device)
+        return (portable.normal(shape, g) * scale).to(dtype or dt).to(device)   # randn is not portable
 
     k = inp["kernel"]
     if k == "matmul":
@@ -127,7 +128,8 @@ def _inputs(spec, device):
     if k == "rope":
         from kernels.rope import apply_rope
         x, ang = rnd(s["T"], s["H"], s["D"], scale=sc), rnd(s["T"], s["D"] // 2, scale=100.0, dtype=torch.float32)
-        cos, sin = ang.cos() * 1.3466, ang.sin() * 1.3466
+        sin, cos = portable.sincos64(ang)
+        cos, sin = cos.to(torch.float32) * 1.3466, sin.to(torch.float32) * 1.3466
         return (lambda be, r=slice(None): apply_rope(x[r], cos[r], sin[r], backend=be)), s["T"]
     if k == "router_top_k":
         from kernels.moe import router_top_k
@@ -153,7 +155,7 @@ def _inputs(spec, device):
         return (lambda be, r=slice(None): moe(x[r], routing[r], ids[r], *W, backend=be)), T
     if k == "sampling":
         from kernels.sampling import gumbel_argmax
-        logp = torch.log_softmax(rnd(s["R"], s["V"], scale=2 * sc, dtype=torch.float64), -1)
+        logp = portable.log_softmax(rnd(s["R"], s["V"], scale=2 * sc, dtype=torch.float64), -1)
         seeds = torch.randint(-(1 << 62), 1 << 62, (s["R"],), generator=g).to(device)
         pos = torch.randint(0, 1 << 20, (s["R"],), generator=g).to(device)
         return (lambda be, r=slice(None): gumbel_argmax(logp[r], seeds[r], pos[r], backend=be)), s["R"]
@@ -165,7 +167,7 @@ def _inputs(spec, device):
         T = pos.shape[0]
         kc, vc = rnd(1, Hkv, S, D), rnd(1, Hkv, S, D)
         q = rnd(T, Hq, D, scale=sc)
-        sinks = (torch.full((Hq,), inp["sink"]) if inp["sink"] is not None else torch.randn(Hq, generator=g)).to(device)
+        sinks = (torch.full((Hq,), inp["sink"]) if inp["sink"] is not None else portable.normal((Hq,), g)).to(device)
         pos, slots = pos.to(device), torch.zeros(T, dtype=torch.int64, device=device)
         return (lambda be, r=slice(None): attention(q[r], kc, vc, slots[r], pos[r], sinks, W, D ** -0.5,
                                                     backend=be)), T

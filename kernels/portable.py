@@ -1,0 +1,249 @@
+"""Portable arithmetic: results that are the same bits on every CPU (DESIGN §2, D0).
+
+torch's own reductions and transcendental functions are not portable: `sum`, `softmax`,
+`cumsum` and matmuls pick their blocking and vector width by the CPU (AVX2, AVX-512, the
+scalar `default` path), and `exp`, `log`, `sin`, `cos`, `sigmoid`, `pow` and `randn` use
+SLEEF's vector code on one CPU and libm on another; the bits differ (set
+`ATEN_CPU_CAPABILITY=default` to see it on any machine). Everything here is built only from
+
+    single IEEE-754 operations   +  -  *  /  sqrt   (each one rounding, the same on every CPU)
+    exact operations             max, min, comparisons, where, gather, integer and bit ops
+
+applied elementwise, each its own torch call (so no compiler can fuse a multiply and an add
+into an FMA). A vectorised body and a scalar tail compute such an op identically, so the
+result cannot depend on the instruction set, the thread count, or on which other rows share
+the tensor. The same code gives the same bits on a CUDA device too.
+
+Reductions have one written-down order:
+    tree_sum     with p the largest power of two <= n: first s[i] = x[i] + x[p + i] for
+                 i < n - p (the tail folded onto the head), then add the upper half onto the
+                 lower half until one element is left: s[i] = s[i] + s[i + p/2], p halving
+    prefix_sum   inclusive scan, Hillis-Steele: at step j, s[i] = s[i - 2^j] + s[i] (i >= 2^j)
+    matmul_nt    y[m, n] = tree_sum_k(x[m, k] * w[n, k])   (one rounded product per term)
+
+Transcendentals are evaluated in float64 by range reduction and a fixed polynomial (Horner,
+multiply then add), and the fp32 functions round that float64 result once. They are not
+correctly rounded (a few float64 ulps), but they are the same function everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# ------------------------------------------------------------------------------ reductions
+
+
+def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """Sum over `dim` in the fixed pairwise order of the module docstring."""
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    if n == 0:
+        out = torch.zeros_like(x.narrow(dim, 0, 1))
+        return out if keepdim else out.squeeze(dim)
+    p = 1 << (n.bit_length() - 1)                        # the largest power of two <= n
+    if p != n:                                           # fold the tail onto the head
+        head = x.narrow(dim, 0, p).clone()
+        head.narrow(dim, 0, n - p).add_(x.narrow(dim, p, n - p))
+        x = head
+    while p > 1:
+        p //= 2
+        x = torch.add(x.narrow(dim, 0, p), x.narrow(dim, p, p))
+    return x if keepdim else x.squeeze(dim)
+
+
+def prefix_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Inclusive cumulative sum over `dim`, Hillis-Steele order (see the module docstring)."""
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    step = 1
+    while step < n:
+        shifted = x.narrow(dim, 0, n - step)
+        x = torch.cat([x.narrow(dim, 0, step), torch.add(shifted, x.narrow(dim, step, n - step))], dim=dim)
+        step *= 2
+    return x
+
+
+_MATMUL_CHUNK = 1 << 22            # elements of the [M, N, K] product built at once
+
+
+def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., M, K] @ w[..., N, K]^T -> [..., M, N] (same leading dims) in x's dtype: each output
+    a tree_sum of K rounded products. Chunking over M and N only bounds memory; it never changes
+    an element's operations."""
+    *lead, M, K = x.shape
+    N = w.shape[-2]
+    out = x.new_empty((*lead, M, N))
+    if out.numel() == 0:
+        return out
+    if K == 0:
+        return out.zero_()
+    batch = math.prod(lead)
+    n_step = max(1, min(N, _MATMUL_CHUNK // (K * batch)))
+    m_step = max(1, _MATMUL_CHUNK // (K * batch * n_step))
+    for m0 in range(0, M, m_step):
+        xm = x[..., m0:m0 + m_step, None, :]                              # [..., m, 1, K]
+        for n0 in range(0, N, n_step):
+            prod = torch.mul(xm, w[..., None, n0:n0 + n_step, :])         # [..., m, n, K]
+            out[..., m0:m0 + m_step, n0:n0 + n_step] = tree_sum(prod, -1)
+    return out
+
+
+# ------------------------------------------------------------------------- float64 kernels
+# Constants are float64 literals; every step below is one IEEE operation on float64 tensors.
+
+_LN2_HI = 6.93147180369123816490e-01    # ln 2 with its low 32 bits zero: k * _LN2_HI is exact
+_LN2_LO = 1.90821492927058770002e-10    # ln 2 - _LN2_HI
+_INV_LN2 = 1.44269504088896338700e+00
+_EXP_COEFFS = [1.0 / math.factorial(i) for i in range(14)]    # Taylor, |r| <= ln2/2: error < 1e-17
+
+_PIO2_1 = 1.57079632673412561417e+00    # first 33 bits of pi/2: k * _PIO2_1 is exact for k < 2^20
+_PIO2_2 = 6.07710050630396597660e-11    # next 33 bits
+_PIO2_3 = 2.02226624879595063154e-21    # pi/2 - _PIO2_1 - _PIO2_2
+_TWO_OVER_PI = 6.36619772367581382433e-01
+_SIN_COEFFS = [(-1.0) ** i / math.factorial(2 * i + 1) for i in range(9)]   # |r| <= pi/4
+_COS_COEFFS = [(-1.0) ** i / math.factorial(2 * i) for i in range(10)]
+
+_MANTISSA = (1 << 52) - 1
+_SQRT2 = 1.41421356237309514547e+00
+
+
+def _horner(r: torch.Tensor, coeffs) -> torch.Tensor:
+    """coeffs[0] + r * (coeffs[1] + r * (...)), multiply then add, never fused."""
+    p = torch.full_like(r, coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        p = torch.add(torch.mul(p, r), c)
+    return p
+
+
+def _pow2(k: torch.Tensor) -> torch.Tensor:
+    """2.0 ** k for integer-valued int64 k in [-1022, 1023], built from its bits (exact)."""
+    return ((k + 1023) << 52).view(torch.float64)
+
+
+def exp64(x: torch.Tensor) -> torch.Tensor:
+    """e^x for float64 x: x = k ln2 + r, |r| <= ln2/2, e^r by its Taylor polynomial."""
+    x = x.to(torch.float64)
+    xc = x.clamp(-746.0, 710.0)                                   # beyond: 0 or inf below
+    k = torch.floor(torch.add(torch.mul(xc, _INV_LN2), 0.5))     # nearest integer
+    r = torch.sub(torch.sub(xc, torch.mul(k, _LN2_HI)), torch.mul(k, _LN2_LO))
+    p = _horner(r, _EXP_COEFFS)
+    ki = k.to(torch.int64)
+    k1 = torch.div(ki, 2, rounding_mode="floor")                  # 2^k = 2^k1 * 2^(k - k1), both normal
+    y = torch.mul(torch.mul(p, _pow2(k1)), _pow2(ki - k1))
+    y = torch.where(x > 709.782712893384, math.inf, y)
+    y = torch.where(x < -745.2, 0.0, y)
+    return torch.where(torch.isnan(x), x, y)
+
+
+def log64(x: torch.Tensor) -> torch.Tensor:
+    """ln x for float64 x: x = m 2^e with m in [sqrt(2)/2, sqrt(2)), ln m = 2 atanh(f / (2 + f))."""
+    x = x.to(torch.float64)
+    tiny = x < 2.2250738585072014e-308                            # subnormal (or <= 0): scale up
+    xs = torch.where(tiny, torch.mul(x, 18446744073709551616.0), x)   # * 2^64, exact
+    bits = xs.view(torch.int64)
+    e = ((bits >> 52) & 0x7FF) - 1023 - torch.where(tiny, 64, 0)
+    m = ((bits & _MANTISSA) | (1023 << 52)).view(torch.float64)   # [1, 2)
+    big = m > _SQRT2
+    m = torch.where(big, torch.mul(m, 0.5), m)                    # [sqrt(2)/2, sqrt(2)], exact
+    e = e + big.to(torch.int64)
+    f = torch.sub(m, 1.0)
+    s = torch.div(f, torch.add(f, 2.0))                           # |s| <= 0.1716
+    s2 = torch.mul(s, s)
+    series = _horner(s2, [2.0 / (2 * i + 1) for i in range(12)])  # 2 (1 + s^2/3 + s^4/5 + ...)
+    log_m = torch.mul(s, series)
+    ef = e.to(torch.float64)
+    y = torch.add(torch.mul(ef, _LN2_HI), torch.add(torch.mul(ef, _LN2_LO), log_m))
+    y = torch.where(x == 0, -math.inf, y)
+    y = torch.where(x == math.inf, math.inf, y)
+    return torch.where((x < 0) | torch.isnan(x), math.nan, y)
+
+
+def sincos64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sin x, cos x) for float64 x with |x| < 2^20 * pi/2 (RoPE angles: positions < 2^20)."""
+    x = x.to(torch.float64)
+    k = torch.round(torch.mul(x, _TWO_OVER_PI))
+    r = torch.sub(torch.sub(torch.sub(x, torch.mul(k, _PIO2_1)), torch.mul(k, _PIO2_2)),
+                  torch.mul(k, _PIO2_3))                          # |r| <= pi/4 (+ rounding)
+    r2 = torch.mul(r, r)
+    s = torch.mul(r, _horner(r2, _SIN_COEFFS))
+    c = _horner(r2, _COS_COEFFS)
+    q = k.to(torch.int64) & 3                                     # quadrant
+    sin = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
+    cos = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
+    bad = ~torch.isfinite(x) | (x.abs() > 1.6e6)
+    return torch.where(bad, math.nan, sin), torch.where(bad, math.nan, cos)
+
+
+# ----------------------------------------------------------------------- fp32 and friends
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """e^x in x's dtype: float64 evaluation, rounded once."""
+    return exp64(x).to(x.dtype)
+
+
+def log(x: torch.Tensor) -> torch.Tensor:
+    """ln x in x's dtype: float64 evaluation, rounded once."""
+    return log64(x).to(x.dtype)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + e^-x) in x's dtype, evaluated in float64 and rounded once."""
+    return torch.div(1.0, torch.add(exp64(torch.neg(x.to(torch.float64))), 1.0)).to(x.dtype)
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """e^(x - max) / tree_sum(e^(x - max)), in x's dtype. A row of all -inf gives NaN."""
+    m = x.amax(dim=dim, keepdim=True)
+    e = exp(torch.sub(x, m))
+    return torch.div(e, tree_sum(e, dim, keepdim=True))
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """(x - max) - ln(tree_sum(e^(x - max))), in x's dtype."""
+    m = x.amax(dim=dim, keepdim=True)
+    shifted = torch.sub(x, m)
+    return torch.sub(shifted, log(tree_sum(exp(shifted), dim, keepdim=True)))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., H] -> (x * (1 / sqrt(tree_sum(x * x) / H + eps))) * weight, in fp32."""
+    x = x.to(torch.float32)
+    mean_sq = torch.div(tree_sum(torch.mul(x, x), -1, keepdim=True), x.shape[-1])
+    inv = torch.div(1.0, torch.sqrt(torch.add(mean_sq, eps)))
+    return torch.mul(torch.mul(x, inv), weight.to(torch.float32))
+
+
+def scalar_log(v: float) -> float:
+    """ln of a Python float, through log64 (libm's log is not the same function on every CPU)."""
+    return float(log64(torch.tensor([v], dtype=torch.float64))[0])
+
+
+_NORMAL_CHUNK = 1 << 20            # pairs drawn per torch.rand call: part of the definition
+
+
+def normal(shape, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Standard normal samples by Box-Muller from torch.rand's float64 uniforms (integer-exact
+    draws from the generator) and the float64 kernels above; torch.randn is not portable.
+    Uniforms are drawn _NORMAL_CHUNK pairs at a time (u1, u2 interleaved), so memory stays
+    bounded for real-size weights and the values never depend on anything but the generator."""
+    n = math.prod(shape)
+    out = torch.empty(n, dtype=dtype)
+    for start in range(0, n, 2 * _NORMAL_CHUNK):
+        count = min(n - start, 2 * _NORMAL_CHUNK)
+        u = torch.rand(2 * ((count + 1) // 2), generator=generator, dtype=torch.float64)
+        u1, u2 = u[0::2], u[1::2]
+        radius = torch.sqrt(torch.mul(log64(torch.sub(1.0, u1)), -2.0))     # 1 - u1 in (0, 1]
+        sin, cos = sincos64(torch.mul(u2, 2.0 * math.pi))
+        out[start:start + count] = torch.cat([torch.mul(radius, cos), torch.mul(radius, sin)])[:count].to(dtype)
+    return out.reshape(shape)
+
+
+def running_sum(x: torch.Tensor) -> torch.Tensor:
+    """Left-to-right running sum of a 1-D tensor, in float64: s[i] = s[i - 1] + x[i]. torch's CPU
+    cumsum is that sequential loop in float64 on every CPU (tests/test_portable.py checks it
+    against Python's own left-to-right sum); other devices scan in another order, so the sum
+    is taken on the CPU and the result moved back."""
+    return torch.cumsum(x.detach().to("cpu", torch.float64), dim=0).to(x.device)

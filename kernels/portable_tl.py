@@ -1,0 +1,116 @@
+"""kernels.portable's float64 exp and log, as Triton device functions.
+
+In Triton's interpreter `tl.exp`, `tl.log` and `tl.sigmoid` are numpy's, and numpy picks an
+AVX2, AVX-512 or baseline implementation of them at run time, with different last bits (run
+with NPY_DISABLE_CPU_FEATURES="X86_V3" to see it). So a kernel run in the interpreter takes
+these instead: the same range reductions and polynomials as kernels/portable.py, step by
+step the same IEEE operations (numpy evaluates each one separately: no FMA), so in the
+interpreter they give exactly kernels.portable's bits. Compiled on a GPU, a kernel passes
+PORTABLE=False and uses the hardware's own functions: those bits are fixed by the GPU
+architecture and the Triton version, both recorded in a golden's provenance.
+"""
+
+import triton
+import triton.language as tl
+
+_LN2_HI: tl.constexpr = 6.93147180369123816490e-01
+_LN2_LO: tl.constexpr = 1.90821492927058770002e-10
+_INV_LN2: tl.constexpr = 1.44269504088896338700e+00
+_SQRT2: tl.constexpr = 1.41421356237309514547e+00
+
+
+@triton.jit
+def _pow2(k):
+    """2.0 ** k for int64 k in [-1022, 1023], from its bits."""
+    return ((k + 1023) << 52).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def exp64(x):
+    """e^x, float64 in and out (kernels.portable.exp64, step for step)."""
+    x = x.to(tl.float64)
+    xc = tl.minimum(tl.maximum(x, -746.0), 710.0)
+    k = tl.floor(xc * _INV_LN2 + 0.5)
+    r = (xc - k * _LN2_HI) - k * _LN2_LO
+    p = 1.0 / 6227020800.0                       # 1/13!, then Horner down to 1/0!
+    p = p * r + 1.0 / 479001600.0
+    p = p * r + 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    ki = k.to(tl.int64)
+    k1 = ki >> 1                                 # floor(k / 2)
+    y = (p * _pow2(k1)) * _pow2(ki - k1)
+    y = tl.where(x > 709.782712893384, float("inf"), y)
+    y = tl.where(x < -745.2, 0.0, y)
+    return tl.where(x != x, x, y)
+
+
+@triton.jit
+def log64(x):
+    """ln x, float64 in and out (kernels.portable.log64, step for step)."""
+    x = x.to(tl.float64)
+    tiny = x < 2.2250738585072014e-308
+    xs = tl.where(tiny, x * 18446744073709551616.0, x)
+    bits = xs.to(tl.int64, bitcast=True)
+    e = ((bits >> 52) & 0x7FF) - 1023 - tl.where(tiny, 64, 0)
+    m = ((bits & 0xFFFFFFFFFFFFF) | (1023 << 52)).to(tl.float64, bitcast=True)
+    big = m > _SQRT2
+    m = tl.where(big, m * 0.5, m)
+    e = e + big.to(tl.int64)
+    f = m - 1.0
+    s = f / (f + 2.0)
+    s2 = s * s
+    q = 2.0 / 23.0                               # 2/(2i+1) for i = 11 .. 0, Horner in s^2
+    q = q * s2 + 2.0 / 21.0
+    q = q * s2 + 2.0 / 19.0
+    q = q * s2 + 2.0 / 17.0
+    q = q * s2 + 2.0 / 15.0
+    q = q * s2 + 2.0 / 13.0
+    q = q * s2 + 2.0 / 11.0
+    q = q * s2 + 2.0 / 9.0
+    q = q * s2 + 2.0 / 7.0
+    q = q * s2 + 2.0 / 5.0
+    q = q * s2 + 2.0 / 3.0
+    q = q * s2 + 2.0
+    log_m = s * q
+    ef = e.to(tl.float64)
+    y = ef * _LN2_HI + (ef * _LN2_LO + log_m)
+    y = tl.where(x == 0.0, float("-inf"), y)
+    y = tl.where(x == float("inf"), float("inf"), y)
+    return tl.where((x < 0.0) | (x != x), float("nan"), y)
+
+
+@triton.jit
+def exp_f32(x, PORTABLE: tl.constexpr):
+    """e^x for fp32 x: exp64 rounded once when PORTABLE, else the hardware's exp."""
+    if PORTABLE:
+        return exp64(x).to(tl.float32)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def sigmoid_f32(x, PORTABLE: tl.constexpr):
+    """1 / (1 + e^-x) for fp32 x: in float64 and rounded once when PORTABLE."""
+    if PORTABLE:
+        return (1.0 / (exp64(-(x.to(tl.float64))) + 1.0)).to(tl.float32)
+    else:
+        return tl.sigmoid(x)
+
+
+@triton.jit
+def log_f64(x, PORTABLE: tl.constexpr):
+    """ln x for float64 x: log64 when PORTABLE, else the hardware's log."""
+    if PORTABLE:
+        return log64(x)
+    else:
+        return tl.log(x)

@@ -1,0 +1,90 @@
+"""D0 on one machine: the CPU goldens hold under every CPU capability torch offers here, with 1
+and 2 threads, and the engine's bits do not move.
+
+torch picks its vectorised CPU kernels by `ATEN_CPU_CAPABILITY` (default = the scalar code,
+avx2, avx512) and numpy, under Triton's interpreter, by `NPY_DISABLE_CPU_FEATURES`. A machine
+of another CPU model runs one of these same code paths, so bits that agree across all of them
+here agree across machines. Each run is a fresh process (both switches are read at start-up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+ORDER = ["default", "avx2", "avx512"]
+
+
+@lru_cache(maxsize=1)
+def capabilities() -> list[str]:
+    """The capabilities this CPU can run, from the scalar path up to torch's own choice."""
+    best = torch.backends.cpu.get_cpu_capability().lower()
+    best = "avx512" if best.startswith("avx512") else best
+    return ORDER[:ORDER.index(best) + 1] if best in ORDER else ["default"]
+
+
+def _numpy_dispatch() -> str:
+    """numpy's run-time-dispatched CPU features present here, for NPY_DISABLE_CPU_FEATURES."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    return " ".join(f for f in __cpu_dispatch__ if __cpu_features__.get(f))
+
+
+def _env(capability: str, threads: int) -> dict:
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, OMP_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    env.pop("NPY_DISABLE_CPU_FEATURES", None)
+    if capability == "default" and _numpy_dispatch():
+        env["NPY_DISABLE_CPU_FEATURES"] = _numpy_dispatch()    # numpy's baseline code too
+    return env
+
+
+def _run(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+
+
+MATRIX = [(cap, threads) for cap in ORDER for threads in (1, 2)]
+
+
+def _skip_unless_here(capability: str) -> None:
+    if capability not in capabilities():
+        pytest.skip(f"this CPU cannot run torch's {capability} kernels (best here: {capabilities()[-1]})")
+
+
+@pytest.mark.parametrize("capability, threads", MATRIX)
+def test_cpu_goldens_hold_under_every_capability_and_thread_count(capability, threads):
+    _skip_unless_here(capability)
+    env = _env(capability, threads)
+    probe = _run(["-c", "import torch, numpy; from numpy._core._multiarray_umath import __cpu_features__ as f; "
+                        "print(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), f['X86_V3'])"], env)
+    cap_seen, threads_seen, _ = probe.stdout.split()
+    assert cap_seen.lower().startswith(capability) and int(threads_seen) == threads, probe.stdout + probe.stderr
+    r = _run(["-m", "harness", "check", "--json", "--device", "cpu"], env)
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    failing = [f"{s['id']} ({s['golden_platform']}): {s['status']}" for s in report["specs"] if s["status"] != "pass"]
+    assert not failing, f"under ATEN_CPU_CAPABILITY={capability}, {threads} thread(s):\n" + "\n".join(failing)
+
+
+def _generate(env: dict, *extra: str) -> dict:
+    r = _run(["-m", "harness", "generate", "--checkpoint", "models/tiny-target", "--prompt-ids", "1,2,3,4,5",
+              "--prompt-ids", "9,8,7", "--max-new-tokens", "12", "--logprobs", "--json", *extra], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("capability, threads", MATRIX)
+def test_engine_bits_are_the_same_under_every_capability(capability, threads):
+    """Greedy and seeded generations (tokens and logprob bit patterns) against the ones this
+    process's default environment gives: D1 across processes, D0 across code paths."""
+    _skip_unless_here(capability)
+    base = _env(capabilities()[-1], 2)
+    for extra in ([], ["--seed", "7", "--temperature", "0.9", "--top-p", "0.9"]):
+        assert _generate(_env(capability, threads), *extra) == _generate(base, *extra)
