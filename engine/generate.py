@@ -12,7 +12,8 @@ The loop:
   4. a request stops when it samples one of its stop ids (the EOS list by default; the stop
      token is kept in the output) or reaches max_new_tokens.
 
-Because every row of the model is computed alone (engine/model.py), a request's tokens,
+Because every row of the model is computed by the same operations whatever its batch
+(engine/model.py, kernels/portable.py), a request's tokens,
 logprobs and captured states do not depend on the other requests, their order, the batch
 size, the bucket padding, or the prefill chunking (DESIGN §2, D2/D3).
 

@@ -40,6 +40,11 @@ def pytest_configure(config):
     if config.getoption("--lockstep-regen") and os.environ.get("CI", "").lower() == "true" \
             and not config.getoption("--lockstep-allow-ci"):
         raise pytest.UsageError("--lockstep-regen refuses to run under CI=true without --lockstep-allow-ci")
+    if hasattr(config, "workerinput"):
+        # a pytest-xdist worker: the workers already fill the cores, and more torch threads per
+        # worker only contend for them (the bits do not depend on the thread count: D0)
+        import torch
+        torch.set_num_threads(1)
 
 
 def _dirs(config) -> tuple[Path, Path]:
