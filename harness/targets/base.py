@@ -7,7 +7,9 @@ A target is an object with a `name`, a `version` and an `ops` mapping from opera
     hash(seed [n], pos [n], col [m]) -> [n, m] int64     coins kind: the seeded hash
     verify_coins(seeds [n], seq_lens [n], N) -> (coins [n, N] f32, final [n] f32)
     gumbel(seed [n], pos [n], col [m]) -> [n, m] f64     Gumbel noise of each key
-    eagle3_layers(draft_config, num_layers, aux_count, name) -> boundaries (raises on refusal)
+    eagle3_layers(draft_config, convention, L, fc_in, hidden, name, direct_ids) -> the boundaries
+              captured, in capture order (raises on refusal); direct_ids: the spec gave bare ids
+              (top level of draft_config), which the adapter puts where its stack reads them
     capture(checkpoint_dir, prompt, boundaries) -> [T, count * H] f32    whole-model capture
     greedy_generate(checkpoint_dir, prompt, max_new_tokens, stop_ids) -> (tokens, logprobs)
     verify_greedy(tree, argmax per node) -> (accepted path, next token)

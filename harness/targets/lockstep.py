@@ -29,7 +29,7 @@ def _gumbel(seed, pos, col):
     return gumbel_noise(seed, pos, col)
 
 
-def _eagle3_layers(draft_config, convention, num_layers, fc_in, hidden, name):
+def _eagle3_layers(draft_config, convention, num_layers, fc_in, hidden, name, direct_ids=False):
     from engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
 
     if fc_in % hidden:

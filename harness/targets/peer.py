@@ -104,11 +104,20 @@ def module_file(module: str) -> str:
     return path
 
 
-def function_from_source(module: str, name: str, namespace: dict, strip_decorators: bool = False):
-    """Compile the top-level function `name` of the installed file of `module` in `namespace`."""
+def function_from_source(module: str, name: str, namespace: dict, strip_decorators: bool = False,
+                         transform=None):
+    """Compile the top-level function `name` of the installed file of `module` into `namespace`
+    (shared: several functions compiled into one namespace see each other). `transform(text)`
+    edits the file's text first — only tests use it, to break a peer on purpose."""
     path = module_file(module)
     with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), filename=path)
+        text = f.read()
+    if transform is not None:
+        edited = transform(text)
+        if edited == text:
+            raise UpstreamChanged(f"{module}: the edit asked for does not apply to {path}")
+        text = edited
+    tree = ast.parse(text, filename=path)
     found = None
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
@@ -119,10 +128,13 @@ def function_from_source(module: str, name: str, namespace: dict, strip_decorato
     if strip_decorators:
         found.decorator_list = []
     mod = ast.Module(body=[found], type_ignores=[])
-    ns = dict(namespace)
-    ns.setdefault("__name__", module)
-    exec(compile(mod, path, "exec"), ns)
-    return ns[name]
+    namespace.setdefault("__name__", module)
+    if transform is not None:                 # triton reads a kernel's source from the file: keep it in
+        import linecache                      # the edited text (the line numbers are those of the file)
+        path = f"<{module} as edited for a test>"
+        linecache.cache[path] = (len(text), None, text.splitlines(True), path)
+    exec(compile(mod, path, "exec"), namespace)
+    return namespace[name]
 
 
 def method_from_source(module: str, cls: str, name: str, namespace: dict):
@@ -159,3 +171,24 @@ def require(obj, qualname: str, params: list[str] | None = None):
 
 def attr(mod: types.ModuleType, name: str, params: list[str] | None = None):
     return require(getattr(mod, name, None), f"{mod.__name__}.{name}", params)
+
+
+def module_from_source(module: str, transform, name: str) -> types.ModuleType:
+    """The installed module `module`, its text edited by `transform`, loaded as a new module
+    `name` (for tests that break a peer kernel on purpose; the real module is untouched)."""
+    import linecache
+
+    path = module_file(module)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    edited = transform(text)
+    if edited == text:
+        raise UpstreamChanged(f"{module}: the edit asked for does not apply to {path}")
+    fake = f"<{module} as edited for a test>"
+    linecache.cache[fake] = (len(edited), None, edited.splitlines(True), fake)
+    mod = types.ModuleType(name)
+    mod.__file__ = fake
+    mod.__package__ = module.rpartition(".")[0]
+    sys.modules[name] = mod
+    exec(compile(edited, fake, "exec"), mod.__dict__)
+    return mod

@@ -121,7 +121,7 @@ def _layer_ids(spec, ctx, t: Target):
     name = inp["config_name"] or spec.id
     try:
         boundaries = [int(b) for b in resolve(draft_config, inp["convention"], cfg.num_hidden_layers,
-                                              fc_in, cfg.hidden_size, name)]
+                                              fc_in, cfg.hidden_size, name, direct_ids=inp["ids"] is not None)]
     except (LayerIdError, ValueError, AssertionError) as e:
         return Result(data={"error": type(e).__name__, "message": str(e)}), BITWISE, None
     data = {"boundaries": boundaries, "aux_width": len(boundaries) * cfg.hidden_size}
