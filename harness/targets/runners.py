@@ -32,8 +32,11 @@ from harness.targets.base import NotApplicable, Target, UpstreamChanged
 PASS, FAIL, NA = "pass", "fail", "n/a"
 BITWISE, TOLERANCE = "bitwise", "tolerance"
 # Two implementations of one whole model in fp32 sum in different orders: |a - b| <= ATOL + RTOL |b|
-# (the bound tests/engine/test_hf_agreement.py measured: max ~5e-6 on logits of size ~5).
-CROSS_ATOL = CROSS_RTOL = 1e-4
+# (tests/engine/test_hf_agreement.py: max ~5e-6 on logits of size ~5 for 2 blocks).
+# Measured on the 2-block tiny preset; over the 24 and 36 blocks of tiny-d24 / tiny-d36 the same
+# rounding reaches 5e-4 (HF, layer_ids forward specs), so whole-model comparisons use 1e-3: a real
+# convention error (window off by one, sink scaled, RoPE interleaved, router softmax) moves 1e-2 or more.
+CROSS_ATOL = CROSS_RTOL = 1e-3
 
 
 @dataclass
@@ -108,6 +111,8 @@ def _layer_ids(spec, ctx, t: Target):
     from engine.config import preset
 
     inp = spec.inputs
+    if "eagle3_layers" not in t.ops and inp["forward"] and "capture" in t.ops:
+        return _capture_only(spec, ctx, t)
     if inp["convention"] not in t.conventions:
         raise NotApplicable(f"{t.name} reads layer ids under the {'/'.join(t.conventions) or 'no'} convention, "
                             f"not {inp['convention']!r}" if t.conventions else
@@ -134,6 +139,21 @@ def _layer_ids(spec, ctx, t: Target):
     data["captured_width"] = data["expected_width"] = len(boundaries) * cfg.hidden_size
     data["captured_width"] = int(got.shape[-1])
     data["chunks_differing_from_walk"] = []
+    return Result(tensors={"captured": got}, data=data), TOLERANCE, kinds.layer_ids.golden_platform(spec, ctx)
+
+
+def _capture_only(spec, ctx, t: Target):
+    """A target without EAGLE3 resolution (HF): capture the spec's own boundaries on its forward."""
+    from engine.config import preset
+    from harness.checkpoints import checkpoint_dir
+
+    inp = spec.inputs
+    boundaries = spec.expect["boundaries"]
+    H = preset(inp["target"]).hidden_size
+    ckpt = checkpoint_dir(inp["target"], inp["forward"]["seed"], "bf16")
+    got = t.op("capture", str(ctx.device))(ckpt, materialize(inp["forward"]["prompt"]).tolist(), boundaries)
+    data = {"boundaries": boundaries, "aux_width": len(boundaries) * H, "captured_width": int(got.shape[-1]),
+            "expected_width": len(boundaries) * H, "chunks_differing_from_walk": []}
     return Result(tensors={"captured": got}, data=data), TOLERANCE, kinds.layer_ids.golden_platform(spec, ctx)
 
 
@@ -234,7 +254,7 @@ def _generate(spec, ctx, t: Target):
         if inp.get(key):
             raise NotApplicable(f"{t.name}: generate specs with {key!r} need the engine's own scheduler; "
                                 f"only plain greedy generation is an operation of a target")
-    if not all(r["sampling"]["greedy"] for r in inp["requests"]):
+    if not all(_greedy(r) for r in inp["requests"]):
         raise NotApplicable("seeded sampling runs through the engine's own sampler; only all-greedy generate "
                             "specs are an operation of a target")
     op = t.op("greedy_generate", str(ctx.device))
@@ -250,6 +270,11 @@ def _generate(spec, ctx, t: Target):
         data["finish_reasons"].append(reason)
     return Result(tensors=tensors, data=data, facts={"variants_differing": {}}), TOLERANCE, \
         kinds.generate.golden_platform(spec, ctx)
+
+
+def _greedy(request) -> bool:
+    from harness.kinds.generate import _params
+    return _params(request["sampling"]).is_greedy and request["seed"] is None
 
 
 def _not_applicable(why):
@@ -343,6 +368,8 @@ def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]
                     t.op(op, device)
             return BITWISE, ""
         if spec.kind == "layer_ids":
+            if "eagle3_layers" not in t.ops and inp["forward"] and "capture" in t.ops:
+                return TOLERANCE, ""
             if inp["convention"] not in t.conventions:
                 raise NotApplicable(f"convention {inp['convention']!r} is not {t.name}'s")
             t.op("eagle3_layers", device)
@@ -363,7 +390,7 @@ def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]
             for key in ("capture", "draft", "speculative", "topologies", "schedule"):
                 if inp.get(key):
                     raise NotApplicable(f"uses {key!r}")
-            if not all(r["sampling"]["greedy"] for r in inp["requests"]):
+            if not all(_greedy(r) for r in inp["requests"]):
                 raise NotApplicable("seeded sampling")
             t.op("greedy_generate", device)
             return TOLERANCE, ""
