@@ -166,7 +166,7 @@ def _md_cell(c: dict) -> str:
 def markdown(m: dict) -> str:
     labels = m["targets"]
     lines = ["# Conformance matrix", "",
-             "Written by `lockstep report` (do not edit by hand; `tests/targets/test_report.py` keeps it true).",
+             "Written by `lockstep report` (do not edit by hand; `tests/targets/test_targets.py` keeps it true).",
              "Cells: pass (bitwise: the same golden bit for bit; tolerance: the spec's tolerance or the "
              "cross-implementation bound), **fail** with the judgement of the expectations file, n/a (the reason "
              "is listed below the table).", ""]
