@@ -47,18 +47,23 @@ def load_expectations(target: Target) -> dict:
     return failures
 
 
+def verdict(outcome, want: dict | None) -> str | None:
+    """How one outcome differs from its expectation (`want`: its entry in the expectations file,
+    or None), or None when it matches. The CLI (`compare`) and the pytest plugin share this."""
+    o = outcome
+    if o.status == FAIL and want is None:
+        return f"NEW FAILURE {o.spec.id}: {o.message}"
+    if o.status == FAIL and o.message != want["observed"]:
+        return f"FAILS DIFFERENTLY {o.spec.id}: {o.message}\n    expected: {want['observed']}"
+    if o.status != FAIL and want is not None:
+        what = "now passes" if o.status == PASS else f"is now n/a ({o.message})"
+        return f"EXPECTED FAILURE {what}: {o.spec.id} (remove it from the expectations)"
+    return None
+
+
 def compare(outcomes, expected: dict, selected_ids: set[str]) -> list[str]:
     """Differences between the outcomes and the expectations (empty: they match exactly)."""
-    problems = []
-    for o in outcomes:
-        want = expected.get(o.spec.id)
-        if o.status == FAIL and want is None:
-            problems.append(f"NEW FAILURE {o.spec.id}: {o.message}")
-        elif o.status == FAIL and o.message != want["observed"]:
-            problems.append(f"FAILS DIFFERENTLY {o.spec.id}: {o.message}\n    expected: {want['observed']}")
-        elif o.status != FAIL and want is not None:
-            what = "now passes" if o.status == PASS else f"is now n/a ({o.message})"
-            problems.append(f"EXPECTED FAILURE {what}: {o.spec.id} (remove it from the expectations)")
+    problems = [p for p in (verdict(o, expected.get(o.spec.id)) for o in outcomes) if p]
     for sid in sorted(set(expected) - {o.spec.id for o in outcomes}):
         if sid in selected_ids or not selected_ids:
             problems.append(f"EXPECTED FAILURE of an unknown spec: {sid}")
