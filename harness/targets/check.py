@@ -1,18 +1,31 @@
 """`lockstep check/list/diff --target NAME` and `lockstep report`: runs, expectations, the matrix.
 
-An expectations file (harness/targets/expectations/<name>-<version>.yaml) lists every spec that
-fails on that target version, with the first line of the observed failure and a judgement:
+An expectations file (harness/targets/expectations/<name>-<version>.yaml, or a plugin target's own
+`Target.expectations` path) lists every spec that fails on that target version. `observed` is the
+failure's first line exactly as `check --target` prints it under the spec (the first line of the
+first message, at most 300 characters); `judgement` is `peer bug` or `contract gap`, and `why`
+one line. An entry of harness/targets/expectations/vllm-0.33.0.yaml:
 
-    target: sglang
-    version: 0.5.23
+    target: vllm
+    version: 0.33.0
     failures:
       layer_ids/error-above-l:
-        observed: "the resolver accepted the ids (boundaries [24, 30]); the spec expects an error"
-        judgement: peer bug          # or: contract gap
-        why: no load-time check of ids against [0, L]: boundary 40 is silently never captured
+        observed: the resolver accepted the ids (boundaries [24, 30]); the spec expects an error
+        judgement: peer bug
+        why: 'ids are not validated against [0, L] or for duplicates: a bad id silently captures fewer
+          states than the draft''s fc expects'
 
-`check --target X` is green when the specs that fail are exactly those listed, each failing
-with its recorded first line; it names new failures, changed failures and specs that now pass.
+`check --target X` is green (exit 0) when the specs that fail are exactly those listed, each failing
+with its recorded `observed` line; n/a specs are not failures and are not listed. Otherwise it
+exits 1 and names each difference, for example (the file edited on purpose):
+
+    vllm-0.33.0: results differ from harness/targets/expectations/vllm-0.33.0.yaml:
+      EXPECTED FAILURE now passes: layer_ids/120b-default-boundary (remove it from the expectations)
+      NEW FAILURE layer_ids/error-duplicates: the resolver accepted the ids (boundaries [17, 33]); the spec expects an error
+      FAILS DIFFERENTLY layer_ids/error-negative: the resolver accepted the ids (boundaries [5, 10]); the spec expects an error
+        expected: the resolver accepted the ids (boundaries [4, 10]); the spec expects an error
+
+`verdict` judges one outcome against its entry; the pytest plugin's --lockstep-target uses it too.
 """
 
 from __future__ import annotations
