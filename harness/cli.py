@@ -5,6 +5,8 @@
     lockstep check    [PATTERN ...] [--json] [--strict]   the CI gate
     lockstep diff     PATTERN ...                   run and explain against the golden
     lockstep regen    [PATTERN ...] [--dry-run] [--allow-ci]
+    lockstep report   [PATTERN ...] [--target T ...] [--out docs/conformance.md]
+    (list, check and diff take --target NAME: another implementation, see harness/targets)
     lockstep make-checkpoint --preset NAME --seed S --format bf16|mxfp4 OUT
     lockstep generate --checkpoint DIR --prompt-ids 1,2,3 [...] [--json]
 
@@ -105,6 +107,9 @@ class Progress:
 # --------------------------------------------------------------------------- commands
 def cmd_list(args) -> int:
     specs, errors = _load(args)
+    if args.target != "lockstep":
+        from harness.targets.check import cmd_list_target
+        return cmd_list_target(args, specs) or (EXIT_USAGE if errors else EXIT_OK)
     for s in specs:
         tags = ",".join(s.tags)
         print(f"{s.id:<44} {s.kind:<10} {tags:<28} {s.description.splitlines()[0][:80]}")
@@ -135,6 +140,9 @@ def _exit_code(outcomes, errors, stale_failing: bool) -> int:
 def cmd_check(args, explain: bool = False) -> int:
     specs, errors = _load(args)
     ctx = _context(args)
+    if args.target != "lockstep":             # another implementation: harness/targets
+        from harness.targets.check import cmd_check_target
+        return cmd_check_target(args, specs, errors, ctx, explain, Progress(len(specs), not args.json))
     store = GoldenStore(args.golden)
     start = time.perf_counter()
     progress = Progress(len(specs), not args.json)
@@ -222,6 +230,21 @@ def cmd_regen(args) -> int:
     return EXIT_MISMATCH if counts[runner.REFUSED] else EXIT_OK
 
 
+def cmd_report(args) -> int:
+    from harness.targets.check import cmd_report
+    specs, errors = _load(args)
+    return cmd_report(args, specs, errors, _context(args), Progress(len(specs), True))
+
+
+def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
+    if many:
+        p.add_argument("--target", action="append", help="a target to report (repeatable; default: sglang, vllm, hf)")
+    else:
+        p.add_argument("--target", default="lockstep", help="the implementation under test: lockstep (default), "
+                                                            "sglang, vllm, hf, or one registered under the entry "
+                                                            "point group lockstep.targets")
+
+
 def cmd_make_checkpoint(args) -> int:
     from engine.checkpoint import make_checkpoint
 
@@ -280,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="list the specs")
     _common(p)
+    _target(p)
     p.set_defaults(func=cmd_list)
     p = sub.add_parser("validate", help="check spec files without running them")
     _common(p)
@@ -289,10 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
     _running(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone)")
+    _target(p)
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("diff", help="run specs and explain each against its golden")
     _common(p, patterns="+")
     _running(p)
+    _target(p)
     p.set_defaults(func=lambda a: cmd_check(a, explain=True), json=False, strict=False)
     p = sub.add_parser("regen", help="record goldens: two identical runs, shown, then written atomically")
     _common(p)
@@ -300,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
     p.add_argument("--allow-ci", action="store_true", help="allow regeneration when CI=true")
     p.set_defaults(func=cmd_regen)
+    p = sub.add_parser("report", help="run targets and write the conformance matrix (Markdown and JSON)")
+    _common(p)
+    _running(p)
+    _target(p, many=True)
+    p.add_argument("--out", default="docs/conformance.md", help="Markdown path; the JSON goes beside it")
+    p.set_defaults(func=cmd_report)
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
     p.add_argument("--seed", type=int, default=0)

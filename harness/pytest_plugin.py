@@ -3,6 +3,12 @@
     pytest                         checks every spec against its golden (plus the unit tests)
     pytest -k coins                select by id or tag, as usual
     pytest --lockstep-regen        regenerate goldens through the same safe path as `lockstep regen`
+    pytest --lockstep-target sglang    run the specs on another implementation (harness/targets),
+                                   judged against its expectations file as `lockstep check --target`
+
+With --lockstep-target, a spec that fails as its expectations file records is xfailed (the reason
+shows its judgement); one that fails differently, fails unexpectedly, or passes although a failure
+is expected, fails; one the target cannot run is skipped as n/a with the target's reason.
 
 A spec that does not load is one failing item whose text is file:line:column: error. A failing spec
 shows the same report as `lockstep check`, located at its YAML file. Items are collected in
@@ -21,7 +27,9 @@ from harness import runner
 from harness.golden import GoldenStore
 from harness.platform import detect
 from harness.result import RunContext
-from harness.specfile import SpecErrors, load_spec_file, spec_id_for
+from harness.specfile import SpecErrors, load_spec_file, spec_files, spec_id_for
+
+_TARGET = pytest.StashKey[tuple]()     # (target, its expectations) under --lockstep-target
 
 
 def pytest_addoption(parser):
@@ -32,6 +40,10 @@ def pytest_addoption(parser):
     group.addoption("--lockstep-device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     group.addoption("--lockstep-dtype", choices=["fp32", "bf16"], default="fp32")
     group.addoption("--lockstep-backend", choices=["torch", "triton"], default="torch")
+    group.addoption("--lockstep-target", metavar="NAME",
+                    help="run the specs on this target (sglang, vllm, hf, or one registered under the entry "
+                         "point group lockstep.targets), judged against its expectations file; default: "
+                         "Lockstep's own engine, against the goldens")
     parser.addini("lockstep_specs", "spec directory, relative to the rootdir", default="specs")
     parser.addini("lockstep_golden", "golden directory, relative to the rootdir", default="golden")
 
@@ -45,6 +57,34 @@ def pytest_configure(config):
         # worker only contend for them (the bits do not depend on the thread count: D0)
         import torch
         torch.set_num_threads(1)
+    name = config.getoption("--lockstep-target")
+    if name and name != "lockstep":
+        if config.getoption("--lockstep-regen"):
+            raise pytest.UsageError("--lockstep-regen records Lockstep's own goldens: it takes no --lockstep-target")
+        config.stash[_TARGET] = _load_target(name)
+        expected = config.stash[_TARGET][1]
+        specs_dir, _ = _dirs(config)
+        if specs_dir.is_dir():     # as `lockstep check --target`: an expectation of no spec is stale
+            ids = {spec_id_for(f, specs_dir) for f in spec_files(specs_dir)}
+            unknown = sorted(set(expected) - ids)
+            if unknown:
+                raise pytest.UsageError(f"--lockstep-target {name}: its expectations name specs that do not exist "
+                                        f"under {specs_dir}: {', '.join(unknown)} (remove them from the expectations)")
+
+
+def _load_target(name: str) -> tuple:
+    """(target, its expectations), loaded once per session; a target that cannot load is a usage error."""
+    from harness.targets import UnknownTarget, get
+    from harness.targets.base import NotApplicable, UpstreamChanged
+    from harness.targets.check import load_expectations
+
+    try:
+        target = get(name)
+        return target, load_expectations(target)
+    except UnknownTarget as e:
+        raise pytest.UsageError(str(e)) from None
+    except (NotApplicable, UpstreamChanged, ValueError, TypeError) as e:
+        raise pytest.UsageError(f"--lockstep-target {name}: cannot load: {e}") from None
 
 
 def _dirs(config) -> tuple[Path, Path]:
@@ -106,6 +146,8 @@ class SpecItem(pytest.Item):
     def runtest(self):
         _, golden_dir = _dirs(self.config)
         store = GoldenStore(golden_dir)
+        if _TARGET in self.config.stash:
+            return self._run_on_target(store)
         if self.config.getoption("--lockstep-regen"):
             out = runner.regen_spec(self.spec, self._context(), store)
             if out.status == runner.REFUSED:
@@ -116,6 +158,30 @@ class SpecItem(pytest.Item):
         if out.status != runner.PASS:
             raise SpecFailure(out.report())
 
+    def _run_on_target(self, store):
+        from harness.targets.check import verdict
+        from harness.targets.runners import FAIL, NA, run_on_target
+
+        target, expected = self.config.stash[_TARGET]
+        out = run_on_target(self.spec, self._context(), target, store)
+        self.user_properties += [("lockstep_target", target.label), ("lockstep_status", out.status)]
+        want = expected.get(self.spec.id)
+        problem = verdict(out, want)
+        if problem:
+            lines = [f"{self.spec.id} on {target.label}: {out.status.upper()}, which its expectations "
+                     f"({_expectations_shown(target, self.config)}) do not say:", "  " + problem.replace("\n", "\n  ")]
+            if out.status == FAIL:
+                lines += ["  " + m.replace("\n", "\n  ") for m in out.messages]
+            raise SpecFailure("\n".join(lines))
+        if out.status == FAIL:
+            pytest.xfail(f"expected on {target.label} ({want['judgement']}: {want['why']}): {out.message}")
+        if out.status == NA:
+            why = f"n/a on {target.label}: {out.message}"
+            try:        # reported at the spec's YAML, as a skip marker would be (pytest >= 7)
+                raise pytest.skip.Exception(why, _use_item_location=True)
+            except TypeError:
+                pytest.skip(why)
+
     def repr_failure(self, excinfo):
         if isinstance(excinfo.value, SpecFailure):
             return excinfo.value.report
@@ -123,3 +189,13 @@ class SpecItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, self.spec.line_of("kind") - 1, f"spec {self.spec.id}"
+
+
+def _expectations_shown(target, config) -> str:
+    from harness.targets import expectations_path
+
+    path = expectations_path(target)
+    try:
+        return os.path.relpath(path, config.rootpath)
+    except ValueError:
+        return str(path)

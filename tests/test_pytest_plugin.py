@@ -1,6 +1,7 @@
 """The pytest plugin, run in a scratch project through pytester (a real pytest run)."""
 
 import shutil
+import sys
 
 import pytest
 
@@ -65,3 +66,101 @@ def test_works_under_xdist(scratch):
     scratch.runpytest("--lockstep-regen")
     result = scratch.runpytest_subprocess("-n", "2")
     result.assert_outcomes(passed=2)
+
+
+# --------------------------------------------------------------------------- --lockstep-target
+TOY_ADAPTER = '''
+from pathlib import Path
+
+from harness.targets import Op, Target
+from kernels.coins import murmur_hash32, verify_coins
+
+
+def halved_coins(seeds, seq_lens, n):        # a peer bug, on purpose
+    coins, final = verify_coins(seeds, seq_lens, n)
+    return coins * 0.5, final
+
+
+def target():
+    return Target("toy", "1.0", ops={"hash": Op(murmur_hash32), "verify_coins": Op(halved_coins)},
+                  missing={"gumbel": "toy draws no Gumbel noise"},
+                  expectations=str(Path(__file__).with_name("toy-1.0.yaml")))
+'''
+
+TOY_EXPECTATIONS = """\
+target: toy
+version: '1.0'
+failures:
+  coins/top-hashes-verify:     # fails as recorded: xfailed
+    observed: 'coins[0, 0] = 0.3863513171672821 is not the coin of hash column 0 (0.7727026343345642)'
+    judgement: peer bug
+    why: the toy halves its coins
+  coins/divisor:               # fails, but not as recorded
+    observed: 'coins[0] = 0.5, the spec expects 1.0'
+    judgement: peer bug
+    why: the toy halves its coins
+  coins/known-answers:         # passes although a failure is expected
+    observed: 'hash[0] differs'
+    judgement: contract gap
+    why: recorded before the toy's hash was fixed
+"""
+
+
+@pytest.fixture
+def toy(scratch, monkeypatch):
+    """The scratch project with six coin specs, their goldens, and a target `toy` registered through
+    the entry point group lockstep.targets (as an engine's own package would)."""
+    for name in ("gumbel-endpoints", "wraparound", "divisor", "column-split"):
+        shutil.copy(REPO / f"specs/coins/{name}.yaml", scratch.path / "specs/coins")
+    scratch.runpytest("--lockstep-regen").assert_outcomes(passed=6)
+    dist = scratch.path / "toyengine-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyengine\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[lockstep.targets]\ntoy = toy_plugin_adapter:target\n")
+    (scratch.path / "toy_plugin_adapter.py").write_text(TOY_ADAPTER)
+    (scratch.path / "toy-1.0.yaml").write_text(TOY_EXPECTATIONS)
+    monkeypatch.syspath_prepend(str(scratch.path))
+    monkeypatch.delitem(sys.modules, "toy_plugin_adapter", raising=False)
+    return scratch
+
+
+def test_target_items_are_judged_against_its_expectations(toy):
+    result = toy.runpytest("--lockstep-target", "toy", "-rfsx")
+    # wraparound passes; gumbel-endpoints is n/a; top-hashes-verify fails as recorded; column-split fails
+    # unexpectedly, divisor fails differently, known-answers passes against its expectation
+    result.assert_outcomes(passed=1, skipped=1, xfailed=1, failed=3)
+    result.stdout.fnmatch_lines_random([
+        "SKIPPED [[]1[]] specs/coins/gumbel-endpoints.yaml:1: n/a on toy-1.0: toy draws no Gumbel noise",
+        "XFAIL specs/coins/top-hashes-verify.yaml::coins/top-hashes-verify - expected on toy-1.0 (peer bug: the toy "
+        "halves its coins): coins[[]0, 0[]] = 0.3863513171672821 is not the coin of hash column 0 *",
+        "*NEW FAILURE coins/column-split: coins[[]0, 0[]] = 0.3292679190635681 is not the coin of hash column 0*",
+        "*FAILS DIFFERENTLY coins/divisor: coins[[]0[]] = 0.019290266558527946, the spec expects 0.03858053311705589",
+        "*expected: coins[[]0[]] = 0.5, the spec expects 1.0",
+        "*EXPECTED FAILURE now passes: coins/known-answers (remove it from the expectations)",
+        "FAILED specs/coins/column-split.yaml::coins/column-split*",
+        "FAILED specs/coins/divisor.yaml::coins/divisor*",
+        "FAILED specs/coins/known-answers.yaml::coins/known-answers*",
+    ])
+    # `lockstep check --target toy` gives the same judgement
+    from harness.cli import main
+    assert main(["check", "--target", "toy", "--device", "cpu"]) == 1
+
+
+def test_target_matching_its_expectations_is_green(toy):
+    exp = toy.path / "toy-1.0.yaml"
+    exp.write_text(TOY_EXPECTATIONS.split("  coins/divisor:")[0])      # top-hashes-verify only
+    result = toy.runpytest("--lockstep-target", "toy", "-k", "top-hashes or wraparound or gumbel")
+    result.assert_outcomes(passed=1, skipped=1, xfailed=1, deselected=3)
+    assert result.ret == 0
+
+
+def test_target_that_cannot_load_or_whose_expectations_are_stale_is_a_usage_error(toy):
+    result = toy.runpytest("--lockstep-target", "no-such-engine")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown target 'no-such-engine'; known: lockstep, sglang, vllm, hf, toy*"])
+    (toy.path / "specs/coins/divisor.yaml").unlink()
+    result = toy.runpytest("--lockstep-target", "toy")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*its expectations name specs that do not exist under *: coins/divisor*"])
+    result = toy.runpytest("--lockstep-target", "toy", "--lockstep-regen")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -123,7 +123,8 @@ def _inputs(spec, device):
         return (lambda be, r=slice(None): linear(x[r], w, b, backend=be)), s["M"]
     if k == "rmsnorm":
         from kernels.rmsnorm import rms_norm
-        x, w = rnd(s["M"], s["N"], scale=sc), rnd(s["N"])
+        t = kernel_inputs(spec, device)
+        x, w = t["x"], t["weight"]
         return (lambda be, r=slice(None): rms_norm(x[r], w, 1e-5, backend=be)), s["M"]
     if k == "rope":
         from kernels.rope import apply_rope
@@ -155,23 +156,66 @@ def _inputs(spec, device):
         return (lambda be, r=slice(None): moe(x[r], routing[r], ids[r], *W, backend=be)), T
     if k == "sampling":
         from kernels.sampling import gumbel_argmax
-        logp = portable.log_softmax(rnd(s["R"], s["V"], scale=2 * sc, dtype=torch.float64), -1)
-        seeds = torch.randint(-(1 << 62), 1 << 62, (s["R"],), generator=g).to(device)
-        pos = torch.randint(0, 1 << 20, (s["R"],), generator=g).to(device)
+        t = kernel_inputs(spec, device)
+        logp, seeds, pos = t["logp"], t["seeds"], t["positions"]
         return (lambda be, r=slice(None): gumbel_argmax(logp[r], seeds[r], pos[r], backend=be)), s["R"]
     if k == "attention":
         from kernels.attention import attention
-        Hq, Hkv, D, S, W = s["Hq"], s["Hkv"], s["D"], s["S"], s["window"]
-        pos = materialize(inp["positions"]) if inp["positions"] is not None else \
-            torch.randint(0, S, (s["T"],), generator=g)
-        T = pos.shape[0]
-        kc, vc = rnd(1, Hkv, S, D), rnd(1, Hkv, S, D)
-        q = rnd(T, Hq, D, scale=sc)
-        sinks = (torch.full((Hq,), inp["sink"]) if inp["sink"] is not None else portable.normal((Hq,), g)).to(device)
-        pos, slots = pos.to(device), torch.zeros(T, dtype=torch.int64, device=device)
-        return (lambda be, r=slice(None): attention(q[r], kc, vc, slots[r], pos[r], sinks, W, D ** -0.5,
+        t = kernel_inputs(spec, device)
+        q, pos, sinks, W, T = t["q"], t["positions"], t["sinks"], t["window"], t["q"].shape[0]
+        kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]      # [1, Hkv, S, D] caches
+        slots = torch.zeros(T, dtype=torch.int64, device=device)
+        return (lambda be, r=slice(None): attention(q[r], kc, vc, slots[r], pos[r], sinks, W, t["scale"],
                                                     backend=be)), T
     raise ValueError(f"unknown kernel {k!r}")
+
+
+def kernel_inputs(spec, device) -> dict:
+    """The input tensors of an attention, rmsnorm or sampling spec, from the spec's seed: what the
+    Lockstep kernel and any other target's kernel are called with (harness/targets).
+
+    attention: q [T, Hq, D], k and v [S, Hkv, D], positions [T], sinks [Hq], window, scale;
+    rmsnorm: x [M, N], weight [N]; sampling: logp [R, V] float64, seeds [R], positions [R]."""
+    inp, s = spec.inputs, spec.inputs["shape"]
+    g = torch.Generator().manual_seed(inp["seed"])
+    dt, sc, k = DTYPES[inp["dtype"]], inp["scale"], inp["kernel"]
+
+    def rnd(*shape, scale=1.0, dtype=None):
+        return (portable.normal(shape, g) * scale).to(dtype or dt).to(device)   # randn is not portable
+
+    if k == "rmsnorm":
+        return {"x": rnd(s["M"], s["N"], scale=sc), "weight": rnd(s["N"])}
+    if k == "sampling":
+        logp = portable.log_softmax(rnd(s["R"], s["V"], scale=2 * sc, dtype=torch.float64), -1)
+        seeds = torch.randint(-(1 << 62), 1 << 62, (s["R"],), generator=g).to(device)
+        pos = torch.randint(0, 1 << 20, (s["R"],), generator=g).to(device)
+        return {"logp": logp, "seeds": seeds, "positions": pos}
+    if k == "attention":
+        Hq, Hkv, D, S = s["Hq"], s["Hkv"], s["D"], s["S"]
+        pos = materialize(inp["positions"]) if inp["positions"] is not None else \
+            torch.randint(0, S, (s["T"],), generator=g)
+        kc, vc = rnd(1, Hkv, S, D), rnd(1, Hkv, S, D)
+        q = rnd(pos.shape[0], Hq, D, scale=sc)
+        sinks = (torch.full((Hq,), inp["sink"]) if inp["sink"] is not None else portable.normal((Hq,), g)).to(device)
+        return {"q": q, "k": kc[0].transpose(0, 1), "v": vc[0].transpose(0, 1), "positions": pos.to(device),
+                "sinks": sinks, "window": s["window"], "scale": D ** -0.5}
+    raise ValueError(f"kernel {k!r} has no shared inputs")
+
+
+def reference(spec, t: dict) -> torch.Tensor:
+    """The plain-torch reference output on `kernel_inputs(spec, …)`."""
+    k = spec.inputs["kernel"]
+    if k == "rmsnorm":
+        from kernels.rmsnorm import rms_norm
+        return rms_norm(t["x"], t["weight"], 1e-5, backend="torch")
+    if k == "sampling":
+        from kernels.sampling import gumbel_argmax
+        return gumbel_argmax(t["logp"], t["seeds"], t["positions"], backend="torch")
+    from kernels.attention import attention
+    q = t["q"]
+    kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]
+    return attention(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device), t["positions"],
+                     t["sinks"], t["window"], t["scale"], backend="torch")
 
 
 def _first(mask: torch.Tensor) -> list[int]:

@@ -1,0 +1,62 @@
+"""Targets: implementations under test (see base.py for the interface, runners.py for the kinds).
+
+Built in: `lockstep` (the default), `sglang`, `vllm`, `hf`. A package adds its own with an entry
+point in the group `lockstep.targets` whose value is a callable returning a `Target`:
+
+    [project.entry-points."lockstep.targets"]
+    myengine = "myengine.lockstep_adapter:target"
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from harness.targets.base import NotApplicable, Op, Target, UpstreamChanged  # noqa: F401
+
+GROUP = "lockstep.targets"
+BUILTIN = {
+    "lockstep": "harness.targets.lockstep:load",
+    "sglang": "harness.targets.sglang:load",
+    "vllm": "harness.targets.vllm:load",
+    "hf": "harness.targets.hf:load",
+}
+EXPECTATIONS = Path(__file__).parent / "expectations"
+
+
+class UnknownTarget(LookupError):
+    pass
+
+
+def _plugins() -> dict:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def names() -> list[str]:
+    return list(BUILTIN) + sorted(n for n in _plugins() if n not in BUILTIN)
+
+
+def get(name: str) -> Target:
+    """Load a target by name; UnknownTarget lists the known ones. Adapters that cannot load
+    (a peer missing, or moved upstream) raise NotApplicable / UpstreamChanged with the reason."""
+    if name in BUILTIN:
+        module, _, attr = BUILTIN[name].partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+    else:
+        eps = _plugins()
+        if name not in eps:
+            raise UnknownTarget(f"unknown target {name!r}; known: {', '.join(names())} (a package adds one through "
+                                f"the entry point group {GROUP!r})")
+        factory = eps[name].load()
+    target = factory()
+    if not isinstance(target, Target):
+        raise TypeError(f"target {name!r}: its factory returned {type(target).__name__}, not a harness.targets.Target")
+    return target
+
+
+def expectations_path(target: Target) -> Path:
+    """Where a target's expectations live: the target's own `expectations` path if it sets one
+    (a plugin ships its file), else harness/targets/expectations/<name>-<version>.yaml."""
+    own = getattr(target, "expectations", None)
+    return Path(own) if own else EXPECTATIONS / f"{target.label}.yaml"

@@ -1,0 +1,67 @@
+"""Target `hf`: HF transformers' GptOssForCausalLM (the `test` extra), on Lockstep's synthetic checkpoints.
+
+| operation | transformers code | compared |
+| --- | --- | --- |
+| capture | `GptOssForCausalLM(..., output_hidden_states=True)`: entry b < L is boundary b; boundary L (HF's last entry is after the final norm) is the last decoder layer's output, taken by a forward hook | within CROSS_ATOL/RTOL of the golden |
+| greedy_generate | `GptOssForCausalLM.generate(do_sample=False)`; logprobs = log_softmax of the returned scores at the chosen token | tokens exactly, logprobs within the bound |
+
+fp32, eager attention, on the CPU. HF has no EAGLE3 loader, coins, verify or kernels: those specs are n/a.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from harness.targets import peer
+from harness.targets.base import CPU, CUDA, NotApplicable, Op, Target
+
+
+@functools.lru_cache(maxsize=4)
+def _model(path: str):
+    from transformers import GptOssForCausalLM
+    return GptOssForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def capture(checkpoint, prompt, boundaries):
+    model = _model(str(checkpoint))
+    L = model.config.num_hidden_layers
+    last = {}
+    hook = model.model.layers[L - 1].register_forward_hook(
+        lambda mod, args, out: last.__setitem__("x", out[0] if isinstance(out, tuple) else out))
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([prompt]), output_hidden_states=True)
+    finally:
+        hook.remove()
+    states = [out.hidden_states[b][0] if b < L else last["x"].reshape(len(prompt), -1) for b in boundaries]
+    return torch.cat(states, dim=-1).to(torch.float32)
+
+
+def greedy_generate(checkpoint, prompt, max_new_tokens, stop_ids):
+    model = _model(str(checkpoint))
+    eos = list(stop_ids) if stop_ids is not None else list(model.generation_config.eos_token_id or [])
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
+                             eos_token_id=eos, pad_token_id=eos[0] if eos else 0, output_scores=True,
+                             return_dict_in_generate=True)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    logprobs = torch.stack([torch.log_softmax(s[0].to(torch.float32), -1)[t] for s, t in zip(out.scores, tokens)])
+    reason = "stop" if tokens and tokens[-1] in eos else "length"
+    return tokens, logprobs, reason
+
+
+def load() -> Target:
+    version = peer.installed_version("transformers")
+    if version is None:
+        raise NotApplicable("transformers is not installed (pip install -e '.[test]')")
+    return Target(
+        name="hf", version=version,
+        description="HF transformers GptOssForCausalLM (fp32, eager): whole-model capture and greedy generation",
+        ops={"capture": Op(capture, (CPU, CUDA), "output_hidden_states (+ a hook for boundary L)"),
+             "greedy_generate": Op(greedy_generate, (CPU, CUDA), "GptOssForCausalLM.generate(do_sample=False)")},
+        missing={op: "HF transformers has no such operation (no seeded coins, EAGLE3 verify or Triton kernels)"
+                 for op in ("eagle3_layers", "hash", "verify_coins", "gumbel", "verify_greedy", "verify_target_only",
+                            "verify_rejection", "attention", "rmsnorm", "sampling")})
+

@@ -1,0 +1,111 @@
+"""The default target: Lockstep's own kernels and engine, through the target operations.
+
+`lockstep check` without `--target` runs the spec kinds' own runners, exactly as before; this
+object gives the same implementation to the target runners (harness/targets/runners.py), so
+the target path is itself checked against Lockstep's goldens (tests/targets/).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from harness.targets.base import CPU, CUDA, INTERPRETER, Op, Target
+
+
+def _hash(seed, pos, col):
+    from kernels.coins import murmur_hash32
+    return murmur_hash32(seed, pos, col, backend="torch")
+
+
+def _verify_coins(seeds, seq_lens, n):
+    from kernels.coins import verify_coins
+    return verify_coins(seeds, seq_lens, n)
+
+
+def _gumbel(seed, pos, col):
+    from kernels.coins import gumbel_noise
+    return gumbel_noise(seed, pos, col)
+
+
+def _eagle3_layers(draft_config, convention, num_layers, fc_in, hidden, name, direct_ids=False):
+    from engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
+
+    if fc_in % hidden:
+        raise LayerIdError(f"{name}: the draft's fc input width {fc_in} is not a multiple of the target hidden "
+                           f"size {hidden}")
+    ids = aux_layer_ids_from_draft_config(draft_config)
+    return resolve_boundaries(ids, convention, num_layers, fc_in // hidden, name)
+
+
+@functools.lru_cache(maxsize=4)
+def _model(path):
+    from engine.model import GptOssModel
+    return GptOssModel.from_checkpoint(path)
+
+
+def _capture(checkpoint, prompt, boundaries):
+    model = _model(str(checkpoint))
+    T = len(prompt)
+    out = model.forward(torch.tensor(prompt), torch.arange(T), torch.zeros(T, dtype=torch.int64),
+                        model.new_cache(1, T), capture=boundaries)
+    return out.captured.cpu()
+
+
+def _greedy_generate(checkpoint, prompt, max_new_tokens, stop_ids):
+    from engine.generate import Request, generate
+    from engine.sampling import SamplingParams
+
+    params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens,
+                            stop_token_ids=tuple(stop_ids) if stop_ids is not None else None)
+    r = generate(_model(str(checkpoint)), [Request(prompt=list(prompt), params=params)])[0]
+    return r.tokens, r.logprobs, r.finish_reason
+
+
+def _spec(name):
+    def call(*args):
+        import engine.speculative as speculative
+        return getattr(speculative, name)(*args)
+    return call
+
+
+def _attention(q, k, v, positions, sinks, window, scale):
+    from kernels.attention import attention
+    kc, vc = k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous()
+    slots = torch.zeros(q.shape[0], dtype=torch.int64, device=q.device)
+    return attention(q, kc, vc, slots, positions, sinks, window, scale, backend="triton")
+
+
+def _rmsnorm(x, w, eps):
+    from kernels.rmsnorm import rms_norm
+    return rms_norm(x, w, eps, backend="triton")
+
+
+def _sampling(logp, seeds, positions):
+    from kernels.sampling import gumbel_argmax
+    return gumbel_argmax(logp, seeds, positions, backend="triton")
+
+
+def load() -> Target:
+    from importlib.metadata import version
+    every = (CPU, INTERPRETER, CUDA)
+    kernels = (INTERPRETER, CUDA)
+    return Target(
+        name="lockstep", version=version("lockstep"),
+        description="Lockstep's own kernels (Triton) and reference engine: the default target",
+        conventions=("boundary", "sglang", "output-index"),
+        ops={
+            "hash": Op(_hash, every, "kernels.coins.murmur_hash32"),
+            "verify_coins": Op(_verify_coins, every, "kernels.coins.verify_coins"),
+            "gumbel": Op(_gumbel, every, "kernels.coins.gumbel_noise"),
+            "eagle3_layers": Op(_eagle3_layers, every, "engine.boundaries.resolve_boundaries"),
+            "capture": Op(_capture, every, "engine.model.GptOssModel.forward(capture=…)"),
+            "greedy_generate": Op(_greedy_generate, every, "engine.generate.generate"),
+            "verify_greedy": Op(_spec("verify_greedy"), every, "engine.speculative.verify_greedy"),
+            "verify_target_only": Op(_spec("verify_target_only"), every, "engine.speculative.verify_target_only"),
+            "verify_rejection": Op(_spec("verify_rejection"), every, "engine.speculative.verify_rejection"),
+            "attention": Op(_attention, kernels, "kernels.attention (Triton)"),
+            "rmsnorm": Op(_rmsnorm, kernels, "kernels.rmsnorm (Triton)"),
+            "sampling": Op(_sampling, kernels, "kernels.sampling (Triton)"),
+        })

@@ -1,0 +1,162 @@
+"""Targets: the registry, the default target through the target path, adapters broken on purpose,
+and the committed matrix (docs/conformance.md) with every target matching its expectations."""
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+from harness import cli
+from harness.golden import GoldenStore
+from harness.platform import detect
+from harness.result import RunContext
+from harness.specfile import load_specs, select
+from harness.targets import get
+from harness.targets.base import Op, Target
+from harness.targets.runners import FAIL, NA, PASS, run_on_target
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run(target, spec_id):
+    specs, _ = load_specs(ROOT / "specs")
+    (spec,) = select(specs, [spec_id], [])
+    return run_on_target(spec, RunContext(platform=detect("cpu", "fp32")), target, GoldenStore(ROOT / "golden"))
+
+
+@pytest.mark.parametrize("spec_id", ["coins/top-hashes-verify", "coins/known-answers", "layer_ids/error-count",
+                                     "layer_ids/120b-nvidia-v3-sglang", "verify/target-only-coin-per-node",
+                                     "verify/rejection-strict-inequality", "kernels/rmsnorm-n2881"])
+def test_lockstep_through_the_target_path_passes(spec_id):
+    assert run(get("lockstep"), spec_id).status == PASS
+
+
+def test_a_missing_operation_is_na_with_its_reason():
+    t = Target("toy", "1", ops={}, missing={"hash": "toy hashes nothing"})
+    o = run(t, "coins/known-answers")
+    assert (o.status, o.message) == (NA, "toy hashes nothing")
+
+
+def test_entry_point_target(tmp_path, monkeypatch, capsys):
+    dist = tmp_path / "toyengine-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyengine\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[lockstep.targets]\ntoy = toy_adapter:target\n")
+    (tmp_path / "toy_adapter.py").write_text(
+        "from harness.targets import Op, Target\n"
+        "from kernels.coins import murmur_hash32\n"
+        "def target():\n"
+        "    return Target('toy', '1.0', ops={'hash': Op(murmur_hash32)})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    t = get("toy")
+    assert t.label == "toy-1.0" and run(t, "coins/known-answers").status == PASS
+    monkeypatch.chdir(ROOT)
+    assert cli.main(["check", "--target", "toy", "coins/known-answers"]) == 0
+    assert "1 pass" in capsys.readouterr().out
+
+
+def test_unknown_target_is_a_usage_error(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert cli.main(["check", "--target", "no-such-engine", "coins/known-answers"]) == 2
+
+
+# --------------------------------------------------------------------------- broken on purpose
+sglang = pytest.importorskip("harness.targets.sglang")
+
+
+def _sglang(edits=None):
+    try:
+        return sglang.load(edits)
+    except Exception as e:  # not installed: the README's test command installs it
+        pytest.skip(f"sglang target unavailable: {e}")
+
+
+def test_sglang_layer_ids_shifted_by_one_turn_red():
+    def shifted(set_layers):
+        return lambda self, ids: set_layers(self, [i + 1 for i in ids] if ids else ids)
+    assert run(_sglang(), "layer_ids/120b-nvidia-v3-sglang").status == PASS
+    o = run(_sglang({"eagle3_layers": shifted}), "layer_ids/120b-nvidia-v3-sglang")
+    assert o.status == FAIL and "boundaries [26, 32]" in o.message    # [25, 31, 37], then its +1 rule
+
+
+def test_sglang_coins_without_the_clamp_turn_red():
+    assert run(_sglang(), "coins/top-hashes-verify").status == PASS
+    o = run(_sglang({"verify_coins": lambda text: text.replace(".clamp_(max=max_coin)", "")}),
+            "coins/top-hashes-verify")
+    assert o.status == FAIL and "outside [0, 1)" in o.message
+
+
+def test_sglang_attention_without_the_empty_tile_guard_turns_red():
+    guard = 'tl.where(row_max == float("-inf"), -1e20, row_max)'
+    o = run(_sglang({"attention": lambda text: text.replace(guard, "row_max")}),
+            "kernels/attention-empty-tiles-window-128")
+    assert o.status == FAIL and "non-finite" in o.message
+
+
+def test_vllm_layer_ids_shifted_by_one_turn_red():
+    vllm = pytest.importorskip("harness.targets.vllm")
+    try:
+        good = vllm.load()
+    except Exception as e:
+        pytest.skip(f"vllm target unavailable: {e}")
+    shifted = lambda f: (lambda cfg: tuple(i + 1 for i in (f(cfg) or ())) or None)  # noqa: E731
+    assert run(good, "layer_ids/error-above-l").status == FAIL          # a peer bug, in its expectations
+    o = run(vllm.load({"eagle3_layers": shifted}), "layer_ids/120b-default-boundary")
+    assert run(good, "layer_ids/120b-default-boundary").status == PASS and o.status == PASS  # default ids
+    o = run(vllm.load({"eagle3_layers": shifted}), "layer_ids/error-negative")
+    assert o.status == FAIL and "[6, 11]" in o.message
+
+
+# --------------------------------------------------------------------------- the committed matrix
+SHIPPED = ("sglang", "vllm", "hf")          # `lockstep report`'s default targets, in its order
+DOCS = ROOT / "docs" / "conformance.md"
+
+
+def _shipped(name):
+    try:
+        return get(name)
+    except Exception as e:  # a peer not installed: the README's test command installs it
+        pytest.skip(f"{name} target unavailable: {e}")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_conformance_matrix_is_true(name, tmp_path, monkeypatch, capsys):
+    """One `lockstep report --target NAME` run (every spec on the CPU) serves both checks: the target
+    matches its expectations exactly (exit 0), and its column of docs/conformance.json is what the
+    run gives. With test_conformance_md_is_its_json below, every cell of docs/conformance.md is
+    checked, each target run once; one test per target lets pytest -n 2 run them side by side."""
+    _shipped(name)
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "conformance.md"
+    code = cli.main(["report", "--device", "cpu", "--target", name, "--out", str(out)])
+    got = json.loads(out.with_suffix(".json").read_text())
+    (label,) = got["targets"]
+    problems = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"{label}: ")]
+    assert code == 0, f"{label} does not match its expectations:\n" + "\n".join(problems)
+    docs = json.loads(DOCS.with_suffix(".json").read_text())
+    assert label in docs["targets"], f"{label} is not in docs/conformance.json (a new version? rerun lockstep report)"
+    assert {sid: row[label] for sid, row in got["specs"].items()} == \
+        {sid: row.get(label) for sid, row in docs["specs"].items()}, f"{label}'s column of docs/conformance.json is stale"
+    assert {sid: row["kind"] for sid, row in got["specs"].items()} == \
+        {sid: row["kind"] for sid, row in docs["specs"].items()}
+
+
+def test_conformance_md_is_its_json():
+    """docs/conformance.md is the Markdown `lockstep report` writes from docs/conformance.json, for the
+    shipped targets' current versions, with every spec and the judgements of the expectations files."""
+    from harness.targets.check import load_expectations, markdown
+
+    m = json.loads(DOCS.with_suffix(".json").read_text())
+    assert DOCS.read_text() == markdown(m)
+    specs, _ = load_specs(ROOT / "specs")
+    assert set(m["specs"]) == {s.id for s in specs}
+    for name, label in zip(SHIPPED, m["targets"], strict=True):
+        target = _shipped(name)
+        assert target.label == label, f"{label} in docs/conformance.md, {target.label} installed"
+        expected = load_expectations(target)
+        cells = {sid: row[label] for sid, row in m["specs"].items()}
+        assert {sid for sid, c in cells.items() if c["status"] == FAIL} == set(expected)
+        for sid, want in expected.items():
+            assert (cells[sid]["message"], cells[sid]["judgement"], cells[sid]["why"]) == \
+                (want["observed"], want["judgement"], want["why"]), sid
