@@ -68,6 +68,31 @@ def load_model(preset: str, seed: int, fmt: str, backend: str = "torch", device:
     return GptOssModel.from_checkpoint(checkpoint_dir(preset, seed, fmt), backend=backend, device=device)
 
 
+def edited_copy(base: Path, name: str, edit) -> Path:
+    """A copy of checkpoint folder `base` under the private cache, every shard rewritten with
+    edit(tensor name, tensor) -> new tensor or None (unchanged); other files copied as they are.
+    The copy then goes through the real loading code, like any checkpoint."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from engine.checkpoint import write_folder_atomically
+
+    def write(tmp: Path) -> None:
+        for f in sorted(base.iterdir()):
+            if f.suffix != ".safetensors":
+                shutil.copyfile(f, tmp / f.name)
+                continue
+            with safe_open(f, framework="pt") as sf:
+                tensors = {n: sf.get_tensor(n) for n in sf.keys()}
+            for n, t in tensors.items():
+                new = edit(n, t)
+                if new is not None:
+                    tensors[n] = new.contiguous()
+            save_file(tensors, str(tmp / f.name), metadata={"format": "pt"})
+
+    return write_folder_atomically(_cache_root() / name, write)
+
+
 def resolve_path(relative: str, root: Path) -> Path:
     """A path from a spec, inside the project root `root`; anything that leaves it is refused."""
     root = root.resolve()
