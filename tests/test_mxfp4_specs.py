@@ -131,7 +131,8 @@ def test_spec_errors_are_located():
         "specs/mxfp4/bad.yaml:5:33: inputs.blocks[0].scale: expected an integer >= 0 and <= 255, found int 256",
         "specs/mxfp4/bad.yaml:7:12: expect.values[0]: expected a list with 32..32 items, found 1 items"]
     block = "    - {bytes: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], scale: 127}\n  dtype: bf16\n"
-    values = "expect:\n  values:\n    - [0.1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,\n       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {}]\n"
+    values = ("expect:\n  values:\n    - [0.1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,\n"
+              "       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {}]\n")
     assert errors_of(head + block + values.format("'x1p3'")) == [
         "specs/mxfp4/bad.yaml:10:53: expect.values[0][31]: expected a number, .nan, .inf, -.inf or a hex float "
         "such as '0x1.8p-126', found str 'x1p3'"]
