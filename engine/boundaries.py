@@ -19,11 +19,34 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch
+
 CONVENTIONS = ("boundary", "sglang", "output-index")
 
 
 class LayerIdError(ValueError):
     pass
+
+
+class CaptureError(RuntimeError):
+    """A forward was asked for a boundary that its capture loop never recorded: the capture
+    contract of DESIGN §3 is broken (e.g. states recorded "before block i", which never sees L)."""
+
+
+def gather_captured(states: dict[int, torch.Tensor], capture: Sequence[int], num_layers: int
+                    ) -> torch.Tensor | None:
+    """The requested boundary states concatenated in the order asked, [T, len(capture) * H], or
+    None for no capture. A requested boundary missing from `states` is a CaptureError naming it."""
+    if not capture:
+        return None
+    missing = [b for b in capture if b not in states]
+    if missing:
+        what = f"boundary {missing[0]} was" if len(missing) == 1 else f"boundaries {missing} were"
+        raise CaptureError(f"{what} requested and never captured (requested {list(capture)}, captured "
+                           f"{sorted(states)}, L = {num_layers}): boundary 0 is the embedding output, "
+                           "captured before the first block, and boundary i + 1 is captured after block i "
+                           "(DESIGN §3)")
+    return torch.cat([states[b] for b in capture], dim=-1)
 
 
 def default_boundaries(num_layers: int) -> list[int]:

@@ -158,6 +158,9 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32
             want = "uint8" if kind == "uint8" else "bf16/fp16/fp32"
             raise CheckpointError(f"tensor {name}: dtype {t.dtype}, expected {want}")
 
+    for name, t in raw.items():
+        if name.endswith("_scales"):
+            refuse_nan_scales(name, t)
     weights: dict[str, torch.Tensor] = {}
     for name, t in raw.items():
         if name.endswith("_blocks"):
@@ -167,6 +170,17 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32
         elif not name.endswith("_scales"):
             weights[name] = t.to(dtype)
     return config, weights
+
+
+def refuse_nan_scales(name: str, scales: torch.Tensor) -> None:
+    """An MXFP4 scale of 255 (E8M0 NaN) makes its whole block NaN: refuse it, naming the tensor,
+    the first such block's index and how many there are (DESIGN §7)."""
+    bad = (scales == mxfp4.NAN_SCALE).nonzero()
+    if bad.shape[0]:
+        idx = bad[0].tolist()
+        raise CheckpointError(f"tensor {name}: block {idx} has E8M0 scale {mxfp4.NAN_SCALE}, which encodes NaN "
+                              f"for all {mxfp4.BLOCK} values of the block (OCP MX v1.0); {bad.shape[0]} such "
+                              f"block(s) in this tensor")
 
 
 # ---------------------------------------------------------------------- synthetic checkpoints

@@ -37,6 +37,7 @@ legacy `aux_norm_{low,mid,high}` for `fc_norm.{0,1,2}`):
     norm.weight                             [H_draft]
     lm_head.weight                          [V_draft, H_draft]
     d2t                                     [V_draft] int64;  t2d [V] bool (optional, not used)
+                                            (d2t may be absent iff V_draft == V: the identity map)
 
 config.json: `LlamaForCausalLMEagle3` fields plus `draft_vocab_size`, `target_hidden_size`, and
 `eagle_config` {eagle_aux_hidden_state_layer_ids, norm_before_fc, use_aux_hidden_state};
@@ -194,7 +195,7 @@ def expected_draft_tensors(cfg: Eagle3Config, n_aux: int, target_hidden: int,
     t[p + "mlp.down_proj.weight"] = ((H, I), "float")
     t["norm.weight"] = ((H,), "float")
     t["lm_head.weight"] = ((Vd, H), "float")
-    t["d2t"] = ((Vd,), "int")
+    t["d2t"] = ((Vd,), "int")             # optional when Vd == V (see Eagle3Draft)
     return t
 
 
@@ -260,6 +261,8 @@ class Eagle3Draft:
         self.n_aux = n_aux
         with_embed = "embed_tokens.weight" in weights
         expected = expected_draft_tensors(cfg, n_aux, Ht, with_embed)
+        if "d2t" not in weights and cfg.draft_vocab_size == cfg.vocab_size:
+            del expected["d2t"]                                # no d2t: draft id d is target id d
         missing = [n for n in expected if n not in weights]
         unexpected = [n for n in weights if n not in expected and n != "t2d"]
         if missing or unexpected:
@@ -268,6 +271,9 @@ class Eagle3Draft:
                 hint = " (input_norm.weight is present but norm_before_fc is false)"
             if "input_norm.weight" in missing:
                 hint = " (norm_before_fc is true but input_norm.weight is missing)"
+            if "d2t" in missing:
+                hint = (f" (no d2t, but the draft vocabulary ({cfg.draft_vocab_size}) is smaller than the "
+                        f"target's ({cfg.vocab_size}))")
             raise CheckpointError(f"{name}: tensors do not match config.json{hint}: missing {missing}, "
                                   f"unexpected {unexpected}")
         for n, (shape, kind) in expected.items():
@@ -303,7 +309,8 @@ class Eagle3Draft:
         self.down_w = f32(p + "mlp.down_proj.weight")
         self.norm = f32("norm.weight")
         self.lm_head = f32("lm_head.weight")
-        self.d2t = weights["d2t"].to(self.device, torch.int64)
+        self.d2t = (weights["d2t"].to(self.device, torch.int64) if "d2t" in weights else
+                    torch.zeros(cfg.draft_vocab_size, dtype=torch.int64, device=self.device))
         self.hot_ids = self.d2t + torch.arange(cfg.draft_vocab_size, dtype=torch.int64,
                                                device=self.device)                 # draft id -> target id
         bad = (self.hot_ids < 0) | (self.hot_ids >= cfg.vocab_size)
@@ -322,8 +329,9 @@ class Eagle3Draft:
         """draft id d -> target id d + d2t[d]."""
         return self.hot_ids.index_select(0, draft_ids.reshape(-1)).reshape(draft_ids.shape)
 
-    def combine_aux(self, aux: torch.Tensor) -> torch.Tensor:
-        """aux [T, A] (captured boundary states, config order) -> fc input normed, then fc -> [T, H_draft]."""
+    def fc_input(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux [T, A] (captured boundary states, config order) -> what fc reads [T, A]: input_norm
+        over all of A first (norm_before_fc), then fc_norm per aux chunk (DESIGN §4)."""
         if aux.shape[-1] != self.fc.shape[1]:
             raise ValueError(f"{self.config.name}: aux width {aux.shape[-1]} != fc input width {self.fc.shape[1]}")
         x = aux.to(torch.float32)
@@ -333,7 +341,11 @@ class Eagle3Draft:
         if self.fc_norm is not None:                           # fc_norm: one norm per aux chunk
             chunks = x.chunk(self.n_aux, dim=-1)
             x = torch.cat([rms_norm(c, w, eps) for c, w in zip(chunks, self.fc_norm)], dim=-1)
-        return linear(x, self.fc, None, self.backend)
+        return x
+
+    def combine_aux(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux [T, A] -> h = fc(fc_input(aux)) [T, H_draft], the first draft step's hidden input."""
+        return linear(self.fc_input(aux), self.fc, None, self.backend)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """One query q [Hq, D] over keys/values [Hkv, n, D] (all visible) -> [Hq, D]; fixed-order
@@ -422,9 +434,10 @@ def load_draft(path: str | Path, target, *, convention: str, backend: str = "tor
 
 # ---------------------------------------------------------------------- synthetic drafts
 def synthetic_draft_weights(cfg: Eagle3Config, n_aux: int, target_hidden: int, seed: int,
-                            hot_ids: Sequence[int] | None = None, with_embed: bool = True
-                            ) -> dict[str, torch.Tensor]:
-    """Deterministic random draft weights (bf16 floats; d2t int64, t2d bool)."""
+                            hot_ids: Sequence[int] | None = None, with_embed: bool = True,
+                            with_d2t: bool = True) -> dict[str, torch.Tensor]:
+    """Deterministic random draft weights (bf16 floats; d2t int64, t2d bool; without d2t and t2d
+    when `with_d2t` is false, which needs the full target vocabulary)."""
     g = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for name, (shape, kind) in expected_draft_tensors(cfg, n_aux, target_hidden, with_embed).items():
@@ -440,6 +453,11 @@ def synthetic_draft_weights(cfg: Eagle3Config, n_aux: int, target_hidden: int, s
             w = portable.normal(shape, g) / math.sqrt(shape[-1])
         out[name] = w.to(torch.bfloat16).contiguous()
     V, Vd = cfg.vocab_size, cfg.draft_vocab_size
+    if not with_d2t:
+        if Vd != V:
+            raise ValueError(f"synthetic_draft_weights: a draft without d2t needs draft_vocab_size == vocab_size "
+                             f"({V}), got {Vd}")
+        return out
     if hot_ids is None:
         hot_ids = sorted(torch.randperm(V, generator=g)[:Vd].tolist())
     hot = torch.tensor(list(hot_ids), dtype=torch.int64)
@@ -472,20 +490,22 @@ def make_draft_checkpoint(target: str | GptOssConfig, seed: int, out_dir: str | 
                           hidden_size: int | None = None, intermediate_size: int | None = None,
                           num_attention_heads: int = 2, num_key_value_heads: int = 1, head_dim: int | None = None,
                           draft_vocab_size: int | None = None, rope_theta: float = 10000.0,
-                          ids_at_top_level: bool = False, with_embed: bool = True,
+                          ids_at_top_level: bool = False, with_embed: bool = True, with_d2t: bool = True,
                           overwrite: bool = False) -> Path:
     """A synthetic EAGLE3 draft for a target preset (or config), in the SpecForge layout.
     Same arguments -> byte-identical files. Defaults: H_draft = target hidden, draft vocab = half
-    the target vocab (a seeded random subset, so d2t is not trivial)."""
+    the target vocab (a seeded random subset, so d2t is not trivial); with_d2t=False: the full
+    target vocabulary and no d2t / t2d tensors (draft id d is target id d)."""
     tc = preset(target) if isinstance(target, str) else target
     H = hidden_size or tc.hidden_size
     heads = num_attention_heads
     cfg = Eagle3Config(
         hidden_size=H, intermediate_size=intermediate_size or 2 * H, num_attention_heads=heads,
         num_key_value_heads=num_key_value_heads, head_dim=head_dim or max(2, (H // heads) // 2 * 2),
-        vocab_size=tc.vocab_size, draft_vocab_size=draft_vocab_size or tc.vocab_size // 2,
+        vocab_size=tc.vocab_size,
+        draft_vocab_size=draft_vocab_size or (tc.vocab_size // 2 if with_d2t else tc.vocab_size),
         target_hidden_size=tc.hidden_size, aux_layer_ids=None if aux_layer_ids is None else tuple(aux_layer_ids),
         norm_before_fc=norm_before_fc, fc_norm=fc_norm, rope_theta=rope_theta, rms_norm_eps=tc.rms_norm_eps,
         max_position_embeddings=tc.max_position_embeddings)
-    tensors = synthetic_draft_weights(cfg, n_aux, tc.hidden_size, seed, with_embed=with_embed)
+    tensors = synthetic_draft_weights(cfg, n_aux, tc.hidden_size, seed, with_embed=with_embed, with_d2t=with_d2t)
     return write_draft(out_dir, cfg, tensors, overwrite=overwrite, ids_at_top_level=ids_at_top_level)

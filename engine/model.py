@@ -35,6 +35,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from engine.attention import attention
+from engine.boundaries import gather_captured
 from engine.config import GptOssConfig
 from engine.kv_cache import KVCache
 from engine.linear import linear, linear_k_chunked
@@ -179,8 +180,7 @@ class GptOssModel:
         if logit_rows is not None:
             h = h.index_select(0, logit_rows.to(dev))
         logits = self._logits(h)                                        # [T, V]
-        captured = torch.cat([states[b] for b in capture], dim=-1) if capture else None
-        return ForwardOutput(logits, captured)
+        return ForwardOutput(logits, gather_captured(states, capture, L))   # CaptureError if one is missing
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embed.index_select(0, tokens)                       # [T, H]

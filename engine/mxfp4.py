@@ -5,11 +5,16 @@ A row of the weight is cut into blocks of 32 values along its last axis. Each bl
   * 16 bytes of packed E2M1 codes: byte b holds element 2b in its LOW nibble and element
     2b+1 in its high nibble. A code is sign (bit 3) and a magnitude index (bits 0-2) into
     E2M1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6];
-  * one uint8 E8M0 scale s: the block's values are code_value * 2^(s - 127).
+  * one uint8 E8M0 scale s: the block's values are code_value * 2^(s - 127), except s = 255,
+    which encodes NaN for the whole block (OCP MX v1.0: E8M0 has no infinities; 0xFF is NaN).
+    A checkpoint loader refuses such a block (engine.checkpoint names the tensor and the index);
+    `dequantize` itself returns NaN for every value of it.
 
 Layout on disk: blocks [..., n_blocks, 16] uint8 and scales [..., n_blocks] uint8, for a
-weight [..., n_blocks * 32]. Every decoded value is exact in bf16 and fp32 (a short
-mantissa times a power of two), so dequantization has one right answer.
+weight [..., n_blocks * 32]. Every decoded value is a short mantissa times a power of two, so
+dequantization has one right answer: exact in fp32 and bf16 down to scale 0 (6 * 2^-127 and
+0.5 * 2^-127 are subnormal, still exact), and +-inf where it exceeds their range (|code| >= 2
+at scale 254: 2 * 2^127 = 2^128).
 
 `quantize` exists to make synthetic MXFP4 checkpoints: per block, the shared exponent is the
 smallest e with max|x| / 2^e <= 6 (no value clips), then every value goes to the nearest E2M1
@@ -24,6 +29,7 @@ import torch
 BLOCK = 32               # values per block
 BYTES_PER_BLOCK = 16     # two 4-bit codes per byte
 SCALE_BIAS = 127
+NAN_SCALE = 255          # E8M0 0xFF: NaN for the whole block
 
 # Magnitudes of codes 0..7; codes 8..15 are the same with the sign bit set.
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -43,6 +49,7 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
     values = torch.stack([lo, hi], dim=-1).flatten(-2)     # [..., G, 32]  lo, hi, lo, hi, ...
     exponent = scales.to(torch.int32) - SCALE_BIAS         # [..., G]
     values = torch.ldexp(values, exponent.unsqueeze(-1).to(torch.float32))
+    values = values.masked_fill((scales == NAN_SCALE).unsqueeze(-1), float("nan"))   # whole block NaN
     return values.flatten(-2).to(dtype)                    # [..., G * 32]
 
 

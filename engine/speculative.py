@@ -258,13 +258,19 @@ class _Cand:
     v: torch.Tensor | None = None
 
 
+def draft_top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic drafting: the k most likely draft ids of one node's draft logits [V_draft], by
+    log-prob (float64) descending, equal log-probs by the lower draft id -> (log-probs [k], ids [k])."""
+    logp = portable.log_softmax(logits.to(torch.float64), dim=-1)
+    return top_k_lowest_index(logp, k)
+
+
 def _draft_children(draft: Eagle3Draft, logits: torch.Tensor, params: SamplingParams, topk: int,
                     sampled: bool, seed: int | None, pos: int, generator: torch.Generator | None
                     ) -> list[tuple[int, float, torch.Tensor | None]]:
     """-> [(draft id, log-prob, q over target vocab or None)] for one node's draft logits [V_draft]."""
     if not sampled:
-        logp = portable.log_softmax(logits.to(torch.float64), dim=-1)
-        vals, ids = top_k_lowest_index(logp, topk)
+        vals, ids = draft_top_k(logits, topk)
         return [(int(i), float(v), None) for v, i in zip(vals, ids)]
     Vd = logits.shape[-1]
     z = logits.to(torch.float64) / params.temperature

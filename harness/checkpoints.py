@@ -8,7 +8,16 @@ Loaded models are kept for the rest of the process, since many specs share one c
 
 EAGLE3 drafts work alike: `{path: models/tiny-eagle3, convention: sglang}`, or a synthetic draft
 for the target preset, `{seed: 0, convention: sglang, aux_layer_ids: [1, 2, 3], norm_before_fc:
-true, fc_norm: false}` (engine.eagle3.make_draft_checkpoint).
+true, fc_norm: false, d2t: true}` (engine.eagle3.make_draft_checkpoint; `d2t: false` gives the full
+target vocabulary and no d2t tensor).
+
+Constructed ties (DESIGN §8: ties rank by the lower index in every path). `router_ties: {experts:
+[0, 1, 2], weight: 0.0}` in a preset checkpoint, or `lm_head_ties: {ids: [3, 7], weight: 8.0}` in a
+synthetic draft, replace those rows of every layer's router (or of the draft's lm_head) by
+weight · e_0 (the weight in column 0, zeros elsewhere) and their router bias by 0: their outputs
+are then exactly weight · x_0 (+ 0), the same bits whatever order any reduction takes, so the
+logits tie for every token. The edited checkpoint is written in the HF layout and loaded through
+the real loading code.
 """
 
 from __future__ import annotations
@@ -19,13 +28,17 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from harness.schema import Bool, Field, Int, List, Map, OneOf, Str
+from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
 
 CHECKPOINT = OneOf(
     Map({
         "preset": Field(Str(), required=True, doc="an engine preset, e.g. tiny, tiny-d36"),
         "seed": Field(Int(min=0, max=2**63 - 1), default=0),
         "format": Field(Str(choices=["bf16", "mxfp4"]), default="bf16"),
+        "router_ties": Field(Map({
+            "experts": Field(List(Int(min=0), min_len=2), required=True),
+            "weight": Field(Float(), default=0.0),
+        }), doc="these experts' router rows become weight * e_0 and their bias 0, in every layer"),
     }),
     Map({"path": Field(Str(), required=True, doc="a checkpoint folder, relative to the project root")}),
 )
@@ -40,6 +53,11 @@ DRAFT = OneOf(
         "aux_layer_ids": Field(List(Int())),
         "norm_before_fc": Field(Bool(), default=False),
         "fc_norm": Field(Bool(), default=False),
+        "d2t": Field(Bool(), default=True, doc="false: the full target vocabulary, no d2t tensor"),
+        "lm_head_ties": Field(Map({
+            "ids": Field(List(Int(min=0), min_len=2), required=True),
+            "weight": Field(Float(), default=8.0),
+        }), doc="these draft ids' lm_head rows become weight * e_0"),
     }),
 )
 
@@ -61,11 +79,103 @@ def checkpoint_dir(preset: str, seed: int, fmt: str) -> Path:
     return make_checkpoint(preset, seed, fmt, _cache_root() / f"{preset}-s{seed}-{fmt}")
 
 
+def tie_rows(t, ids, weight: float, bias: bool = False):
+    """Rows `ids` of a weight [N, K] -> weight * e_0; of a bias [N] -> 0 (see the module docstring)."""
+    t = t.clone()
+    t[list(ids)] = 0
+    if not bias:
+        t[list(ids), 0] = weight
+    return t
+
+
+@lru_cache(maxsize=None)
+def _tied_checkpoint_dir(preset: str, seed: int, fmt: str, experts: tuple, weight: float) -> Path:
+    def edit(name, t):
+        if name.endswith("mlp.router.weight") or name.endswith("mlp.router.bias"):
+            return tie_rows(t, experts, weight, bias=name.endswith("bias"))
+        return None
+
+    tag = "-".join(map(str, experts))
+    return edited_copy(checkpoint_dir(preset, seed, fmt), f"{preset}-s{seed}-{fmt}-router-ties-{tag}-w{weight!r}", edit)
+
+
+def _preset_dir(ckpt: dict) -> Path:
+    ties = ckpt.get("router_ties")
+    if ties:
+        return _tied_checkpoint_dir(ckpt["preset"], ckpt["seed"], ckpt["format"], tuple(ties["experts"]),
+                                    float(ties["weight"]))
+    return checkpoint_dir(ckpt["preset"], ckpt["seed"], ckpt["format"])
+
+
+def checkpoint_problems(ckpt: dict | None, path: tuple) -> list[Problem]:
+    """Load-time checks of a preset checkpoint mapping: the preset exists, router ties name experts."""
+    if not ckpt or "preset" not in ckpt:
+        return []
+    from engine.config import preset
+
+    try:
+        cfg = preset(ckpt["preset"])
+    except ValueError as e:
+        return [Problem(path + ("preset",), str(e))]
+    ties = ckpt.get("router_ties")
+    if ties:
+        E = cfg.num_local_experts
+        bad = [e for e in ties["experts"] if e >= E]
+        if bad or len(set(ties["experts"])) != len(ties["experts"]):
+            return [Problem(path + ("router_ties", "experts"), f"expected distinct expert ids below {E} "
+                                                               f"(preset {ckpt['preset']}), found {ties['experts']}")]
+    return []
+
+
+def draft_problems(draft: dict | None, target_ckpt: dict | None, path: tuple) -> list[Problem]:
+    """Load-time checks of a synthetic draft mapping: lm_head ties name draft ids of its vocabulary."""
+    if not draft or "seed" not in draft or not draft.get("lm_head_ties") or not target_ckpt \
+            or "preset" not in target_ckpt:
+        return []
+    from engine.config import preset
+
+    try:
+        V = preset(target_ckpt["preset"]).vocab_size
+    except ValueError:
+        return []
+    Vd = V if not draft.get("d2t", True) else V // 2           # engine.eagle3.make_draft_checkpoint
+    ids = draft["lm_head_ties"]["ids"]
+    if any(i >= Vd for i in ids) or len(set(ids)) != len(ids):
+        return [Problem(path + ("lm_head_ties", "ids"), f"expected distinct draft ids below the draft vocabulary "
+                                                        f"size {Vd}, found {ids}")]
+    return []
+
+
 @lru_cache(maxsize=8)
 def load_model(preset: str, seed: int, fmt: str, backend: str = "torch", device: str = "cpu"):
     from engine.model import GptOssModel
 
     return GptOssModel.from_checkpoint(checkpoint_dir(preset, seed, fmt), backend=backend, device=device)
+
+
+def edited_copy(base: Path, name: str, edit) -> Path:
+    """A copy of checkpoint folder `base` under the private cache, every shard rewritten with
+    edit(tensor name, tensor) -> new tensor or None (unchanged); other files copied as they are.
+    The copy then goes through the real loading code, like any checkpoint."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from engine.checkpoint import write_folder_atomically
+
+    def write(tmp: Path) -> None:
+        for f in sorted(base.iterdir()):
+            if f.suffix != ".safetensors":
+                shutil.copyfile(f, tmp / f.name)
+                continue
+            with safe_open(f, framework="pt") as sf:
+                tensors = {n: sf.get_tensor(n) for n in sf.keys()}
+            for n, t in tensors.items():
+                new = edit(n, t)
+                if new is not None:
+                    tensors[n] = new.contiguous()
+            save_file(tensors, str(tmp / f.name), metadata={"format": "pt"})
+
+    return write_folder_atomically(_cache_root() / name, write)
 
 
 def resolve_path(relative: str, root: Path) -> Path:
@@ -80,7 +190,7 @@ def resolve_path(relative: str, root: Path) -> Path:
 def target_dir(ckpt: dict, root: Path) -> Path:
     if "path" in ckpt:
         return resolve_path(ckpt["path"], root)
-    return checkpoint_dir(ckpt["preset"], ckpt["seed"], ckpt["format"])
+    return _preset_dir(ckpt)
 
 
 @lru_cache(maxsize=8)
@@ -95,16 +205,26 @@ def model_for(ckpt: dict, backend: str = "torch", root: Path = Path("."), device
     device = str(device)
     if "path" in ckpt:
         return _load_dir(resolve_path(ckpt["path"], root), backend, device)
+    if ckpt.get("router_ties"):
+        return _load_dir(_preset_dir(ckpt), backend, device)
     return load_model(ckpt["preset"], ckpt["seed"], ckpt["format"], backend, device)
 
 
 @lru_cache(maxsize=None)
-def _synthetic_draft_dir(preset: str, seed: int, aux_layer_ids, norm_before_fc: bool, fc_norm: bool) -> Path:
+def _synthetic_draft_dir(preset: str, seed: int, aux_layer_ids, norm_before_fc: bool, fc_norm: bool,
+                         d2t: bool = True) -> Path:
     from engine.eagle3 import make_draft_checkpoint
 
-    name = f"draft-{preset}-s{seed}-{'-'.join(map(str, aux_layer_ids or ()))}-{int(norm_before_fc)}{int(fc_norm)}"
+    name = (f"draft-{preset}-s{seed}-{'-'.join(map(str, aux_layer_ids or ()))}-{int(norm_before_fc)}{int(fc_norm)}"
+            f"{'' if d2t else '-no-d2t'}")
     return make_draft_checkpoint(preset, seed, _cache_root() / name, aux_layer_ids=aux_layer_ids,
-                                 norm_before_fc=norm_before_fc, fc_norm=fc_norm)
+                                 norm_before_fc=norm_before_fc, fc_norm=fc_norm, with_d2t=d2t)
+
+
+@lru_cache(maxsize=None)
+def _tied_draft_dir(base: Path, ids: tuple, weight: float) -> Path:
+    return edited_copy(base, f"{base.name}-lm-head-ties-{'-'.join(map(str, ids))}-w{weight!r}",
+                       lambda n, t: tie_rows(t, ids, weight) if n == "lm_head.weight" else None)
 
 
 def draft_dir(draft: dict, target_ckpt: dict, root: Path = Path(".")) -> Path:
@@ -114,7 +234,10 @@ def draft_dir(draft: dict, target_ckpt: dict, root: Path = Path(".")) -> Path:
     if "preset" not in target_ckpt:
         raise ValueError("a synthetic draft needs a target given by preset")
     ids = tuple(draft["aux_layer_ids"]) if draft.get("aux_layer_ids") is not None else None
-    return _synthetic_draft_dir(target_ckpt["preset"], draft["seed"], ids, draft["norm_before_fc"], draft["fc_norm"])
+    path = _synthetic_draft_dir(target_ckpt["preset"], draft["seed"], ids, draft["norm_before_fc"], draft["fc_norm"],
+                                draft.get("d2t", True))
+    ties = draft.get("lm_head_ties")
+    return _tied_draft_dir(path, tuple(ties["ids"]), float(ties["weight"])) if ties else path
 
 
 def draft_for(draft: dict, target_ckpt: dict, target, root: Path = Path(".")):

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 
 import torch
 
+from engine.boundaries import CaptureError
 from harness import kinds
 from harness.compare import TensorDiff, diff_data, diff_tensors
 from harness.golden import CorruptGolden, GoldenStore, json_roundtrip
@@ -91,6 +92,8 @@ def _run_and_expect(spec: Spec, ctx: RunContext) -> tuple[Result | None, list[st
         with torch.inference_mode():
             result = run_spec(spec, ctx)
         return result, kinds.KINDS[spec.kind].check(spec, result), ""
+    except CaptureError as e:  # the engine reports a broken contract itself: a failure, not a crash
+        return None, [f"the engine broke the capture contract: {e}"], ""
     except Exception as e:  # the implementation under test crashed: report, never propagate
         tb = traceback.format_exception(type(e), e, e.__traceback__, limit=-4)
         return None, [], "".join(tb).rstrip()
@@ -103,6 +106,8 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore) -> Outcome:
     result, failed, crash = _run_and_expect(spec, ctx)
     if crash:
         out.status, out.messages = CRASH, [crash]
+    elif result is None:                       # a contract the engine checks itself was broken
+        out.status, out.messages = FAILED, [f"expectation failed: {m}" for m in failed]
     else:
         out.messages = [f"expectation failed: {m}" for m in failed]
         out.notes += result.notes

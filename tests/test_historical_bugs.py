@@ -10,7 +10,9 @@ import torch
 
 import engine.boundaries
 import kernels.coins
+from engine.boundaries import gather_captured
 from engine.model import ForwardOutput, GptOssModel, rms_norm
+from engine.rope import rope_cos_sin
 from harness import runner
 from harness.golden import GoldenStore
 from harness.platform import detect
@@ -73,6 +75,42 @@ def test_capture_before_the_block(monkeypatch):
         assert "captured width 64 != count x hidden = 96" in out.report()
     # boundaries below L are the same states either way: the bug hides until L is asked for
     assert status("layer_ids/forward-d36-long-context").status == runner.PASS
+
+
+def capture_loop_before_block(self, tokens, positions, slots, cache, capture=(), logit_rows=None):
+    """GptOssModel.forward with only the seeds/000 loop put back: boundary i is recorded as the
+    input of block i, so boundary L is never seen. The rest is the engine's own forward, including
+    engine.boundaries.gather_captured, which must name the boundary that was never captured."""
+    cfg, wanted, states = self.config, set(capture), {}
+    tokens, positions, slots = tokens.to(self.device), positions.to(self.device), slots.to(self.device)
+    x = self._embed(tokens)
+    cos, sin = rope_cos_sin(positions, self.inv_freq, self.mscale)
+    for i, blk in enumerate(self.blocks):
+        if i in wanted:
+            states[i] = x                                          # the bug: before block i
+        x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps, self.backend),
+                                cos, sin, positions, slots, cache)
+        x = x + self._moe(blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps, self.backend))
+    h = rms_norm(x, self.norm, cfg.rms_norm_eps, self.backend)
+    if logit_rows is not None:
+        h = h.index_select(0, logit_rows.to(self.device))
+    return ForwardOutput(self._logits(h), gather_captured(states, capture, cfg.num_hidden_layers))
+
+
+def test_capture_before_the_block_is_reported_not_crashed(monkeypatch):
+    """Issue 15 item 3: with the loop bug alone, every spec that captures boundary L fails with the
+    broken contract named ("boundary L was requested and never captured"), never a KeyError crash:
+    the layer_ids forward as a mismatch against its golden, speculative and topology specs as a
+    failed expectation before any token is drafted."""
+    monkeypatch.setattr(GptOssModel, "forward", capture_loop_before_block)
+    out = status("layer_ids/forward-d36-nvidia-v3")
+    assert out.status == runner.MISMATCH, out.report()
+    assert "boundary 36 was requested and never captured" in out.report()
+    assert "tensor 'captured': in the golden but not produced by the run" in out.report()
+    for spec_id in ("speculative/synthetic-plain", "speculative/d36-nvidia-v3", "topology/speculative-target-only-tp4"):
+        out = status(spec_id)
+        assert out.status == runner.FAILED, out.report()
+        assert "was requested and never captured" in out.report() and "KeyError" not in out.report()
 
 
 @pytest.mark.parametrize("patch", [("COIN_MAX", 1.0), ("U_DIVISOR", 2**32)])

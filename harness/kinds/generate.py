@@ -40,7 +40,8 @@ import torch
 
 from pathlib import Path
 
-from harness.checkpoints import CHECKPOINT, DRAFT, draft_dir, draft_for, model_for, target_dir
+from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_problems,
+                                 model_for, target_dir)
 from harness.intseq import IntSeq, materialize
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
@@ -112,6 +113,8 @@ def validate(doc: dict) -> list[Problem]:
         if req["seed"] is None and not params.is_greedy:
             out.append(Problem(("inputs", "requests", i), "a sampled request needs a 'seed' to be reproducible "
                                                           "(or set sampling.greedy: true)"))
+    out += checkpoint_problems(inp["checkpoint"], ("inputs", "checkpoint"))
+    out += draft_problems(inp["draft"], inp["checkpoint"], ("inputs", "draft"))
     if (inp["draft"] is None) != (inp["speculative"] is None):
         out.append(Problem(("inputs",), "'draft' and 'speculative' go together"))
     if inp["speculative"] is not None:
