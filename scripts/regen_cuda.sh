@@ -3,7 +3,7 @@
 # `lockstep regen` (two identical runs per spec, expectations held), in parallel shards that
 # share the GPU. Topology specs need one GPU per rank and are left to a multi-GPU machine.
 #
-#   scripts/regen_cuda.sh [SHARDS] [OUT_TAR]
+#   [BACKENDS="torch triton"] scripts/regen_cuda.sh [SHARDS] [OUT_TAR]
 #
 # OUT_TAR (optional) receives golden/cuda-* as a .tar.gz, with the regen logs beside it.
 set -uo pipefail
@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED=1
 ids=$(find specs -name '*.yaml' | sed 's|^specs/||; s|\.yaml$||' | sort | grep -v '^topology/')
 logs=$(mktemp -d)
 status=0
-for backend in torch triton; do
+for backend in ${BACKENDS:-torch triton}; do
   pids=()
   for ((s = 0; s < shards; s++)); do
     mine=$(echo "$ids" | awk -v n="$shards" -v s="$s" 'NR % n == s')
