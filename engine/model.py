@@ -18,8 +18,8 @@ linears (`engine.linear`), attention (`engine.attention`), RMSNorm, the routing 
 the SwiGLU's sigmoid, so each row of a batch is computed exactly as it would be alone (D2, D3)
 and on any CPU (D0). The row-parallel layers (o_proj, experts' down) use `linear_k_chunked`:
 8 fixed K chunks added in one fixed tree, the order engine/parallel.py keeps at every TP
-degree (D4). MoE groups the tokens by expert and adds each token's k expert outputs in slot
-order. Everything runs on the model's device ("cpu" or "cuda").
+degree (D4). MoE computes each (token, slot) row with its expert's gathered weights (the
+Triton backend groups tokens by expert) and adds each token's k expert outputs in slot order. Everything runs on the model's device ("cpu" or "cuda").
 
 Shapes: T tokens in the step, H hidden, Hq / Hkv query / KV heads, D head_dim, E experts,
 k experts per token, I intermediate size, V vocab.
@@ -38,7 +38,7 @@ from engine.attention import attention
 from engine.boundaries import gather_captured
 from engine.config import GptOssConfig
 from engine.kv_cache import KVCache
-from engine.linear import linear, linear_k_chunked
+from engine.linear import k_chunk_bounds, linear, linear_k_chunked, tree_sum
 from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
 from kernels import portable
 
@@ -210,6 +210,46 @@ class GptOssModel:
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
         routing = routing_weights(top_logits)                                # [T, k], over the k only
         T, H = x.shape
+        if self.backend == "torch":
+            slot_out = self._experts_per_row(blk, x, top_ids)                 # [T, k, H]
+        else:
+            slot_out = self._experts_by_group(blk, x, top_ids)
+        weighted = torch.mul(slot_out, routing[..., None])                  # [T, k, H]
+        total = weighted[:, 0]
+        for slot in range(1, k):                                             # slot order
+            total = torch.add(total, weighted[:, slot])
+        return total
+
+    def _experts_per_row(self, blk: BlockWeights, x: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+        """Torch backend: every (token, slot) row with its own expert's weights gathered, so the
+        step reads no tensor value on the host (static shapes). Each row's output is
+        gate_up, the clamped SwiGLU, then down over the fixed K chunks added in the fixed tree:
+        the operations `linear` and `linear_k_chunked` do, element for element (D4).
+        x [T, H], top_ids [T, k] -> [T, k, H]."""
+        cfg = self.config
+        T, H = x.shape
+        k, I = top_ids.shape[1], cfg.intermediate_size
+        ids = top_ids.reshape(-1)                                            # [T * k], token-major
+        rows_x = x.repeat_interleave(k, dim=0)                               # [T * k, H]
+        out = x.new_empty((T * k, H))
+        step = max(1, _EXPERT_ROW_ELEMENTS // (2 * I * H))                   # memory bound only
+        for r0 in range(0, T * k, step):
+            e = ids[r0:r0 + step]                                            # [R] expert ids
+            h = portable.matmul_nt(rows_x[r0:r0 + step, None, :], blk.gate_up_w.index_select(0, e))[:, 0]
+            h = torch.add(h, blk.gate_up_b.index_select(0, e))                # [R, 2I]
+            a = clamped_swiglu(h, cfg.swiglu_alpha, cfg.swiglu_limit)        # [R, I], elementwise
+            down_w = blk.down_w.index_select(0, e)                           # [R, H, I]
+            parts = [portable.matmul_nt(a[:, None, lo:hi], down_w[:, :, lo:hi])[:, 0]
+                     for lo, hi in k_chunk_bounds(I)]                        # K_CHUNKS x [R, H]
+            out[r0:r0 + step] = torch.add(tree_sum(parts), blk.down_b.index_select(0, e))
+        return out.view(T, k, H)
+
+    def _experts_by_group(self, blk: BlockWeights, x: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+        """Triton backend: the tokens of each expert in one batched launch per layer (the kernels
+        are batch invariant). Finding the groups reads top_ids on the host. -> [T, k, H]"""
+        cfg = self.config
+        T, H = x.shape
+        k = top_ids.shape[1]
         slot_out = x.new_empty((T, k, H))                                    # each (token, slot)'s output
         flat_ids = top_ids.reshape(-1)                                       # [T * k], token-major
         for e in range(cfg.num_local_experts):                               # tokens grouped by expert
@@ -223,8 +263,7 @@ class GptOssModel:
                                  prologue=lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit,
                                                                    self.backend))   # [n, H]
             slot_out.view(T * k, H).index_copy_(0, rows, y)
-        weighted = torch.mul(slot_out, routing[..., None])                  # [T, k, H]
-        total = weighted[:, 0]
-        for slot in range(1, k):                                             # slot order
-            total = torch.add(total, weighted[:, slot])
-        return total
+        return slot_out
+
+
+_EXPERT_ROW_ELEMENTS = 1 << 22      # gathered expert weights built at once

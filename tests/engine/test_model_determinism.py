@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from engine.linear import linear
 from engine.model import GptOssModel, rms_norm
 from engine.rope import rope_cos_sin
 
@@ -93,8 +94,7 @@ def test_capture_matches_blocks_run_by_hand(tiny_model):
     for j, b in enumerate(order):
         assert out.captured[:, j * H:(j + 1) * H].equal(by_hand[b]), b
     final = rms_norm(by_hand[L], m.norm, cfg.rms_norm_eps)
-    assert out.logits.equal(torch.stack([torch.nn.functional.linear(final[i:i + 1], m.lm_head)[0]
-                                         for i in range(30)]))
+    assert out.logits.equal(torch.stack([linear(final[i:i + 1], m.lm_head)[0] for i in range(30)]))
 
 
 def test_capture_rejects_out_of_range(tiny_model):
