@@ -16,10 +16,15 @@ Determinism (DESIGN §2): every reduction has one order written in Lockstep's co
 backend builds everything from single IEEE operations and fixed trees (kernels/portable.py):
 linears (`engine.linear`), attention (`engine.attention`), RMSNorm, the routing softmax and
 the SwiGLU's sigmoid, so each row of a batch is computed exactly as it would be alone (D2, D3)
-and on any CPU (D0). The row-parallel layers (o_proj, experts' down) use `linear_k_chunked`:
-8 fixed K chunks added in one fixed tree, the order engine/parallel.py keeps at every TP
-degree (D4). MoE groups the tokens by expert and adds each token's k expert outputs in slot
-order. Everything runs on the model's device ("cpu" or "cuda").
+and on any CPU (D0). The row-parallel layers (o_proj, experts' down) are `linear_k_chunked`
+spelled out: partial products over 8 fixed K chunks (`k_chunk_partials`) added in one fixed
+tree (`tree_sum`), the order engine/parallel.py keeps at every TP degree (D4). MoE groups the
+tokens by expert and adds each token's k expert outputs in slot order. Everything runs on the
+model's device ("cpu" or "cuda").
+
+`model.trace` (None by default) may hold an engine.trace.Trace: every op's output is then
+handed to it at a named point (`self._record("L3.attention", o)`), which records and never
+changes a value; `lockstep diff` uses it to find the first op where two runs part.
 
 Shapes: T tokens in the step, H hidden, Hq / Hkv query / KV heads, D head_dim, E experts,
 k experts per token, I intermediate size, V vocab.
@@ -37,7 +42,7 @@ import torch
 from engine.attention import attention
 from engine.config import GptOssConfig
 from engine.kv_cache import KVCache
-from engine.linear import linear, linear_k_chunked
+from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear, tree_sum
 from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
 from kernels import portable
 
@@ -105,6 +110,8 @@ class ForwardOutput(NamedTuple):
 
 
 class GptOssModel:
+    trace = None    # an engine.trace.Trace to record every op's output into; None: record nothing
+
     def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], backend: str = "torch",
                  device: str | torch.device = "cpu"):
         """`weights`: HF tensor names and layout (see engine.checkpoint), any float dtype.
@@ -165,22 +172,37 @@ class GptOssModel:
         dev = self.embed.device
         tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
 
-        x = self._embed(tokens)                                         # [T, H]
+        if self.trace is not None:
+            self.trace.begin(positions)
+        x = self._record("boundary.0", self._embed(tokens))            # [T, H]
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.mscale)  # [T, D/2] each
         if 0 in wanted:
             states[0] = x
         for i, blk in enumerate(self.blocks):
-            x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps, self.backend),
-                                    cos, sin, positions, slots, cache)
-            x = x + self._moe(blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps, self.backend))
+            h = self._record(f"L{i}.attn_norm", rms_norm(x, blk.attn_norm, cfg.rms_norm_eps, self.backend))
+            x = x + self._attention(i, blk, h, cos, sin, positions, slots, cache)
+            h = self._record(f"L{i}.mlp_norm", rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps, self.backend))
+            x = self._record(f"boundary.{i + 1}", x + self._moe(i, blk, h))
             if i + 1 in wanted:
                 states[i + 1] = x                                       # boundary i + 1
-        h = rms_norm(x, self.norm, cfg.rms_norm_eps, self.backend)     # [T, H]
+        h = self._record("final_norm", rms_norm(x, self.norm, cfg.rms_norm_eps, self.backend))   # [T, H]
         if logit_rows is not None:
-            h = h.index_select(0, logit_rows.to(dev))
-        logits = self._logits(h)                                        # [T, V]
+            logit_rows = logit_rows.to(dev)
+            h = h.index_select(0, logit_rows)
+        logits = self._record("lm_head", self._logits(h), rows=logit_rows)   # [T, V]
         captured = torch.cat([states[b] for b in capture], dim=-1) if capture else None
         return ForwardOutput(logits, captured)
+
+    @property
+    def tracing(self) -> bool:
+        """Whether this forward call's ops are being recorded (engine.trace)."""
+        return self.trace is not None and self.trace.recording
+
+    def _record(self, name: str, t, rows: torch.Tensor | None = None):
+        """Hand op `name`'s output to the trace, if one is recording; returns t unchanged."""
+        if self.tracing:
+            self.trace.record(name, t, rows)
+        return t
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embed.index_select(0, tokens)                       # [T, H]
@@ -198,19 +220,31 @@ class GptOssModel:
         v = linear(x, blk.v_w, blk.v_b, self.backend).view(T, cfg.num_key_value_heads, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(layer, slots, positions, k, v)                     # all T keys first,
+        if self.tracing:
+            self._record(f"L{layer}.qkv", torch.cat([q, k, v], dim=1))  # [T, Hq + 2 Hkv, D]
         o = attention(q, cache.k[layer], cache.v[layer], slots, positions,   # then each query
                       blk.sinks, cfg.window(layer), self.scale, self.backend)  # [T, Hq, D]
+        self._record(f"L{layer}.attention", o)
         # row-parallel layer: fixed K chunks + fixed tree, the same bits at any TP (D4)
-        return linear_k_chunked(o.reshape(T, cfg.q_dim), blk.o_w, blk.o_b, self.backend)  # [T, H]
+        parts = k_chunk_partials(o.reshape(T, cfg.q_dim), blk.o_w, k_chunk_bounds(cfg.q_dim), self.backend)
+        self._record(f"L{layer}.o_proj.partials", parts)                       # 8 x [T, H]
+        return self._record(f"L{layer}.o_proj", tree_sum(parts) + blk.o_b)     # [T, H]
 
-    def _moe(self, blk: BlockWeights, x: torch.Tensor) -> torch.Tensor:
+    def _moe(self, layer: int, blk: BlockWeights, x: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         k = cfg.num_experts_per_tok
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E]
+        self._record(f"L{layer}.router", router_logits)
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
         routing = routing_weights(top_logits)                                # [T, k], over the k only
+        self._record(f"L{layer}.router.top_ids", top_ids)
+        self._record(f"L{layer}.routing", routing)
         T, H = x.shape
+        tracing = self.tracing
         slot_out = x.new_empty((T, k, H))                                    # each (token, slot)'s output
+        slot_parts = x.new_empty((T * k, K_CHUNKS, H)) if tracing else None  # traced only
+        act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
+        bounds = k_chunk_bounds(cfg.intermediate_size)
         flat_ids = top_ids.reshape(-1)                                       # [T * k], token-major
         for e in range(cfg.num_local_experts):                               # tokens grouped by expert
             rows = (flat_ids == e).nonzero()[:, 0]                           # (token, slot) pairs
@@ -219,12 +253,15 @@ class GptOssModel:
             xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))   # [n, H]
             h = linear(xe, blk.gate_up_w[e], blk.gate_up_b[e], self.backend)    # [n, 2I]
             # clamped SwiGLU, then down: both per fixed K chunk, as at any TP degree (D4)
-            y = linear_k_chunked(h, blk.down_w[e], blk.down_b[e], self.backend, x_per_k=2,
-                                 prologue=lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit,
-                                                                   self.backend))   # [n, H]
-            slot_out.view(T * k, H).index_copy_(0, rows, y)
+            parts = k_chunk_partials(h, blk.down_w[e], bounds, self.backend, prologue=act, x_per_k=2)  # 8 x [n, H]
+            slot_out.view(T * k, H).index_copy_(0, rows, tree_sum(parts) + blk.down_b[e])
+            if tracing:
+                slot_parts.index_copy_(0, rows, torch.stack(parts, dim=1))
+        if tracing:
+            self._record(f"L{layer}.experts", slot_parts.view(T, k, K_CHUNKS, H))
+        self._record(f"L{layer}.down", slot_out)                            # [T, k, H]
         weighted = torch.mul(slot_out, routing[..., None])                  # [T, k, H]
         total = weighted[:, 0]
         for slot in range(1, k):                                             # slot order
             total = torch.add(total, weighted[:, slot])
-        return total
+        return self._record(f"L{layer}.moe", total)
