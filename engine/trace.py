@@ -58,13 +58,15 @@ def op_of(name: str) -> str:
 
 
 class Trace:
+    """Keeps request `request`'s rows of step `step` (see the module docstring); Trace(): every row."""
+
     def __init__(self, request: int | None = None, step: int | None = None):
         self.request, self.step = request, step
         self.positions: list[int] = []                 # of the rows kept, in order
         self.ops: dict[str, torch.Tensor] = {}         # name -> [rows, ...], in the order they ran
         self.row_positions: dict[str, list[int]] = {}  # name -> the position of each of its rows
         self._next: tuple[list[int], list[int]] | None = None    # (requests, steps) of the next forward
-        self._rows: torch.Tensor | None = None                    # rows of this forward kept, or None
+        self._rows: torch.Tensor | None = None                    # this forward's rows to keep, or None
         self._positions: list[int] = []                           # every row's position, this forward
 
     # ---------------------------------------------------------------- from the generation loops

@@ -208,7 +208,9 @@ class Located:
             where = f"positions {o.positions[0]}..{o.positions[-1]}" if o.positions else "no rows"
             lines.append(f"re-ran {d.step_name()} of request {d.request} on both sides, every op traced "
                          f"({o.ops} ops, {where}):")
-            if o.op is None:
+            if o.ops == 0:
+                lines.append("  nothing was traced: neither side ran that step of that request")
+            elif o.op is None:
                 lines.append("  every traced op is bitwise equal: the divergence did not reproduce on the re-run")
             else:
                 if o.boundary is not None:
