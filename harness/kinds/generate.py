@@ -32,6 +32,10 @@ raw logits at the chosen token), `captured_i` and, speculative, `accept_lengths_
 drafts + 1 per verify round), and the token lists and finish reasons as data. Checkpoint and
 draft paths are relative to the project root (the folder holding `specs/`).
 Its platform is this machine's (`cpu-fp32`, …), with `-triton` appended for the Triton backend.
+
+Every comparison that fails (a variant above, or the golden) is located (harness.locate): the
+first request, step and token that differ; for a variant, also the first layer and op, from a
+traced re-run of that step on both sides (Result.located).
 """
 
 from __future__ import annotations
