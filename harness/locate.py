@@ -234,8 +234,8 @@ class Located:
 
     def to_json(self) -> dict:
         d, o = self.divergence, self.ops
-        out = {"reference": self.sides[0], "other": self.sides[1], "request": d.request, "step": d.step, "step_name": d.step_name(),
-               "token": d.token, "position": d.position, "differs": d.what,
+        out = {"reference": self.sides[0], "other": self.sides[1], "request": d.request, "step": d.step,
+               "step_name": d.step_name(), "token": d.token, "position": d.position, "differs": d.what,
                "diffs": [td.to_json() for td in d.diffs], "note": self.note, "rerun": None}
         if o is not None:
             def named(td):

@@ -291,7 +291,8 @@ def run(spec, ctx) -> Result:
     if exp.get("reproducible"):
         variants.append(_Variant("a second run", own.call))
     if exp.get("batch_invariant"):
-        variants += [_Variant("each request alone", own.call, "alone"), _Variant("reversed order", own.call, "reversed")]
+        variants += [_Variant("each request alone", own.call, "alone"),
+                     _Variant("reversed order", own.call, "reversed")]
     for chunk in exp.get("prefill_chunks") or []:
         variants.append(_Variant(f"prefill chunks of {chunk}",
                                  lambda reqs, trace, c=chunk: runner(reqs, prefill_chunk=c, trace=trace)))
