@@ -9,6 +9,7 @@ Read in this order:
   attention.py   sink + sliding-window attention over the KV cache, fixed key tiles
   kv_cache.py    the preallocated KV cache
   model.py       GptOssModel: the forward pass, prefill and decode alike, boundary capture
+  trace.py       Trace: an optional op-by-op record of one request's step (what `lockstep diff` compares)
   sampling.py    greedy and seeded Gumbel-max sampling with top-k / top-p / min-p
   generate.py    Request, Result, generate()
   boundaries.py  EAGLE3 aux layer ids -> hidden-state boundaries (DESIGN §3)

@@ -114,10 +114,15 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
     captured: list[list[torch.Tensor]] = [[] for _ in requests]
     finish: list[str | None] = [None] * n
 
+    trace = getattr(model, "trace", None)                  # engine.trace, or None: nothing recorded
+
     def take(i: int, logits_row: torch.Tensor, pos: int) -> None:
         """Sample request i's next token from the logits of its input at `pos`."""
         req = requests[i]
         tok = sample(logits_row, req.params, req.seed, pos, generator)
+        if trace is not None:                              # step = the index of the token sampled
+            trace.event(i, len(tokens[i]), "sampling.token", tok)
+            trace.event(i, len(tokens[i]), "sampling.logprob", chosen_logprob(logits_row, tok))
         tokens[i].append(tok)
         logprobs[i].append(chosen_logprob(logits_row, tok))
         if tok in stop_ids[i]:
@@ -141,6 +146,8 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
                 owners.append(i)
         if not rows_tok:
             continue
+        if trace is not None:
+            trace.rows(owners, [0] * len(owners))           # the prefill is step 0
         out = model.forward(torch.tensor(rows_tok), torch.tensor(rows_pos), torch.tensor(rows_slot), cache,
                             capture=capture, logit_rows=torch.tensor([r for _, r in last_rows], dtype=torch.int64))
         if capture:
@@ -159,6 +166,8 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
             size = _bucket(len(group), max_batch)
             pad = size - len(group)
             pos = [len(requests[i].prompt) + len(tokens[i]) - 1 for i in group]
+            if trace is not None:                          # decode step s samples token s
+                trace.rows(group + [-1] * pad, [len(tokens[i]) for i in group] + [-1] * pad)
             out = model.forward(torch.tensor([tokens[i][-1] for i in group] + [0] * pad),
                                 torch.tensor(pos + [0] * pad),
                                 torch.tensor(group + [scratch] * pad), cache, capture=capture)

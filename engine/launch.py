@@ -6,8 +6,9 @@
 Each rank is a fresh process (multiprocessing "spawn": `fn` must be importable by module and
 name, and its arguments and result picklable). Before `fn` runs, torch.distributed is
 initialised on MASTER_ADDR=127.0.0.1 and a free port, with RANK, WORLD_SIZE and LOCAL_RANK set,
-backend gloo (CPU) or nccl (GPU), and `collective_timeout_s` as the process group's timeout,
-so a collective waiting for a dead or stuck peer fails instead of hanging.
+backend gloo (CPU) or nccl (GPU; rank r on GPU r, given as the group's `device_id`), and
+`collective_timeout_s` as the process group's timeout, so a collective waiting for a dead or
+stuck peer fails instead of hanging (see process_group_options).
 
 A run never hangs and never fails silently: RankFailure is raised, naming the ranks, when
 
@@ -24,6 +25,7 @@ shared memory, so a rank may exit as soon as it has written its result.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import signal
@@ -67,7 +69,8 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, collective_t
             torch.set_num_threads(threads)
         import torch.distributed as dist
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=collective_timeout_s))
+                                world_size=world_size, timeout=timedelta(seconds=collective_timeout_s),
+                                **process_group_options(backend, rank))
         result = fn(*args, **kwargs)
         dist.barrier()                  # nobody tears down the store while a peer still needs it
         tmp = out / f"rank{rank}.pt.tmp"
@@ -77,6 +80,24 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, collective_t
     except BaseException:   # noqa: BLE001 - everything a rank can raise goes to the parent
         (out / f"rank{rank}.err").write_text(traceback.format_exc())
         os._exit(1)         # no atexit / gloo teardown that could block on a lost peer
+
+
+def process_group_options(backend: str, local_rank: int) -> dict:
+    """What init_process_group needs beyond the basics, per backend.
+
+    NCCL: this rank's GPU as `device_id` (and the current device), so the group knows its device
+    up front: barrier() then neither guesses a GPU nor warns about it on every call, and NCCL's
+    communicators start eagerly. TORCH_NCCL_BLOCKING_WAIT=1 (unless set already) makes a
+    collective whose peer died or hangs raise in Python after the collective timeout, as gloo
+    does, instead of the watchdog killing the process: the rank then reports a timeout
+    (a consequence) and the launcher names the peer that caused it. Gloo needs nothing."""
+    if backend != "nccl":
+        return {}
+    os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    import torch.distributed as dist
+    return {"device_id": device} if "device_id" in inspect.signature(dist.init_process_group).parameters else {}
 
 
 def _kill(procs) -> None:

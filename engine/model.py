@@ -16,10 +16,16 @@ Determinism (DESIGN §2): every reduction has one order written in Lockstep's co
 backend builds everything from single IEEE operations and fixed trees (kernels/portable.py):
 linears (`engine.linear`), attention (`engine.attention`), RMSNorm, the routing softmax and
 the SwiGLU's sigmoid, so each row of a batch is computed exactly as it would be alone (D2, D3)
-and on any CPU (D0). The row-parallel layers (o_proj, experts' down) use `linear_k_chunked`:
-8 fixed K chunks added in one fixed tree, the order engine/parallel.py keeps at every TP
-degree (D4). MoE computes each (token, slot) row with its expert's gathered weights (the
-Triton backend groups tokens by expert) and adds each token's k expert outputs in slot order. Everything runs on the model's device ("cpu" or "cuda").
+and on any CPU (D0). The row-parallel layers (o_proj, experts' down) are `linear_k_chunked`
+spelled out: partial products over 8 fixed K chunks (`k_chunk_partials`) added in one fixed
+tree (`tree_sum`), the order engine/parallel.py keeps at every TP degree (D4). MoE computes each
+(token, slot) row with its expert's gathered weights (the Triton backend groups the tokens by
+expert) and adds each token's k expert outputs in slot order. Everything runs on the model's
+device ("cpu" or "cuda").
+
+`model.trace` (None by default) may hold an engine.trace.Trace: every op's output is then
+handed to it at a named point (`self._record("L3.attention", o)`), which records and never
+changes a value; `lockstep diff` uses it to find the first op where two runs part.
 
 Shapes: T tokens in the step, H hidden, Hq / Hkv query / KV heads, D head_dim, E experts,
 k experts per token, I intermediate size, V vocab.
@@ -38,7 +44,7 @@ from engine.attention import attention
 from engine.boundaries import gather_captured
 from engine.config import GptOssConfig
 from engine.kv_cache import KVCache
-from engine.linear import k_chunk_bounds, linear, linear_k_chunked, tree_sum
+from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear, tree_sum
 from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
 from kernels import portable
 
@@ -106,6 +112,8 @@ class ForwardOutput(NamedTuple):
 
 
 class GptOssModel:
+    trace = None    # an engine.trace.Trace to record every op's output into; None: record nothing
+
     def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], backend: str = "torch",
                  device: str | torch.device = "cpu"):
         """`weights`: HF tensor names and layout (see engine.checkpoint), any float dtype.
@@ -166,21 +174,36 @@ class GptOssModel:
         dev = self.embed.device
         tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
 
-        x = self._embed(tokens)                                         # [T, H]
+        if self.trace is not None:
+            self.trace.begin(positions)
+        x = self._record("boundary.0", self._embed(tokens))            # [T, H]
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.mscale)  # [T, D/2] each
         if 0 in wanted:
             states[0] = x
         for i, blk in enumerate(self.blocks):
-            x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps, self.backend),
-                                    cos, sin, positions, slots, cache)
-            x = x + self._moe(blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps, self.backend))
+            h = self._record(f"L{i}.attn_norm", rms_norm(x, blk.attn_norm, cfg.rms_norm_eps, self.backend))
+            x = x + self._attention(i, blk, h, cos, sin, positions, slots, cache)
+            h = self._record(f"L{i}.mlp_norm", rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps, self.backend))
+            x = self._record(f"boundary.{i + 1}", x + self._moe(i, blk, h))
             if i + 1 in wanted:
                 states[i + 1] = x                                       # boundary i + 1
-        h = rms_norm(x, self.norm, cfg.rms_norm_eps, self.backend)     # [T, H]
+        h = self._record("final_norm", rms_norm(x, self.norm, cfg.rms_norm_eps, self.backend))   # [T, H]
         if logit_rows is not None:
-            h = h.index_select(0, logit_rows.to(dev))
-        logits = self._logits(h)                                        # [T, V]
+            logit_rows = logit_rows.to(dev)
+            h = h.index_select(0, logit_rows)
+        logits = self._record("lm_head", self._logits(h), rows=logit_rows)   # [T, V]
         return ForwardOutput(logits, gather_captured(states, capture, L))   # CaptureError if one is missing
+
+    @property
+    def tracing(self) -> bool:
+        """Whether this forward call's ops are being recorded (engine.trace)."""
+        return self.trace is not None and self.trace.recording
+
+    def _record(self, name: str, t, rows: torch.Tensor | None = None):
+        """Hand op `name`'s output to the trace, if one is recording; returns t unchanged."""
+        if self.tracing:
+            self.trace.record(name, t, rows)
+        return t
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embed.index_select(0, tokens)                       # [T, H]
@@ -198,40 +221,50 @@ class GptOssModel:
         v = linear(x, blk.v_w, blk.v_b, self.backend).view(T, cfg.num_key_value_heads, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(layer, slots, positions, k, v)                     # all T keys first,
+        if self.tracing:
+            self._record(f"L{layer}.qkv", torch.cat([q, k, v], dim=1))  # [T, Hq + 2 Hkv, D]
         o = attention(q, cache.k[layer], cache.v[layer], slots, positions,   # then each query
                       blk.sinks, cfg.window(layer), self.scale, self.backend)  # [T, Hq, D]
+        self._record(f"L{layer}.attention", o)
         # row-parallel layer: fixed K chunks + fixed tree, the same bits at any TP (D4)
-        return linear_k_chunked(o.reshape(T, cfg.q_dim), blk.o_w, blk.o_b, self.backend)  # [T, H]
+        parts = k_chunk_partials(o.reshape(T, cfg.q_dim), blk.o_w, k_chunk_bounds(cfg.q_dim), self.backend)
+        self._record(f"L{layer}.o_proj.partials", parts)                       # 8 x [T, H]
+        return self._record(f"L{layer}.o_proj", tree_sum(parts) + blk.o_b)     # [T, H]
 
-    def _moe(self, blk: BlockWeights, x: torch.Tensor) -> torch.Tensor:
+    def _moe(self, layer: int, blk: BlockWeights, x: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         k = cfg.num_experts_per_tok
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E]
+        self._record(f"L{layer}.router", router_logits)
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
         routing = routing_weights(top_logits)                                # [T, k], over the k only
+        self._record(f"L{layer}.router.top_ids", top_ids)
+        self._record(f"L{layer}.routing", routing)
         T, H = x.shape
-        if self.backend == "torch":
-            slot_out = self._experts_per_row(blk, x, top_ids)                 # [T, k, H]
-        else:
-            slot_out = self._experts_by_group(blk, x, top_ids)
+        experts = self._experts_per_row if self.backend == "torch" else self._experts_by_group
+        slot_out, slot_parts = experts(blk, x, top_ids)                     # [T, k, H], traced parts
+        if slot_parts is not None:
+            self._record(f"L{layer}.experts", slot_parts.view(T, k, K_CHUNKS, H))
+        self._record(f"L{layer}.down", slot_out)                            # [T, k, H]
         weighted = torch.mul(slot_out, routing[..., None])                  # [T, k, H]
         total = weighted[:, 0]
         for slot in range(1, k):                                             # slot order
             total = torch.add(total, weighted[:, slot])
-        return total
+        return self._record(f"L{layer}.moe", total)
 
-    def _experts_per_row(self, blk: BlockWeights, x: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+    def _experts_per_row(self, blk: BlockWeights, x: torch.Tensor, top_ids: torch.Tensor):
         """Torch backend: every (token, slot) row with its own expert's weights gathered, so the
-        step reads no tensor value on the host (static shapes). Each row's output is
-        gate_up, the clamped SwiGLU, then down over the fixed K chunks added in the fixed tree:
-        the operations `linear` and `linear_k_chunked` do, element for element (D4).
-        x [T, H], top_ids [T, k] -> [T, k, H]."""
+        step reads no tensor value on the host (static shapes). Each row's output is gate_up, the
+        clamped SwiGLU, then down over the fixed K chunks added in the fixed tree: the operations
+        `linear` and `linear_k_chunked` do, element for element (D4).
+        x [T, H], top_ids [T, k] -> (outputs [T, k, H], down partials [T * k, K_CHUNKS, H] if tracing)."""
         cfg = self.config
         T, H = x.shape
         k, I = top_ids.shape[1], cfg.intermediate_size
         ids = top_ids.reshape(-1)                                            # [T * k], token-major
         rows_x = x.repeat_interleave(k, dim=0)                               # [T * k, H]
         out = x.new_empty((T * k, H))
+        slot_parts = x.new_empty((T * k, K_CHUNKS, H)) if self.tracing else None
         step = max(1, _EXPERT_ROW_ELEMENTS // (2 * I * H))                   # memory bound only
         for r0 in range(0, T * k, step):
             e = ids[r0:r0 + step]                                            # [R] expert ids
@@ -242,15 +275,21 @@ class GptOssModel:
             parts = [portable.matmul_nt(a[:, None, lo:hi], down_w[:, :, lo:hi])[:, 0]
                      for lo, hi in k_chunk_bounds(I)]                        # K_CHUNKS x [R, H]
             out[r0:r0 + step] = torch.add(tree_sum(parts), blk.down_b.index_select(0, e))
-        return out.view(T, k, H)
+            if slot_parts is not None:
+                slot_parts[r0:r0 + step] = torch.stack(parts, dim=1)
+        return out.view(T, k, H), slot_parts
 
-    def _experts_by_group(self, blk: BlockWeights, x: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+    def _experts_by_group(self, blk: BlockWeights, x: torch.Tensor, top_ids: torch.Tensor):
         """Triton backend: the tokens of each expert in one batched launch per layer (the kernels
-        are batch invariant). Finding the groups reads top_ids on the host. -> [T, k, H]"""
+        are batch invariant); finding the groups reads top_ids on the host. Same result layout
+        as _experts_per_row."""
         cfg = self.config
         T, H = x.shape
         k = top_ids.shape[1]
         slot_out = x.new_empty((T, k, H))                                    # each (token, slot)'s output
+        slot_parts = x.new_empty((T * k, K_CHUNKS, H)) if self.tracing else None
+        act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
+        bounds = k_chunk_bounds(cfg.intermediate_size)
         flat_ids = top_ids.reshape(-1)                                       # [T * k], token-major
         for e in range(cfg.num_local_experts):                               # tokens grouped by expert
             rows = (flat_ids == e).nonzero()[:, 0]                           # (token, slot) pairs
@@ -259,11 +298,11 @@ class GptOssModel:
             xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))   # [n, H]
             h = linear(xe, blk.gate_up_w[e], blk.gate_up_b[e], self.backend)    # [n, 2I]
             # clamped SwiGLU, then down: both per fixed K chunk, as at any TP degree (D4)
-            y = linear_k_chunked(h, blk.down_w[e], blk.down_b[e], self.backend, x_per_k=2,
-                                 prologue=lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit,
-                                                                   self.backend))   # [n, H]
-            slot_out.view(T * k, H).index_copy_(0, rows, y)
-        return slot_out
+            parts = k_chunk_partials(h, blk.down_w[e], bounds, self.backend, prologue=act, x_per_k=2)  # 8 x [n, H]
+            slot_out.view(T * k, H).index_copy_(0, rows, tree_sum(parts) + blk.down_b[e])
+            if slot_parts is not None:
+                slot_parts.index_copy_(0, rows, torch.stack(parts, dim=1))
+        return slot_out, slot_parts
 
 
 _EXPERT_ROW_ELEMENTS = 1 << 22      # gathered expert weights built at once

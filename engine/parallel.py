@@ -139,8 +139,8 @@ class ParallelGptOssModel(GptOssModel):
         """A cache of this rank's KV heads only."""
         return KVCache(self.local_config, num_slots, max_seq_len, device=self.device)
 
-    # forward() is GptOssModel's, unchanged: it calls the per-rank _embed, _attention, _moe
-    # and _logits below.
+    # forward() is GptOssModel's, unchanged: it calls the per-rank _embed, _attention, _moe,
+    # _logits and _record below.
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         local = linear(h, self.lm_head, None, self.backend)             # [T, V/tp]
@@ -165,18 +165,25 @@ class ParallelGptOssModel(GptOssModel):
         v = linear(x, blk.v_w, blk.v_b, self.backend).view(T, self.hkv, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(layer, slots, positions, k, v)
+        if self.tracing:
+            self._record(f"L{layer}.qkv", torch.cat([self._all_heads(t) for t in (q, k, v)], dim=1))
         o = attention(q, cache.k[layer], cache.v[layer], slots, positions,
                       blk.sinks, cfg.window(layer), self.scale, self.backend)   # [T, Hq/tp, D]
+        self._record(f"L{layer}.attention", o, gather=self._all_heads)
         parts = k_chunk_partials(o.reshape(T, self.hq * D), blk.o_w, self.o_bounds, self.backend)
-        return reduce_row_parallel(parts, self.ctx) + blk.o_b
+        self._record(f"L{layer}.o_proj.partials", parts, gather=lambda ps: self._all_chunks(torch.stack(ps, 1)))
+        return self._record(f"L{layer}.o_proj", reduce_row_parallel(parts, self.ctx) + blk.o_b)
 
-    def _moe(self, blk, x: torch.Tensor) -> torch.Tensor:
+    def _moe(self, layer, blk, x: torch.Tensor) -> torch.Tensor:
         cfg, ctx = self.config, self.ctx
         T, H, k = x.shape[0], x.shape[1], cfg.num_experts_per_tok
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E], replicated
+        self._record(f"L{layer}.router", router_logits)
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
         act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
         routing = routing_weights(top_logits)                                      # [T, k]
+        self._record(f"L{layer}.router.top_ids", top_ids)
+        self._record(f"L{layer}.routing", routing)
         n_local = K_CHUNKS // ctx.tp
         parts = x.new_zeros((n_local, T * k, H))   # placeholders stay zero and are never used
         flat_ids = top_ids.reshape(-1)                # [T * k], token-major (token, slot) pairs
@@ -190,18 +197,47 @@ class ParallelGptOssModel(GptOssModel):
                                                    prologue=act, x_per_k=2)):          # SwiGLU per chunk
                 parts[c].index_copy_(0, rows, p)
         parts = parts.view(n_local, T, k, H)
+        from_owners = lambda y: self._from_owners(y, top_ids)                 # noqa: E731
+        self._record(f"L{layer}.experts", parts, gather=lambda p: from_owners(self._all_chunks(p.permute(1, 2, 0, 3))))
         y = reduce_row_parallel(list(parts.unbind(0)), ctx)                   # [T, k, H]
-        y = (y + blk.down_b.index_select(0, top_ids.reshape(-1)).view(T, k, H)) * routing.unsqueeze(-1)
-        if ctx.ep > 1:                                                        # take each slot
-            every = ctx.gather_ep(y)                                          # from its owner
-            owner = top_ids // self.experts_per_rank                          # [T, k]
-            ti = torch.arange(T, device=x.device).unsqueeze(1).expand(T, k)
-            si = torch.arange(k, device=x.device).unsqueeze(0).expand(T, k)
-            y = every[owner, ti, si]                                          # [T, k, H]
+        y = self._record(f"L{layer}.down", y + blk.down_b.index_select(0, top_ids.reshape(-1)).view(T, k, H),
+                         gather=from_owners)
+        y = from_owners(y * routing.unsqueeze(-1))                            # each slot from its owner
         total = y[:, 0]
         for slot in range(1, k):                                              # slot order
             total = torch.add(total, y[:, slot])
-        return total
+        return self._record(f"L{layer}.moe", total)
+
+    def _from_owners(self, y: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+        """[T, k, ...] valid where this EP group owns the slot's expert -> every slot from its owner
+        (all-gathered over the EP group; bytes only)."""
+        if self.ctx.ep == 1:
+            return y
+        every = self.ctx.gather_ep(y)                                         # [ep, T, k, ...]
+        T, k = top_ids.shape
+        owner = top_ids // self.experts_per_rank                              # [T, k]
+        ti = torch.arange(T, device=y.device).unsqueeze(1).expand(T, k)
+        si = torch.arange(k, device=y.device).unsqueeze(0).expand(T, k)
+        return every[owner, ti, si]
+
+    # ------------------------------------------------------------------ trace (engine.trace)
+    def _record(self, name, t, rows=None, gather=None):
+        """As GptOssModel._record; `gather` first turns this rank's shard into the one-device
+        tensor (collectives: every rank records the same points, as every rank runs the same
+        steps), so a topology's trace compares element by element with one device's."""
+        if self.tracing:
+            self.trace.record(name, gather(t) if gather is not None else t, rows)
+        return t
+
+    def _all_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """[T, heads/tp, D] -> [T, heads, D], heads in rank order (as one device numbers them)."""
+        every = self.ctx.gather_tp(t)                                         # [tp, T, h, D]
+        return every.transpose(0, 1).reshape(t.shape[0], -1, t.shape[-1])
+
+    def _all_chunks(self, t: torch.Tensor) -> torch.Tensor:
+        """[..., K_CHUNKS/tp, H] partials of this rank's K chunks -> [..., K_CHUNKS, H]."""
+        every = self.ctx.gather_tp(t)                                         # [tp, ..., n, H]
+        return every.movedim(0, -3).flatten(-3, -2)
 
 
 def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -> torch.Tensor:
@@ -212,11 +248,13 @@ def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -
 
 # ---------------------------------------------------------------- one call for a runner
 def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | torch.device, timeout_s: float,
-           collective_timeout_s: float, what: str) -> list:
-    """fn(ParallelContext, *args) on every rank of `topology` -> rank 0's result, once every rank
-    returned the same bits. device "cpu": gloo, one process per rank; "cuda": NCCL, one GPU per
+           collective_timeout_s: float, what: str, trace=None) -> list:
+    """fn(ParallelContext, *args, trace) on every rank of `topology` -> rank 0's result, once every
+    rank returned the same bits. device "cpu": gloo, one process per rank; "cuda": NCCL, one GPU per
     rank (refused up front, naming the count, when the machine has fewer: a CPU fallback would be
-    compared with one-device CUDA bits). World size 1 runs in this process, no process group."""
+    compared with one-device CUDA bits). World size 1 runs in this process, no process group.
+    `trace` (engine.trace.Trace or None): each rank's model records into a copy of it, and rank 0's
+    records come back into it (fn returns (results, trace) then)."""
     from engine.config import GptOssConfig
     from engine.launch import launch
     topology.check(GptOssConfig.from_json_file(Path(ckpt) / "config.json"))   # before any process starts
@@ -224,11 +262,16 @@ def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | 
     missing = missing_gpus(topology, device)
     if missing:
         raise UnsupportedTopology(f"topology {topology} {missing}")
+    args = args + (trace,)
     if topology.world_size == 1:
-        return fn(ParallelContext(topology, device=device), *args)
-    per_rank = launch(_on_rank, topology.world_size, args=(fn, topology, args),
-                      backend="nccl" if device.type == "cuda" else "gloo",
-                      timeout_s=timeout_s, collective_timeout_s=collective_timeout_s)
+        per_rank = [fn(ParallelContext(topology, device=device), *args)]
+    else:
+        per_rank = launch(_on_rank, topology.world_size, args=(fn, topology, args),
+                          backend="nccl" if device.type == "cuda" else "gloo",
+                          timeout_s=timeout_s, collective_timeout_s=collective_timeout_s)
+    if trace is not None:
+        trace.merge(per_rank[0][1])
+        per_rank = [results for results, _ in per_rank]
     return _rank_0_if_all_agree(per_rank, what)
 
 
@@ -244,24 +287,27 @@ def _on_rank(fn, topology: Topology, args: tuple):
     return fn(ParallelContext(topology), *args)      # the device follows the process group's backend
 
 
-def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, generate_kwargs: dict):
+def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, generate_kwargs: dict, trace=None):
     from engine.generate import generate
     model = ParallelGptOssModel.from_checkpoint(ckpt, ctx, backend=backend)
-    return generate(model, requests, **generate_kwargs)
+    model.trace = trace
+    results = generate(model, requests, **generate_kwargs)
+    return results if trace is None else (results, trace)
 
 
 def generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, backend: str = "torch",
                 device: str | torch.device = "cpu", timeout_s: float = 600.0,
-                collective_timeout_s: float = 120.0, **generate_kwargs):
+                collective_timeout_s: float = 120.0, trace=None, **generate_kwargs):
     """engine.generate.generate(model, requests, **generate_kwargs) on a tp × ep topology of
     local processes on `device` (see run_at), kernels from `backend`.
     -> rank 0's list[Result]. Every rank must return the same bits; a disagreement raises.
+    `trace`: an engine.trace.Trace to fill with rank 0's records (every op gathered whole).
 
     Requests must be greedy or carry a seed (or pass a `generator`, which each rank gets a
     copy of): an unseeded stream would differ from rank to rank."""
     topology = Topology(tp, ep)
     return run_at(_generate_rank, ckpt, topology, (str(ckpt), list(requests), backend, generate_kwargs), device,
-                  timeout_s, collective_timeout_s, f"generate_at({topology})")
+                  timeout_s, collective_timeout_s, f"generate_at({topology})", trace)
 
 
 def _result_bits(r) -> tuple:
@@ -282,7 +328,7 @@ def _rank_0_if_all_agree(per_rank: list, what: str) -> list:
 
 # ---------------------------------------------------------------- speculative decoding
 def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, convention: str, spec,
-                      backend: str = "torch"):
+                      backend: str = "torch", trace=None):
     """engine.speculative.speculative_generate, unchanged, on this rank: the target is this rank's
     ParallelGptOssModel (its forward gathers full logits and captured states on every rank), the
     draft is a full replica (it is small), so every rank drafts, verifies and samples the same
@@ -296,21 +342,24 @@ def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, con
     drafter = load_draft(draft, target, convention=convention, backend=backend,
                          target_embed=weights["model.embed_tokens.weight"])
     del weights                                 # from here on only this rank's shard and the draft
-    return speculative_generate(target, drafter, requests, spec)
+    target.trace = trace
+    results = speculative_generate(target, drafter, requests, spec)
+    return results if trace is None else (results, trace)
 
 
 def speculative_generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, draft: str | Path, convention: str,
                             spec, backend: str = "torch", device: str | torch.device = "cpu",
-                            timeout_s: float = 600.0, collective_timeout_s: float = 120.0):
+                            timeout_s: float = 600.0, collective_timeout_s: float = 120.0, trace=None):
     """engine.speculative.speculative_generate(target, draft, requests, spec) with the target at
     a tp × ep topology of local processes on `device` (as generate_at) and the draft checkpoint
     `draft` (read under layer-id `convention`) replicated on every rank. -> rank 0's
     list[SpecResult]; every rank must return the same tokens, logprob bytes and accept lengths, or
-    it raises. Requests must be greedy or seeded (an unseeded stream would differ from rank to rank)."""
+    it raises. Requests must be greedy or seeded (an unseeded stream would differ from rank to rank).
+    `trace`: as generate_at's."""
     unseeded = [i for i, r in enumerate(requests) if r.seed is None and not r.params.is_greedy]
     if unseeded:
         raise ValueError(f"speculative_generate_at: requests {unseeded} are sampled without a seed; "
                          f"each rank would draw its own coins")
     topology = Topology(tp, ep)
     return run_at(_speculative_rank, ckpt, topology, (str(ckpt), list(requests), str(draft), convention, spec, backend),
-                  device, timeout_s, collective_timeout_s, f"speculative_generate_at({topology})")
+                  device, timeout_s, collective_timeout_s, f"speculative_generate_at({topology})", trace)

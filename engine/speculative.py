@@ -351,7 +351,12 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
     root_logits: list[torch.Tensor | None] = [None] * n_req    # draft logits of the last committed row
     root_h: list[torch.Tensor | None] = [None] * n_req         # draft output of the last committed row
 
+    trace = getattr(target, "trace", None)                 # engine.trace, or None: nothing recorded
+
     def emit(i: int, tok: int, logits_row: torch.Tensor) -> None:
+        if trace is not None:                              # step: 0 = prefill, r = verify round r
+            trace.event(i, len(accept_lengths[i]), "sampling.token", tok)
+            trace.event(i, len(accept_lengths[i]), "sampling.logprob", chosen_logprob(logits_row, tok))
         seqs[i].append(tok)
         out_tok[i].append(tok)
         out_lp[i].append(chosen_logprob(logits_row, tok))
@@ -377,6 +382,8 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
         rows_tok += req.prompt
         rows_pos += list(range(len(req.prompt)))
         rows_slot += [i] * len(req.prompt)
+    if trace is not None:
+        trace.rows(rows_slot, [0] * len(rows_slot))         # prefill: step 0, slot i = request i
     out = target.forward(torch.tensor(rows_tok), torch.tensor(rows_pos), torch.tensor(rows_slot), cache,
                          capture=bounds)
     ext = []
@@ -398,7 +405,7 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
         trees = _draft_trees(draft, dkv, requests, active, seqs, root_logits, root_h, spec, generator)
 
         # verify: every root-to-leaf path as a chain; path 0 in the request's slot
-        rows_tok, rows_pos, rows_slot = [], [], []
+        rows_tok, rows_pos, rows_slot, rows_req = [], [], [], []
         where: dict[int, dict[int, int]] = {}          # request -> node -> first row
         path_slot: dict[int, list[tuple[list[int], int]]] = {}
         for a, i in enumerate(active):
@@ -418,6 +425,12 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
                     rows_tok.append(tree.tokens[node])
                     rows_pos.append(r + tree.depth(node))
                     rows_slot.append(slot)
+                    rows_req.append(i)
+        if trace is not None:                          # verify round r of request i is its step r
+            for i in active:
+                trace.event(i, len(accept_lengths[i]) + 1, "draft.tokens", trees[i].tokens)
+                trace.event(i, len(accept_lengths[i]) + 1, "draft.parents", trees[i].parents)
+            trace.rows(rows_req, [len(accept_lengths[i]) + 1 for i in rows_req])
         vout = target.forward(torch.tensor(rows_tok), torch.tensor(rows_pos), torch.tensor(rows_slot), cache,
                               capture=bounds)
 
@@ -450,6 +463,8 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
                 else:
                     accepted, nxt = verify_target_only(tree, p, u, fin, spec.threshold_single, spec.threshold_acc)
             accept_lengths[i].append(len(accepted))
+            if trace is not None:
+                trace.event(i, len(accept_lengths[i]), "verify", accepted + [nxt])
             r = len(seqs[i]) - 1
             # target KV: bring the accepted path's rows into the request's own slot
             last = accepted[-1]

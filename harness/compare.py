@@ -31,15 +31,20 @@ class TensorDiff:
     max_rel: float = 0.0
     max_ulp: int = 0
     columns: tuple = ()  # differing indices along the last dimension (2-D and up)
+    sides: tuple = ("golden", "got")  # what the expected and the actual values are called
+
+    def to_json(self) -> dict:
+        return vars(self) | {"first_index": list(self.first_index), "columns": list(self.columns),
+                             "sides": list(self.sides)}
 
     def describe(self) -> str:
         if self.problem != "bits":
-            return f"tensor {self.name!r}: {self.detail}"
+            return f"tensor {self.name!r}: {self.detail.replace('golden', self.sides[0])}"
         idx = ", ".join(map(str, self.first_index))
         lines = [
             f"tensor {self.name!r}: {self.n_diff} of {self.numel} elements differ ({self.n_diff / self.numel:.4%})",
             f"  first difference at flat index {self.first_flat} = [{idx}]: "
-            f"golden {self.expected_value}, got {self.actual_value}",
+            f"{self.sides[0]} {self.expected_value}, {self.sides[1]} {self.actual_value}",
             f"  max abs diff {self.max_abs:.6g}, max rel diff {self.max_rel:.6g}, max ULP diff {self.max_ulp}",
         ]
         if self.columns:

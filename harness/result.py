@@ -32,9 +32,10 @@ class Result:
 
     `facts` are what the spec's expectations read that do not belong in the golden (e.g. which
     variants of a run disagreed, which depend on command-line options); `notes` are shown to
-    the reader and never fail a spec."""
+    the reader and never fail a spec; `located` says where runs that must agree part first."""
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     data: dict = field(default_factory=dict)
     facts: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    located: list = field(default_factory=list)  # harness.locate.Located: where a failing comparison parts

@@ -50,6 +50,7 @@ class Outcome:
     diffs: list[TensorDiff] = field(default_factory=list)
     data_diff: str = ""
     notes: list[str] = field(default_factory=list)  # informational, never a failure
+    located: list = field(default_factory=list)  # harness.locate.Located: where runs first part
     repro: str = ""
 
     def report(self) -> str:
@@ -66,6 +67,8 @@ class Outcome:
         if self.data_diff:
             lines.append("  data differs from the golden:")
             lines += ["    " + line for line in self.data_diff.splitlines()]
+        for loc in self.located:
+            lines += ["  " + line for line in loc.text().splitlines()]
         lines += ["  note: " + n for n in self.notes]
         if self.repro:
             lines.append(f"  reproduce: {self.repro}")
@@ -75,8 +78,9 @@ class Outcome:
         return {
             "id": self.spec.id, "status": self.status, "golden_platform": self.golden_platform,
             "file": str(self.spec.file), "seconds": round(self.seconds, 4), "messages": self.messages,
-            "diffs": [vars(d) | {"first_index": list(d.first_index), "columns": list(d.columns)} for d in self.diffs],
+            "diffs": [d.to_json() for d in self.diffs],
             "data_diff": self.data_diff, "notes": self.notes, "repro": self.repro,
+            "located": [loc.to_json() for loc in self.located],
         }
 
 
@@ -111,6 +115,7 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore) -> Outcome:
     else:
         out.messages = [f"expectation failed: {m}" for m in failed]
         out.notes += result.notes
+        out.located += result.located
         try:
             golden = store.load(platform, spec.id)
         except CorruptGolden as e:
@@ -125,6 +130,9 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore) -> Outcome:
                 out.notes.append("the spec was edited after this golden was recorded")
             if out.diffs or out.data_diff:
                 out.status = MISMATCH
+                locate = getattr(kinds.KINDS[spec.kind], "locate_golden", None)
+                where = locate(spec, golden.tensors, result.tensors) if locate and out.diffs else None
+                out.located += [where] if where else []
                 recorded = golden.manifest.get("provenance", {}).get("bit_dependencies")
                 out.messages.append(dependency_report(recorded, platform))
         if failed and out.status in (PASS, MISSING):
@@ -187,7 +195,7 @@ def regen_spec(spec: Spec, ctx: RunContext, store: GoldenStore, write: bool = Tr
             out.explanation = [f"the {attempt} run crashed:", crash]
             return out
         if failed:
-            out.explanation = [f"expectation failed: {m}" for m in failed]
+            out.explanation = [f"expectation failed: {m}" for m in failed] + [loc.text() for loc in result.located]
             return out
         runs.append(result)
     twice = diff_tensors(runs[0].tensors, runs[1].tensors)
@@ -195,6 +203,10 @@ def regen_spec(spec: Spec, ctx: RunContext, store: GoldenStore, write: bool = Tr
     if twice or data_twice:
         out.explanation = ["two runs disagree, so there is no golden to record (D1 run-to-run):"]
         out.explanation += [d.describe() for d in twice] + ([data_twice] if data_twice else [])
+        locate = getattr(kinds.KINDS[spec.kind], "locate_golden", None)
+        where = locate(spec, runs[0].tensors, runs[1].tensors, ("the first run", "the second run")) \
+            if locate and twice else None
+        out.explanation += [where.text()] if where else []
         return out
     new = runs[0]
     try:

@@ -61,7 +61,7 @@ def capture_before_block(self, tokens, positions, slots, cache, capture=(), logi
         if i in wanted:
             states[i] = x
         x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps), cos, sin, positions, slots, cache)
-        x = x + self._moe(blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps))
+        x = x + self._moe(i, blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps))
     h = rms_norm(x, self.norm, cfg.rms_norm_eps)
     logits = h @ self.lm_head.T
     return ForwardOutput(logits, torch.cat([states[b] for b in capture if b in states], dim=-1))

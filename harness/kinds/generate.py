@@ -32,17 +32,23 @@ raw logits at the chosen token), `captured_i` and, speculative, `accept_lengths_
 drafts + 1 per verify round), and the token lists and finish reasons as data. Checkpoint and
 draft paths are relative to the project root (the folder holding `specs/`).
 Its platform is this machine's (`cpu-fp32`, …), with `-triton` appended for the Triton backend.
+
+Every comparison that fails (a variant above, or the golden) is located (harness.locate): the
+first request, step and token that differ; for a variant, also the first layer and op, from a
+traced re-run of that step on both sides (Result.located).
 """
 
 from __future__ import annotations
 
-import torch
-
 from pathlib import Path
+from typing import Callable, NamedTuple
+
+import torch
 
 from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_problems,
                                  model_for, target_dir)
 from harness.intseq import IntSeq, materialize
+from harness.locate import Located, RequestBits, first_divergence, locate
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
 from engine.generate import Request, generate
@@ -167,16 +173,21 @@ class _Runner:
         self.draft = draft_for(inp["draft"], inp["checkpoint"], self.model, self.root) if inp["draft"] else None
         self.spec_params = _spec_params(inp["speculative"]) if inp["speculative"] else None
 
-    def __call__(self, requests, prefill_chunk="schedule", speculative=True):
-        if self.draft is not None and speculative:
-            from engine.speculative import speculative_generate
+    def __call__(self, requests, prefill_chunk="schedule", speculative=True, trace=None):
+        """`trace`: an engine.trace.Trace the target records into (the locator's re-runs)."""
+        self.model.trace = trace
+        try:
+            if self.draft is not None and speculative:
+                from engine.speculative import speculative_generate
 
-            return speculative_generate(self.model, self.draft, requests, self.spec_params)
-        chunk = self.schedule.get("prefill_chunk") if prefill_chunk == "schedule" else prefill_chunk
-        return generate(self.model, requests, capture=self.capture or (),
-                        max_batch=self.schedule.get("max_batch") or 8, prefill_chunk=chunk)
+                return speculative_generate(self.model, self.draft, requests, self.spec_params)
+            chunk = self.schedule.get("prefill_chunk") if prefill_chunk == "schedule" else prefill_chunk
+            return generate(self.model, requests, capture=self.capture or (),
+                            max_batch=self.schedule.get("max_batch") or 8, prefill_chunk=chunk)
+        finally:
+            self.model.trace = None                         # models are shared between specs
 
-    def at_topology(self, spec, requests, tp: int, ep: int):
+    def at_topology(self, spec, requests, tp: int, ep: int, trace=None):
         """The same run with the target split tp × ep over local processes (rank 0's results)."""
         from engine.parallel import generate_at, speculative_generate_at
 
@@ -186,10 +197,41 @@ class _Runner:
             return speculative_generate_at(ckpt, tp, ep, requests, spec=self.spec_params,
                                            draft=draft_dir(inp["draft"], inp["checkpoint"], self.root),
                                            convention=inp["draft"]["convention"], backend=self.model.backend,
-                                           device=self.model.device)
+                                           device=self.model.device, trace=trace)
         return generate_at(ckpt, tp, ep, requests, backend=self.model.backend, device=self.model.device,
                            capture=self.capture or (), max_batch=self.schedule.get("max_batch") or 8,
-                           prefill_chunk=self.schedule.get("prefill_chunk"))
+                           prefill_chunk=self.schedule.get("prefill_chunk"), trace=trace)
+
+
+class _Variant(NamedTuple):
+    """A way of running the spec's requests that must give the spec's run's bits.
+    `call(requests, trace)` runs those requests (trace: None, or an engine.trace.Trace for the
+    target) -> their results in order. `order`: all requests in one call ("same"), in reversed
+    order ("reversed"), or each in a call of its own ("alone"). `aligned`: its steps are the
+    spec's run's steps (not so for plain decoding against speculative)."""
+    name: str
+    call: Callable
+    order: str = "same"
+    aligned: bool = True
+
+    def calls(self, n: int) -> list[list[int]]:
+        """The request indices of each call, in call order."""
+        if self.order == "alone":
+            return [[i] for i in range(n)]
+        return [list(range(n))[::-1] if self.order == "reversed" else list(range(n))]
+
+    def results(self, requests) -> list:
+        """Every request's result, in the spec's order."""
+        out = [None] * len(requests)
+        for idx in self.calls(len(requests)):
+            for i, r in zip(idx, self.call([requests[i] for i in idx], None)):
+                out[i] = r
+        return out
+
+    def rerun(self, requests, i: int):
+        """(run(trace): the call holding request i again, with `trace`; i's index in that call)."""
+        idx = next(c for c in self.calls(len(requests)) if i in c)
+        return (lambda trace: self.call([requests[k] for k in idx], trace)), idx.index(i)
 
 
 def _bytes(result) -> tuple:
@@ -235,7 +277,8 @@ def run(spec, ctx) -> Result:
     exp = spec.expect
     runner = _Runner(spec, ctx)
     requests = _requests(spec)
-    results = runner(requests)
+    own = _Variant("the spec's run", lambda reqs, trace: runner(reqs, trace=trace))
+    results = own.results(requests)
     tensors, data = {}, {"tokens": [r.tokens for r in results], "finish_reasons": [r.finish_reason for r in results]}
     for i, r in enumerate(results):
         tensors[f"tokens_{i}"] = torch.tensor(r.tokens, dtype=torch.int64)
@@ -247,24 +290,66 @@ def run(spec, ctx) -> Result:
     if runner.draft is not None:
         data["mean_accept_length"] = [r.mean_accept_length for r in results]
     reference = [_bytes(r) for r in results]
-    variants = {}
+    variants = []
     if exp.get("reproducible"):
-        variants["a second run"] = runner(requests)
+        variants.append(_Variant("a second run", own.call))
     if exp.get("batch_invariant"):
-        variants["each request alone"] = [runner([req])[0] for req in requests]
-        variants["reversed order"] = runner(requests[::-1])[::-1]
+        variants += [_Variant("each request alone", own.call, "alone"),
+                     _Variant("reversed order", own.call, "reversed")]
     for chunk in exp.get("prefill_chunks") or []:
-        variants[f"prefill chunks of {chunk}"] = runner(requests, prefill_chunk=chunk)
+        variants.append(_Variant(f"prefill chunks of {chunk}",
+                                 lambda reqs, trace, c=chunk: runner(reqs, prefill_chunk=c, trace=trace)))
     if exp.get("equals_plain"):
-        variants["plain (non-speculative) generate"] = runner(requests, speculative=False)
+        variants.append(_Variant("plain (non-speculative) generate",
+                                 lambda reqs, trace: runner(reqs, speculative=False, trace=trace), aligned=False))
     topologies, skipped = _topologies(spec, ctx, runner.model.config)
     for tp, ep in topologies:
-        variants[f"topology tp={tp} ep={ep}"] = runner.at_topology(spec, requests, tp, ep)
-    differing = {name: [i for i, r in enumerate(res) if not _same(_bytes(r), reference[i])]
-                 for name, res in variants.items()}
-    notes = [f"checked at {', '.join(n for n in variants if n.startswith('topology'))}"] if topologies else []
+        variants.append(_Variant(f"topology tp={tp} ep={ep}", lambda reqs, trace, tp=tp, ep=ep:
+                                 runner.at_topology(spec, reqs, tp, ep, trace)))
+    differing, located = {}, []
+    for v in variants:
+        got = v.results(requests)
+        differing[v.name] = [i for i, r in enumerate(got) if not _same(_bytes(r), reference[i])]
+        if differing[v.name]:
+            located.append(_locate(own, v, requests, results, got))
+    located = [x for x in located if x is not None]
+    notes = [f"checked at {', '.join(v.name for v in variants if v.name.startswith('topology'))}"] if topologies else []
     notes += [f"not run at {s}" for s in skipped]
-    return Result(tensors=tensors, data=data, facts={"variants_differing": differing}, notes=notes)
+    return Result(tensors=tensors, data=data, facts={"variants_differing": differing}, notes=notes, located=located)
+
+
+def _locate(own: _Variant, other: _Variant, requests, results, got) -> Located | None:
+    """Where `other`'s results first part from the spec's run's, re-run op by op (harness.locate)."""
+    lens, sides = [len(r.prompt) for r in requests], (own.name, other.name)
+    first = first_divergence([RequestBits.of(r, n) for r, n in zip(results, lens)],
+                             [RequestBits.of(r, n) for r, n in zip(got, lens)], sides)
+    if first is None:
+        return None
+    if not other.aligned:
+        return Located(sides, first, note="not re-run op by op: speculative rounds and plain decode steps "
+                                          "do not align")
+    (ref_run, i_ref), (other_run, i_other) = own.rerun(requests, first.request), other.rerun(requests, first.request)
+    return locate(sides, first, ref_run, other_run, (i_ref, i_other))
+
+
+def locate_golden(spec, golden_tensors: dict, result_tensors: dict,
+                  sides: tuple[str, str] = ("golden", "this run")) -> Located | None:
+    """A golden mismatch, located from the golden's per-request tensors (level 1 of harness.locate:
+    the golden keeps no op-level states, and its recording code cannot be re-run). Also serves
+    two whole runs of the spec that disagree (regen's D1 check), with their `sides`."""
+    lens = [len(materialize(r["prompt"])) for r in spec.inputs["requests"]]
+    try:
+        gold = [RequestBits.from_tensors(golden_tensors, i, n) for i, n in enumerate(lens)]
+        ours = [RequestBits.from_tensors(result_tensors, i, n) for i, n in enumerate(lens)]
+    except KeyError:                      # a tensor missing on one side: compare's report says which
+        return None
+    first = first_divergence(gold, ours, sides)
+    if first is None:
+        return None
+    why = "a golden keeps no op-level states" if sides[0] == "golden" else "two whole runs of the spec"
+    return Located(sides, first, note=f"not re-run op by op ({why}); to find the op, compare two runs that "
+                                      f"must agree: --world-size, or the spec's batch_invariant, "
+                                      f"prefill_chunks or reproducible")
 
 
 def check(spec, result: Result) -> list[str]:

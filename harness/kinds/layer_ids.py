@@ -107,7 +107,7 @@ def walk_boundaries(model, tokens: torch.Tensor) -> list[torch.Tensor]:
     states = [x]                                                       # boundary 0
     for i, blk in enumerate(model.blocks):
         x = x + model._attention(i, blk, rms_norm(x, blk.attn_norm, eps, model.backend), cos, sin, positions, slots, cache)
-        x = x + model._moe(blk, rms_norm(x, blk.mlp_norm, eps, model.backend))
+        x = x + model._moe(i, blk, rms_norm(x, blk.mlp_norm, eps, model.backend))
         states.append(x)                                               # boundary i + 1
     return states
 

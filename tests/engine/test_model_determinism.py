@@ -88,7 +88,7 @@ def test_capture_matches_blocks_run_by_hand(tiny_model):
     for i, blk in enumerate(m.blocks):
         h = rms_norm(x, blk.attn_norm, cfg.rms_norm_eps)
         x = x + m._attention(i, blk, h, cos, sin, pos, slots, cache)
-        x = x + m._moe(blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps))
+        x = x + m._moe(i, blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps))
         by_hand.append(x)
     H = cfg.hidden_size
     for j, b in enumerate(order):

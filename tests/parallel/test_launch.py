@@ -53,3 +53,19 @@ def test_the_whole_run_timeout_kills_and_names_the_ranks():
 def test_bad_world_size():
     with pytest.raises(ValueError, match="world_size"):
         launch(rank_fns.gather_ranks, 0)
+
+
+def test_process_group_options_bind_nccl_ranks_to_their_gpu(monkeypatch):
+    """NCCL: device_id (so barrier() neither guesses a GPU nor warns) and a blocking wait (a
+    timed-out collective raises in Python, so the launcher names its cause); gloo: nothing."""
+    import torch
+
+    from engine import launch as launch_mod
+    assert launch_mod.process_group_options("gloo", 1) == {}
+    monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)       # no GPU needed
+    assert launch_mod.process_group_options("nccl", 1) == {"device_id": torch.device("cuda", 1)}
+    assert chosen == [torch.device("cuda", 1)]
+    import os
+    assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "1"

@@ -36,3 +36,42 @@ def sequential(local_parts, ctx):
     for p in every[1:]:
         total = total + p
     return total
+
+
+def one_rank_sequential(local_parts, ctx):
+    """The invariant gather, except that TP rank 1 adds its own chunks left to right instead of
+    as their subtree of the fixed tree. Every rank then adds the same (wrong) subtree sums, so the
+    ranks agree with each other and differ from one device."""
+    if ctx.tp_rank == 1:
+        mine = local_parts[0]
+        for p in local_parts[1:]:
+            mine = mine + p
+    else:
+        mine = tree_sum(local_parts)
+    return tree_sum(list(all_gather_stack(mine, ctx.tp, ctx.tp_group).unbind(0)))
+
+
+def _planted(rank_fn, variant: str):
+    def run(ctx, *args):
+        from engine import parallel
+        invariant = parallel.reduce_row_parallel
+        parallel.reduce_row_parallel = globals()[variant]
+        try:
+            return rank_fn(ctx, *args)
+        finally:
+            parallel.reduce_row_parallel = invariant
+    return run
+
+
+def generate_rank_one_rank_sequential(ctx, *args):
+    """engine.parallel._generate_rank with one_rank_sequential as the row-parallel reduction: put
+    in place of engine.parallel._generate_rank (in the launching process, over more than one
+    rank), it plants the wrong order in every spawned rank, which imports it by name."""
+    from engine import parallel
+    return _planted(parallel._generate_rank, "one_rank_sequential")(ctx, *args)
+
+
+def speculative_rank_one_rank_sequential(ctx, *args):
+    """As generate_rank_one_rank_sequential, for engine.parallel._speculative_rank."""
+    from engine import parallel
+    return _planted(parallel._speculative_rank, "one_rank_sequential")(ctx, *args)

@@ -1,0 +1,27 @@
+"""Divergences planted on purpose, for the tests that check the locator finds them."""
+
+from __future__ import annotations
+
+import engine.attention
+import engine.model
+
+PLANTED_TILE = 4        # key positions per tile in one-row forward calls (the engine's is KV_TILE = 32)
+
+
+def different_tile_when_alone(monkeypatch) -> None:
+    """A forward of one row (a decode step of a request decoding alone) walks the keys in tiles of
+    PLANTED_TILE instead of engine.attention.KV_TILE: the tile sums are added in another order,
+    so that step's attention output changes in its low bits, and only there (D2 broken)."""
+    attention = engine.model.attention
+
+    def planted(q, *args, **kwargs):
+        if q.shape[0] != 1:
+            return attention(q, *args, **kwargs)
+        tile = engine.attention.KV_TILE
+        engine.attention.KV_TILE = PLANTED_TILE
+        try:
+            return attention(q, *args, **kwargs)
+        finally:
+            engine.attention.KV_TILE = tile
+
+    monkeypatch.setattr(engine.model, "attention", planted)

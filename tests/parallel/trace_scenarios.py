@@ -1,0 +1,56 @@
+"""What every rank runs in the topology trace test (spawned processes import this by name):
+op-level traces (engine.trace) of generate and speculative runs at each topology, which must
+equal one device's element by element, every sharded op gathered to its one-device layout."""
+
+from __future__ import annotations
+
+from engine.trace import Trace
+
+from tests.parallel import scenarios, speculative_scenarios
+
+GENERATE_AT = [(0, 0), (2, 3)]          # (request, step): request 0's prefill, request 2's decode step 3
+SPECULATIVE_AT = [(2, 2)]               # request 2's verify round 2 (seeded, hot: rejection draws)
+
+
+def one_device(ckpt: str) -> dict:
+    from engine.eagle3 import load_draft
+    from engine.generate import generate
+    from engine.model import GptOssModel
+    from engine.speculative import speculative_generate
+    out = {}
+    model = GptOssModel.from_checkpoint(ckpt)
+    for r, s in GENERATE_AT:
+        model.trace = Trace(r, s)
+        generate(model, scenarios.requests(), capture=scenarios.CAPTURE)
+        out["generate", r, s] = model.trace
+    pair = speculative_scenarios.fitted_pair()
+    target = GptOssModel.from_checkpoint(pair.target)
+    draft = load_draft(pair.draft, target, convention=pair.convention)
+    for r, s in SPECULATIVE_AT:
+        target.trace = Trace(r, s)
+        speculative_generate(target, draft, speculative_scenarios.requests(), speculative_scenarios.SPECS["tree"])
+        out["speculative", r, s] = target.trace
+    return out
+
+
+def run(ckpt: str, topologies: list[tuple[int, int]]) -> dict:
+    from engine import parallel
+    from engine.checkpoint import load_checkpoint
+    from engine.distributed import ParallelContext, Topology
+    from engine.generate import generate
+    config, weights = load_checkpoint(ckpt)
+    pair = speculative_scenarios.fitted_pair()
+    out = {}
+    for tp, ep in topologies:
+        ctx = ParallelContext(Topology(tp, ep))
+        model = parallel.ParallelGptOssModel(config, weights, ctx)
+        for r, s in GENERATE_AT:
+            model.trace = Trace(r, s)
+            generate(model, scenarios.requests(), capture=scenarios.CAPTURE)
+            out[tp, ep, "generate", r, s] = model.trace
+        for r, s in SPECULATIVE_AT:
+            _, trace = parallel._speculative_rank(ctx, pair.target, speculative_scenarios.requests(), pair.draft,
+                                                  pair.convention, speculative_scenarios.SPECS["tree"],
+                                                  trace=Trace(r, s))
+            out[tp, ep, "speculative", r, s] = trace
+    return out
