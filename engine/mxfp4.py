@@ -43,7 +43,7 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
     if blocks.shape[-1] != BYTES_PER_BLOCK or blocks.shape[:-1] != scales.shape:
         raise ValueError(f"MXFP4 shapes disagree: blocks {tuple(blocks.shape)} needs [..., G, 16] "
                          f"and scales [..., G], got scales {tuple(scales.shape)}")
-    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32)
+    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=blocks.device)
     lo = lut[(blocks & 0x0F).long()]                       # [..., G, 16]  even elements
     hi = lut[(blocks >> 4).long()]                         # [..., G, 16]  odd elements
     values = torch.stack([lo, hi], dim=-1).flatten(-2)     # [..., G, 32]  lo, hi, lo, hi, ...
@@ -55,11 +55,11 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
 
 def _nearest_code(magnitude: torch.Tensor) -> torch.Tensor:
     """Index (0..7) of the nearest E2M1 magnitude; a tie goes to the even index."""
-    grid = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
+    grid = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=magnitude.device)
     dist = (magnitude.unsqueeze(-1) - grid).abs()          # [..., 8]
     best = dist.min(dim=-1, keepdim=True).values
     is_best = dist == best                                 # one or two True (a tie)
-    even_best = is_best & (torch.arange(8) % 2 == 0)
+    even_best = is_best & (torch.arange(8, device=magnitude.device) % 2 == 0)
     pick = torch.where(even_best.any(-1, keepdim=True), even_best, is_best)
     return pick.to(torch.int64).argmax(dim=-1)             # first True
 
