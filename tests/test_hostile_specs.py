@@ -160,3 +160,12 @@ def test_stray_files_under_specs_are_errors(project, capsys):
     assert "specs/coins/copy.yml: spec files end in .yaml: this file would be ignored" in out
     assert "specs/coins/gone.yaml: a broken symbolic link" in out
     assert run(capsys, "list")[0] == 2
+
+
+def test_coins_in_keys_mode_with_one_key(project, capsys):
+    (project / "specs/coins/one-key.yaml").write_text(
+        "kind: coins\ndescription: one key\ninputs: {keys: [[0, 0, 0]], outputs: [hash, coins, gumbel]}\n"
+        "expect: {hash: [2167721464]}\n")
+    code, out = run(capsys, "regen", "coins/one-key")
+    assert code == 0 and "new       coins/one-key" in out
+    assert run(capsys, "check", "coins/one-key")[0] == 0

@@ -150,9 +150,11 @@ def _compute(spec, device) -> dict[str, torch.Tensor]:
     out = {}
     if inp["keys"] is not None:
         keys = torch.tensor(inp["keys"], dtype=torch.int64, device=device)  # [k, 3]
-        # Each key is its own row; its column is the diagonal of the [k, k] hash grid.
+        # Each key is its own row; its column is the diagonal of the [k, k] hash grid. The diagonal is
+        # copied with standard strides: for one key, .contiguous() would keep its stride of 2.
         hashes = {b: murmur_hash32(keys[:, 0].contiguous(), keys[:, 1].contiguous(), keys[:, 2].contiguous(),
-                                   backend=b).diagonal().contiguous() for b in backends}
+                                   backend=b).diagonal().clone(memory_format=torch.contiguous_format)
+                  for b in backends}
         _agree(hashes)
         h = hashes[backends[0]]
         out = {"hash": h, "coins": coins_from_hash(h), "gumbel": gumbel_from_hash(h)}
