@@ -65,3 +65,20 @@ def test_works_under_xdist(scratch):
     scratch.runpytest("--lockstep-regen")
     result = scratch.runpytest_subprocess("-n", "2")
     result.assert_outcomes(passed=2)
+
+
+def test_a_yml_file_is_a_failing_item_not_skipped(scratch):
+    scratch.runpytest("--lockstep-regen")
+    shutil.copy(scratch.path / "specs/coins/known-answers.yaml", scratch.path / "specs/coins/copy.yml")
+    result = scratch.runpytest()
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*specs/coins/copy.yml: spec files end in .yaml: this file would be ignored*"])
+
+
+def test_regen_refused_while_another_regen_holds_the_goldens(scratch):
+    from harness.golden import GoldenStore
+
+    with GoldenStore(scratch.path / "golden").writer_lock():
+        result = scratch.runpytest("--lockstep-regen")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*another process is recording goldens*"])
