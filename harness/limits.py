@@ -46,6 +46,12 @@ MAX_CHECKPOINT_PARAMS = 1 << 26
 MAX_REQUEST_TOKENS = 4096
 # Requests of one generate spec (shipped specs use at most 8).
 MAX_REQUESTS = 256
+# Speculative decoding of a spec: draft steps per round, children per node, and tree nodes.
+# Shipped specs use at most 3, 3 and 8 (SGLang's EAGLE3 defaults are of that order); without a
+# bound, num_steps: 1000000000 passes the engine's own checks and drafts forever.
+MAX_DRAFT_STEPS = 32
+MAX_DRAFT_TOPK = 32
+MAX_DRAFT_TOKENS = 256
 # Requests (seeds) of one distribution spec: each is a speculative generation (the shipped ones
 # use 2000 and take minutes); the exact law needs V^(K-1) forwards, bounded in the kind itself.
 MAX_DISTRIBUTION_SEEDS = 20_000

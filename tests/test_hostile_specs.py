@@ -169,3 +169,10 @@ def test_coins_in_keys_mode_with_one_key(project, capsys):
     code, out = run(capsys, "regen", "coins/one-key")
     assert code == 0 and "new       coins/one-key" in out
     assert run(capsys, "check", "coins/one-key")[0] == 0
+
+
+def test_speculative_decoding_sizes_are_bounded():
+    text = GENERATE.replace("  checkpoint: {preset: tiny}\n", "  checkpoint: {preset: tiny}\n  draft: {seed: 0, convention: "
+                            "sglang}\n  speculative: {num_steps: 1000000000, draft_token_num: 4}\n")
+    err = one_error(text, root=REPO)
+    assert err.path == "inputs.speculative.num_steps" and "expected an integer >= 1 and <= 32" in err.message

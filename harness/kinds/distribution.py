@@ -49,7 +49,8 @@ import torch
 
 from harness.checkpoints import CHECKPOINT, DRAFT, checkpoint_config, draft_for, draft_problems, model_for
 from harness.intseq import IntSeq, length, materialize, max_value
-from harness.limits import MAX_DISTRIBUTION_SEEDS, MAX_REQUEST_TOKENS
+from harness.limits import (MAX_DISTRIBUTION_SEEDS, MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK,
+                            MAX_REQUEST_TOKENS)
 from harness.result import Result
 from harness.schema import Field, Float, Int, Map, Problem, Str
 
@@ -60,9 +61,9 @@ INPUTS = Map({
     "checkpoint": Field(CHECKPOINT, required=True),
     "draft": Field(DRAFT, required=True),
     "speculative": Field(Map({
-        "num_steps": Field(Int(min=1), default=3),
-        "topk": Field(Int(min=1), default=1),
-        "draft_token_num": Field(Int(min=1), default=4),
+        "num_steps": Field(Int(min=1, max=MAX_DRAFT_STEPS), default=3),
+        "topk": Field(Int(min=1, max=MAX_DRAFT_TOPK), default=1),
+        "draft_token_num": Field(Int(min=1, max=MAX_DRAFT_TOKENS), default=4),
         "verify": Field(Str(choices=["rejection", "target-only"]), default="rejection"),
     }), required=True),
     "prompt": Field(IntSeq(min_value=0, max_len=MAX_REQUEST_TOKENS), required=True),

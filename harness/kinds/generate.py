@@ -43,7 +43,7 @@ from pathlib import Path
 from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, draft_dir, draft_for, draft_problems,
                                  model_for, target_dir)
 from harness.intseq import IntSeq, length, materialize, max_value
-from harness.limits import MAX_REQUEST_TOKENS, MAX_REQUESTS
+from harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK, MAX_REQUEST_TOKENS, MAX_REQUESTS
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
 from engine.generate import Request, generate
@@ -77,9 +77,9 @@ INPUTS = Map({
                         doc="(tp, ep) pairs that must reproduce the one-device bits"),
     "draft": Field(DRAFT, doc="an EAGLE3 draft; with `speculative`"),
     "speculative": Field(Map({
-        "num_steps": Field(Int(min=1), default=3),
-        "topk": Field(Int(min=1), default=1),
-        "draft_token_num": Field(Int(min=1), default=4),
+        "num_steps": Field(Int(min=1, max=MAX_DRAFT_STEPS), default=3),
+        "topk": Field(Int(min=1, max=MAX_DRAFT_TOPK), default=1),
+        "draft_token_num": Field(Int(min=1, max=MAX_DRAFT_TOKENS), default=4),
         "verify": Field(Str(choices=["greedy", "target-only", "rejection"]), default="target-only"),
         "threshold_single": Field(Float(), default=1.0),
         "threshold_acc": Field(Float(), default=1.0),
