@@ -22,7 +22,8 @@ listed by `model.safetensors.index.json`. Tensor names and shapes (DESIGN §7), 
 
 `load_checkpoint` returns the weights under the unquantized names and shapes whatever the
 format (MXFP4 experts are dequantized and transposed), upcast to fp32 (dtype policy `fp32`).
-Every problem raises a CheckpointError naming the tensor.
+Every problem raises a CheckpointError naming the file and the tensor (and for a dtype, the one
+found and the one config.json implies).
 
 `make_checkpoint` writes deterministic synthetic weights in exactly this layout.
 """
@@ -38,14 +39,17 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from engine import mxfp4
 from engine.config import MXFP4_QUANTIZATION_CONFIG, GptOssConfig, preset
 from kernels import portable
 
-FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# The float dtype config.json's `torch_dtype` (transformers >= 5: `dtype`) says every float tensor
+# has; released gpt-oss checkpoints say bfloat16, and so does a config that names none.
+CONFIG_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_DTYPE = "bfloat16"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
@@ -92,20 +96,61 @@ def expected_tensors(config: GptOssConfig, mxfp4_experts: bool) -> dict[str, tup
 
 
 # ---------------------------------------------------------------------- loading
+def _read_json_object(file: Path) -> dict:
+    """A JSON file that must hold an object; CheckpointError naming the file otherwise."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{file}: cannot be read as JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object, found a {type(data).__name__}")
+    return data
+
+
+def _read_config(path: Path) -> tuple[GptOssConfig, torch.dtype]:
+    """The config of a checkpoint folder, and the float dtype its config.json implies."""
+    file = path / "config.json"
+    data = _read_json_object(file)
+    try:
+        config = GptOssConfig.from_hf_dict(data)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise CheckpointError(f"{file}: {e}") from None
+    name = data.get("torch_dtype", data.get("dtype", DEFAULT_DTYPE))
+    if name not in CONFIG_DTYPES:
+        raise CheckpointError(f"{file}: torch_dtype {name!r} is not one of {sorted(CONFIG_DTYPES)}")
+    return config, CONFIG_DTYPES[name]
+
+
+def _shard_keys(shard: Path) -> set[str]:
+    """The tensor names of a safetensors file; CheckpointError naming it when it is unreadable
+    (empty, truncated, not safetensors)."""
+    try:
+        with safe_open(shard, framework="pt") as f:
+            return set(f.keys())
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{shard}: not a readable safetensors file ({e})") from None
+
+
+def _read_shard(shard: Path) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(shard, framework="pt") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{shard}: not a readable safetensors file ({e})") from None
+
+
 def _tensor_files(path: Path) -> dict[str, Path]:
     """name -> shard file, from the index (checked against the shards) or the single file."""
     index_path, single = path / INDEX_FILE, path / SINGLE_FILE
     if index_path.exists():
-        with open(index_path, encoding="utf-8") as f:
-            weight_map = json.load(f).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index_path}: no weight_map")
+        weight_map = _read_json_object(index_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index_path}: no weight_map of tensor names to shard file names")
         where = {name: path / fname for name, fname in weight_map.items()}
         for shard in sorted(set(where.values())):
-            if not shard.exists():
+            if not shard.is_file():
                 raise CheckpointError(f"{index_path} names shard {shard.name}, which does not exist")
-            with safe_open(shard, framework="pt") as f:
-                present = set(f.keys())
+            present = _shard_keys(shard)
             for name, s in where.items():
                 if s == shard and name not in present:
                     raise CheckpointError(f"tensor {name}: listed in {INDEX_FILE} under {shard.name}, "
@@ -116,8 +161,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
                                           f"says {where[name].name if name in where else 'nothing'}")
         return where
     if single.exists():
-        with safe_open(single, framework="pt") as f:
-            return {name: single for name in f.keys()}
+        return {name: single for name in _shard_keys(single)}
     raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
 
 
@@ -127,7 +171,7 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32
     path = Path(path)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json")
-    config = GptOssConfig.from_json_file(path / "config.json")
+    config, float_dtype = _read_config(path)
     files = _tensor_files(path)
 
     expected = expected_tensors(config, config.is_mxfp4)
@@ -146,17 +190,15 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32
 
     raw: dict[str, torch.Tensor] = {}
     for shard in sorted(set(files.values())):
-        with safe_open(shard, framework="pt") as f:
-            for name in f.keys():
-                raw[name] = f.get_tensor(name)
+        raw.update(_read_shard(shard))
     for name, (shape, kind) in expected.items():
-        t = raw[name]
+        t, where = raw[name], files[name]
         if tuple(t.shape) != shape:
-            raise CheckpointError(f"tensor {name}: shape {tuple(t.shape)}, but config.json implies {shape}")
-        ok = t.dtype == torch.uint8 if kind == "uint8" else t.dtype in FLOAT_DTYPES
-        if not ok:
-            want = "uint8" if kind == "uint8" else "bf16/fp16/fp32"
-            raise CheckpointError(f"tensor {name}: dtype {t.dtype}, expected {want}")
+            raise CheckpointError(f"{where}: tensor {name}: shape {tuple(t.shape)}, but config.json implies {shape}")
+        want = torch.uint8 if kind == "uint8" else float_dtype
+        if t.dtype != want:
+            why = "MXFP4 blocks and scales are uint8" if kind == "uint8" else "config.json's torch_dtype implies it"
+            raise CheckpointError(f"{where}: tensor {name}: dtype {t.dtype}, expected {want} ({why})")
 
     for name, t in raw.items():
         if name.endswith("_scales"):
@@ -277,7 +319,7 @@ def write_folder_atomically(out_dir: Path, write) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         write(tmp)
-        os.chmod(tmp, 0o755)
+        _honour_umask(tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
         os.rename(tmp, out_dir)
@@ -285,6 +327,17 @@ def write_folder_atomically(out_dir: Path, write) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _honour_umask(folder: Path) -> None:
+    """mkdtemp makes its folder 0700 and safetensors writes its files 0600: give the folder and its
+    files the modes the user's umask gives anything new (0755 and 0644 under the usual 022)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(folder, 0o777 & ~mask)
+    for f in folder.iterdir():
+        if f.is_file():
+            os.chmod(f, 0o666 & ~mask)
 
 
 def checkpoint_digest(path: str | Path) -> dict[str, str]:

@@ -23,11 +23,15 @@ the real loading code.
 from __future__ import annotations
 
 import atexit
+import json
+import math
+import posixpath
 import shutil
 import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from harness.limits import MAX_CHECKPOINT_PARAMS
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
 
 CHECKPOINT = OneOf(
@@ -60,6 +64,8 @@ DRAFT = OneOf(
         }), doc="these draft ids' lm_head rows become weight * e_0"),
     }),
 )
+
+SYNTHETIC_DRAFT_AUX = 3  # aux states of a synthetic draft (engine.eagle3.make_draft_checkpoint's n_aux)
 
 _root: Path | None = None
 
@@ -127,7 +133,7 @@ def checkpoint_problems(ckpt: dict | None, path: tuple) -> list[Problem]:
     return []
 
 
-def draft_problems(draft: dict | None, target_ckpt: dict | None, path: tuple) -> list[Problem]:
+def draft_tie_problems(draft: dict | None, target_ckpt: dict | None, path: tuple) -> list[Problem]:
     """Load-time checks of a synthetic draft mapping: lm_head ties name draft ids of its vocabulary."""
     if not draft or "seed" not in draft or not draft.get("lm_head_ties") or not target_ckpt \
             or "preset" not in target_ckpt:
@@ -178,6 +184,89 @@ def edited_copy(base: Path, name: str, edit) -> Path:
     return write_folder_atomically(_cache_root() / name, write)
 
 
+# --------------------------------------------------------------------------- validation
+def path_problems(relative: str, root: Path | None, where: tuple) -> list[Problem]:
+    """A checkpoint path of a spec: relative, inside the project root, and (with the root known) an
+    existing folder; symbolic links are followed, so a link out of the project is refused too."""
+    if posixpath.isabs(relative) or "\\" in relative:
+        return [Problem(where, f"expected a path relative to the project root (with '/'), found {relative!r}")]
+    if posixpath.normpath(relative).split("/")[0] == "..":
+        return [Problem(where, f"path {relative!r} leaves the project root")]
+    if root is None:
+        return []
+    try:
+        path = resolve_path(relative, root)
+    except ValueError as e:
+        return [Problem(where, str(e))]
+    if not path.is_dir():
+        return [Problem(where, f"no checkpoint folder at {relative!r} (relative to the project root {root})")]
+    return []
+
+
+def parameter_count(config) -> int:
+    """Parameters of a checkpoint of this config (its unquantized tensors)."""
+    from engine.checkpoint import expected_tensors
+
+    return sum(math.prod(shape) for shape, _ in expected_tensors(config, False).values())
+
+
+def preset_config(name: str, where: tuple, make: bool) -> tuple[object | None, list[Problem]]:
+    """The config of an engine preset; an error for an unknown one, and (`make`: the spec makes a
+    checkpoint of it) for one too large to make."""
+    from engine.config import preset
+
+    try:
+        config = preset(name)
+    except ValueError as e:
+        return None, [Problem(where, str(e))]
+    if make and parameter_count(config) > MAX_CHECKPOINT_PARAMS:
+        return None, [Problem(where, f"preset {name!r} has {parameter_count(config):,} parameters; a spec may make "
+                                     f"checkpoints of at most {MAX_CHECKPOINT_PARAMS:,} (use a test preset such as "
+                                     f"tiny, small, tiny-d24 or tiny-d36)")]
+    return config, []
+
+
+def checkpoint_config(ckpt: dict, root: Path | None, where: tuple) -> tuple[object | None, list[Problem]]:
+    """The config of a spec's checkpoint, read without loading its weights, and the problems found.
+    None without problems when it cannot be known (a path, with no project root to read it from)."""
+    if "preset" in ckpt:
+        return preset_config(ckpt["preset"], where + ("preset",), make=True)
+    problems = path_problems(ckpt["path"], root, where + ("path",))
+    if problems or root is None:
+        return None, problems
+    from engine.config import GptOssConfig
+
+    config_file = resolve_path(ckpt["path"], root) / "config.json"
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+        return GptOssConfig.from_hf_dict(data), []
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as e:
+        return None, [Problem(where + ("path",), f"cannot read the checkpoint's config {config_file}: {e}")]
+
+
+def draft_problems(draft: dict, target_ckpt: dict, target_config, root: Path | None, where: tuple) -> list[Problem]:
+    """A spec's EAGLE3 draft: a path inside the project, or a synthetic draft of a preset target
+    whose aux layer ids resolve to its 3 aux states under the convention."""
+    if "path" in draft:
+        return path_problems(draft["path"], root, where + ("path",))
+    if "preset" not in target_ckpt:
+        return [Problem(where, "a synthetic draft (seed, convention, ...) needs a checkpoint given by preset; "
+                               "give the draft a path instead")]
+    if target_config is None or draft.get("aux_layer_ids") is None:
+        return []
+    from engine.boundaries import LayerIdError, resolve_boundaries
+
+    try:
+        resolve_boundaries(draft["aux_layer_ids"], draft["convention"], target_config.num_hidden_layers,
+                           SYNTHETIC_DRAFT_AUX, f"the synthetic draft of {target_ckpt['preset']}")
+    except LayerIdError as e:
+        return [Problem(where + ("aux_layer_ids",), str(e))]
+    return []
+
+
+# --------------------------------------------------------------------------- at run time
 def resolve_path(relative: str, root: Path) -> Path:
     """A path from a spec, inside the project root `root`; anything that leaves it is refused."""
     root = root.resolve()

@@ -14,6 +14,11 @@ Patterns are globs over spec ids (`'coins/*'`). Exit codes of `check` and `diff`
 0 every spec matches its golden, 1 a mismatch (or a failed expectation, a crash, a corrupt
 golden, or with --strict a stale golden), 2 a spec or usage error, 3 a missing golden.
 When several apply, the lowest-numbered failure wins in the order 2, 1, 3.
+
+`main` is the one error boundary: a usage error is one line and exit 2, any other exception one
+located line and exit 1 (its traceback with --debug), a closed stdout (`lockstep list | head`)
+ends quietly. `--help`, `list` and `validate`'s parsing import neither torch nor the engine:
+commands import what they run.
 """
 
 from __future__ import annotations
@@ -26,54 +31,117 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from harness import runner
-from harness.golden import GoldenStore
-from harness.platform import detect
-from harness.result import RunContext
-from harness.specfile import load_specs, select, spec_files, spec_id_for
+from harness.errors import full_traceback, located
+from harness.limits import WORLD_SIZES
+from harness.specfile import load_headers, load_specs, select, spec_files, spec_id_for
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a Unix tool killed by a closed pipe reports
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+MAX_COLUMN = 48  # a column of `list` wider than this is cut with "…", so one long tag cannot push every line
 
 
 class UsageError(Exception):
     pass
 
 
+# --------------------------------------------------------------------------- argument types
+def _int_list(text: str) -> list[int]:
+    """Comma-separated integers; an empty item (`1,,2`, a trailing comma) is an error, not skipped."""
+    items = text.split(",")
+    try:
+        if any(not item.strip() for item in items):
+            raise ValueError
+        return [int(item, 0) for item in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _world_sizes(text: str) -> list[int]:
+    sizes = _int_list(text)
+    for w in sizes:
+        if w not in WORLD_SIZES:
+            raise argparse.ArgumentTypeError(f"world size {w} is not one of {', '.join(map(str, WORLD_SIZES))} "
+                                             "(the tensor-parallel degrees DESIGN D4 covers)")
+    if len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"a world size is listed twice in {text!r}")
+    return sizes
+
+
+def _tag(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a tag must not be empty")
+    return text
+
+
 # --------------------------------------------------------------------------- shared plumbing
+def _debug(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show tracebacks (of crashes of the code under test, and of lockstep itself)")
+
+
 def _common(p: argparse.ArgumentParser, patterns: str = "*") -> None:
     p.add_argument("patterns", nargs=patterns, metavar="PATTERN", help="spec id globs, e.g. 'coins/*'")
-    p.add_argument("--tag", action="append", default=[], help="only specs carrying this tag (repeatable)")
+    p.add_argument("--tag", action="append", default=[], type=_tag, help="only specs carrying this tag (repeatable)")
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
     p.add_argument("--golden", type=Path, default=Path("golden"), help="golden directory (default: ./golden)")
+    _debug(p)
 
 
 def _running(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype policy (default fp32)")
     p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="engine kernel backend")
-    p.add_argument("--world-size", type=_int_list, default=[], metavar="W[,W...]",
-                   help="also run generate specs at tensor parallel tp=W and expert parallel ep=W "
-                        "(torch.distributed; gloo on CPU, NCCL on GPU) and require the one-device bits")
+    p.add_argument("--world-size", type=_world_sizes, default=[], metavar="W[,W...]",
+                   help="also run generate specs at tensor parallel tp=W and expert parallel ep=W, W in "
+                        f"{{{', '.join(map(str, WORLD_SIZES))}}} (torch.distributed; gloo on CPU, NCCL on GPU) "
+                        "and require the one-device bits")
 
 
-def _load(args) -> tuple[list, list]:
+def _check_dirs(args) -> None:
     if not args.specs.is_dir():
         raise UsageError(f"no spec directory at {args.specs} (run from the project root or pass --specs)")
-    specs, errors = load_specs(args.specs)
+    golden = getattr(args, "golden", None)
+    if golden is not None and golden.exists() and not golden.is_dir():
+        raise UsageError(f"--golden {golden} is not a directory")
+
+
+def _load(args, loader=load_specs, also_ids=()) -> tuple[list, list]:
+    """The selected specs and the spec errors to report. A pattern must name a spec file (or one of
+    `also_ids`: goldens whose spec is gone); a selection of nothing is a usage error, never a pass."""
+    _check_dirs(args)
+    specs, errors = loader(args.specs)
     chosen = select(specs, args.patterns, args.tag)
-    all_ids = [spec_id_for(f, args.specs) for f in spec_files(args.specs)]
+    all_ids = [spec_id_for(f, args.specs) for f in spec_files(args.specs)] + list(also_ids)
     for pattern in args.patterns:
         if not any(fnmatch.fnmatchcase(i, pattern) for i in all_ids):
             raise UsageError(f"no spec matches {pattern!r} (see `lockstep list`)")
     if args.patterns:  # report the errors of the files the patterns name, not of every file
-        errors = [e for e in errors
-                  if any(fnmatch.fnmatchcase(spec_id_for(Path(e.file), args.specs), p) for p in args.patterns)]
+        errors = [e for e in errors if _matches(e.file, args)]
+    goldens_named = [i for i in also_ids if any(fnmatch.fnmatchcase(i, p) for p in args.patterns)]
+    if not chosen and not errors and not goldens_named:
+        raise UsageError(_nothing_selected(args))
     return chosen, errors
 
 
-def _context(args) -> RunContext:
+def _matches(file: str, args) -> bool:
+    try:
+        spec_id = spec_id_for(Path(file), args.specs)
+    except ValueError:
+        return True
+    return any(fnmatch.fnmatchcase(spec_id, p) for p in args.patterns)
+
+
+def _nothing_selected(args) -> str:
+    if args.tag:
+        return f"no spec{' matching the patterns' if args.patterns else ''} carries tag(s) {args.tag}"
+    return f"no specs under {args.specs}"
+
+
+def _context(args):
+    from harness.platform import detect
+    from harness.result import RunContext
+
     try:
         return RunContext(platform=detect(args.device, args.dtype), backend=args.backend,
                           world_sizes=tuple(args.world_size))
@@ -81,38 +149,79 @@ def _context(args) -> RunContext:
         raise UsageError(str(e)) from None
 
 
-def _stale(args, store: GoldenStore) -> list[str]:
-    """Goldens whose spec file no longer exists, as 'platform/spec id'."""
+def _golden_ids(store) -> list[str]:
+    return [i for found in store.ids().values() for i in found]
+
+
+def _stale(args, store) -> list[str]:
+    """Goldens whose spec file no longer exists, as 'platform/spec id', within the patterns given
+    (a tag selects nothing here: a golden without a spec has no tags)."""
     ids = {spec_id_for(f, args.specs) for f in spec_files(args.specs)}
-    return [f"{platform}/{i}" for platform, found in store.ids().items() for i in found if i not in ids]
+    stale = [(platform, i) for platform, found in store.ids().items() for i in found if i not in ids]
+    if args.patterns:
+        stale = [(p, i) for p, i in stale if any(fnmatch.fnmatchcase(i, pat) for pat in args.patterns)]
+    elif args.tag:
+        stale = []
+    return [f"{platform}/{i}" for platform, i in stale]
+
+
+def _golden_folders(golden: Path, platforms) -> str:
+    """'golden/shared (2), golden/cpu-fp32 (1)': the folders a run read or wrote, with counts."""
+    counts: dict[str, int] = {}
+    for p in platforms:
+        counts[p] = counts.get(p, 0) + 1
+    return ", ".join(f"{golden / p} ({n})" for p, n in counts.items()) or "none"
 
 
 class Progress:
-    """A one-line progress display on stderr, shown only on a terminal."""
+    """Per-spec progress: a one-line display on stderr when it is a terminal; with `lines`, one
+    line per finished spec on stderr when it is not (a CI log shows progress as it happens)."""
 
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled, self.start = total, enabled and sys.stderr.isatty(), time.perf_counter()
+    def __init__(self, total: int, lines: bool = False):
+        self.total, self.start = total, time.perf_counter()
+        self.live = sys.stderr.isatty()
+        self.lines = lines and not self.live
 
     def show(self, i: int, spec_id: str) -> None:
-        if self.enabled:
+        if self.live:
             line = f"[{i}/{self.total}] {time.perf_counter() - self.start:6.1f}s {spec_id}"
             sys.stderr.write("\r" + line[:100].ljust(100))
             sys.stderr.flush()
 
-    def done(self) -> None:
-        if self.enabled:
+    def finished(self, i: int, text: str) -> None:
+        if self.lines:
+            print(f"[{i}/{self.total}] {text}", file=sys.stderr, flush=True)
+
+    def clear(self) -> None:
+        if self.live:
             sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.flush()
+
+
+def _cut(text: str, width: int = MAX_COLUMN) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    """Rows of cells as aligned lines: each column as wide as its widest cell (after _cut); the
+    last column is left as it is."""
+    rows = [[_cut(c) for c in row[:-1]] + row[-1:] for row in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows]
 
 
 # --------------------------------------------------------------------------- commands
 def cmd_list(args) -> int:
-    specs, errors = _load(args)
-    if args.target != "lockstep":
+    """Ids, kinds, tags and descriptions, read from each spec's header only (no torch import):
+    `lockstep validate` checks the rest."""
+    if args.target != "lockstep":             # applicability needs whole specs
         from harness.targets.check import cmd_list_target
+        specs, errors = _load(args)
         return cmd_list_target(args, specs) or (EXIT_USAGE if errors else EXIT_OK)
-    for s in specs:
-        tags = ",".join(s.tags)
-        print(f"{s.id:<44} {s.kind:<10} {tags:<28} {s.description.splitlines()[0][:80]}")
+    specs, errors = _load(args, loader=load_headers)
+    if specs:
+        rows = [[s.id, s.kind, ",".join(s.tags) or "-", s.description.splitlines()[0][:80]] for s in specs]
+        print("\n".join(_columns(rows)))
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     return EXIT_USAGE if errors else EXIT_OK
@@ -128,6 +237,8 @@ def cmd_validate(args) -> int:
 
 
 def _exit_code(outcomes, errors, stale_failing: bool) -> int:
+    from harness import runner
+
     if errors:
         return EXIT_USAGE
     if stale_failing or any(o.status in runner.FAILING for o in outcomes):
@@ -137,42 +248,66 @@ def _exit_code(outcomes, errors, stale_failing: bool) -> int:
     return EXIT_OK
 
 
+class StatusTable:
+    """`check`'s table: a row printed as each spec finishes, aligned from the start (the widths
+    come from the selected specs' ids and golden folders, known before anything runs)."""
+
+    def __init__(self, ids: list[str], platforms: list[str]):
+        self.id_width = max([len("SPEC")] + [len(i) for i in ids])
+        self.golden_width = max([len("GOLDEN")] + [len(p) for p in platforms])
+
+    def row(self, status: str, spec_id: str, golden: str, seconds: str) -> str:
+        return f"{status:<9} {spec_id:<{self.id_width}}  {golden:<{self.golden_width}}  {seconds:>7}"
+
+    def header(self) -> str:
+        return self.row("STATUS", "SPEC", "GOLDEN", "TIME")
+
+    def outcome(self, o) -> str:
+        status = o.status if o.status == "pass" else o.status.upper()
+        return self.row(status, o.spec.id, o.golden_platform, f"{o.seconds:6.2f}s")
+
+
 def cmd_check(args, explain: bool = False) -> int:
-    specs, errors = _load(args)
+    from harness import kinds, runner
+    from harness.golden import GoldenStore
+
+    store = GoldenStore(args.golden)
+    specs, errors = _load(args, also_ids=_golden_ids(store) if args.strict else ())
     ctx = _context(args)
     if args.target != "lockstep":             # another implementation: harness/targets
         from harness.targets.check import cmd_check_target
-        return cmd_check_target(args, specs, errors, ctx, explain, Progress(len(specs), not args.json))
-    store = GoldenStore(args.golden)
+        return cmd_check_target(args, specs, errors, ctx, explain, Progress(len(specs), lines=args.json))
     start = time.perf_counter()
-    progress = Progress(len(specs), not args.json)
+    table = StatusTable([s.id for s in specs], [kinds.KINDS[s.kind].golden_platform(s, ctx) for s in specs])
+    progress = Progress(len(specs), lines=args.json)
+    if specs and not args.json:
+        print(table.header(), flush=True)
     outcomes = []
     for i, spec in enumerate(specs, 1):
         progress.show(i, spec.id)
-        outcomes.append(runner.check_spec(spec, ctx, store))
-    progress.done()
-    stale = _stale(args, store) if not args.patterns and not args.tag else []
+        outcomes.append(runner.check_spec(spec, ctx, store, strict=args.strict))
+        progress.clear()
+        progress.finished(i, table.outcome(outcomes[-1]))
+        if not args.json:
+            print(table.outcome(outcomes[-1]), flush=True)
+    stale = _stale(args, store)
     code = _exit_code(outcomes, errors, args.strict and bool(stale))
-    counts = {s: sum(o.status == s for o in outcomes) for s in
-              (runner.PASS, runner.MISMATCH, runner.FAILED, runner.CRASH, runner.CORRUPT, runner.MISSING)}
+    counts = {s: sum(o.status == s for o in outcomes) for s in runner.STATUSES}
     elapsed = time.perf_counter() - start
+    folders = _golden_folders(args.golden, [o.golden_platform for o in outcomes])
     if args.json:
         print(json.dumps({
             "platform": ctx.platform.name, "backend": ctx.backend, "exit_code": code, "seconds": round(elapsed, 3),
+            "golden_folders": sorted({str(args.golden / o.golden_platform) for o in outcomes}),
             "summary": counts | {"spec_errors": len(errors), "stale_goldens": len(stale)},
             "specs": [o.to_json() for o in outcomes], "spec_errors": [str(e) for e in errors],
             "stale_goldens": stale}, indent=2))
         return code
-    if outcomes:
-        width = max(len(o.spec.id) for o in outcomes)
-        print(f"{'STATUS':<9} {'SPEC':<{width}}  {'GOLDEN':<14} {'TIME':>7}")
-        for o in outcomes:
-            status = o.status if o.status == runner.PASS else o.status.upper()
-            print(f"{status:<9} {o.spec.id:<{width}}  {o.golden_platform:<14} {o.seconds:6.2f}s")
+    debug = getattr(args, "debug", False)
     for o in outcomes:
-        if o.status != runner.PASS or explain:
+        if o.status != runner.PASS or o.stale_golden or explain:
             print()
-            print(o.report() if o.status != runner.PASS else _explain_pass(o, store))
+            print(o.report(debug) if o.status != runner.PASS or not explain else _explain_pass(o, store))
     if errors:
         print("\nspec errors:")
         for e in errors:
@@ -180,21 +315,24 @@ def cmd_check(args, explain: bool = False) -> int:
     if stale:
         print(f"\nstale goldens (their spec no longer exists){' — failing under --strict' if args.strict else ''}:")
         for s in stale:
-            print(f"  golden/{s}")
+            print(f"  {args.golden / s}")
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n or s == runner.PASS)
     extra = (f", {len(errors)} spec error(s)" if errors else "") + (f", {len(stale)} stale golden(s)" if stale else "")
-    print(f"\n{len(outcomes)} spec(s): {summary}{extra} on {ctx.platform.name} in {elapsed:.1f}s")
+    print(f"\n{len(outcomes)} spec(s): {summary}{extra} in {elapsed:.1f}s, run on {ctx.platform.name} "
+          f"({ctx.backend} backend); goldens: {folders}")
     return code
 
 
-def _explain_pass(o, store: GoldenStore) -> str:
+def _explain_pass(o, store) -> str:
     golden = store.load(o.golden_platform, o.spec.id)
     lines = [f"{o.spec.id} on {o.golden_platform}: identical to the golden, bit for bit"]
     for name, entry in sorted(golden.manifest["tensors"].items()):
         lines.append(f"  {name}: {entry['dtype']} {entry['shape']} sha256 {entry['sha256'][:16]}…")
     prov = golden.manifest.get("provenance", {})
+    prov = prov if isinstance(prov, dict) else {}
     lines.append(f"  recorded {prov.get('created', '?')} at {prov.get('lockstep_revision', '?')} "
                  f"on {prov.get('device', '?')} (torch {prov.get('torch', '?')})")
+    lines += ["  " + w for w in o.warnings]
     lines += ["  note: " + n for n in o.notes]
     return "\n".join(lines)
 
@@ -204,27 +342,44 @@ def cmd_regen(args) -> int:
         print("refusing to regenerate goldens under CI=true: goldens are recorded by people and reviewed; "
               "pass --allow-ci to override", file=sys.stderr)
         return EXIT_USAGE
+    from harness.golden import GoldenLocked, GoldenStore
+
+    store = GoldenStore(args.golden)
     specs, errors = _load(args)
     ctx = _context(args)
-    store = GoldenStore(args.golden)
-    progress = Progress(len(specs), True)
+    if args.dry_run:
+        return _regen(args, specs, errors, ctx, store)
+    try:
+        with store.writer_lock():
+            return _regen(args, specs, errors, ctx, store)
+    except GoldenLocked as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:  # the golden folder cannot be created or opened
+        raise UsageError(f"cannot record goldens in {args.golden}: {e.strerror or e}") from None
+
+
+def _regen(args, specs, errors, ctx, store) -> int:
+    from harness import runner
+
+    progress = Progress(len(specs))
+    debug = getattr(args, "debug", False)
     outcomes = []
     for i, spec in enumerate(specs, 1):
         progress.show(i, spec.id)
         outcomes.append(runner.regen_spec(spec, ctx, store, write=not args.dry_run))
-        progress.done()
-        print(outcomes[-1].report(), flush=True)
+        progress.clear()
+        print(outcomes[-1].report(debug), flush=True)
     for e in errors:
         print(f"spec error: {e}")
-    stale = _stale(args, store)
-    for s in stale:
-        print(f"stale     golden/{s} (its spec no longer exists; delete it by hand if intended)")
+    for s in _stale(args, store):
+        print(f"stale     {args.golden / s} (its spec no longer exists; delete it by hand if intended)")
     counts = {s: sum(o.status == s for o in outcomes) for s in (runner.NEW, runner.CHANGED, runner.UNCHANGED,
                                                                 runner.REFUSED)}
     verb = "would write" if args.dry_run else "wrote"
-    written = counts[runner.NEW] + counts[runner.CHANGED]
+    written = [o.golden_platform for o in outcomes if o.status in (runner.NEW, runner.CHANGED)]
+    where = f" to {_golden_folders(args.golden, written)}" if written else ""
     print(f"\n{len(outcomes)} spec(s): " + ", ".join(f"{n} {s}" for s, n in counts.items()) +
-          f"; {verb} {written} golden(s) on {ctx.platform.name}")
+          f"; {verb} {len(written)} golden(s){where}, run on {ctx.platform.name} ({ctx.backend} backend)")
     if errors:
         return EXIT_USAGE
     return EXIT_MISMATCH if counts[runner.REFUSED] else EXIT_OK
@@ -250,26 +405,24 @@ def cmd_make_checkpoint(args) -> int:
 
     try:
         out = make_checkpoint(args.preset, args.seed, args.format, args.out, overwrite=args.overwrite)
-    except FileExistsError as e:
-        raise UsageError(f"{e}; use --overwrite to replace it") from None
+    except FileExistsError:
+        raise UsageError(f"{args.out} exists and is not empty; use --overwrite to replace it") from None
     except ValueError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"cannot write {args.out}: {e.strerror or e}") from None
     print(f"wrote {args.format} checkpoint of preset {args.preset!r} (seed {args.seed}) to {out}")
     return EXIT_OK
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(t, 0) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
 def cmd_generate(args) -> int:
+    import torch
+
     from engine.checkpoint import CheckpointError
     from engine.generate import Request, generate
     from engine.model import GptOssModel
     from engine.sampling import SamplingParams
+    from harness.platform import detect
 
     try:
         device = detect(args.device).torch_device                   # refuses cuda without a GPU
@@ -279,7 +432,7 @@ def cmd_generate(args) -> int:
                                 stop_token_ids=tuple(args.stop_ids) if args.stop_ids is not None else None)
         requests = [Request(prompt=ids, params=params, seed=args.seed) for ids in args.prompt_ids]
         results = generate(model, requests)
-    except (CheckpointError, ValueError, FileNotFoundError) as e:
+    except (CheckpointError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
     out = []
     for req, res in zip(requests, results):
@@ -300,6 +453,7 @@ def cmd_generate(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockstep", description="Deterministic-replay conformance harness "
                                                                   "for gpt-oss + EAGLE3 inference.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks (also accepted after the command)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="list the specs")
     _common(p)
@@ -312,7 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _running(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone)")
+    p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone, or was edited "
+                                                         "after they were recorded)")
     _target(p)
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("diff", help="run specs and explain each against its golden")
@@ -338,6 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["bf16", "mxfp4"], default="bf16")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
     p.add_argument("out", type=Path, metavar="OUT")
+    _debug(p)
     p.set_defaults(func=cmd_make_checkpoint)
     p = sub.add_parser("generate", help="generate from a checkpoint with the reference engine")
     p.add_argument("--checkpoint", type=Path, required=True)
@@ -354,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["torch", "triton"], default="torch")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     p.add_argument("--json", action="store_true")
+    _debug(p)
     p.set_defaults(func=cmd_generate)
     return parser
 
@@ -362,16 +519,37 @@ def main(argv=None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse exits 2 on usage errors, as our contract wants
-        return int(e.code or 0)
+    except SystemExit as e:  # argparse exits 2 on usage errors, as our contract wants, and 0 for --help
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # inside the boundary: a closed pipe is noticed here, not at interpreter exit
+        return code
     except UsageError as e:
         print(f"lockstep: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("\nlockstep: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _stdout_closed()
+    except Exception as e:  # noqa: BLE001 - the one boundary: nothing escapes as a traceback
+        if args.debug:
+            print(full_traceback(e), file=sys.stderr)
+        print(f"lockstep: internal error: {located(e)}" + ("" if args.debug else "; --debug shows the traceback"),
+              file=sys.stderr)
+        return EXIT_MISMATCH
+
+
+def _stdout_closed() -> int:
+    """The reader went away (`lockstep list | head -1`): stop quietly. Point stdout at /dev/null so
+    the interpreter's final flush does not complain, and exit as a SIGPIPE-killed tool would."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced by one without a file descriptor
+        pass
+    return EXIT_STDOUT_CLOSED
 
 
 if __name__ == "__main__":

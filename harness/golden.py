@@ -9,12 +9,19 @@ truncated or edited golden is reported as corrupt, never compared as if it were 
 Writes are atomic: each file is written to a temporary file in its folder, flushed to disk and
 renamed over the old one; SIGINT and SIGTERM are deferred between the two renames. A kill -9
 in that window leaves a new tensor file beside the old manifest, which the sha256 check
-reports as corrupt rather than accepting.
+reports as corrupt rather than accepting. New files get the mode the umask gives (0644 under
+the usual 022), like any file the user writes. `writer_lock` lets one writer at a time record
+goldens in a golden folder (an advisory lock on the folder itself: no lock file is left behind).
+
+A manifest names its spec and platform; a golden whose manifest names another one (a file copied
+or renamed by hand) is corrupt, never compared as if it were this spec's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -36,7 +43,11 @@ MANIFEST_SUFFIX = ".json"
 
 
 class CorruptGolden(Exception):
-    """A golden that is unreadable or disagrees with its own manifest."""
+    """A golden that is unreadable, disagrees with its own manifest, or names another spec."""
+
+
+class GoldenLocked(Exception):
+    """Another process is recording goldens in the same golden folder."""
 
 
 @dataclass
@@ -50,8 +61,14 @@ def sha256(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
+def standard(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy with standard strides: `.contiguous()` keeps odd strides of size-1 dimensions,
+    which a byte view refuses."""
+    return t.detach().cpu().clone(memory_format=torch.contiguous_format)
+
+
 def tensor_sha256(t: torch.Tensor) -> str:
-    t = t.detach().contiguous().cpu()
+    t = standard(t)
     return sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
 
 
@@ -99,19 +116,23 @@ class GoldenStore:
     def load(self, platform: str, spec_id: str) -> Golden | None:
         """The golden, None when there is none, CorruptGolden when it cannot be trusted."""
         tpath, mpath = self.paths(platform, spec_id)
-        if not tpath.exists() and not mpath.exists():
+        if not _exists(tpath) and not _exists(mpath):
             return None
-        if not mpath.exists():
+        if not _exists(mpath):
             raise CorruptGolden(f"{tpath} has no manifest {mpath.name} beside it")
-        if not tpath.exists():
+        if not _exists(tpath):
             raise CorruptGolden(f"{mpath} has no tensor file {tpath.name} beside it")
         try:
-            manifest = json.loads(mpath.read_text(encoding="utf-8"))
+            manifest = json.loads(_read_bytes(mpath).decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise CorruptGolden(f"{mpath}: manifest is not valid JSON ({e})") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise CorruptGolden(f"{mpath}: not a lockstep golden manifest of format {FORMAT}")
-        blob = tpath.read_bytes()
+        for key, want in (("spec", spec_id), ("platform", platform)):
+            if manifest.get(key) != want:
+                raise CorruptGolden(f"{mpath}: the manifest names {key} {manifest.get(key)!r}, not {want!r} "
+                                    "(copied or renamed from another golden?)")
+        blob = _read_bytes(tpath)
         if sha256(blob) != manifest.get("tensors_file_sha256"):
             raise CorruptGolden(f"{tpath}: sha256 {sha256(blob)[:16]}… does not match the manifest's "
                                 f"{str(manifest.get('tensors_file_sha256'))[:16]}… (truncated or edited)")
@@ -120,6 +141,8 @@ class GoldenStore:
         except (SafetensorError, ValueError, RuntimeError) as e:
             raise CorruptGolden(f"{tpath}: unreadable safetensors ({e})") from None
         listed = manifest.get("tensors", {})
+        if not isinstance(listed, dict) or not isinstance(manifest.get("data", {}), dict):
+            raise CorruptGolden(f"{mpath}: 'tensors' and 'data' must be JSON objects")
         if sorted(listed) != sorted(tensors):
             raise CorruptGolden(f"{tpath}: holds tensors {sorted(tensors)}, manifest lists {sorted(listed)}")
         for name, t in tensors.items():
@@ -131,7 +154,7 @@ class GoldenStore:
     def write(self, platform: str, spec_id: str, tensors: dict[str, torch.Tensor], data: dict,
               spec_sha256: str, kind: str, provenance: dict) -> None:
         tpath, mpath = self.paths(platform, spec_id)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in sorted(tensors.items())}
+        tensors = {k: standard(v) for k, v in sorted(tensors.items())}
         blob = st_save(tensors) if tensors else st_save({})
         manifest = {
             "format": FORMAT,
@@ -159,10 +182,61 @@ class GoldenStore:
                     os.unlink(tmp)
         _fsync_dir(tpath.parent)
 
+    # ------------------------------------------------------------------ one writer at a time
+    @contextlib.contextmanager
+    def writer_lock(self, shared: bool = False):
+        """Hold the golden folder for writing: exclusive for `lockstep regen`, shared for the pytest
+        plugin's workers (which record disjoint specs). GoldenLocked, at once, when another process
+        holds it in a conflicting mode; released when the block ends or the process dies."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise
+                raise GoldenLocked(f"another process is recording goldens in {self.root} (a `lockstep regen` or "
+                                   "`pytest --lockstep-regen`); wait for it to finish, then run this again") from None
+            yield
+        finally:
+            os.close(fd)
+
+
+def _exists(path: Path) -> bool:
+    """Whether something is at `path` (a broken link or a folder counts: it is then corrupt, not absent)."""
+    return path.exists() or path.is_symlink()
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.is_file():
+        raise CorruptGolden(f"{path}: not a regular file")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise CorruptGolden(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def new_file_mode() -> int:
+    """The mode `open()` would give a new file: 0666 less the process umask."""
+    return 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    """The process umask, read from /proc where possible (setting it to read it back is racy)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
 
 def _write_temp(final: Path, payload: bytes) -> str:
     fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=final.name + ".", suffix=".tmp-lockstep")
     try:
+        os.fchmod(fd, new_file_mode())  # mkstemp makes 0600; a golden is an ordinary, reviewable file
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()

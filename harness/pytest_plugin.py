@@ -18,16 +18,17 @@ Settings (ini): `lockstep_specs` (default "specs"), `lockstep_golden` (default "
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import pytest
 
 from harness import runner
-from harness.golden import GoldenStore
+from harness.golden import GoldenLocked, GoldenStore
 from harness.platform import detect
 from harness.result import RunContext
-from harness.specfile import SpecErrors, load_spec_file, spec_files, spec_id_for
+from harness.specfile import SPEC_SUFFIX, SpecErrors, load_spec_file, spec_files, spec_id_for, stray_error
 
 _TARGET = pytest.StashKey[tuple]()     # (target, its expectations) under --lockstep-target
 
@@ -49,9 +50,6 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    if config.getoption("--lockstep-regen") and os.environ.get("CI", "").lower() == "true" \
-            and not config.getoption("--lockstep-allow-ci"):
-        raise pytest.UsageError("--lockstep-regen refuses to run under CI=true without --lockstep-allow-ci")
     if hasattr(config, "workerinput"):
         # a pytest-xdist worker: the workers already fill the cores, and more torch threads per
         # worker only contend for them (the bits do not depend on the thread count: D0)
@@ -70,6 +68,18 @@ def pytest_configure(config):
             if unknown:
                 raise pytest.UsageError(f"--lockstep-target {name}: its expectations name specs that do not exist "
                                         f"under {specs_dir}: {', '.join(unknown)} (remove them from the expectations)")
+    if not config.getoption("--lockstep-regen"):
+        return
+    if os.environ.get("CI", "").lower() == "true" and not config.getoption("--lockstep-allow-ci"):
+        raise pytest.UsageError("--lockstep-regen refuses to run under CI=true without --lockstep-allow-ci")
+    # Hold the golden folder (shared among this session's xdist workers, which record disjoint
+    # specs) so that a concurrent `lockstep regen` is refused, and this session refused while one runs.
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(GoldenStore(_dirs(config)[1]).writer_lock(shared=True))
+    except GoldenLocked as e:
+        raise pytest.UsageError(str(e)) from None
+    config.add_cleanup(held.close)
 
 
 def _load_target(name: str) -> tuple:
@@ -94,9 +104,20 @@ def _dirs(config) -> tuple[Path, Path]:
 
 def pytest_collect_file(parent, file_path: Path):
     specs_dir, _ = _dirs(parent.config)
-    if file_path.suffix == ".yaml" and specs_dir.resolve() in file_path.resolve().parents:
-        return SpecFile.from_parent(parent, path=file_path)
-    return None
+    if file_path.suffix.lower() not in (".yaml", ".yml") or specs_dir.resolve() not in file_path.resolve().parents:
+        return None
+    if file_path.suffix != SPEC_SUFFIX:  # `x.yml`: an error, not silently skipped
+        return StrayFile.from_parent(parent, path=file_path)
+    return SpecFile.from_parent(parent, path=file_path)
+
+
+class StrayFile(pytest.File):
+    """A file under specs/ that looks like a spec but would be ignored (another YAML suffix)."""
+
+    def collect(self):
+        specs_dir, _ = _dirs(self.config)
+        error = stray_error(Path(os.path.relpath(self.path, self.config.rootpath)))
+        yield InvalidSpecItem.from_parent(self, name=os.path.relpath(self.path, specs_dir), errors=SpecErrors([error]))
 
 
 class SpecFile(pytest.File):
@@ -151,12 +172,12 @@ class SpecItem(pytest.Item):
         if self.config.getoption("--lockstep-regen"):
             out = runner.regen_spec(self.spec, self._context(), store)
             if out.status == runner.REFUSED:
-                raise SpecFailure(out.report())
+                raise SpecFailure(out.report(debug=True))
             return
         out = runner.check_spec(self.spec, self._context(), store)
         self.user_properties.append(("lockstep_status", out.status))
         if out.status != runner.PASS:
-            raise SpecFailure(out.report())
+            raise SpecFailure(out.report(debug=True))
 
     def _run_on_target(self, store):
         from harness.targets.check import verdict

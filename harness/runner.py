@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shlex
 import time
-import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -17,14 +16,18 @@ import torch
 from engine.boundaries import CaptureError
 from harness import kinds
 from harness.compare import TensorDiff, diff_data, diff_tensors
-from harness.golden import CorruptGolden, GoldenStore, json_roundtrip
+from harness.errors import full_traceback, located
+from harness.golden import CorruptGolden, GoldenStore, json_roundtrip, standard
 from harness.platform import bit_dependencies, dependency_report, device_name, lockstep_revision, versions
 from harness.result import Result, RunContext
 from harness.specfile import Spec
 
 # Outcome statuses, and the exit code each one earns `lockstep check` (DESIGN of the CLI).
-PASS, MISMATCH, FAILED, CRASH, CORRUPT, MISSING = "pass", "mismatch", "failed", "crash", "corrupt", "missing"
-FAILING = (MISMATCH, FAILED, CRASH, CORRUPT)
+# STALE: the bits match, but the golden was recorded for another version of the spec (--strict).
+PASS, MISMATCH, FAILED, CRASH, CORRUPT, MISSING, STALE = ("pass", "mismatch", "failed", "crash", "corrupt",
+                                                          "missing", "stale")
+FAILING = (MISMATCH, FAILED, CRASH, CORRUPT, STALE)
+STATUSES = (PASS, MISMATCH, FAILED, CRASH, CORRUPT, STALE, MISSING)
 
 
 def repro_command(spec_id: str, ctx: RunContext, verb: str = "diff") -> str:
@@ -50,11 +53,14 @@ class Outcome:
     diffs: list[TensorDiff] = field(default_factory=list)
     data_diff: str = ""
     notes: list[str] = field(default_factory=list)  # informational, never a failure
+    warnings: list[str] = field(default_factory=list)  # shown even for a pass; may fail under --strict
     located: list = field(default_factory=list)  # harness.locate.Located: where runs first part
     repro: str = ""
+    traceback: str = ""  # of a crash: shown with --debug (and by pytest)
+    stale_golden: bool = False  # recorded for another version of the spec (its spec_sha256 differs)
 
-    def report(self) -> str:
-        """The text a person reads when this spec did not pass."""
+    def report(self, debug: bool = False) -> str:
+        """The text a person reads when this spec did not pass (a crash's traceback with `debug`)."""
         s = self.spec
         head = f"{s.id} ({s.file}:{s.line_of('kind')}) on {self.golden_platform}: {self.status.upper()}"
         lines = [head]
@@ -62,6 +68,8 @@ class Outcome:
             lines.append(f"  no golden yet; record one with: lockstep regen {shlex.quote(s.id)}")
         for m in self.messages:
             lines += ["  " + line for line in m.splitlines()]
+        if self.traceback and debug:
+            lines += ["  " + line for line in self.traceback.splitlines()]
         for d in self.diffs:
             lines += ["  " + line for line in d.describe().splitlines()]
         if self.data_diff:
@@ -69,9 +77,11 @@ class Outcome:
             lines += ["    " + line for line in self.data_diff.splitlines()]
         for loc in self.located:
             lines += ["  " + line for line in loc.text().splitlines()]
+        lines += ["  " + w for w in self.warnings]
         lines += ["  note: " + n for n in self.notes]
         if self.repro:
-            lines.append(f"  reproduce: {self.repro}")
+            more = " --debug" if self.traceback and not debug else ""
+            lines.append(f"  reproduce: {self.repro}{more}")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -79,68 +89,99 @@ class Outcome:
             "id": self.spec.id, "status": self.status, "golden_platform": self.golden_platform,
             "file": str(self.spec.file), "seconds": round(self.seconds, 4), "messages": self.messages,
             "diffs": [d.to_json() for d in self.diffs],
-            "data_diff": self.data_diff, "notes": self.notes, "repro": self.repro,
+            "data_diff": self.data_diff, "warnings": self.warnings, "notes": self.notes, "repro": self.repro,
             "located": [loc.to_json() for loc in self.located],
+            "traceback": self.traceback, "stale_golden": self.stale_golden,
         }
 
 
 def run_spec(spec: Spec, ctx: RunContext) -> Result:
     result = kinds.KINDS[spec.kind].run(spec, ctx)
+    result.tensors = {name: standard(t) for name, t in result.tensors.items()}  # what a golden stores
     result.data = json_roundtrip(result.data)  # compare exactly what a manifest stores
     return result
 
 
-def _run_and_expect(spec: Spec, ctx: RunContext) -> tuple[Result | None, list[str], str]:
-    """(result, failed expectations, crash text): the spec run once and its expectations checked."""
+@dataclass
+class Crash:
+    """An exception of the code under test: one located line, and the traceback for --debug."""
+
+    summary: str
+    traceback: str
+
+    @classmethod
+    def of(cls, e: BaseException, what: str = "crashed") -> "Crash":
+        return cls(f"{what}: {located(e)}", full_traceback(e))
+
+
+def _run_and_expect(spec: Spec, ctx: RunContext) -> tuple[Result | None, list[str], Crash | None]:
+    """(result, failed expectations, crash): the spec run once and its expectations checked."""
     try:
         with torch.inference_mode():
             result = run_spec(spec, ctx)
-        return result, kinds.KINDS[spec.kind].check(spec, result), ""
+        return result, kinds.KINDS[spec.kind].check(spec, result), None
     except CaptureError as e:  # the engine reports a broken contract itself: a failure, not a crash
-        return None, [f"the engine broke the capture contract: {e}"], ""
+        return None, [f"the engine broke the capture contract: {e}"], None
     except Exception as e:  # the implementation under test crashed: report, never propagate
-        tb = traceback.format_exception(type(e), e, e.__traceback__, limit=-4)
-        return None, [], "".join(tb).rstrip()
+        return None, [], Crash.of(e)
 
 
-def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore) -> Outcome:
+def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore, strict: bool = False) -> Outcome:
+    """Run the spec and compare it with its golden. `strict`: a golden recorded for another version
+    of the spec fails (STALE) even when its bits match."""
     start = time.perf_counter()
     platform = kinds.KINDS[spec.kind].golden_platform(spec, ctx)
     out = Outcome(spec, PASS, platform, repro=repro_command(spec.id, ctx))
     result, failed, crash = _run_and_expect(spec, ctx)
     if crash:
-        out.status, out.messages = CRASH, [crash]
+        out.status, out.messages, out.traceback = CRASH, [crash.summary], crash.traceback
     elif result is None:                       # a contract the engine checks itself was broken
         out.status, out.messages = FAILED, [f"expectation failed: {m}" for m in failed]
     else:
-        out.messages = [f"expectation failed: {m}" for m in failed]
-        out.notes += result.notes
-        out.located += result.located
         try:
-            golden = store.load(platform, spec.id)
-        except CorruptGolden as e:
-            out.status, out.messages = CORRUPT, out.messages + [f"corrupt golden: {e}"]
-            golden = None
-        if golden is None and out.status != CORRUPT:
-            out.status = MISSING
-        elif golden is not None:
-            out.diffs = diff_tensors(golden.tensors, result.tensors)
-            out.data_diff = diff_data(golden.data, result.data)
-            if golden.manifest.get("spec_sha256") != spec.sha256:
-                out.notes.append("the spec was edited after this golden was recorded")
-            if out.diffs or out.data_diff:
-                out.status = MISMATCH
-                locate = getattr(kinds.KINDS[spec.kind], "locate_golden", None)
-                where = locate(spec, golden.tensors, result.tensors) if locate and out.diffs else None
-                out.located += [where] if where else []
-                recorded = golden.manifest.get("provenance", {}).get("bit_dependencies")
-                out.messages.append(dependency_report(recorded, platform))
-        if failed and out.status in (PASS, MISSING):
-            out.status = FAILED
+            _compare(out, result, failed, store, strict)
+        except Exception as e:  # noqa: BLE001 - a bug of the comparison must not stop the other specs
+            crash = Crash.of(e, "comparing with the golden failed (a bug in lockstep, please report it)")
+            out.status, out.messages, out.traceback = CRASH, [crash.summary], crash.traceback
     if out.status in (PASS, MISSING):
         out.repro = ""
     out.seconds = time.perf_counter() - start
     return out
+
+
+def _compare(out: Outcome, result: Result, failed: list[str], store: GoldenStore, strict: bool) -> None:
+    spec = out.spec
+    out.messages = [f"expectation failed: {m}" for m in failed]
+    out.notes += result.notes
+    out.located += result.located
+    try:
+        golden = store.load(out.golden_platform, spec.id)
+    except CorruptGolden as e:
+        out.status, out.messages = CORRUPT, out.messages + [f"corrupt golden: {e}"]
+        return
+    if golden is None:
+        out.status = FAILED if failed else MISSING
+        return
+    out.diffs = diff_tensors(golden.tensors, result.tensors)
+    out.data_diff = diff_data(golden.data, result.data)
+    recorded_for = str(golden.manifest.get("spec_sha256"))
+    out.stale_golden = recorded_for != spec.sha256
+    if out.diffs or out.data_diff:
+        out.status = MISMATCH
+        locate = getattr(kinds.KINDS[spec.kind], "locate_golden", None)
+        where = locate(spec, golden.tensors, result.tensors) if locate and out.diffs else None
+        out.located += [where] if where else []
+        recorded = golden.manifest.get("provenance", {}).get("bit_dependencies")
+        out.messages.append(dependency_report(recorded, out.golden_platform))
+    elif failed:
+        out.status = FAILED
+    elif out.stale_golden:
+        out.status = STALE if strict else PASS
+    if out.stale_golden:
+        out.warnings.append(f"golden may be stale: it was recorded for another version of this spec (spec_sha256 "
+                            f"{recorded_for[:12]}…, the spec is now {spec.sha256[:12]}…); review the spec's change "
+                            f"and record it again with: lockstep regen {shlex.quote(spec.id)}"
+                            + ("" if strict else " (check --strict fails on this)"))
 
 
 # --------------------------------------------------------------------------- regeneration
@@ -154,10 +195,14 @@ class RegenOutcome:
     golden_platform: str
     explanation: list[str] = field(default_factory=list)
     written: bool = False
+    traceback: str = ""  # of a crash: shown with --debug (and by pytest)
 
-    def report(self) -> str:
+    def report(self, debug: bool = False) -> str:
         lines = [f"{self.status:<9} {self.spec.id} ({self.golden_platform})" + ("  [written]" if self.written else "")]
-        return "\n".join(lines + ["    " + line for e in self.explanation for line in e.splitlines()])
+        lines += ["    " + line for e in self.explanation for line in e.splitlines()]
+        if self.traceback and debug:
+            lines += ["    " + line for line in self.traceback.splitlines()]
+        return "\n".join(lines)
 
 
 def _topologies_checked(spec: Spec, ctx: RunContext) -> list[dict]:
@@ -192,10 +237,12 @@ def regen_spec(spec: Spec, ctx: RunContext, store: GoldenStore, write: bool = Tr
     for attempt in ("first", "second"):
         result, failed, crash = _run_and_expect(spec, ctx)
         if crash:
-            out.explanation = [f"the {attempt} run crashed:", crash]
+            out.explanation = [f"the {attempt} run {crash.summary}"]
+            out.traceback = crash.traceback
             return out
         if failed:
-            out.explanation = [f"expectation failed: {m}" for m in failed] + [loc.text() for loc in result.located]
+            out.explanation = [f"expectation failed: {m}" for m in failed]
+            out.explanation += [loc.text() for loc in result.located] if result is not None else []
             return out
         runs.append(result)
     twice = diff_tensors(runs[0].tensors, runs[1].tensors)
@@ -203,10 +250,6 @@ def regen_spec(spec: Spec, ctx: RunContext, store: GoldenStore, write: bool = Tr
     if twice or data_twice:
         out.explanation = ["two runs disagree, so there is no golden to record (D1 run-to-run):"]
         out.explanation += [d.describe() for d in twice] + ([data_twice] if data_twice else [])
-        locate = getattr(kinds.KINDS[spec.kind], "locate_golden", None)
-        where = locate(spec, runs[0].tensors, runs[1].tensors, ("the first run", "the second run")) \
-            if locate and twice else None
-        out.explanation += [where.text()] if where else []
         return out
     new = runs[0]
     try:
@@ -228,7 +271,12 @@ def regen_spec(spec: Spec, ctx: RunContext, store: GoldenStore, write: bool = Tr
         if spec_edited and not changes and not data_change:
             out.explanation.append("same bits; the spec text changed, so the manifest's spec hash is updated")
     if write:
-        store.write(platform, spec.id, new.tensors, new.data, spec.sha256, spec.kind,
-                    provenance(ctx, spec, platform))
+        try:
+            store.write(platform, spec.id, new.tensors, new.data, spec.sha256, spec.kind,
+                        provenance(ctx, spec, platform))
+        except OSError as e:  # e.g. a folder where the golden file should be, or a read-only golden/
+            out.status = REFUSED
+            out.explanation.append(f"cannot write the golden: {e.strerror or e}: {e.filename or store.root}")
+            return out
         out.written = True
     return out

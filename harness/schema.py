@@ -11,6 +11,7 @@ turns the path into a file:line:column.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,12 +83,27 @@ class Int(Schema):
 
 
 class Float(Schema):
-    expected = "a number"
+    """A number, finite unless `allow_inf` (NaN never: a NaN bound or tolerance makes every
+    comparison false, so an expectation would hold vacuously), within [min, max] when given."""
+
+    def __init__(self, min: float | None = None, max: float | None = None, allow_inf: bool = False):
+        self.min, self.max, self.allow_inf = min, max, allow_inf
+        bounds = [f">= {min}" if min is not None else "", f"<= {max}" if max is not None else ""]
+        finite = "" if allow_inf else "finite "
+        self.expected = f"a {finite}number" + (" " + " and ".join(b for b in bounds if b) if any(bounds) else "")
 
     def check(self, value, path, problems):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return self._wrong(value, path, problems)
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond the float range
+            return self._wrong(value, path, problems)
+        if math.isnan(number) or (math.isinf(number) and not self.allow_inf):
+            return self._wrong(value, path, problems)
+        if (self.min is not None and number < self.min) or (self.max is not None and number > self.max):
+            return self._wrong(value, path, problems)
+        return number
 
 
 class Str(Schema):
@@ -159,7 +175,7 @@ class OneOf(Schema):
 
     def __init__(self, *options: Schema):
         self.options = options
-        self.expected = " or ".join(o.expected for o in options)
+        self.expected = " or ".join(dict.fromkeys(o.expected for o in options))  # each wording once
 
     def check(self, value, path, problems):
         attempts = []

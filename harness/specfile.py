@@ -7,7 +7,9 @@ and column, the field path, what was expected and what was found:
     specs/coins/bad.yaml:4:10: inputs.seeds[2]: expected an integer, found str 'x'
 
 Loading one spec never raises for a bad spec: `load_specs` returns the good specs and the
-errors of the bad ones, so one bad file never hides the others.
+errors of the bad ones, so one bad file never hides the others. The loader is bounded (file
+size, nesting depth, aliases, nodes after alias expansion: harness/limits.py), so no file can
+make it hang, exhaust memory or overflow the stack.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from harness import kinds
+from harness.limits import MAX_ALIASES, MAX_INT_CHARS, MAX_NESTING, MAX_YAML_NODES, MAX_SPEC_BYTES
 from harness.schema import Field, List, Map, Problem, Str, did_you_mean, describe
 
 SPEC_SUFFIX = ".yaml"
@@ -78,17 +80,134 @@ def format_path(path) -> str:
 
 
 # --------------------------------------------------------------------------- YAML with marks
+# Tags a spec may hold: YAML's plain types. Timestamps, sets, binary and ordered pairs are refused
+# (no spec field takes them, and a set would hash differently from run to run).
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map")}
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
+
+
+class _Refused(Exception):
+    """A document past one of the loader's limits, at a YAML mark."""
+
+    def __init__(self, mark, message: str):
+        super().__init__(message)
+        self.mark, self.message = mark, message
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that counts nesting depth and alias uses while it composes the document,
+    so a deeply nested or alias-heavy file is refused before it costs time or memory."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.depth = 0
+        self.aliases = 0
+
+    # The scanner looks ahead over a whole run of opening brackets (each may start a simple key)
+    # and over deeper and deeper indentation, at a cost quadratic in the depth: count both where
+    # they start, so a file of 60 000 '[' is refused at the 33rd rather than after minutes.
+    def fetch_flow_collection_start(self, TokenClass):
+        if self.flow_level >= MAX_NESTING:
+            raise _Refused(self.get_mark(), f"nested deeper than {MAX_NESTING} levels")
+        super().fetch_flow_collection_start(TokenClass)
+
+    def add_indent(self, column):
+        if len(self.indents) >= MAX_NESTING:
+            raise _Refused(self.get_mark(), f"nested deeper than {MAX_NESTING} levels")
+        return super().add_indent(column)
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise _Refused(event.start_mark, f"more than {MAX_ALIASES} aliases (*name): refused, as a "
+                                                 "document that multiplies its size through aliases")
+        self.depth += 1
+        try:
+            if self.depth > MAX_NESTING:
+                raise _Refused(event.start_mark, f"nested deeper than {MAX_NESTING} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _children(node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_expansion(root) -> None:
+    """Refuse a recursive alias, or a document of more than MAX_YAML_NODES nodes once every alias is
+    expanded (what validation, hashing and the runner will walk). Iterative, memoised per node."""
+    size: dict[int, int] = {}
+    open_nodes: set[int] = set()  # nodes whose children are being expanded: meeting one again is a cycle
+    stack = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            open_nodes.discard(id(node))
+            size[id(node)] = 1 + sum(size[id(c)] for c in _children(node))
+            if size[id(node)] > MAX_YAML_NODES:
+                raise _Refused(node.start_mark, f"more than {MAX_YAML_NODES} values once its aliases are expanded")
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in open_nodes:
+            raise _Refused(node.start_mark, "a recursive alias (a node that contains itself)")
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node))
+
+
+def _short_tag(tag: str) -> str:
+    return tag.replace("tag:yaml.org,2002:", "!!")
+
+
+def _check_scalars(root) -> None:
+    """Refuse the YAML types no spec uses, non-string mapping keys, and huge integer literals."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.tag not in _PLAIN_TAGS and node.tag != _MERGE_TAG:
+            raise _Refused(node.start_mark, f"invalid YAML for a spec: type {_short_tag(node.tag)} is not used by "
+                                            "specs (only strings, numbers, booleans, null, lists and mappings; "
+                                            "quote the value for a string)")
+        if node.tag == _INT_TAG and len(node.value) > MAX_INT_CHARS:
+            raise _Refused(node.start_mark, f"an integer literal of {len(node.value)} characters "
+                                            f"(at most {MAX_INT_CHARS})")
+        if isinstance(node, yaml.MappingNode):
+            for key, _ in node.value:
+                if key.tag not in ("tag:yaml.org,2002:str", _MERGE_TAG):
+                    raise _Refused(key.start_mark, f"mapping key {key.value!r} is not a string "
+                                                   f"(YAML reads it as {_short_tag(key.tag)}); quote it")
+        stack.extend(_children(node))
+
+
 def _parse(text: str, file: str) -> tuple[object, dict]:
-    """safe_load the text; also return {field path: (line, column)} of every key and value."""
+    """safe_load the text within the limits; also return {field path: (line, column)} of every
+    key and value."""
     marks: dict = {}
     loader = None
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _BoundedLoader(text)
         node = loader.get_single_node()
         if node is None:
             return None, marks
+        _check_expansion(node)
+        _check_scalars(node)
         _walk(node, (), marks, file)
         return loader.construct_document(node), marks
+    except _Refused as e:
+        raise SpecErrors([SpecError(file, e.mark.line + 1, e.mark.column + 1, "", e.message)]) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         problem = " ".join(p for p in (e.context, e.problem) if p)
@@ -96,6 +215,8 @@ def _parse(text: str, file: str) -> tuple[object, dict]:
                                     "", f"invalid YAML: {problem}")]) from None
     except yaml.YAMLError as e:
         raise SpecErrors([SpecError(file, 0, 0, "", f"invalid YAML: {e}")]) from None
+    except (ValueError, OverflowError) as e:  # a scalar the constructor cannot convert
+        raise SpecErrors([SpecError(file, 0, 0, "", f"invalid YAML value: {e}")]) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -107,7 +228,7 @@ def _walk(node, path, marks, file):
         seen = {}
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-            if key in seen and key_node.tag != "tag:yaml.org,2002:merge":
+            if key in seen and key_node.tag != _MERGE_TAG:
                 raise SpecErrors([SpecError(file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
                                             format_path(path + (key,)),
                                             f"duplicate key {key!r} (first defined on line {seen[key]})")])
@@ -140,6 +261,18 @@ COMMON_FIELDS = {
 }
 
 
+@dataclass(frozen=True)
+class SpecHeader:
+    """What `lockstep list` shows of a spec: its common fields, read without the kind's schema
+    (so without importing the kinds, torch and the engine)."""
+
+    id: str
+    file: Path
+    kind: str
+    description: str
+    tags: tuple[str, ...]
+
+
 def spec_id_for(file: Path, specs_dir: Path) -> str:
     rel = file.relative_to(specs_dir).with_suffix("")
     return rel.as_posix()
@@ -152,8 +285,8 @@ def check_spec_id(spec_id: str) -> str:
     return spec_id
 
 
-def parse_spec(text: str, file: str, spec_id: str) -> Spec:
-    """Parse and validate one spec; raise SpecErrors listing every problem found."""
+def _document(text: str, file: str, spec_id: str) -> tuple[dict, dict]:
+    """The parsed mapping of a spec file and its marks; SpecErrors for a bad id or document."""
     try:
         check_spec_id(spec_id)
     except ValueError as e:
@@ -161,6 +294,27 @@ def parse_spec(text: str, file: str, spec_id: str) -> Spec:
     data, marks = _parse(text, file)
     if not isinstance(data, dict):
         raise SpecErrors([SpecError(file, 1, 1, "", f"expected a mapping with a 'kind' key, found {describe(data)}")])
+    return data, marks
+
+
+def parse_header(text: str, file: str, spec_id: str) -> SpecHeader:
+    """The common fields of one spec (kind, description, tags), checked; the rest is not read."""
+    data, marks = _document(text, file, spec_id)
+    problems: list[Problem] = []
+    clean = Map(COMMON_FIELDS).check({k: v for k, v in data.items() if k in COMMON_FIELDS}, (), problems)
+    if problems:
+        raise SpecErrors(_located(problems, marks, file))
+    return SpecHeader(id=spec_id, file=Path(file), kind=clean["kind"], description=clean["description"],
+                      tags=tuple(clean["tags"]))
+
+
+def parse_spec(text: str, file: str, spec_id: str, root: Path | None = None) -> Spec:
+    """Parse and validate one spec; raise SpecErrors listing every problem found. `root` is the
+    project folder (the one holding specs/) that paths in the spec are relative to; without it,
+    paths are checked as text only."""
+    from harness import kinds  # the kinds import torch and the engine: only full validation needs them
+
+    data, marks = _document(text, file, spec_id)
     kind_name = data.get("kind")
     if not isinstance(kind_name, str) or kind_name not in kinds.KINDS:
         problems = [Problem(("kind",), "missing required key 'kind'")] if "kind" not in data else [
@@ -174,8 +328,8 @@ def parse_spec(text: str, file: str, spec_id: str) -> Spec:
                   **getattr(kind, "EXTRA_FIELDS", {})})
     problems: list[Problem] = []
     clean = schema.check(data, (), problems)
-    if not problems and hasattr(kind, "validate"):
-        problems.extend(kind.validate(clean))  # cross-field rules of the kind
+    if not problems:
+        problems.extend(_kind_rules(kind, clean, root))
     if problems:
         raise SpecErrors(_located(problems, marks, file))
     extra = {k: clean[k] for k in getattr(kind, "EXTRA_FIELDS", {})}
@@ -186,14 +340,44 @@ def parse_spec(text: str, file: str, spec_id: str) -> Spec:
                 extra=extra, sha256=hashlib.sha256(canonical.encode()).hexdigest(), lines=lines)
 
 
+def _kind_rules(kind, clean: dict, root: Path | None) -> list[Problem]:
+    """The kind's cross-field rules. A validator that raises is a bug in lockstep, reported at the
+    spec's kind rather than as a traceback that would stop every other spec from loading."""
+    if not hasattr(kind, "validate"):
+        return []
+    try:
+        return kind.validate(clean, root)
+    except Exception as e:  # noqa: BLE001 - the boundary between one spec and all the others
+        return [Problem(("kind",), f"the validator of kind {kind.NAME!r} failed on this spec "
+                                   f"({type(e).__name__}: {e}); this is a bug in lockstep, please report it")]
+
+
+def _read(file: Path, name: str) -> str:
+    """The text of a spec file, refusing one larger than MAX_SPEC_BYTES before reading it whole."""
+    try:
+        with open(file, "rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as e:
+        raise SpecErrors([SpecError(name, 0, 0, "", f"cannot read spec: {e.strerror or e}")]) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecErrors([SpecError(name, 0, 0, "", f"larger than {MAX_SPEC_BYTES} bytes: refused (the largest "
+                                                    "spec shipped is under 2 KB; generate long sequences with "
+                                                    "arange or hashed)")])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecErrors([SpecError(name, 0, 0, "", f"cannot read spec: not UTF-8 ({e.reason} at byte "
+                                                    f"{e.start})")]) from None
+
+
 def load_spec_file(file: Path, specs_dir: Path, shown_as: str | None = None) -> Spec:
     """Load one spec; errors name the file as `shown_as` (default: the path as given)."""
     name = shown_as or str(file)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecErrors([SpecError(name, 0, 0, "", f"cannot read spec: {e}")]) from None
-    return parse_spec(text, name, spec_id_for(file, specs_dir))
+    return parse_spec(_read(file, name), name, spec_id_for(file, specs_dir), root=Path(specs_dir).resolve().parent)
+
+
+def load_spec_header(file: Path, specs_dir: Path) -> SpecHeader:
+    return parse_header(_read(file, str(file)), str(file), spec_id_for(file, specs_dir))
 
 
 # --------------------------------------------------------------------------- the spec tree
@@ -202,17 +386,47 @@ def spec_files(specs_dir: Path) -> list[Path]:
     return sorted(p for p in specs_dir.rglob("*" + SPEC_SUFFIX) if p.is_file())
 
 
-def load_specs(specs_dir: Path) -> tuple[list[Spec], list[SpecError]]:
-    specs, errors = [], []
+def stray_files(specs_dir: Path) -> list[SpecError]:
+    """Files under specs/ that look like specs but would be skipped, each an error."""
+    return [e for e in map(stray_error, sorted(specs_dir.rglob("*"))) if e is not None]
+
+
+def stray_error(p: Path) -> SpecError | None:
+    """The error of a file that looks like a spec but would be skipped: another YAML suffix
+    (`.yml`), a broken symbolic link, or something that is not a regular file; else None."""
+    if p.suffix.lower() in (".yaml", ".yml") and p.suffix != SPEC_SUFFIX:
+        return SpecError(str(p), 0, 0, "", f"spec files end in {SPEC_SUFFIX}: this file would be ignored; "
+                                           f"rename it to {p.stem}{SPEC_SUFFIX}")
+    if p.suffix == SPEC_SUFFIX and not p.is_file():
+        what = "a broken symbolic link" if p.is_symlink() and not p.exists() else "not a regular file"
+        return SpecError(str(p), 0, 0, "", f"{what}: it cannot be read as a spec")
+    return None
+
+
+def _load_all(specs_dir: Path, load_one) -> tuple[list, list[SpecError]]:
+    loaded, errors = [], stray_files(specs_dir)
     for file in spec_files(specs_dir):
         try:
-            specs.append(load_spec_file(file, specs_dir))
+            loaded.append(load_one(file, specs_dir))
         except SpecErrors as e:
             errors.extend(e.errors)
-    return specs, errors
+        except Exception as e:  # noqa: BLE001 - one file must never hide the others
+            errors.append(SpecError(str(file), 0, 0, "", f"cannot load ({type(e).__name__}: {e}); this is a bug "
+                                                         "in lockstep, please report it"))
+    return loaded, errors
 
 
-def select(specs: list[Spec], patterns=(), tags=()) -> list[Spec]:
+def load_specs(specs_dir: Path) -> tuple[list[Spec], list[SpecError]]:
+    """Every valid spec, and the errors of the others (and of stray files)."""
+    return _load_all(specs_dir, load_spec_file)
+
+
+def load_headers(specs_dir: Path) -> tuple[list[SpecHeader], list[SpecError]]:
+    """Every spec's header (kind, description, tags), and the errors found reading them."""
+    return _load_all(specs_dir, load_spec_header)
+
+
+def select(specs: list, patterns=(), tags=()) -> list:
     """Specs whose id matches any glob pattern (all when none) and that carry every tag."""
     chosen = []
     for spec in specs:

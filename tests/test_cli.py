@@ -20,12 +20,15 @@ def run(capsys, *argv):
 
 def test_check_passes_on_recorded_goldens(project, capsys):
     code, out = run(capsys, "check")
-    assert code == 0 and "3 spec(s): 3 pass on cpu-fp32" in out
+    assert code == 0 and "3 spec(s): 3 pass in " in out and "run on cpu-fp32" in out
+    assert "goldens: golden/cpu-fp32 (1), golden/shared (2)" in out
 
 
 def test_json_output(project, capsys):
-    code, out = run(capsys, "check", "--json")
-    report = json.loads(out)
+    code = main(["check", "--json"])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # stdout holds the JSON document only
+    assert captured.err.count("\n") == 3 and "[3/3] pass" in captured.err  # a line per spec for a CI log
     assert code == report["exit_code"] == 0
     assert [s["status"] for s in report["specs"]] == ["pass"] * 3
     assert {s["golden_platform"] for s in report["specs"]} == {"shared", "cpu-fp32"}

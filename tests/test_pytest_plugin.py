@@ -42,7 +42,7 @@ def test_failure_text_is_the_mismatch_report_located_at_the_yaml(scratch):
     result = scratch.runpytest("-k", "top-hashes")
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(["*tensor 'coins': shape differs: golden [[]9, 7[]], got [[]9, 6[]]*",
-                                 "*the spec was edited after this golden was recorded*",
+                                 "*golden may be stale: it was recorded for another version of this spec*",
                                  "FAILED specs/coins/top-hashes-verify.yaml::coins/top-hashes-verify*"])
 
 
@@ -164,3 +164,20 @@ def test_target_that_cannot_load_or_whose_expectations_are_stale_is_a_usage_erro
     result.stderr.fnmatch_lines(["*its expectations name specs that do not exist under *: coins/divisor*"])
     result = toy.runpytest("--lockstep-target", "toy", "--lockstep-regen")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_a_yml_file_is_a_failing_item_not_skipped(scratch):
+    scratch.runpytest("--lockstep-regen")
+    shutil.copy(scratch.path / "specs/coins/known-answers.yaml", scratch.path / "specs/coins/copy.yml")
+    result = scratch.runpytest()
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*specs/coins/copy.yml: spec files end in .yaml: this file would be ignored*"])
+
+
+def test_regen_refused_while_another_regen_holds_the_goldens(scratch):
+    from harness.golden import GoldenStore
+
+    with GoldenStore(scratch.path / "golden").writer_lock():
+        result = scratch.runpytest("--lockstep-regen")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*another process is recording goldens*"])

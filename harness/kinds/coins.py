@@ -36,6 +36,7 @@ import struct
 import torch
 
 from harness.intseq import INT64_MAX, INT64_MIN, IntSeq, length, materialize
+from harness.limits import MAX_COIN_CELLS, MAX_COIN_KEYS
 from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
@@ -50,7 +51,8 @@ MAX_DRAFT_TOKENS = 4096
 INPUTS = Map({
     "seeds": Field(IntSeq(), doc="request seeds, one per row"),
     "positions": Field(IntSeq(), doc="hash position per row; one value applies to every row"),
-    "keys": Field(List(List(Int(min=INT64_MIN, max=INT64_MAX), min_len=3, max_len=3), min_len=1),
+    "keys": Field(List(List(Int(min=INT64_MIN, max=INT64_MAX), min_len=3, max_len=3), min_len=1,
+                       max_len=MAX_COIN_KEYS),
                   doc="[seed, pos, col] triples, instead of seeds/positions/columns"),
     "columns": Field(IntSeq(), doc="hash columns of the hash and gumbel outputs"),
     "draft_token_num": Field(Int(min=1, max=MAX_DRAFT_TOKENS), doc="N of the verify coins"),
@@ -71,7 +73,7 @@ EXPECT = Map({
 })
 
 
-def validate(doc: dict) -> list[Problem]:
+def validate(doc: dict, root=None) -> list[Problem]:
     """Rules across fields: one input mode, what each output needs, shapes of the expectations."""
     inp, exp = doc["inputs"], doc["expect"] or {}
     if inp["keys"] is not None:
@@ -94,6 +96,7 @@ def validate(doc: dict) -> list[Problem]:
         out.append(Problem(("inputs",), "missing required key 'draft_token_num' (the coins output needs it)"))
     out += _needs(inp, exp)
     cols = length(inp["columns"]) if inp["columns"] is not None else 0
+    out += _grid_size(inp, rows, cols)
     for key, width in (("hash", cols), ("coins", inp["draft_token_num"] or 0)):
         table = exp.get(key)
         if table is not None and (len(table) != rows or any(not isinstance(r, list) or len(r) != width for r in table)):
@@ -104,6 +107,16 @@ def validate(doc: dict) -> list[Problem]:
     for pair in pairs:
         if max(pair) >= rows:
             out.append(Problem(("expect",), f"row pair {pair} is out of range: the spec has {rows} rows"))
+    return out
+
+
+def _grid_size(inp, rows: int, cols: int) -> list[Problem]:
+    """The hash grid (rows x columns) and the coin grid (rows x (N + 1)) within MAX_COIN_CELLS."""
+    out = []
+    for what, width, where in (("hash", cols, "columns"), ("coin", (inp["draft_token_num"] or 0) + 1, "draft_token_num")):
+        if width and rows * width > MAX_COIN_CELLS:
+            out.append(Problem(("inputs", where), f"the {what} grid of {rows} rows x {width} columns has "
+                                                  f"{rows * width:,} cells, more than {MAX_COIN_CELLS:,}"))
     return out
 
 
@@ -137,9 +150,11 @@ def _compute(spec, device) -> dict[str, torch.Tensor]:
     out = {}
     if inp["keys"] is not None:
         keys = torch.tensor(inp["keys"], dtype=torch.int64, device=device)  # [k, 3]
-        # Each key is its own row; its column is the diagonal of the [k, k] hash grid.
+        # Each key is its own row; its column is the diagonal of the [k, k] hash grid. The diagonal is
+        # copied with standard strides: for one key, .contiguous() would keep its stride of 2.
         hashes = {b: murmur_hash32(keys[:, 0].contiguous(), keys[:, 1].contiguous(), keys[:, 2].contiguous(),
-                                   backend=b).diagonal().contiguous() for b in backends}
+                                   backend=b).diagonal().clone(memory_format=torch.contiguous_format)
+                  for b in backends}
         _agree(hashes)
         h = hashes[backends[0]]
         out = {"hash": h, "coins": coins_from_hash(h), "gumbel": gumbel_from_hash(h)}

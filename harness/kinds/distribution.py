@@ -47,8 +47,10 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.checkpoints import CHECKPOINT, DRAFT, draft_for, model_for
-from harness.intseq import IntSeq, materialize
+from harness.checkpoints import CHECKPOINT, DRAFT, checkpoint_config, draft_for, draft_problems, model_for
+from harness.intseq import IntSeq, length, materialize, max_value
+from harness.limits import (MAX_DISTRIBUTION_SEEDS, MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK,
+                            MAX_REQUEST_TOKENS)
 from harness.result import Result
 from harness.schema import Field, Float, Int, Map, Problem, Str
 from kernels import portable
@@ -60,13 +62,13 @@ INPUTS = Map({
     "checkpoint": Field(CHECKPOINT, required=True),
     "draft": Field(DRAFT, required=True),
     "speculative": Field(Map({
-        "num_steps": Field(Int(min=1), default=3),
-        "topk": Field(Int(min=1), default=1),
-        "draft_token_num": Field(Int(min=1), default=4),
+        "num_steps": Field(Int(min=1, max=MAX_DRAFT_STEPS), default=3),
+        "topk": Field(Int(min=1, max=MAX_DRAFT_TOPK), default=1),
+        "draft_token_num": Field(Int(min=1, max=MAX_DRAFT_TOKENS), default=4),
         "verify": Field(Str(choices=["rejection", "target-only"]), default="rejection"),
     }), required=True),
-    "prompt": Field(IntSeq(min_value=0), required=True),
-    "seeds": Field(IntSeq(), required=True, doc="one request per seed"),
+    "prompt": Field(IntSeq(min_value=0, max_len=MAX_REQUEST_TOKENS), required=True),
+    "seeds": Field(IntSeq(max_len=MAX_DISTRIBUTION_SEEDS), required=True, doc="one request per seed"),
     "sampling": Field(Map({
         "temperature": Field(Float(), default=1.0),
         "top_k": Field(Int(min=0), default=0),
@@ -97,8 +99,14 @@ def _spec_params(inp: dict):
     return SpecParams(**inp["speculative"])
 
 
-def validate(doc: dict) -> list[Problem]:
+def validate(doc: dict, root=None) -> list[Problem]:
     inp, exp, out = doc["inputs"], doc["expect"] or {}, []
+    config, problems = checkpoint_config(inp["checkpoint"], root, ("inputs", "checkpoint"))
+    out += problems + draft_problems(inp["draft"], inp["checkpoint"], config, root, ("inputs", "draft"))
+    if config is not None:
+        out += _validate_against_config(inp, config)
+    if length(inp["prompt"]) + inp["tokens"] > MAX_REQUEST_TOKENS:
+        out.append(Problem(("inputs", "prompt"), f"prompt + tokens is more than {MAX_REQUEST_TOKENS} tokens"))
     try:
         if _sampling_params(inp).is_greedy:
             out.append(Problem(("inputs", "sampling", "temperature"), "expected a temperature > 0: a greedy "
@@ -123,6 +131,19 @@ def validate(doc: dict) -> list[Problem]:
                                         "is never accepted would pass vacuously)"))
     elif not 0 <= acc["min"] < acc["max"] <= 1:
         out.append(Problem(("expect", "acceptance"), f"expected 0 <= min < max <= 1, found {acc}"))
+    return out
+
+
+def _validate_against_config(inp, config) -> list[Problem]:
+    V, K = config.vocab_size, inp["tokens"]
+    out = []
+    top = max_value(inp["prompt"])
+    if top is not None and top >= V:
+        out.append(Problem(("inputs", "prompt"), f"token id {top} is outside the checkpoint's vocabulary [0, {V})"))
+    if V ** (K - 1) > MAX_PREFIXES:
+        out.append(Problem(("inputs", "tokens"), f"K = {K} over a vocabulary of {V} needs {V ** (K - 1):,} target "
+                                                 f"forwards for the exact law (at most {MAX_PREFIXES}); use a "
+                                                 "smaller vocabulary or fewer tokens"))
     return out
 
 

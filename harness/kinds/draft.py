@@ -37,7 +37,7 @@ import math
 import torch
 from safetensors import safe_open
 
-from harness.checkpoints import CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_problems, model_for
+from harness.checkpoints import CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_tie_problems, model_for
 from harness.intseq import IntSeq, length, materialize
 from harness.kinds.generate import project_root
 from harness.result import Result
@@ -65,7 +65,7 @@ EXPECT = Map({
 def validate(doc: dict) -> list[Problem]:
     inp, out = doc["inputs"], []
     out += checkpoint_problems(inp["target"], ("inputs", "target"))
-    out += draft_problems(inp["draft"], inp["target"], ("inputs", "draft"))
+    out += draft_tie_problems(inp["draft"], inp["target"], ("inputs", "draft"))
     if "seed" in inp["draft"] and "preset" not in inp["target"]:
         out.append(Problem(("inputs", "draft"), "a synthetic draft needs a target given by preset"))
     if (inp["prompt"] is None) == (inp["aux"] is None):

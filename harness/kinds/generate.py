@@ -45,9 +45,12 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_problems,
-                                 model_for, target_dir)
-from harness.intseq import IntSeq, materialize
+from pathlib import Path
+
+from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, checkpoint_problems, draft_dir, draft_for,
+                                 draft_problems, draft_tie_problems, model_for, target_dir)
+from harness.intseq import IntSeq, length, materialize, max_value
+from harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK, MAX_REQUEST_TOKENS, MAX_REQUESTS
 from harness.locate import Located, RequestBits, first_divergence, locate
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
@@ -61,18 +64,18 @@ SAMPLING = Map({
     "top_k": Field(Int(min=0), default=0),
     "top_p": Field(Float(), default=1.0),
     "min_p": Field(Float(), default=0.0),
-    "max_new_tokens": Field(Int(min=1), default=16),
+    "max_new_tokens": Field(Int(min=1, max=MAX_REQUEST_TOKENS), default=16),
     "greedy": Field(Bool(), default=False),
     "stop_token_ids": Field(List(Int(min=0))),
 })
 REQUEST = Map({
-    "prompt": Field(IntSeq(min_value=0), required=True),
+    "prompt": Field(IntSeq(min_value=0, max_len=MAX_REQUEST_TOKENS), required=True),
     "seed": Field(Int(min=-(2**63), max=2**64 - 1), doc="seeded sampling; without it, greedy is required"),
     "sampling": Field(SAMPLING, default=dict),
 })
 INPUTS = Map({
     "checkpoint": Field(CHECKPOINT, required=True),
-    "requests": Field(List(REQUEST, min_len=1), required=True),
+    "requests": Field(List(REQUEST, min_len=1, max_len=MAX_REQUESTS), required=True),
     "capture": Field(List(Int(min=0))),
     "schedule": Field(Map({
         "max_batch": Field(Int(min=1), default=8),
@@ -82,9 +85,9 @@ INPUTS = Map({
                         doc="(tp, ep) pairs that must reproduce the one-device bits"),
     "draft": Field(DRAFT, doc="an EAGLE3 draft; with `speculative`"),
     "speculative": Field(Map({
-        "num_steps": Field(Int(min=1), default=3),
-        "topk": Field(Int(min=1), default=1),
-        "draft_token_num": Field(Int(min=1), default=4),
+        "num_steps": Field(Int(min=1, max=MAX_DRAFT_STEPS), default=3),
+        "topk": Field(Int(min=1, max=MAX_DRAFT_TOPK), default=1),
+        "draft_token_num": Field(Int(min=1, max=MAX_DRAFT_TOKENS), default=4),
         "verify": Field(Str(choices=["greedy", "target-only", "rejection"]), default="target-only"),
         "threshold_single": Field(Float(), default=1.0),
         "threshold_acc": Field(Float(), default=1.0),
@@ -108,19 +111,45 @@ def _params(sampling: dict) -> SamplingParams:
     return SamplingParams(**{k: v for k, v in s.items() if v is not None or k == "stop_token_ids"})
 
 
-def validate(doc: dict) -> list[Problem]:
-    inp, exp, out = doc["inputs"], doc["expect"] or {}, []
+def validate(doc: dict, root: Path | None = None) -> list[Problem]:
+    inp, exp = doc["inputs"], doc["expect"] or {}
+    out = _validate_requests(inp)
+    out += _validate_speculative(inp, exp)
+    n = len(inp["requests"])
+    for key in ("finish_reasons", "last_tokens"):
+        if exp.get(key) is not None and len(exp[key]) != n:
+            out.append(Problem(("expect", key), f"expected {n} entries, one per request, found {len(exp[key])}"))
+    config, problems = checkpoint_config(inp["checkpoint"], root, ("inputs", "checkpoint"))
+    out += problems + checkpoint_problems(inp["checkpoint"], ("inputs", "checkpoint"))
+    if inp["draft"] is not None:
+        out += draft_problems(inp["draft"], inp["checkpoint"], config, root, ("inputs", "draft"))
+        out += draft_tie_problems(inp["draft"], inp["checkpoint"], ("inputs", "draft"))
+    if config is not None:
+        out += _validate_against_config(inp, exp, config)
+    return out
+
+
+def _validate_requests(inp) -> list[Problem]:
+    out = []
     for i, req in enumerate(inp["requests"]):
+        where = ("inputs", "requests", i)
         try:
             params = _params({**SAMPLING.check({}, (), []), **(req["sampling"] or {})})
         except ValueError as e:  # the engine's own validation names the field
-            out.append(Problem(("inputs", "requests", i, "sampling"), str(e)))
+            out.append(Problem(where + ("sampling",), str(e)))
             continue
         if req["seed"] is None and not params.is_greedy:
-            out.append(Problem(("inputs", "requests", i), "a sampled request needs a 'seed' to be reproducible "
-                                                          "(or set sampling.greedy: true)"))
-    out += checkpoint_problems(inp["checkpoint"], ("inputs", "checkpoint"))
-    out += draft_problems(inp["draft"], inp["checkpoint"], ("inputs", "draft"))
+            out.append(Problem(where, "a sampled request needs a 'seed' to be reproducible "
+                                      "(or set sampling.greedy: true)"))
+        total = length(req["prompt"]) + params.max_new_tokens
+        if total > MAX_REQUEST_TOKENS:
+            out.append(Problem(where, f"prompt ({length(req['prompt'])}) + max_new_tokens ({params.max_new_tokens}) "
+                                      f"= {total} tokens, more than {MAX_REQUEST_TOKENS} per request"))
+    return out
+
+
+def _validate_speculative(inp, exp) -> list[Problem]:
+    out = []
     if (inp["draft"] is None) != (inp["speculative"] is None):
         out.append(Problem(("inputs",), "'draft' and 'speculative' go together"))
     if inp["speculative"] is not None:
@@ -135,10 +164,40 @@ def validate(doc: dict) -> list[Problem]:
                                at_key=True))
     elif exp.get("equals_plain") or exp.get("min_mean_accept") is not None:
         out.append(Problem(("expect",), "equals_plain and min_mean_accept need speculative decoding"))
-    n = len(inp["requests"])
-    for key in ("finish_reasons", "last_tokens"):
-        if exp.get(key) is not None and len(exp[key]) != n:
-            out.append(Problem(("expect", key), f"expected {n} entries, one per request, found {len(exp[key])}"))
+    return out
+
+
+def _validate_against_config(inp, exp, config) -> list[Problem]:
+    """Token ids within the checkpoint's vocabulary, captured boundaries within its depth, and
+    topologies it can be split over: what the engine would otherwise refuse at run time."""
+    V, L = config.vocab_size, config.num_hidden_layers
+    out = []
+    for i, req in enumerate(inp["requests"]):
+        where = ("inputs", "requests", i)
+        top = max_value(req["prompt"])
+        if top is not None and top >= V:
+            out.append(Problem(where + ("prompt",), f"token id {top} is outside the checkpoint's vocabulary "
+                                                    f"[0, {V})"))
+        for j, t in enumerate((req["sampling"] or {}).get("stop_token_ids") or []):
+            if t >= V:
+                out.append(Problem(where + ("sampling", "stop_token_ids", j), f"token id {t} is outside the "
+                                                                              f"checkpoint's vocabulary [0, {V})"))
+    for j, t in enumerate(exp.get("last_tokens") or []):
+        if t != "any" and t >= V:
+            out.append(Problem(("expect", "last_tokens", j), f"token id {t} is outside the checkpoint's "
+                                                             f"vocabulary [0, {V})"))
+    for j, b in enumerate(inp["capture"] or []):
+        if b > L:
+            out.append(Problem(("inputs", "capture", j), f"boundary {b} is outside [0, {L}] (the checkpoint has "
+                                                         f"{L} blocks)"))
+    if inp["topologies"]:
+        from engine.distributed import Topology
+
+        for j, (tp, ep) in enumerate(inp["topologies"]):
+            problems = Topology(tp, ep).problems(config)
+            if problems:
+                out.append(Problem(("inputs", "topologies", j), f"the checkpoint cannot be split at tp={tp} ep={ep}: "
+                                                                + "; ".join(problems)))
     return out
 
 

@@ -31,6 +31,7 @@ import math
 import torch
 
 from harness.intseq import IntSeq, length, materialize
+from harness.limits import MAX_KERNEL_ELEMENTS
 from kernels import portable
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, Map, Problem, Str
@@ -51,21 +52,21 @@ INPUTS = Map({
                    required=True),
     "positions": Field(IntSeq(min_value=0), doc="attention: query positions"),
     "dtype": Field(Str(choices=DTYPES), default="fp32"),
-    "seed": Field(Int(min=0), default=0),
+    "seed": Field(Int(min=0, max=2**64 - 1), default=0),
     "scale": Field(Float(), default=1.0),
-    "sink": Field(Float(), doc="attention: every sink logit"),
+    "sink": Field(Float(allow_inf=True), doc="attention: every sink logit (-.inf: no sink)"),
     "ties": Field(Int(min=1), doc="router_top_k: round logits into [-ties, ties]"),
 })
 EXPECT = Map({
     "finite": Field(Bool(), default=False),
-    "tolerance": Field(Float(), doc="max |triton - torch| allowed"),
+    "tolerance": Field(Float(min=0.0), doc="max |triton - torch| allowed (finite, >= 0)"),
     "batch_invariant": Field(Bool(), default=False),
     "prefill_decode": Field(Bool(), default=False),
     "reproducible": Field(Bool(), default=False),
 })
 
 
-def validate(doc: dict) -> list[Problem]:
+def validate(doc: dict, root=None) -> list[Problem]:
     inp, exp = doc["inputs"], doc["expect"] or {}
     kernel, shape = inp["kernel"], inp["shape"] or {}
     out = []
@@ -80,6 +81,10 @@ def validate(doc: dict) -> list[Problem]:
             out.append(Problem(("inputs", "shape", d), f"not a dimension of kernel {kernel} (it has {need})", at_key=True))
     if out:
         return out
+    size = elements(kernel, {**shape, "T": length(inp["positions"]) if inp["positions"] is not None else shape.get("T")})
+    if size > MAX_KERNEL_ELEMENTS:
+        out.append(Problem(("inputs", "shape"), f"kernel {kernel} at this shape allocates about {size:,} elements "
+                                                f"(inputs, weights, output), more than {MAX_KERNEL_ELEMENTS:,}"))
     if kernel == "attention" and shape["Hq"] % shape["Hkv"]:
         out.append(Problem(("inputs", "shape"), f"Hq = {shape['Hq']} is not a multiple of Hkv = {shape['Hkv']}"))
     if kernel == "attention" and inp["positions"] is not None and shape.get("T") not in (None, length(inp["positions"])):
@@ -94,6 +99,30 @@ def validate(doc: dict) -> list[Problem]:
         if inp[name] is not None and kernel != allowed:
             out.append(Problem(("inputs", name), f"only for kernel {allowed}", at_key=True))
     return out
+
+
+def elements(kernel: str, s: dict) -> int:
+    """About how many elements a run of the kernel allocates at shape `s`, references included
+    (the attention reference gathers every query's keys and values: 2 T Hkv S D)."""
+    if kernel == "matmul":
+        return s["M"] * s["K"] + s["N"] * s["K"] + s["N"] + 2 * s["M"] * s["N"]
+    if kernel == "attention":
+        T, Hq, Hkv, D, S = s["T"], s["Hq"], s["Hkv"], s["D"], s["S"]
+        return 2 * T * Hq * D + 2 * Hkv * S * D + 2 * T * Hkv * S * D + 2 * T * Hq * S
+    if kernel == "rmsnorm":
+        return 3 * s["M"] * s["N"] + s["N"]
+    if kernel == "rope":
+        return 3 * s["T"] * s["H"] * s["D"] + s["T"] * s["D"]
+    if kernel == "router_top_k":
+        return 2 * s["T"] * s["E"] + 4 * s["T"] * s["k"]
+    if kernel == "swiglu":
+        return 5 * s["M"] * s["I"]
+    if kernel == "moe":
+        T, H, I, E, k = s["T"], s["H"], s["I"], s["E"], s["k"]
+        return 2 * T * H + 4 * E * H * I + 3 * E * I + E * H + T * E + T * k * (3 * I + 3 * H)
+    if kernel == "sampling":
+        return 3 * s["R"] * s["V"]
+    raise ValueError(f"unknown kernel {kernel!r}")
 
 
 def golden_platform(spec, ctx) -> str:

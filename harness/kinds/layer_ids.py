@@ -30,10 +30,12 @@ from __future__ import annotations
 import torch
 
 from harness.checkpoints import model_for
-from harness.intseq import IntSeq, materialize
+from harness.checkpoints import preset_config
+from harness.intseq import IntSeq, materialize, max_value
+from harness.limits import MAX_REQUEST_TOKENS
 from harness.platform import SHARED
 from harness.result import Result
-from harness.schema import Any_, Field, Int, List, Map, Problem, Str
+from harness.schema import Any_, Field, Int, List, Map, Problem, Str, describe
 from engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
 from engine.config import preset
 from engine.model import rms_norm
@@ -49,8 +51,8 @@ INPUTS = Map({
     "convention": Field(Str(choices=CONVENTIONS), required=True),
     "draft_fc_in": Field(Int(min=1), doc="the draft's fc input width (default 3 x target hidden)"),
     "forward": Field(Map({
-        "seed": Field(Int(min=0), default=0),
-        "prompt": Field(IntSeq(min_value=0), required=True),
+        "seed": Field(Int(min=0, max=2**63 - 1), default=0),
+        "prompt": Field(IntSeq(min_value=0, max_len=MAX_REQUEST_TOKENS), required=True),
     })),
 })
 EXPECT = Map({
@@ -60,21 +62,41 @@ EXPECT = Map({
 })
 
 
-def validate(doc: dict) -> list[Problem]:
-    inp, exp, out = doc["inputs"], doc["expect"] or {}, []
-    try:
-        preset(inp["target"])
-    except ValueError as e:
-        out.append(Problem(("inputs", "target"), str(e)))
+def validate(doc: dict, root=None) -> list[Problem]:
+    inp, exp = doc["inputs"], doc["expect"] or {}
+    config, out = preset_config(inp["target"], ("inputs", "target"), make=bool(inp["forward"]))
+    if config is not None and inp["forward"]:
+        top = max_value(inp["forward"]["prompt"])
+        if top >= config.vocab_size:
+            out.append(Problem(("inputs", "forward", "prompt"), f"token id {top} is outside the vocabulary "
+                                                                f"[0, {config.vocab_size}) of {inp['target']}"))
     if inp["ids"] is not None and inp["draft_config"] is not None:
         out.append(Problem(("inputs", "draft_config"), "give either 'ids' or 'draft_config', not both", at_key=True))
-    if inp["draft_config"] is not None and not isinstance(inp["draft_config"], dict):
-        out.append(Problem(("inputs", "draft_config"), "expected a mapping (a draft config.json)"))
+    if inp["draft_config"] is not None:
+        out += _validate_draft_config(inp["draft_config"])
     if exp.get("error") and (exp.get("boundaries") is not None or inp["forward"]):
         out.append(Problem(("expect", "error"), "an error spec has no boundaries and no forward", at_key=True))
     if not exp:
         out.append(Problem(("expect",), "expected 'boundaries' or 'error': a layer_ids spec must pin one"))
     return out
+
+
+def _validate_draft_config(draft_config) -> list[Problem]:
+    """A mapping, as a config.json is, whose ids (wherever they are read from) are integers or
+    something the resolver itself refuses (an `error` spec may pin that refusal)."""
+    where = ("inputs", "draft_config")
+    if not isinstance(draft_config, dict):
+        return [Problem(where, f"expected a mapping (a draft config.json), found {describe(draft_config)}")]
+    if draft_config.get("eagle_config") is not None and not isinstance(draft_config["eagle_config"], dict):
+        return [Problem(where + ("eagle_config",), "expected a mapping")]
+    try:
+        ids = aux_layer_ids_from_draft_config(draft_config)
+    except LayerIdError:
+        return []  # the resolver's own refusal: what an `error` spec checks
+    bad = [i for i in ids or [] if isinstance(i, bool) or not isinstance(i, int)]
+    if bad:
+        return [Problem(where, f"eagle_aux_hidden_state_layer_ids: expected integers, found {describe(bad[0])}")]
+    return []
 
 
 def golden_platform(spec, ctx) -> str:

@@ -57,7 +57,7 @@ INPUTS = Map({
     "mode": Field(Str(choices=MODES), required=True),
     "tree": Field(Map({
         "parents": Field(IntSeq(min_value=-1), required=True, doc="parents[0] = -1, parents[i] < i"),
-        "tokens": Field(OneOf(Int(min=0), IntSeq(min_value=0)), required=True,
+        "tokens": Field(OneOf(Int(min=0), IntSeq(min_value=0, max_len=MAX_NODES)), required=True,
                         doc="one id per node, or one id for every node"),
     }), required=True),
     "probs": Field(ROWS, doc="target distribution at each node (or one row for all)"),
@@ -82,8 +82,9 @@ INPUTS = Map({
     }), doc="target-only: threshold_single and threshold_acc"),
 })
 EXPECT = Map({
-    "accepted": Field(IntSeq(min_value=0), doc="the accepted node path, root included"),
-    "accepted_tokens": Field(IntSeq(min_len=0, min_value=0), doc="draft tokens of the accepted nodes"),
+    "accepted": Field(IntSeq(min_value=0, max_len=MAX_NODES), doc="the accepted node path, root included"),
+    "accepted_tokens": Field(IntSeq(min_len=0, min_value=0, max_len=MAX_NODES),
+                             doc="draft tokens of the accepted nodes"),
     "next_token": Field(Int(min=0), doc="the bonus or correction token"),
     "next_from": Field(Str(choices=["bonus", "correction"])),
 })
@@ -94,7 +95,7 @@ def _tokens(tokens, n_nodes: int) -> list[int]:
     return [tokens] * n_nodes if isinstance(tokens, int) else materialize(tokens).tolist()
 
 
-def validate(doc: dict) -> list[Problem]:
+def validate(doc: dict, root=None) -> list[Problem]:
     inp, exp = doc["inputs"], doc["expect"] or {}
     mode = inp["mode"]
     out = _validate_tree(inp)

@@ -102,7 +102,7 @@ def run_target(specs, ctx, target: Target, store: GoldenStore, progress=None):
             progress.show(i, spec.id)
         outcomes.append(run_on_target(spec, ctx, target, store))
     if progress:
-        progress.done()
+        progress.clear()
     return outcomes
 
 

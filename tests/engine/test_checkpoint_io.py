@@ -1,5 +1,6 @@
 import json
 import os
+import stat
 
 import pytest
 import torch
@@ -179,3 +180,54 @@ def test_small_preset_loads(tmp_path):
     config, w = load_checkpoint(d)
     assert config == preset("small").replace(quantization_config={"quant_method": "mxfp4"})
     assert w["model.layers.5.mlp.experts.down_proj"].shape == (8, 96, 160)
+
+
+@pytest.mark.parametrize("damage,fragment", [
+    ("truncate", "model-00001-of-00002.safetensors: not a readable safetensors file"),
+    ("empty", "model-00002-of-00002.safetensors: not a readable safetensors file"),
+    ("config_list", "config.json: expected a JSON object, found a list"),
+    ("config_garbage", "config.json: cannot be read as JSON"),
+    ("index_list", "model.safetensors.index.json: expected a JSON object, found a list"),
+])
+def test_unreadable_files_are_named(fresh, damage, fragment):
+    if damage == "truncate":
+        shard = fresh / "model-00001-of-00002.safetensors"
+        shard.write_bytes(shard.read_bytes()[:1000])
+    elif damage == "empty":
+        (fresh / "model-00002-of-00002.safetensors").write_bytes(b"")
+    elif damage == "config_list":
+        (fresh / "config.json").write_text("[1, 2]")
+    elif damage == "config_garbage":
+        (fresh / "config.json").write_text("{not json")
+    else:
+        (fresh / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(fresh)
+    assert str(fresh) in str(e.value) and fragment in str(e.value)
+
+
+def test_a_dtype_other_than_the_config_implies_is_refused(fresh):
+    name = "model.layers.0.self_attn.q_proj.weight"
+
+    def edit(t, shard, index):
+        if name in t:
+            t[name] = t[name].to(torch.float16)
+    _rewrite(fresh, edit)
+    with pytest.raises(CheckpointError, match=rf"model-0000\d-of-00002.safetensors: tensor {name}: dtype "
+                                              r"torch.float16, expected torch.bfloat16 \(config.json's torch_dtype"):
+        load_checkpoint(fresh)
+    cfg = json.loads((fresh / "config.json").read_text())
+    cfg["torch_dtype"] = "float16"                            # now the config says fp16 and bf16 tensors are wrong
+    (fresh / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"dtype torch.bfloat16, expected torch.float16"):
+        load_checkpoint(fresh)
+
+
+def test_files_get_the_modes_the_umask_gives(tmp_path):
+    old = os.umask(0o027)
+    try:
+        d = make_checkpoint("tiny", 0, "bf16", tmp_path / "c")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o750
+    assert {stat.S_IMODE(f.stat().st_mode) for f in d.iterdir()} == {0o640}

@@ -1,0 +1,180 @@
+"""The command line under hostile use (issue 14): one error boundary (a located line, exit 1 or 2, a
+traceback only with --debug), a quiet end on a closed stdout, no vacuous pass (bad option values,
+selections of nothing, stale goldens under --strict), output a CI log can follow, and one regen at a
+time per golden folder."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.cli import main
+from harness.golden import GoldenStore
+from tests.conftest import REPO, golden_bytes
+
+COINS = """\
+kind: coins
+description: a coins spec
+inputs:
+  seeds: [1, 2]
+  positions: [3]
+  columns: {arange: [0, 4]}
+  outputs: [hash]
+"""
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_closed_stdout_ends_quietly(tmp_path):
+    """`lockstep list | head -1`: no BrokenPipeError, exit 141 (SIGPIPE's), nothing on stderr."""
+    specs = tmp_path / "specs" / "coins"
+    specs.mkdir(parents=True)
+    for i in range(300):
+        (specs / f"spec-{i:03d}.yaml").write_text(COINS)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "list"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                                   # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == ""
+
+
+def test_an_unexpected_error_is_one_located_line_and_exit_1(project, capsys, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("harness.cli.load_headers", boom)
+    code, out = run(capsys, "list")
+    assert code == 1 and "Traceback" not in out
+    assert "lockstep: internal error: RuntimeError: boom (at tests/test_hostile_cli.py:" in out and "--debug" in out
+    code, out = run(capsys, "list", "--debug")
+    assert code == 1 and "Traceback (most recent call last)" in out
+
+
+def test_a_crash_is_one_located_line_and_its_traceback_comes_with_debug(project, capsys, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr("harness.kinds.coins.murmur_hash32", boom)
+    code, out = run(capsys, "check", "coins/known-answers")
+    assert code == 1 and "crashed: RuntimeError: kernel exploded (at tests/test_hostile_cli.py:" in out
+    assert "Traceback" not in out and "reproduce: lockstep diff coins/known-answers --debug" in out
+    code, out = run(capsys, "check", "coins/known-answers", "--debug")
+    assert code == 1 and "Traceback (most recent call last)" in out
+
+
+def test_a_golden_recorded_for_an_older_spec_warns_and_fails_under_strict(project, capsys):
+    spec = project / "specs/coins/known-answers.yaml"
+    spec.write_text(spec.read_text().replace("tags: [", "tags: [edited, "))
+    code, out = run(capsys, "check", "coins/known-answers")
+    assert code == 0 and "golden may be stale: it was recorded for another version of this spec" in out
+    code, out = run(capsys, "check", "--strict", "coins/known-answers")
+    assert code == 1 and "STALE" in out and "1 stale" in out
+
+
+def test_strict_with_a_pattern_reports_obsolete_goldens(project, capsys):
+    (project / "specs/coins/known-answers.yaml").unlink()
+    code, out = run(capsys, "check", "--strict", "coins/known-*")
+    assert code == 1 and "golden/shared/coins/known-answers" in out
+    code, out = run(capsys, "check", "--strict", "coins/gumbel-*")      # not named: not reported
+    assert code == 0 and "known-answers" not in out
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "3", "1,,2", "2,2", "1,"])
+def test_world_sizes_outside_the_design_are_usage_errors(project, capsys, value):
+    code, out = run(capsys, "check", "--world-size", value)
+    assert code == 2 and "argument --world-size" in out
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["check", "--tag", ""], "a tag must not be empty"),
+    (["check", "--tag", "no-such-tag"], "no spec carries tag(s) ['no-such-tag']"),
+    (["regen", "--tag", "no-such-tag"], "no spec carries tag(s)"),
+    (["list", "coins/*", "--tag", "no-such-tag"], "no spec matching the patterns carries tag(s)"),
+])
+def test_a_selection_of_nothing_is_a_usage_error(project, capsys, argv, fragment):
+    code, out = run(capsys, *argv)
+    assert code == 2 and fragment in out
+
+
+def test_an_empty_spec_folder_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    code, out = run(capsys, "check")
+    assert code == 2 and "no specs under specs" in out
+
+
+def test_check_prints_each_spec_as_it_finishes(project, capsys, monkeypatch):
+    import harness.runner as runner
+
+    seen, real = [], runner.check_spec
+
+    def spy(spec, *a, **k):
+        seen.append(capsys.readouterr().out)    # what a CI log shows when this spec starts
+        return real(spec, *a, **k)
+
+    monkeypatch.setattr(runner, "check_spec", spy)
+    assert main(["check"]) == 0
+    assert "pass      coins/gumbel-endpoints" in seen[1] and "coins/known-answers" in seen[2]
+
+
+def test_help_and_list_do_not_import_torch(project):
+    probe = ("import sys; from harness.cli import main; code = main(sys.argv[1:]); "
+             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(code)")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for argv in (["--help"], ["list"], ["check", "--help"]):
+        proc = subprocess.run([sys.executable, "-c", probe, *argv], cwd=project, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_list_columns_stay_aligned_with_long_tags(project, capsys):
+    spec = project / "specs/coins/known-answers.yaml"
+    spec.write_text(spec.read_text().replace("tags: [", "tags: [a-very-long-tag-name-that-is-long, "))
+    code, out = run(capsys, "list")
+    lines = out.splitlines()
+    descriptions = [line.index(word) for line, word in zip(lines, ("Gumbel", "The known", "Real verify"))]
+    assert code == 0 and len(set(descriptions)) == 1, out
+
+
+def test_check_columns_fit_long_platform_names(project, capsys, monkeypatch):
+    monkeypatch.setattr("harness.kinds.coins.golden_platform",
+                        lambda spec, ctx: "cuda-sm90-fp32-triton-long" if "gumbel" in spec.id else "shared")
+    code, out = run(capsys, "check")
+    lines = out.splitlines()
+    table = [lines[0]] + [line for line in lines if line.startswith(("pass ", "MISSING "))]
+    assert code == 3 and len(table) == 4 and table[0].startswith("STATUS")
+    golden = table[0].index("GOLDEN")
+    assert all(row[golden:].startswith(("shared ", "cuda-sm90")) for row in table[1:]), table
+    assert len({len(line) for line in table}) == 1, table                # TIME ends in one column
+
+
+def test_summaries_name_the_golden_folders(project, capsys):
+    code, out = run(capsys, "check")
+    assert code == 0 and "goldens: golden/cpu-fp32 (1), golden/shared (2)" in out
+    (project / "golden/shared/coins/known-answers.json").unlink()
+    (project / "golden/shared/coins/known-answers.safetensors").unlink()
+    code, out = run(capsys, "regen")
+    assert code == 0 and "wrote 1 golden(s) to golden/shared (1)" in out
+
+
+def test_a_second_regen_of_the_same_goldens_is_refused(project, capsys):
+    before = golden_bytes(project)
+    with GoldenStore(project / "golden").writer_lock():          # a regen in another process, meanwhile
+        code, out = run(capsys, "regen")
+    assert code == 2 and "another process is recording goldens in golden" in out
+    assert golden_bytes(project) == before
+    assert run(capsys, "regen", "--dry-run")[0] == 0                # a dry run writes nothing: not refused
+    assert run(capsys, "regen")[0] == 0                              # released with its holder
+
+
+def test_make_checkpoint_refusal_names_the_flag(tmp_path, capsys):
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "x").write_text("x")
+    code, out = run(capsys, "make-checkpoint", "--preset", "tiny", str(tmp_path / "ck"))
+    assert code == 2 and "use --overwrite to replace it" in out and "overwrite=True" not in out
