@@ -113,8 +113,9 @@ def _preset_dir(ckpt: dict) -> Path:
     return checkpoint_dir(ckpt["preset"], ckpt["seed"], ckpt["format"])
 
 
-def checkpoint_problems(ckpt: dict | None, path: tuple) -> list[Problem]:
-    """Load-time checks of a preset checkpoint mapping: the preset exists, router ties name experts."""
+def checkpoint_problems(ckpt: dict | None, path: tuple, check_preset: bool = True) -> list[Problem]:
+    """Load-time checks of a preset checkpoint mapping: the preset exists (unless the caller
+    checks it, as checkpoint_config does), router ties name experts of the preset."""
     if not ckpt or "preset" not in ckpt:
         return []
     from engine.config import preset
@@ -122,7 +123,7 @@ def checkpoint_problems(ckpt: dict | None, path: tuple) -> list[Problem]:
     try:
         cfg = preset(ckpt["preset"])
     except ValueError as e:
-        return [Problem(path + ("preset",), str(e))]
+        return [Problem(path + ("preset",), str(e))] if check_preset else []
     ties = ckpt.get("router_ties")
     if ties:
         E = cfg.num_local_experts

@@ -36,7 +36,7 @@ class Planted:
             failed = runner.kinds.KINDS[spec.kind].check(spec, result)
             assert not failed, (spec_id, failed)
             self.store.write(platform, spec_id, result.tensors, result.data, spec.sha256, spec.kind,
-                             runner.provenance(self.ctx, spec))
+                             runner.provenance(self.ctx, spec, platform))
 
     def outcome(self, spec_id: str) -> runner.Outcome:
         spec = SPECS[spec_id]

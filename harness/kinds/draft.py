@@ -62,7 +62,7 @@ EXPECT = Map({
 })
 
 
-def validate(doc: dict) -> list[Problem]:
+def validate(doc: dict, root=None) -> list[Problem]:
     inp, out = doc["inputs"], []
     out += checkpoint_problems(inp["target"], ("inputs", "target"))
     out += draft_tie_problems(inp["draft"], inp["target"], ("inputs", "draft"))

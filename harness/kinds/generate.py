@@ -120,7 +120,7 @@ def validate(doc: dict, root: Path | None = None) -> list[Problem]:
         if exp.get(key) is not None and len(exp[key]) != n:
             out.append(Problem(("expect", key), f"expected {n} entries, one per request, found {len(exp[key])}"))
     config, problems = checkpoint_config(inp["checkpoint"], root, ("inputs", "checkpoint"))
-    out += problems + checkpoint_problems(inp["checkpoint"], ("inputs", "checkpoint"))
+    out += problems + checkpoint_problems(inp["checkpoint"], ("inputs", "checkpoint"), check_preset=False)
     if inp["draft"] is not None:
         out += draft_problems(inp["draft"], inp["checkpoint"], config, root, ("inputs", "draft"))
         out += draft_tie_problems(inp["draft"], inp["checkpoint"], ("inputs", "draft"))

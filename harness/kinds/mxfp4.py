@@ -100,7 +100,7 @@ def _scales_shapes(preset_name: str) -> dict[str, tuple[int, ...]]:
     return {n: shape for n, (shape, _) in expected_tensors(cfg, mxfp4_experts=True).items() if n.endswith("_scales")}
 
 
-def validate(doc: dict) -> list[Problem]:
+def validate(doc: dict, root=None) -> list[Problem]:
     inp, exp, out = doc["inputs"], doc["expect"] or {}, []
     decode, ckpt = inp["blocks"] is not None, inp["checkpoint"] is not None
     if decode == ckpt:
