@@ -41,8 +41,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         from kernels.attention import attention_triton    # one fixed 64-key split, prefill = decode
         return attention_triton(q, k_cache, v_cache, slots, positions, sinks, window, scale)
     T, Hq, D = q.shape
-    Hkv, S = k_cache.shape[1], k_cache.shape[2]
-    G = Hq // Hkv
+    S = k_cache.shape[2]
     if S % KV_TILE:
         raise ValueError(f"attention: cache capacity {S} is not a multiple of KV_TILE={KV_TILE}")
     if T == 0:

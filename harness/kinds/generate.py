@@ -45,8 +45,6 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from pathlib import Path
-
 from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, checkpoint_problems, draft_dir, draft_for,
                                  draft_problems, draft_tie_problems, model_for, target_dir)
 from harness.intseq import IntSeq, length, materialize, max_value

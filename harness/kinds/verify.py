@@ -299,6 +299,12 @@ def run(spec, ctx) -> Result:
         else:
             tree.q = [None] + list(_per_node(inp["q"], n_nodes - 1))
             accepted, nxt = speculative.verify_rejection(tree, p, coins, final)
+    return verify_result(tree, accepted, nxt, tensors)
+
+
+def verify_result(tree, accepted, nxt, tensors: dict) -> Result:
+    """The golden of one verify call: the accepted path, the emitted tokens and where the next
+    token came from (a correction after a rejection, or the bonus after a full accept)."""
     accepted = [int(a) for a in accepted]
     accepted_tokens = [tree.tokens[a] for a in accepted[1:]]
     next_from = "correction" if tree.children(accepted[-1]) else "bonus"

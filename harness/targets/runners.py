@@ -181,14 +181,7 @@ def _verify(spec, ctx, t: Target):
         else:
             tree.q = [None] + list(V._per_node(inp["q"], n - 1))
             accepted, nxt = fn(tree, p, coins, final)
-    accepted = [int(a) for a in accepted]
-    accepted_tokens = [tree.tokens[a] for a in accepted[1:]]
-    next_from = "correction" if tree.children(accepted[-1]) else "bonus"
-    tensors["accepted"] = torch.tensor(accepted, dtype=torch.int64)
-    tensors["emitted"] = torch.tensor(accepted_tokens + [int(nxt)], dtype=torch.int64)
-    data = {"accepted": accepted, "next_token": int(nxt), "next_from": next_from}
-    return Result(tensors=tensors, data=data, facts={"accepted_tokens": accepted_tokens}), BITWISE, \
-        V.golden_platform(spec, ctx)
+    return V.verify_result(tree, accepted, nxt, tensors), BITWISE, V.golden_platform(spec, ctx)
 
 
 # --------------------------------------------------------------------------- kernel
