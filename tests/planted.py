@@ -1,10 +1,11 @@
 """Put a bug back, run the named specs, and see them turn red: the shared machinery.
 
-`Planted` checks specs against goldens recorded in a scratch store from a clean run in this
-process (before any bug is put back), so a verdict never depends on whether the repository's
-engine goldens were recorded on this machine's bits (DESIGN D0 is another issue's business): the
-spec turns red because the bug changed its output or broke an expectation, nothing else.
-Integer and exact goldens (`shared`) are the repository's own and are used as they are.
+`Planted(tmp_path, spec_ids)` checks the listed specs against goldens recorded in a scratch
+store from a clean run in this process (before any bug is put back), so a verdict never depends
+on whether the repository's engine goldens were recorded on this machine's bits (DESIGN D0 is
+another issue's business): the spec turns red because the bug changed its output or broke an
+expectation, nothing else. Every other spec (exact `shared` goldens, kernel specs in Triton's
+interpreter) is checked against the repository's own goldens.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ class Planted:
         self.ctx = RunContext(detect(device), backend=backend)
         self.repo_store = GoldenStore(REPO / "golden")
         self.store = GoldenStore(tmp_path / "golden")
+        self.recorded = set()
         for spec_id in spec_ids:                      # clean runs, recorded as goldens
             spec = SPECS[spec_id]
             platform = runner.kinds.KINDS[spec.kind].golden_platform(spec, self.ctx)
             if platform == SHARED:
                 continue
+            self.recorded.add(spec_id)
             with torch.inference_mode():
                 result = runner.run_spec(spec, self.ctx)
             failed = runner.kinds.KINDS[spec.kind].check(spec, result)
@@ -39,9 +42,8 @@ class Planted:
                              runner.provenance(self.ctx, spec, platform))
 
     def outcome(self, spec_id: str) -> runner.Outcome:
-        spec = SPECS[spec_id]
-        platform = runner.kinds.KINDS[spec.kind].golden_platform(spec, self.ctx)
-        return runner.check_spec(spec, self.ctx, self.repo_store if platform == SHARED else self.store)
+        store = self.store if spec_id in self.recorded else self.repo_store
+        return runner.check_spec(SPECS[spec_id], self.ctx, store)
 
     def red(self, spec_id: str) -> str:
         """The spec's report; fails the test unless the spec is red (mismatch, failed or crash)."""
@@ -52,3 +54,22 @@ class Planted:
     def green(self, spec_id: str) -> None:
         out = self.outcome(spec_id)
         assert out.status == runner.PASS, out.report()
+
+
+def module_with(module, replacements: dict[str, str], tmp_path):
+    """A copy of `module` (e.g. a Triton kernel file) whose source has each old text replaced by its
+    new text, imported from tmp_path: a guard taken out of the kernel's own source. Each old text
+    must occur exactly once, so a plant that no longer matches the source fails loudly."""
+    import importlib.util
+    import inspect
+
+    src = inspect.getsource(module)
+    for old, new in replacements.items():
+        assert src.count(old) == 1, f"{module.__name__}: {old!r} is not in the source exactly once: update the plant"
+        src = src.replace(old, new)
+    path = tmp_path / f"planted_{module.__name__.replace('.', '_')}.py"
+    path.write_text(src, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    planted = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(planted)
+    return planted

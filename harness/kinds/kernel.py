@@ -11,6 +11,9 @@
       scale: 1.0               # inputs times this (very large / small values)
       sink: 80.0               # attention: every sink logit (default: random); null sinks: -.inf
       ties: 3                  # router_top_k: logits rounded into [-ties, ties] (many ties)
+      rows:                    # sampling: one key per row, and optionally the row's only finite logits
+        - {seed: 12, position: 6003106, logits: {6: 0.0}}   # other ids -inf (masked)
+      col_base: 0              # sampling: hash column of vocab id 0 (default SAMPLE_COLUMNS = 2^31)
     expect:
       finite: true             # no NaN / inf in the Triton output
       tolerance: 2.0e-5        # max |triton - torch| (as float64) allowed
@@ -34,7 +37,7 @@ from harness.intseq import IntSeq, length, materialize
 from harness.limits import MAX_KERNEL_ELEMENTS
 from kernels import portable
 from harness.result import Result
-from harness.schema import Bool, Field, Float, Int, Map, Problem, Str
+from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
 
 NAME = "kernel"
 KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "moe", "sampling")
@@ -56,6 +59,12 @@ INPUTS = Map({
     "scale": Field(Float(), default=1.0),
     "sink": Field(Float(allow_inf=True), doc="attention: every sink logit (-.inf: no sink)"),
     "ties": Field(Int(min=1), doc="router_top_k: round logits into [-ties, ties]"),
+    "rows": Field(List(Map({
+        "seed": Field(Int(min=-(2**63), max=2**63 - 1), required=True),
+        "position": Field(Int(min=0, max=2**63 - 1), required=True),
+        "logits": Field(Any_(), doc="{vocab id: logit}: the row's only finite logits (the rest masked)"),
+    }), min_len=1), doc="sampling: each row's key (and logits)"),
+    "col_base": Field(Int(min=0, max=2**32 - 1), doc="sampling: the hash column of vocab id 0"),
 })
 EXPECT = Map({
     "finite": Field(Bool(), default=False),
@@ -95,9 +104,22 @@ def validate(doc: dict, root=None) -> list[Problem]:
         out.append(Problem(("inputs", "shape", "D"), "D must be even"))
     if exp.get("prefill_decode") and kernel != "attention":
         out.append(Problem(("expect", "prefill_decode"), "only the attention kernel has prefill and decode", at_key=True))
-    for name, allowed in (("sink", "attention"), ("positions", "attention"), ("ties", "router_top_k")):
+    for name, allowed in (("sink", "attention"), ("positions", "attention"), ("ties", "router_top_k"),
+                          ("rows", "sampling"), ("col_base", "sampling")):
         if inp[name] is not None and kernel != allowed:
             out.append(Problem(("inputs", name), f"only for kernel {allowed}", at_key=True))
+    if kernel == "sampling" and inp["rows"] is not None:
+        if len(inp["rows"]) != shape["R"]:
+            out.append(Problem(("inputs", "rows"), f"expected R = {shape['R']} rows, found {len(inp['rows'])}"))
+        for i, row in enumerate(inp["rows"]):
+            lg = row["logits"]
+            if lg is None:
+                continue
+            if not isinstance(lg, dict) or not lg or any(isinstance(k, bool) or not isinstance(k, int)
+                                                         or not 0 <= k < shape["V"] for k in lg) \
+                    or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in lg.values()):
+                out.append(Problem(("inputs", "rows", i, "logits"), f"expected a mapping of vocab ids in "
+                                                                    f"[0, {shape['V']}) to numbers"))
     return out
 
 
@@ -187,7 +209,7 @@ def _inputs(spec, device):
         from kernels.sampling import gumbel_argmax
         t = kernel_inputs(spec, device)
         logp, seeds, pos = t["logp"], t["seeds"], t["positions"]
-        return (lambda be, r=slice(None): gumbel_argmax(logp[r], seeds[r], pos[r], backend=be)), s["R"]
+        return (lambda be, r=slice(None): gumbel_argmax(logp[r], seeds[r], pos[r], t["col_base"], backend=be)), s["R"]
     if k == "attention":
         from kernels.attention import attention
         t = kernel_inputs(spec, device)
@@ -215,10 +237,20 @@ def kernel_inputs(spec, device) -> dict:
     if k == "rmsnorm":
         return {"x": rnd(s["M"], s["N"], scale=sc), "weight": rnd(s["N"])}
     if k == "sampling":
-        logp = portable.log_softmax(rnd(s["R"], s["V"], scale=2 * sc, dtype=torch.float64), -1)
+        from kernels.sampling import SAMPLE_COLUMNS
+        z = rnd(s["R"], s["V"], scale=2 * sc, dtype=torch.float64)
         seeds = torch.randint(-(1 << 62), 1 << 62, (s["R"],), generator=g).to(device)
         pos = torch.randint(0, 1 << 20, (s["R"],), generator=g).to(device)
-        return {"logp": logp, "seeds": seeds, "positions": pos}
+        if inp.get("rows") is not None:                               # written keys (and logits)
+            seeds = torch.tensor([row["seed"] for row in inp["rows"]], dtype=torch.int64, device=device)
+            pos = torch.tensor([row["position"] for row in inp["rows"]], dtype=torch.int64, device=device)
+            for i, row in enumerate(inp["rows"]):
+                if row["logits"] is not None:
+                    z[i] = float("-inf")
+                    for v, x in row["logits"].items():
+                        z[i, v] = float(x)
+        base = SAMPLE_COLUMNS if inp.get("col_base") is None else inp["col_base"]
+        return {"logp": portable.log_softmax(z, -1), "seeds": seeds, "positions": pos, "col_base": base}
     if k == "attention":
         Hq, Hkv, D, S = s["Hq"], s["Hkv"], s["D"], s["S"]
         pos = materialize(inp["positions"]) if inp["positions"] is not None else \

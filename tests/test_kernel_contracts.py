@@ -1,0 +1,270 @@
+"""DESIGN §8, every edge case in every place the engine computes it: take the guard out (of the
+kernel's own source, or by swapping in the function with the bug) and a spec that `lockstep check`
+runs by default turns red.
+
+    edge case        where                                          spec that turns red
+    empty tile       engine/attention.py (engine, torch backend)    generate/greedy-tiny-bf16
+                     kernels/attention.py Triton kernel             kernels/attention-empty-tiles-window-128,
+                                                                    kernels/attention-prefill-256-window-128
+                     kernels/attention.py torch reference           kernels/attention-all-masked-no-sink (new)
+                     kernels/attention.py sink merge (Triton)       kernels/attention-all-masked-no-sink (new)
+    N / K tails      kernels/matmul.py (K loop, N store mask)       kernels/matmul-n127-k129, -tail-2880, -n1-k1
+                     kernels/rmsnorm.py (sum of squares)            kernels/rmsnorm-n127, -n2881
+                     kernels/moe.py expert GEMM (K loop)            kernels/moe-tails
+    top-k ties       engine/model.py router top-k (torch backend)   generate/router-ties
+                     engine/parallel.py router top-k (TP/EP ranks)  generate/router-ties, its TP 2 / EP 2 runs
+                                                                    (checked by editing the file: ranks are
+                                                                    fresh processes a monkeypatch cannot reach)
+                     kernels/moe.py Triton router (triton backend)  kernels/router-top4-ties
+                     kernels/moe.py torch reference                 kernels/router-top4-ties
+                     engine/speculative.py draft top-k              draft/top-k-ties (tests/speculative/test_draft_specs.py)
+    Gumbel ends      kernels/coins.py (engine sampling, torch)      coins/gumbel-endpoints, generate/gumbel-endpoints
+                     kernels/sampling.py Triton sampler             kernels/sampling-gumbel-endpoints
+
+The engine's Triton backend calls the same Triton kernels (attention, router top-k, RMSNorm,
+matmul); its engine specs take minutes each in Triton's interpreter, so that path is pinned here
+through the kernel specs. Engine-platform goldens come from a clean run in this process
+(tests/planted.py), so a verdict never depends on this machine's bits matching the repository's.
+"""
+
+import pytest
+import torch
+
+import engine.model
+import kernels.attention
+import kernels.coins
+import kernels.matmul
+import kernels.moe
+import kernels.rmsnorm
+import kernels.sampling
+from engine.attention import KV_TILE
+from tests.planted import Planted, module_with
+
+ENGINE_SPECS = ["generate/greedy-tiny-bf16", "generate/router-ties", "generate/gumbel-endpoints"]
+
+
+@pytest.fixture(scope="module")
+def engine_specs(tmp_path_factory):
+    return Planted(tmp_path_factory.mktemp("engine"), ENGINE_SPECS)
+
+
+@pytest.fixture(scope="module")
+def kernel_specs(tmp_path_factory):
+    return Planted(tmp_path_factory.mktemp("kernels"), [])     # kernel goldens: the repository's own
+
+
+@pytest.fixture
+def plant(tmp_path, monkeypatch):
+    """plant(module, {old: new}, *names): the module's kernels `names` rebuilt from its source with
+    the guard taken out, swapped in for the rest of the test."""
+    def put_back(module, replacements, *names):
+        buggy = module_with(module, replacements, tmp_path)
+        for name in names:
+            monkeypatch.setattr(module, name, getattr(buggy, name))
+    return put_back
+
+
+def test_the_named_specs_pass_clean(kernel_specs):
+    """(The engine specs' expectations are checked when their clean goldens are recorded.)"""
+    for spec_id in ("kernels/router-top4-ties", "kernels/sampling-gumbel-endpoints", "coins/gumbel-endpoints"):
+        kernel_specs.green(spec_id)
+
+
+# --------------------------------------------------------------------------- empty tile
+def attention_running_max_from_minus_inf(q, k_cache, v_cache, slots, positions, sinks, window, scale,
+                                         backend="torch"):
+    """engine.attention.attention (torch backend) with the seed bug: the running max starts at -inf
+    and the sink is merged after the last tile, so an empty first tile computes exp(-inf - -inf)."""
+    T, Hq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    sink_logits = sinks.to(torch.float32).reshape(Hkv, G, 1)
+    tile_offsets = torch.arange(KV_TILE, dtype=torch.int64, device=q.device)
+    out = q.new_empty((T, Hq, D))
+    for t in range(T):
+        qt = q[t].reshape(Hkv, G, D)
+        keys, values = k_cache[slots[t]], v_cache[slots[t]]
+        pos = positions[t]
+        m = torch.full_like(sink_logits, float("-inf"))                 # the bug
+        l = torch.zeros_like(sink_logits)
+        acc = q.new_zeros((Hkv, G, D))
+        for start in range(0, S, KV_TILE):
+            s = torch.matmul(qt, keys[:, start:start + KV_TILE].transpose(1, 2)) * scale
+            j = start + tile_offsets
+            visible = (j <= pos) & ((j > pos - window) if window > 0 else True)
+            s = torch.where(visible, s, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            rescale = torch.exp(m - m_new)
+            p = torch.exp(s - m_new)
+            l = l * rescale + p.sum(dim=-1, keepdim=True)
+            acc = acc * rescale + torch.matmul(p, values[:, start:start + KV_TILE])
+            m = m_new
+        m_f = torch.maximum(m, sink_logits)
+        l = l * torch.exp(m - m_f) + torch.exp(sink_logits - m_f)
+        out[t] = (acc * torch.exp(m - m_f) / l).reshape(Hq, D)
+    return out
+
+
+def test_engine_empty_tile(engine_specs, monkeypatch):
+    """Window 8, 32-key tiles: from position 40 on, a windowed layer's first tile is empty. The
+    second request (30-token prompt) decodes past it and its logits turn NaN (argmax: token 0);
+    the first (8 + 24 positions) never meets an empty tile, so its tokens stay (the sink merged
+    last rounds differently, so its logprob bits move by a few ULPs)."""
+    monkeypatch.setattr(engine.model, "attention", attention_running_max_from_minus_inf)
+    report = engine_specs.red("generate/greedy-tiny-bf16")
+    assert "tensor 'tokens_1'" in report and "got 0" in report, report
+    assert "tensor 'tokens_0'" not in report
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow encountered")
+@pytest.mark.parametrize("spec_id", ["kernels/attention-empty-tiles-window-128",
+                                     "kernels/attention-prefill-256-window-128"])
+def test_triton_attention_empty_tile(kernel_specs, plant, spec_id):
+    plant(kernels.attention, {"m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)   # empty so far: no NaN":
+                              "m_use = m_new"}, "_attention_kernel")
+    assert "non-finite values in the Triton output" in kernel_specs.red(spec_id)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_triton_attention_row_without_keys_or_sink(kernel_specs, plant):
+    """The merge of the sink after the last tile, for a row that saw no key and has no sink."""
+    plant(kernels.attention, {"m_fu = tl.where(m_f == float(\"-inf\"), 0.0, m_f)": "m_fu = m_f"}, "_attention_kernel")
+    assert "non-finite values in the Triton output" in kernel_specs.red("kernels/attention-all-masked-no-sink")
+    kernel_specs.green("kernels/attention-all-masked")           # a finite sink: the guard is not needed
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_torch_reference_attention_all_masked(kernel_specs, monkeypatch):
+    """The reference's guard for a row with no visible key and a -inf sink (max = -inf): only the
+    spec added for it sees it."""
+    real = kernels.attention.attention_torch
+
+    def unguarded(q, k_cache, v_cache, slots, positions, sinks, window, scale):
+        q, k_cache, v_cache, slots, positions, sinks = kernels.attention._check(q, k_cache, v_cache, slots,
+                                                                               positions, sinks, window)
+        T, Hq, D = q.shape
+        _, Hkv, S, _ = k_cache.shape
+        G = Hq // Hkv
+        k, v = k_cache.index_select(0, slots).float(), v_cache.index_select(0, slots).float()
+        s = torch.einsum("thgd,thsd->thgs", q.float().reshape(T, Hkv, G, D), k) * scale
+        j = torch.arange(S)
+        vis = j[None, :] <= positions[:, None]
+        if window > 0:
+            vis = vis & (j[None, :] > positions[:, None] - window)
+        s = s.masked_fill(~vis[:, None, None, :], float("-inf"))
+        full = torch.cat([s, sinks.float().reshape(1, Hkv, G, 1).expand(T, Hkv, G, 1)], dim=-1)
+        e = torch.exp(full - full.amax(dim=-1, keepdim=True))                 # no -inf guard
+        probs = e / e.sum(dim=-1, keepdim=True)
+        return torch.einsum("thgs,thsd->thgd", probs[..., :S], v).reshape(T, Hq, D).to(q.dtype)
+
+    monkeypatch.setattr(kernels.attention, "attention_torch", unguarded)
+    assert "max |triton - torch| = inf" in kernel_specs.red("kernels/attention-all-masked-no-sink")
+    kernel_specs.green("kernels/attention-all-masked")           # a finite sink: the guard is not needed
+    monkeypatch.setattr(kernels.attention, "attention_torch", real)
+    kernel_specs.green("kernels/attention-all-masked-no-sink")
+
+
+# --------------------------------------------------------------------------- N and K tails
+@pytest.mark.parametrize("spec_id", ["kernels/matmul-n127-k129", "kernels/matmul-n1-k1",
+                                     "kernels/matmul-n129-k127-bf16"])
+def test_matmul_k_tail_dropped(kernel_specs, plant, spec_id):
+    plant(kernels.matmul, {"for k0 in range(0, K, BLOCK_K):": "for k0 in range(0, K // BLOCK_K * BLOCK_K, BLOCK_K):"},
+          "_linear_kernel")
+    assert "max |triton - torch|" in kernel_specs.red(spec_id)
+
+
+@pytest.mark.parametrize("spec_id", ["kernels/matmul-n127-k129", "kernels/matmul-n129-k127-bf16"])
+def test_matmul_n_tail_never_stored(kernel_specs, plant, spec_id):
+    """Programs past the last full N block store nothing (an early exit): the tail stays garbage."""
+    plant(kernels.matmul, {"             mask=m_ok[:, None] & n_ok[None, :])":
+                           "             mask=m_ok[:, None] & (rn < N // BLOCK_N * BLOCK_N)[None, :])"},
+          "_linear_kernel")
+    kernel_specs.red(spec_id)
+
+
+@pytest.mark.parametrize("spec_id", ["kernels/rmsnorm-n127", "kernels/rmsnorm-n2881", "kernels/rmsnorm-n1"])
+def test_rmsnorm_tail_left_out_of_the_sum(kernel_specs, plant, spec_id):
+    plant(kernels.rmsnorm, {"    sq = tl.zeros((BLOCK_N,), dtype=tl.float32)\n    for n0 in range(0, N, BLOCK_N):":
+                            "    sq = tl.zeros((BLOCK_N,), dtype=tl.float32)\n"
+                            "    for n0 in range(0, N // BLOCK_N * BLOCK_N, BLOCK_N):"},
+          "_rmsnorm_kernel")
+    kernel_specs.red(spec_id)
+
+
+def test_moe_expert_k_tail_dropped(kernel_specs, plant):
+    plant(kernels.moe, {"        for k0 in range(0, K, BLOCK_K):":
+                        "        for k0 in range(0, K // BLOCK_K * BLOCK_K, BLOCK_K):"}, "_expert_linear_kernel")
+    assert "kernel moe" in kernel_specs.red("kernels/moe-tails")
+
+
+# --------------------------------------------------------------------------- top-k ties
+def higher_index_first(logits, k, backend="torch"):
+    values, ids = torch.sort(logits, dim=-1, stable=True)            # ascending, then reversed
+    return values.flip(-1)[..., :k], ids.flip(-1)[..., :k]
+
+
+def torch_topk(logits, k, backend="torch"):
+    return torch.topk(logits, k, dim=-1)                             # CPU: ties not by the lower id
+
+
+@pytest.mark.parametrize("bug", [higher_index_first, torch_topk], ids=["higher-id-first", "torch.topk"])
+def test_engine_router_top_k_ties(engine_specs, kernel_specs, monkeypatch, bug):
+    """The top-k the torch backend runs in every MoE layer. The kernel spec of kernels/moe.py does
+    not see it (a different function): generate/router-ties is the spec that does."""
+    monkeypatch.setattr(engine.model, "top_k_lowest_index", bug)
+    engine_specs.red("generate/router-ties")
+    kernel_specs.green("kernels/router-top4-ties")
+
+
+def test_triton_router_ties(kernel_specs, plant):
+    """The kernel the engine's triton backend runs for its router top-k."""
+    plant(kernels.moe, {"idx = tl.min(tl.where((~taken) & (cand == m), e, E_PAD), axis=0)   # lowest id on ties":
+                        "idx = tl.max(tl.where((~taken) & (cand == m), e, -1), axis=0)"}, "_router_top_k_kernel")
+    assert "kernel router_top_k" in kernel_specs.red("kernels/router-top4-ties")
+
+
+def test_torch_reference_router_ties(kernel_specs, monkeypatch):
+    monkeypatch.setattr(kernels.moe, "router_top_k_torch",
+                        lambda logits, k: (torch.softmax(torch.topk(logits.float(), k).values, -1),
+                                           torch.topk(logits.float(), k).indices))
+    kernel_specs.red("kernels/router-top4-ties")
+
+
+# --------------------------------------------------------------------------- Gumbel endpoints
+def unclamped_gumbel(h):
+    """kernels.coins.gumbel_from_hash without its clamp (runs with that module's globals)."""
+    return -torch.log(-torch.log(uniform_from_hash(h)))   # noqa: F821
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero encountered")
+def test_unclamped_gumbel_in_the_engine(engine_specs, kernel_specs, monkeypatch):
+    """The torch noise engine.sampling draws with (kernels.coins.gumbel_from_hash). Its code is
+    swapped in place, so every module that imported the function by name sees the bug."""
+    monkeypatch.setattr(kernels.coins.gumbel_from_hash, "__code__", unclamped_gumbel.__code__)
+    report = engine_specs.red("generate/gumbel-endpoints")
+    assert "request 0 ended on token 0, the spec expects 210" in report
+    assert "request 1 ended on token 405, the spec expects 210" in report
+    assert "request 2 ended on token 405, the spec expects 210" in report
+    assert "is not finite" in kernel_specs.red("coins/gumbel-endpoints")
+    kernel_specs.red("kernels/sampling-gumbel-endpoints")       # its torch reference draws with it
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero encountered", "ignore:invalid value encountered")
+def test_unclamped_gumbel_in_the_triton_sampler(kernel_specs, plant):
+    plant(kernels.sampling, {"log_u = tl.minimum(tl.maximum(tl.log(u), -1.7976931348623157e308), "
+                             "-2.3283064365386963e-10)": "log_u = tl.log(u)"}, "_gumbel_argmax_kernel")
+    report = kernel_specs.red("kernels/sampling-gumbel-endpoints")
+    assert "max |triton - torch|" in report
+    kernel_specs.green("kernels/sampling-vocab-1025")      # random keys never reach either end
+
+
+def test_sampling_rows_errors_are_located():
+    from harness.specfile import SpecErrors, parse_spec
+
+    text = ("kind: kernel\ndescription: d\ninputs:\n  kernel: sampling\n  shape: {R: 2, V: 8}\n  rows:\n"
+            "    - {seed: 1, position: 2, logits: {9: 0.0}}\n")
+    with pytest.raises(SpecErrors) as e:
+        parse_spec(text, "specs/kernels/bad.yaml", "kernels/bad")
+    assert [str(x) for x in e.value.errors] == [
+        "specs/kernels/bad.yaml:7:5: inputs.rows: expected R = 2 rows, found 1",
+        "specs/kernels/bad.yaml:7:38: inputs.rows[0].logits: expected a mapping of vocab ids in [0, 8) to numbers"]
