@@ -242,9 +242,9 @@ def test_unclamped_gumbel_in_the_engine(engine_specs, kernel_specs, monkeypatch)
     swapped in place, so every module that imported the function by name sees the bug."""
     monkeypatch.setattr(kernels.coins.gumbel_from_hash, "__code__", unclamped_gumbel.__code__)
     report = engine_specs.red("generate/gumbel-endpoints")
-    assert "request 0 ended on token 0, the spec expects 210" in report
-    assert "request 1 ended on token 405, the spec expects 210" in report
-    assert "request 2 ended on token 405, the spec expects 210" in report
+    assert "request 0 ended on token 0, the spec expects 340" in report
+    assert "request 1 ended on token 405, the spec expects 340" in report
+    assert "request 2 ended on token 405, the spec expects 340" in report
     assert "is not finite" in kernel_specs.red("coins/gumbel-endpoints")
     kernel_specs.red("kernels/sampling-gumbel-endpoints")       # its torch reference draws with it
 

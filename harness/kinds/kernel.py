@@ -12,7 +12,7 @@
       sink: 80.0               # attention: every sink logit (default: random); null sinks: -.inf
       ties: 3                  # router_top_k: logits rounded into [-ties, ties] (many ties)
       rows:                    # sampling: one key per row, and optionally the row's only finite logits
-        - {seed: 12, position: 6003106, logits: {6: 0.0}}   # other ids -inf (masked)
+        - {seed: 12, position: 6003106, logits: {'6': 0.0}}   # other ids -inf (masked)
       col_base: 0              # sampling: hash column of vocab id 0 (default SAMPLE_COLUMNS = 2^31)
     expect:
       finite: true             # no NaN / inf in the Triton output
@@ -115,11 +115,11 @@ def validate(doc: dict, root=None) -> list[Problem]:
             lg = row["logits"]
             if lg is None:
                 continue
-            if not isinstance(lg, dict) or not lg or any(isinstance(k, bool) or not isinstance(k, int)
-                                                         or not 0 <= k < shape["V"] for k in lg) \
+            if not isinstance(lg, dict) or not lg or any(not _vocab_key(k, shape["V"]) for k in lg) \
                     or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in lg.values()):
                 out.append(Problem(("inputs", "rows", i, "logits"), f"expected a mapping of vocab ids in "
-                                                                    f"[0, {shape['V']}) to numbers"))
+                                                                    f"[0, {shape['V']}), written as quoted "
+                                                                    f"keys ('6': 0.0), to numbers"))
     return out
 
 
@@ -149,6 +149,11 @@ def elements(kernel: str, s: dict) -> int:
 
 def golden_platform(spec, ctx) -> str:
     return ctx.platform.name + "-triton"
+
+
+def _vocab_key(key, V: int) -> bool:
+    """A vocab id written as a mapping key: a quoted decimal integer (YAML keys must be strings)."""
+    return isinstance(key, str) and key.isdigit() and int(key) < V
 
 
 def describe(spec) -> str:
@@ -248,7 +253,7 @@ def kernel_inputs(spec, device) -> dict:
                 if row["logits"] is not None:
                     z[i] = float("-inf")
                     for v, x in row["logits"].items():
-                        z[i, v] = float(x)
+                        z[i, int(v)] = float(x)
         base = SAMPLE_COLUMNS if inp.get("col_base") is None else inp["col_base"]
         return {"logp": portable.log_softmax(z, -1), "seeds": seeds, "positions": pos, "col_base": base}
     if k == "attention":
