@@ -251,8 +251,8 @@ def test_unclamped_gumbel_in_the_engine(engine_specs, kernel_specs, monkeypatch)
 
 @pytest.mark.filterwarnings("ignore:divide by zero encountered", "ignore:invalid value encountered")
 def test_unclamped_gumbel_in_the_triton_sampler(kernel_specs, plant):
-    plant(kernels.sampling, {"log_u = tl.minimum(tl.maximum(tl.log(u), -1.7976931348623157e308), "
-                             "-2.3283064365386963e-10)": "log_u = tl.log(u)"}, "_gumbel_argmax_kernel")
+    plant(kernels.sampling, {"log_u = tl.minimum(tl.maximum(log_f64(u, PORTABLE), -1.7976931348623157e308), "
+                             "-2.3283064365386963e-10)": "log_u = log_f64(u, PORTABLE)"}, "_gumbel_argmax_kernel")
     report = kernel_specs.red("kernels/sampling-gumbel-endpoints")
     assert "max |triton - torch|" in report
     kernel_specs.green("kernels/sampling-vocab-1025")      # random keys never reach either end
@@ -262,9 +262,10 @@ def test_sampling_rows_errors_are_located():
     from harness.specfile import SpecErrors, parse_spec
 
     text = ("kind: kernel\ndescription: d\ninputs:\n  kernel: sampling\n  shape: {R: 2, V: 8}\n  rows:\n"
-            "    - {seed: 1, position: 2, logits: {9: 0.0}}\n")
+            "    - {seed: 1, position: 2, logits: {'9': 0.0}}\n")
     with pytest.raises(SpecErrors) as e:
         parse_spec(text, "specs/kernels/bad.yaml", "kernels/bad")
     assert [str(x) for x in e.value.errors] == [
         "specs/kernels/bad.yaml:7:5: inputs.rows: expected R = 2 rows, found 1",
-        "specs/kernels/bad.yaml:7:38: inputs.rows[0].logits: expected a mapping of vocab ids in [0, 8) to numbers"]
+        "specs/kernels/bad.yaml:7:38: inputs.rows[0].logits: expected a mapping of vocab ids in [0, 8), written as "
+        "quoted keys ('6': 0.0), to numbers"]
