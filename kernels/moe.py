@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import check_backend
+from kernels import check_backend, portable
 from kernels._common import INTERPRET, PORTABLE_MATH, check_float, next_pow2
 from kernels.portable_tl import exp_f32, sigmoid_f32
 
@@ -163,7 +163,7 @@ def moe_triton(x, routing, ids, gate_up_w, gate_up_b, down_w, down_b, alpha=1.70
 def router_top_k_torch(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     logits = _check_logits(logits, k)
     values, ids = torch.sort(logits.to(torch.float32), dim=-1, descending=True, stable=True)
-    return torch.softmax(values[..., :k], dim=-1), ids[..., :k].contiguous()
+    return portable.softmax(values[..., :k], dim=-1), ids[..., :k].contiguous()   # torch.softmax is not portable
 
 
 def clamped_swiglu_torch(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:

@@ -90,7 +90,7 @@ def capture_loop_before_block(self, tokens, positions, slots, cache, capture=(),
             states[i] = x                                          # the bug: before block i
         x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps, self.backend),
                                 cos, sin, positions, slots, cache)
-        x = x + self._moe(blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps, self.backend))
+        x = x + self._moe(i, blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps, self.backend))
     h = rms_norm(x, self.norm, cfg.rms_norm_eps, self.backend)
     if logit_rows is not None:
         h = h.index_select(0, logit_rows.to(self.device))
