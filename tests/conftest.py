@@ -8,6 +8,17 @@ from harness.cli import main
 REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["pytester"]
 
+# A minimal valid coins spec, for tests that write spec files of their own.
+COINS = """\
+kind: coins
+description: a coins spec
+inputs:
+  seeds: [1, 2]
+  positions: [3]
+  columns: {arange: [0, 4]}
+  outputs: [hash]
+"""
+
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):

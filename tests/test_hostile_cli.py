@@ -11,17 +11,7 @@ import pytest
 
 from harness.cli import main
 from harness.golden import GoldenStore
-from tests.conftest import REPO, golden_bytes
-
-COINS = """\
-kind: coins
-description: a coins spec
-inputs:
-  seeds: [1, 2]
-  positions: [3]
-  columns: {arange: [0, 4]}
-  outputs: [hash]
-"""
+from tests.conftest import COINS, REPO, golden_bytes
 
 
 def run(capsys, *argv):

@@ -9,17 +9,7 @@ import pytest
 
 from harness.cli import main
 from harness.specfile import SpecErrors, load_specs, parse_spec
-from tests.conftest import REPO
-
-COINS = """\
-kind: coins
-description: a coins spec
-inputs:
-  seeds: [1, 2]
-  positions: [3]
-  columns: {arange: [0, 4]}
-  outputs: [hash]
-"""
+from tests.conftest import COINS, REPO
 
 
 def errors_of(text, spec_id="x/y", root=None):
