@@ -36,7 +36,10 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               slots: torch.Tensor, positions: torch.Tensor, sinks: torch.Tensor,
               window: int, scale: float, backend: str = "torch") -> torch.Tensor:
     """q [T, Hq, D]; k_cache, v_cache [slots, Hkv, S, D]; slots, positions [T] int64;
-    sinks [Hq]; window 0 = full causal. -> [T, Hq, D] fp32."""
+    sinks [Hq]; window 0 = full causal. -> [T, Hq, D] in q's dtype, computed in fp32.
+    backend "fast" (bench only) takes the Triton kernel on a GPU, this reference on the CPU."""
+    if backend == "fast":
+        backend = "triton" if q.is_cuda else "torch"
     if check_backend(backend) == "triton":
         from kernels.attention import attention_triton    # one fixed 64-key split, prefill = decode
         return attention_triton(q, k_cache, v_cache, slots, positions, sinks, window, scale)
@@ -46,7 +49,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise ValueError(f"attention: cache capacity {S} is not a multiple of KV_TILE={KV_TILE}")
     if T == 0:
         return q.new_empty((0, Hq, D))
-    out = q.new_empty((T, Hq, D))
+    out = q.new_empty((T, Hq, D))                                        # q's dtype
     rows = max(1, _CHUNK_ELEMENTS // (Hq * S * D))                       # memory bound only
     for t0 in range(0, T, rows):
         t1 = min(T, t0 + rows)
@@ -63,9 +66,9 @@ def _attend(q, k_cache, v_cache, slots, positions, sinks, window, scale) -> torc
     T, Hq, D = q.shape
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
-    keys = k_cache.index_select(0, slots)                                # [T, Hkv, S, D]
-    values = v_cache.index_select(0, slots)                              # [T, Hkv, S, D]
-    qg = q.reshape(T, Hkv, G, 1, D)                                       # head h = kv * G + g
+    keys = k_cache.index_select(0, slots).to(torch.float32)              # [T, Hkv, S, D]
+    values = v_cache.index_select(0, slots).to(torch.float32)            # [T, Hkv, S, D]
+    qg = q.to(torch.float32).reshape(T, Hkv, G, 1, D)                                       # head h = kv * G + g
     s = tree_sum(torch.mul(qg, keys[:, :, None]), -1)                     # [T, Hkv, G, S]
     s = torch.mul(s, scale)
     j = torch.arange(S, dtype=torch.int64, device=q.device)
@@ -89,4 +92,4 @@ def _attend(q, k_cache, v_cache, slots, positions, sinks, window, scale) -> torc
         l = torch.add(l, l_tiles[..., t])
         if t > 0:
             acc = torch.add(acc, acc_tiles[..., t, :])
-    return torch.div(acc, l[..., None]).reshape(T, Hq, D)
+    return torch.div(acc, l[..., None]).reshape(T, Hq, D).to(q.dtype)

@@ -21,7 +21,8 @@ listed by `model.safetensors.index.json`. Tensor names and shapes (DESIGN §7), 
   and model.embed_tokens.weight [V, H], model.norm.weight [H], lm_head.weight [V, H].
 
 `load_checkpoint` returns the weights under the unquantized names and shapes whatever the
-format (MXFP4 experts are dequantized and transposed), upcast to fp32 (dtype policy `fp32`).
+format (MXFP4 experts are dequantized and transposed), upcast to fp32 (dtype policy `fp32`);
+with `packed_mxfp4=True` MXFP4 experts stay packed (engine.model decodes them in its kernels).
 Every problem raises a CheckpointError naming the file and the tensor (and for a dtype, the one
 found and the one config.json implies).
 
@@ -165,9 +166,11 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32
+def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, packed_mxfp4: bool = False
                     ) -> tuple[GptOssConfig, dict[str, torch.Tensor]]:
-    """-> (config, weights): HF names, unquantized expert layout, `dtype` (default fp32)."""
+    """-> (config, weights): HF names, unquantized expert layout, `dtype` (default fp32).
+    `packed_mxfp4`: MXFP4 experts come back as they are stored (`*_blocks`, `*_scales` uint8,
+    checked), for a model that decodes them in its kernels (engine.model)."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json")
@@ -205,7 +208,9 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32
             refuse_nan_scales(name, t)
     weights: dict[str, torch.Tensor] = {}
     for name, t in raw.items():
-        if name.endswith("_blocks"):
+        if packed_mxfp4 and (name.endswith("_blocks") or name.endswith("_scales")):
+            weights[name] = t
+        elif name.endswith("_blocks"):
             base = name[: -len("_blocks")]
             w = mxfp4.dequantize(t, raw[base + "_scales"], torch.float32)    # [E, out, in]
             weights[base] = w.transpose(1, 2).contiguous().to(dtype)         # HF layout [E, in, out]

@@ -16,21 +16,30 @@ instead (kernels/matmul.py).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kernels import check_backend
 from kernels.portable import matmul_nt
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           backend: str = "torch") -> torch.Tensor:
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N]; every row computed the same way."""
+           backend: str = "torch", out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [M, K], weight [N, K] (fp32 or bf16), bias [N] or None -> [M, N]; every row computed
+    the same way. Products and sums in fp32 (a product of two bf16 values is exact in fp32),
+    the bias added in fp32, the result rounded once to out_dtype (default: x's dtype).
+    backend "fast": F.linear (cuBLAS / MKL), no invariance promise (bench/e2e.py only)."""
+    out_dtype = out_dtype or x.dtype
+    if backend == "fast":
+        y = F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+        return y.to(out_dtype)
     if check_backend(backend) == "triton":
         from kernels.matmul import linear_triton          # fixed tiles, no split-K: batch invariant
-        return linear_triton(x, weight, bias)
+        return linear_triton(x, weight, bias, out_dtype=out_dtype)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit [M, K] x [N, K]")
-    y = matmul_nt(x, weight)                               # [M, N], fixed-order K sums
-    return y if bias is None else torch.add(y, bias)
+    y = matmul_nt(x.to(torch.float32), weight.to(torch.float32))   # [M, N], fixed-order K sums
+    y = y if bias is None else torch.add(y, bias)
+    return y.to(out_dtype)
 
 
 # ---------------------------------------------------------------- row-parallel layers (DESIGN §2, D4)
@@ -54,6 +63,7 @@ def k_chunk_partials(x: torch.Tensor, weight: torch.Tensor, bounds, backend: str
                      prologue=None, x_per_k: int = 1) -> list[torch.Tensor]:
     """One [M, N] partial product per (lo, hi) in `bounds` (columns of weight), no bias.
 
+    The partials are fp32 whatever x's dtype (they are added in fp32 by tree_sum).
     Chunk c's input is a fresh contiguous copy of x[:, x_per_k*lo : x_per_k*hi], passed
     through `prologue` if given (e.g. the clamped SwiGLU: x_per_k = 2 interleaved gate/up
     columns per K column). Every chunk is its own call with the same shapes, strides and
@@ -69,7 +79,7 @@ def k_chunk_partials(x: torch.Tensor, weight: torch.Tensor, bounds, backend: str
         if prologue is not None:
             xc = prologue(xc).contiguous()
         wc = weight[:, lo:hi].clone(memory_format=torch.contiguous_format)
-        parts.append(linear(xc, wc, None, backend))
+        parts.append(linear(xc, wc, None, backend, out_dtype=torch.float32))
     return parts
 
 
@@ -88,8 +98,8 @@ def _partials_at_once(x, weight, bounds, prologue, x_per_k) -> list[torch.Tensor
     xs = x[:, x_per_k * lo:x_per_k * hi]
     if prologue is not None:
         xs = prologue(xs)                                                   # [M, n * w0]
-    xs = xs.reshape(x.shape[0], n, w0).transpose(0, 1)                      # [n, M, w0]
-    ws = weight[:, lo:hi].reshape(weight.shape[0], n, w0).transpose(0, 1)   # [n, N, w0]
+    xs = xs.to(torch.float32).reshape(x.shape[0], n, w0).transpose(0, 1)   # [n, M, w0]
+    ws = weight[:, lo:hi].to(torch.float32).reshape(weight.shape[0], n, w0).transpose(0, 1)   # [n, N, w0]
     return list(matmul_nt(xs, ws).unbind(0))                                # n x [M, N]
 
 

@@ -1,4 +1,4 @@
-"""The gpt-oss forward pass (DESIGN §7), in one file, computed in fp32.
+"""The gpt-oss forward pass (DESIGN §7), in one file, under a dtype policy (fp32 or bf16).
 
     x = embed(tokens)                                           boundary 0
     for each block i:
@@ -23,6 +23,20 @@ tree (`tree_sum`), the order engine/parallel.py keeps at every TP degree (D4). M
 expert) and adds each token's k expert outputs in slot order. Everything runs on the model's
 device ("cpu" or "cuda").
 
+Dtype policies (`dtype=`): "fp32" computes everything in fp32 (the CPU reference). "bf16" keeps
+the matmul weights, the embedding, the KV cache and the residual stream in bf16, as the
+released checkpoints and the openai reference do; every matmul accumulates in fp32 (products of
+bf16 values are exact in fp32) and rounds its output once, and norms, softmaxes, routing, RoPE,
+the K-chunk partials, the MoE combine and the residual adds are computed in fp32 and rounded
+once to bf16 where they are stored. Logits are fp32 under both. MXFP4 experts (`*_blocks` and
+`*_scales` in `weights`) stay packed and are decoded inside the expert matmuls: every decoded
+value is exact in fp32 and bf16, so packed and unpacked experts give the same bits.
+
+Backends: "torch" (the portable reference above), "triton" (kernels/, the same contracts on the
+GPU and in the interpreter) and "fast" (cuBLAS matmuls through F.linear and torch's own ops, no
+invariance promise: bench/e2e.py uses it to measure what determinism costs; the harness never
+records goldens with it).
+
 `model.trace` (None by default) may hold an engine.trace.Trace: every op's output is then
 handed to it at a named point (`self._record("L3.attention", o)`), which records and never
 changes a value; `lockstep diff` uses it to find the first op where two runs part.
@@ -36,7 +50,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Sequence, Union
 
 import torch
 
@@ -45,37 +59,57 @@ from engine.boundaries import gather_captured
 from engine.config import GptOssConfig
 from engine.kv_cache import KVCache
 from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear, tree_sum
+from engine.mxfp4 import Mxfp4Weight
 from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
 from kernels import portable
 
+ExpertWeight = Union[torch.Tensor, Mxfp4Weight]     # dense [E, N, K], or MXFP4 packed
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "torch") -> torch.Tensor:
-    """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight, in fp32, the mean a fixed tree over H."""
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}    # dtype policy -> storage dtype
+BACKENDS = ("torch", "triton", "fast")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "torch",
+             out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight, in fp32 (the mean a fixed tree over H),
+    rounded once to out_dtype."""
     x = x.to(torch.float32)
     if backend == "triton":
         from kernels.rmsnorm import rms_norm_triton          # one program per row, fixed chunks
-        return rms_norm_triton(x, weight, eps)
-    return portable.rms_norm(x, weight, eps)
+        y = rms_norm_triton(x, weight, eps)
+    elif backend == "fast":
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    else:
+        y = portable.rms_norm(x, weight, eps)
+    return y.to(out_dtype)
 
 
-def routing_weights(top_logits: torch.Tensor) -> torch.Tensor:
-    """top_logits [T, k] -> softmax over the k selected logits, [T, k] (portable exp, fixed tree)."""
+def routing_weights(top_logits: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+    """top_logits [T, k] fp32 -> softmax over the k selected logits, [T, k] (portable exp, fixed tree)."""
+    if backend == "fast":
+        return torch.softmax(top_logits, dim=-1)
     return portable.softmax(top_logits, dim=-1)
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float, backend: str = "torch") -> torch.Tensor:
-    """gate_up [T, 2I], interleaved (gate = even columns, up = odd) -> [T, I]:
-    (gate * sigmoid(alpha * gate)) * (up + 1), the sigmoid portable (float64, rounded once)."""
-    if backend == "triton":
+    """gate_up [T, 2I], interleaved (gate = even columns, up = odd) -> [T, I] in gate_up's dtype:
+    (gate * sigmoid(alpha * gate)) * (up + 1) in fp32, the sigmoid portable (float64, rounded
+    once), the result rounded once to gate_up's dtype."""
+    if backend == "triton" or (backend == "fast" and gate_up.is_cuda):
         from kernels.moe import clamped_swiglu_triton
         return clamped_swiglu_triton(gate_up, alpha, limit)
-    gate = gate_up[..., 0::2].clamp(max=limit)
-    up = gate_up[..., 1::2].clamp(min=-limit, max=limit)
-    return torch.mul(torch.mul(gate, portable.sigmoid(torch.mul(gate, alpha))), torch.add(up, 1.0))
+    x = gate_up.to(torch.float32)
+    gate = x[..., 0::2].clamp(max=limit)
+    up = x[..., 1::2].clamp(min=-limit, max=limit)
+    y = torch.mul(torch.mul(gate, portable.sigmoid(torch.mul(gate, alpha))), torch.add(up, 1.0))
+    return y.to(gate_up.dtype)
 
 
 def top_k_lowest_index(logits: torch.Tensor, k: int, backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k along the last dim; equal values rank by lower index. -> (values, ids) [..., k]."""
+    if backend == "fast":
+        return torch.topk(logits, k, dim=-1)
     if backend == "triton" and logits.dim() == 2:
         from kernels.moe import router_top_k_triton
         ids = router_top_k_triton(logits, k)[1]              # [T, k], same ranking rule
@@ -86,23 +120,20 @@ def top_k_lowest_index(logits: torch.Tensor, k: int, backend: str = "torch") -> 
 
 @dataclass
 class BlockWeights:
-    """One transformer block, in `linear` layout ([out, in]), fp32."""
+    """One transformer block, in `linear` layout ([out, in]). Matmul weights in the policy's dtype
+    (fp32 or bf16); norms, sinks and biases in fp32."""
     attn_norm: torch.Tensor     # [H]
-    q_w: torch.Tensor           # [Hq * D, H]
-    q_b: torch.Tensor           # [Hq * D]
-    k_w: torch.Tensor           # [Hkv * D, H]
-    k_b: torch.Tensor           # [Hkv * D]
-    v_w: torch.Tensor           # [Hkv * D, H]
-    v_b: torch.Tensor           # [Hkv * D]
+    qkv_w: torch.Tensor         # [(Hq + 2 Hkv) * D, H]   q_proj, k_proj, v_proj rows stacked
+    qkv_b: torch.Tensor         # [(Hq + 2 Hkv) * D]
     o_w: torch.Tensor           # [H, Hq * D]
     o_b: torch.Tensor           # [H]
     sinks: torch.Tensor         # [Hq]
     mlp_norm: torch.Tensor      # [H]
     router_w: torch.Tensor      # [E, H]
     router_b: torch.Tensor      # [E]
-    gate_up_w: torch.Tensor     # [E, 2I, H]   rows interleaved gate, up, gate, up, ...
+    gate_up_w: ExpertWeight     # [E, 2I, H]   rows interleaved gate, up, gate, up, ...
     gate_up_b: torch.Tensor     # [E, 2I]
-    down_w: torch.Tensor        # [E, H, I]
+    down_w: ExpertWeight        # [E, H, I]
     down_b: torch.Tensor        # [E, H]
 
 
@@ -115,47 +146,64 @@ class GptOssModel:
     trace = None    # an engine.trace.Trace to record every op's output into; None: record nothing
 
     def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], backend: str = "torch",
-                 device: str | torch.device = "cpu"):
-        """`weights`: HF tensor names and layout (see engine.checkpoint), any float dtype.
-        Every weight, the KV cache and every activation live on `device` ("cpu" or "cuda")."""
+                 device: str | torch.device = "cpu", dtype: str = "fp32"):
+        """`weights`: HF tensor names and layout (see engine.checkpoint), any float dtype; experts
+        dense or MXFP4 (`*_blocks`, `*_scales`: kept packed). Every weight, the KV cache and every
+        activation live on `device` ("cpu" or "cuda"); `dtype` is the policy (module docstring)."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype policy must be one of {tuple(DTYPES)}, got {dtype!r}")
         self.config = config
         self.backend = backend
         self.device = torch.device(device)
-        f32 = lambda name: weights[name].to(self.device, torch.float32).contiguous()   # noqa: E731
-        self.embed = f32("model.embed_tokens.weight")                      # [V, H]
+        self.dtype_policy = dtype
+        self.act = DTYPES[dtype]                                           # storage dtype
+        act = lambda name: weights[name].to(self.device, self.act).contiguous()         # noqa: E731
+        f32 = lambda name: weights[name].to(self.device, torch.float32).contiguous()    # noqa: E731
+        self.embed = act("model.embed_tokens.weight")                      # [V, H]
         self.norm = f32("model.norm.weight")                               # [H]
-        self.lm_head = f32("lm_head.weight")                               # [V, H]
+        self.lm_head = act("lm_head.weight")                               # [V, H]
         self.blocks = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
+            a = p + "self_attn."
             self.blocks.append(BlockWeights(
                 attn_norm=f32(p + "input_layernorm.weight"),
-                q_w=f32(p + "self_attn.q_proj.weight"), q_b=f32(p + "self_attn.q_proj.bias"),
-                k_w=f32(p + "self_attn.k_proj.weight"), k_b=f32(p + "self_attn.k_proj.bias"),
-                v_w=f32(p + "self_attn.v_proj.weight"), v_b=f32(p + "self_attn.v_proj.bias"),
-                o_w=f32(p + "self_attn.o_proj.weight"), o_b=f32(p + "self_attn.o_proj.bias"),
-                sinks=f32(p + "self_attn.sinks"),
+                # one matmul for q, k and v: each output column is its own reduction, so
+                # stacking the rows changes no bit
+                qkv_w=torch.cat([act(a + f"{n}_proj.weight") for n in "qkv"]),
+                qkv_b=torch.cat([f32(a + f"{n}_proj.bias") for n in "qkv"]),
+                o_w=act(a + "o_proj.weight"), o_b=f32(a + "o_proj.bias"),
+                sinks=f32(a + "sinks"),
                 mlp_norm=f32(p + "post_attention_layernorm.weight"),
-                router_w=f32(p + "mlp.router.weight"), router_b=f32(p + "mlp.router.bias"),
-                # HF stores experts as x @ W ([E, in, out]); transpose to [E, out, in].
-                gate_up_w=f32(p + "mlp.experts.gate_up_proj").transpose(1, 2).contiguous(),
+                router_w=act(p + "mlp.router.weight"), router_b=f32(p + "mlp.router.bias"),
+                gate_up_w=self._expert_weight(weights, p + "mlp.experts.gate_up_proj"),
                 gate_up_b=f32(p + "mlp.experts.gate_up_proj_bias"),
-                down_w=f32(p + "mlp.experts.down_proj").transpose(1, 2).contiguous(),
+                down_w=self._expert_weight(weights, p + "mlp.experts.down_proj"),
                 down_b=f32(p + "mlp.experts.down_proj_bias"),
             ))
         self.inv_freq, self.mscale = rope_frequencies(config.head_dim, config.rope)
         self.inv_freq = self.inv_freq.to(self.device)
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
+    def _expert_weight(self, weights: dict[str, torch.Tensor], name: str) -> "ExpertWeight":
+        """Experts as [E, out, in]: MXFP4 stays packed (HF already stores blocks as [E, out, in/32,
+        16]); a dense HF tensor ([E, in, out], x @ W) is transposed, in the policy's dtype."""
+        if name + "_blocks" in weights:
+            return Mxfp4Weight(weights[name + "_blocks"].to(self.device).contiguous(),
+                               weights[name + "_scales"].to(self.device).contiguous())
+        return weights[name].to(self.device, self.act).transpose(1, 2).contiguous()
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, backend: str = "torch",
-                        device: str | torch.device = "cpu") -> "GptOssModel":
+                        device: str | torch.device = "cpu", dtype: str = "fp32") -> "GptOssModel":
         from engine.checkpoint import load_checkpoint
-        config, weights = load_checkpoint(path)
-        return cls(config, weights, backend=backend, device=device)
+        config, weights = load_checkpoint(path, packed_mxfp4=True)
+        return cls(config, weights, backend=backend, device=device, dtype=dtype)
 
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
-        return KVCache(self.config, num_slots, max_seq_len, device=self.device)
+        return KVCache(self.config, num_slots, max_seq_len, dtype=self.act, device=self.device)
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
@@ -181,13 +229,13 @@ class GptOssModel:
         if 0 in wanted:
             states[0] = x
         for i, blk in enumerate(self.blocks):
-            h = self._record(f"L{i}.attn_norm", rms_norm(x, blk.attn_norm, cfg.rms_norm_eps, self.backend))
-            x = x + self._attention(i, blk, h, cos, sin, positions, slots, cache)
-            h = self._record(f"L{i}.mlp_norm", rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps, self.backend))
-            x = self._record(f"boundary.{i + 1}", x + self._moe(i, blk, h))
+            h = self._record(f"L{i}.attn_norm", self._norm(x, blk.attn_norm))
+            x = self._residual(x, self._attention(i, blk, h, cos, sin, positions, slots, cache))
+            h = self._record(f"L{i}.mlp_norm", self._norm(x, blk.mlp_norm))
+            x = self._record(f"boundary.{i + 1}", self._residual(x, self._moe(i, blk, h)))
             if i + 1 in wanted:
                 states[i + 1] = x                                       # boundary i + 1
-        h = self._record("final_norm", rms_norm(x, self.norm, cfg.rms_norm_eps, self.backend))   # [T, H]
+        h = self._record("final_norm", self._norm(x, self.norm))      # [T, H]
         if logit_rows is not None:
             logit_rows = logit_rows.to(dev)
             h = h.index_select(0, logit_rows)
@@ -205,21 +253,31 @@ class GptOssModel:
             self.trace.record(name, t, rows)
         return t
 
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm in fp32, stored in the policy's dtype."""
+        return rms_norm(x, weight, self.config.rms_norm_eps, self.backend, out_dtype=self.act)
+
+    def _residual(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x + y for the residual stream: y is a block's fp32 output; the sum is formed in fp32
+        and rounded once to the policy's dtype (under fp32 it is the plain sum)."""
+        return torch.add(x.to(torch.float32), y).to(self.act)
+
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embed.index_select(0, tokens)                       # [T, H]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return linear(h, self.lm_head, None, self.backend)              # [T, V] untied head
+        return linear(h, self.lm_head, None, self.backend, out_dtype=torch.float32)   # [T, V] untied head
 
     def _attention(self, layer: int, blk: BlockWeights, x: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                    cache: KVCache) -> torch.Tensor:
         cfg = self.config
         T, D = x.shape[0], cfg.head_dim
-        q = linear(x, blk.q_w, blk.q_b, self.backend).view(T, cfg.num_attention_heads, D)
-        k = linear(x, blk.k_w, blk.k_b, self.backend).view(T, cfg.num_key_value_heads, D)
-        v = linear(x, blk.v_w, blk.v_b, self.backend).view(T, cfg.num_key_value_heads, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        Hq, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        qkv = linear(x, blk.qkv_w, blk.qkv_b, self.backend)            # [T, (Hq + 2 Hkv) * D]
+        q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=1)
+        q, k, v = q.view(T, Hq, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
+        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)           # fp32, stored in act
         cache.write(layer, slots, positions, k, v)                     # all T keys first,
         if self.tracing:
             self._record(f"L{layer}.qkv", torch.cat([q, k, v], dim=1))  # [T, Hq + 2 Hkv, D]
@@ -228,21 +286,25 @@ class GptOssModel:
         self._record(f"L{layer}.attention", o)
         # row-parallel layer: fixed K chunks + fixed tree, the same bits at any TP (D4)
         parts = k_chunk_partials(o.reshape(T, cfg.q_dim), blk.o_w, k_chunk_bounds(cfg.q_dim), self.backend)
-        self._record(f"L{layer}.o_proj.partials", parts)                       # 8 x [T, H]
-        return self._record(f"L{layer}.o_proj", tree_sum(parts) + blk.o_b)     # [T, H]
+        self._record(f"L{layer}.o_proj.partials", parts)                       # 8 x [T, H] fp32
+        return self._record(f"L{layer}.o_proj", tree_sum(parts) + blk.o_b)     # [T, H] fp32
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope(x.to(torch.float32), cos, sin).to(self.act)
 
     def _moe(self, layer: int, blk: BlockWeights, x: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         k = cfg.num_experts_per_tok
-        router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E]
+        router_logits = linear(x, blk.router_w, blk.router_b, self.backend, out_dtype=torch.float32)   # [T, E]
         self._record(f"L{layer}.router", router_logits)
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
-        routing = routing_weights(top_logits)                                # [T, k], over the k only
+        routing = routing_weights(top_logits, self.backend)                  # [T, k], over the k only
         self._record(f"L{layer}.router.top_ids", top_ids)
         self._record(f"L{layer}.routing", routing)
         T, H = x.shape
-        experts = self._experts_per_row if self.backend == "torch" else self._experts_by_group
-        slot_out, slot_parts = experts(blk, x, top_ids)                     # [T, k, H], traced parts
+        per_row = self.backend == "torch" or (self.backend == "fast" and not x.is_cuda)
+        experts = self._experts_per_row if per_row else self._experts_by_group
+        slot_out, slot_parts = experts(blk, x, top_ids)                     # [T, k, H] fp32, traced parts
         if slot_parts is not None:
             self._record(f"L{layer}.experts", slot_parts.view(T, k, K_CHUNKS, H))
         self._record(f"L{layer}.down", slot_out)                            # [T, k, H]
@@ -263,15 +325,17 @@ class GptOssModel:
         k, I = top_ids.shape[1], cfg.intermediate_size
         ids = top_ids.reshape(-1)                                            # [T * k], token-major
         rows_x = x.repeat_interleave(k, dim=0)                               # [T * k, H]
-        out = x.new_empty((T * k, H))
-        slot_parts = x.new_empty((T * k, K_CHUNKS, H)) if self.tracing else None
+        f32 = torch.float32
+        out = x.new_empty((T * k, H), dtype=f32)
+        slot_parts = x.new_empty((T * k, K_CHUNKS, H), dtype=f32) if self.tracing else None
         step = max(1, _EXPERT_ROW_ELEMENTS // (2 * I * H))                   # memory bound only
         for r0 in range(0, T * k, step):
             e = ids[r0:r0 + step]                                            # [R] expert ids
-            h = portable.matmul_nt(rows_x[r0:r0 + step, None, :], blk.gate_up_w.index_select(0, e))[:, 0]
-            h = torch.add(h, blk.gate_up_b.index_select(0, e))                # [R, 2I]
+            h = portable.matmul_nt(rows_x[r0:r0 + step, None, :].to(f32), _expert_rows(blk.gate_up_w, e))[:, 0]
+            h = torch.add(h, blk.gate_up_b.index_select(0, e)).to(self.act)  # [R, 2I], stored in act
             a = clamped_swiglu(h, cfg.swiglu_alpha, cfg.swiglu_limit)        # [R, I], elementwise
-            down_w = blk.down_w.index_select(0, e)                           # [R, H, I]
+            down_w = _expert_rows(blk.down_w, e)                             # [R, H, I] fp32
+            a = a.to(f32)
             parts = [portable.matmul_nt(a[:, None, lo:hi], down_w[:, :, lo:hi])[:, 0]
                      for lo, hi in k_chunk_bounds(I)]                        # K_CHUNKS x [R, H]
             out[r0:r0 + step] = torch.add(tree_sum(parts), blk.down_b.index_select(0, e))
@@ -306,3 +370,10 @@ class GptOssModel:
 
 
 _EXPERT_ROW_ELEMENTS = 1 << 22      # gathered expert weights built at once
+
+
+def _expert_rows(weight: ExpertWeight, ids: torch.Tensor) -> torch.Tensor:
+    """The fp32 [R, N, K] weights of experts `ids` (MXFP4 decoded: exact)."""
+    if isinstance(weight, Mxfp4Weight):
+        return weight.rows(ids, torch.float32)
+    return weight.index_select(0, ids).to(torch.float32)

@@ -24,6 +24,8 @@ as IEEE round-half-to-even does: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 BLOCK = 32               # values per block
@@ -84,3 +86,19 @@ def quantize(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = code[..., 0] | (code[..., 1] << 4)                            # low nibble = even
     scales = (e + SCALE_BIAS).to(torch.uint8)
     return blocks.contiguous(), scales.contiguous()
+
+
+class Mxfp4Weight(NamedTuple):
+    """An [E, N, K] expert weight kept packed on its device (the engine decodes it inside the
+    expert matmuls): blocks [E, N, K/32, 16] uint8, scales [E, N, K/32] uint8."""
+    blocks: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        E, N, G, _ = self.blocks.shape
+        return (E, N, G * BLOCK)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The dense [len(ids), N, K] weights of experts `ids` (exact in fp32 and bf16)."""
+        return dequantize(self.blocks.index_select(0, ids), self.scales.index_select(0, ids), dtype)

@@ -47,7 +47,7 @@ from engine.config import GptOssConfig
 from engine.distributed import ParallelContext, Topology, UnsupportedTopology, invariant_sum
 from engine.kv_cache import KVCache
 from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear
-from engine.model import GptOssModel, clamped_swiglu, routing_weights, top_k_lowest_index
+from engine.model import DTYPES, GptOssModel, clamped_swiglu, routing_weights, top_k_lowest_index
 from engine.rope import apply_rope, rope_frequencies
 
 
@@ -69,27 +69,33 @@ class ParallelGptOssModel(GptOssModel):
     `weights`: the full HF-layout dict (each rank keeps only its shard)."""
 
     def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], ctx: ParallelContext,
-                 backend: str = "torch"):
+                 backend: str = "torch", dtype: str = "fp32"):
         ctx.topology.check(config)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype policy must be one of {tuple(DTYPES)}, got {dtype!r}")
         self.config, self.ctx, self.backend = config, ctx, backend
+        self.dtype_policy, self.act = dtype, DTYPES[dtype]
         tp, tr, ep, er = ctx.tp, ctx.tp_rank, ctx.ep, ctx.ep_rank
         dev = self.device = ctx.device
         D = config.head_dim
 
-        def f32(name, rows=None, cols=None):
+        def f32(name, rows=None, cols=None, dtype=torch.float32):
             t = weights[name]
             if rows is not None:
                 t = t[rows[0]:rows[1]]
             if cols is not None:
                 t = t[:, cols[0]:cols[1]]
-            return t.to(torch.float32).contiguous().to(dev)
+            return t.to(dtype).contiguous().to(dev)
+
+        def act(name, rows=None, cols=None):            # matmul weights: the policy's dtype
+            return f32(name, rows, cols, self.act)
 
         V = config.vocab_size
         self.vocab_per_rank = V // tp
         vr = (tr * self.vocab_per_rank, (tr + 1) * self.vocab_per_rank)
         self.vocab_lo = vr[0]
-        self.embed = f32("model.embed_tokens.weight", rows=vr)                  # [V/tp, H]
-        self.lm_head = f32("lm_head.weight", rows=vr)                           # [V/tp, H]
+        self.embed = act("model.embed_tokens.weight", rows=vr)                  # [V/tp, H]
+        self.lm_head = act("lm_head.weight", rows=vr)                           # [V/tp, H]
         self.norm = f32("model.norm.weight")
 
         self.hq, self.hkv = config.num_attention_heads // tp, config.num_key_value_heads // tp
@@ -108,20 +114,20 @@ class ParallelGptOssModel(GptOssModel):
             p = f"model.layers.{i}."
             b = _Block()
             b.attn_norm = f32(p + "input_layernorm.weight")
-            b.q_w, b.q_b = f32(p + "self_attn.q_proj.weight", rows=qr), f32(p + "self_attn.q_proj.bias", rows=qr)
-            b.k_w, b.k_b = f32(p + "self_attn.k_proj.weight", rows=kvr), f32(p + "self_attn.k_proj.bias", rows=kvr)
-            b.v_w, b.v_b = f32(p + "self_attn.v_proj.weight", rows=kvr), f32(p + "self_attn.v_proj.bias", rows=kvr)
-            b.o_w = f32(p + "self_attn.o_proj.weight", cols=qr)                   # [H, Hq/tp * D]
+            b.q_w, b.q_b = act(p + "self_attn.q_proj.weight", rows=qr), f32(p + "self_attn.q_proj.bias", rows=qr)
+            b.k_w, b.k_b = act(p + "self_attn.k_proj.weight", rows=kvr), f32(p + "self_attn.k_proj.bias", rows=kvr)
+            b.v_w, b.v_b = act(p + "self_attn.v_proj.weight", rows=kvr), f32(p + "self_attn.v_proj.bias", rows=kvr)
+            b.o_w = act(p + "self_attn.o_proj.weight", cols=qr)                   # [H, Hq/tp * D]
             b.o_b = f32(p + "self_attn.o_proj.bias")
             b.sinks = f32(p + "self_attn.sinks", rows=(tr * self.hq, (tr + 1) * self.hq))
             b.mlp_norm = f32(p + "post_attention_layernorm.weight")
-            b.router_w, b.router_b = f32(p + "mlp.router.weight"), f32(p + "mlp.router.bias")
+            b.router_w, b.router_b = act(p + "mlp.router.weight"), f32(p + "mlp.router.bias")
             # HF experts are [E, in, out]; keep local experts, local intermediate range, as [out, in].
             gu = weights[p + "mlp.experts.gate_up_proj"][er_range[0]:er_range[1], :, 2 * i_lo:2 * i_hi]
-            b.gate_up_w = gu.to(torch.float32).transpose(1, 2).contiguous().to(dev)   # [E/ep, 2I/tp, H]
+            b.gate_up_w = gu.to(self.act).transpose(1, 2).contiguous().to(dev)   # [E/ep, 2I/tp, H]
             b.gate_up_b = f32(p + "mlp.experts.gate_up_proj_bias", rows=er_range)[:, 2 * i_lo:2 * i_hi].contiguous()
             dn = weights[p + "mlp.experts.down_proj"][er_range[0]:er_range[1], i_lo:i_hi, :]
-            b.down_w = dn.to(torch.float32).transpose(1, 2).contiguous().to(dev)       # [E/ep, H, I/tp]
+            b.down_w = dn.to(self.act).transpose(1, 2).contiguous().to(dev)       # [E/ep, H, I/tp]
             b.down_b = f32(p + "mlp.experts.down_proj_bias")                            # [E, H], all experts
             self.blocks.append(b)
         self.inv_freq, self.mscale = rope_frequencies(D, config.rope)
@@ -130,20 +136,21 @@ class ParallelGptOssModel(GptOssModel):
         self.local_config = config.replace(num_attention_heads=self.hq, num_key_value_heads=self.hkv)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, ctx: ParallelContext, backend: str = "torch") -> "ParallelGptOssModel":
+    def from_checkpoint(cls, path: str | Path, ctx: ParallelContext, backend: str = "torch",
+                        dtype: str = "fp32") -> "ParallelGptOssModel":
         from engine.checkpoint import load_checkpoint
         config, weights = load_checkpoint(path)
-        return cls(config, weights, ctx, backend=backend)
+        return cls(config, weights, ctx, backend=backend, dtype=dtype)
 
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
         """A cache of this rank's KV heads only."""
-        return KVCache(self.local_config, num_slots, max_seq_len, device=self.device)
+        return KVCache(self.local_config, num_slots, max_seq_len, dtype=self.act, device=self.device)
 
     # forward() is GptOssModel's, unchanged: it calls the per-rank _embed, _attention, _moe,
     # _logits and _record below.
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        local = linear(h, self.lm_head, None, self.backend)             # [T, V/tp]
+        local = linear(h, self.lm_head, None, self.backend, out_dtype=torch.float32)   # [T, V/tp]
         return self.ctx.gather_tp(local).permute(1, 0, 2).reshape(h.shape[0], self.config.vocab_size)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -163,7 +170,7 @@ class ParallelGptOssModel(GptOssModel):
         q = linear(x, blk.q_w, blk.q_b, self.backend).view(T, self.hq, D)
         k = linear(x, blk.k_w, blk.k_b, self.backend).view(T, self.hkv, D)
         v = linear(x, blk.v_w, blk.v_b, self.backend).view(T, self.hkv, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
         cache.write(layer, slots, positions, k, v)
         if self.tracing:
             self._record(f"L{layer}.qkv", torch.cat([self._all_heads(t) for t in (q, k, v)], dim=1))
@@ -177,7 +184,7 @@ class ParallelGptOssModel(GptOssModel):
     def _moe(self, layer, blk, x: torch.Tensor) -> torch.Tensor:
         cfg, ctx = self.config, self.ctx
         T, H, k = x.shape[0], x.shape[1], cfg.num_experts_per_tok
-        router_logits = linear(x, blk.router_w, blk.router_b, self.backend)   # [T, E], replicated
+        router_logits = linear(x, blk.router_w, blk.router_b, self.backend, out_dtype=torch.float32)   # [T, E]
         self._record(f"L{layer}.router", router_logits)
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
         act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
@@ -185,7 +192,7 @@ class ParallelGptOssModel(GptOssModel):
         self._record(f"L{layer}.router.top_ids", top_ids)
         self._record(f"L{layer}.routing", routing)
         n_local = K_CHUNKS // ctx.tp
-        parts = x.new_zeros((n_local, T * k, H))   # placeholders stay zero and are never used
+        parts = x.new_zeros((n_local, T * k, H), dtype=torch.float32)   # placeholders stay zero, never used
         flat_ids = top_ids.reshape(-1)                # [T * k], token-major (token, slot) pairs
         for e in range(self.experts_per_rank):        # local experts; the rest are skipped, not × 0
             rows = (flat_ids == e + self.expert_lo).nonzero()[:, 0]
@@ -287,9 +294,10 @@ def _on_rank(fn, topology: Topology, args: tuple):
     return fn(ParallelContext(topology), *args)      # the device follows the process group's backend
 
 
-def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, generate_kwargs: dict, trace=None):
+def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, generate_kwargs: dict,
+                   dtype: str = "fp32", trace=None):
     from engine.generate import generate
-    model = ParallelGptOssModel.from_checkpoint(ckpt, ctx, backend=backend)
+    model = ParallelGptOssModel.from_checkpoint(ckpt, ctx, backend=backend, dtype=dtype)
     model.trace = trace
     results = generate(model, requests, **generate_kwargs)
     return results if trace is None else (results, trace)
@@ -297,16 +305,16 @@ def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, gene
 
 def generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, backend: str = "torch",
                 device: str | torch.device = "cpu", timeout_s: float = 600.0,
-                collective_timeout_s: float = 120.0, trace=None, **generate_kwargs):
+                collective_timeout_s: float = 120.0, trace=None, dtype: str = "fp32", **generate_kwargs):
     """engine.generate.generate(model, requests, **generate_kwargs) on a tp × ep topology of
-    local processes on `device` (see run_at), kernels from `backend`.
+    local processes on `device` (see run_at), kernels from `backend`, dtype policy `dtype`.
     -> rank 0's list[Result]. Every rank must return the same bits; a disagreement raises.
     `trace`: an engine.trace.Trace to fill with rank 0's records (every op gathered whole).
 
     Requests must be greedy or carry a seed (or pass a `generator`, which each rank gets a
     copy of): an unseeded stream would differ from rank to rank."""
     topology = Topology(tp, ep)
-    return run_at(_generate_rank, ckpt, topology, (str(ckpt), list(requests), backend, generate_kwargs), device,
+    return run_at(_generate_rank, ckpt, topology, (str(ckpt), list(requests), backend, generate_kwargs, dtype), device,
                   timeout_s, collective_timeout_s, f"generate_at({topology})", trace)
 
 
@@ -315,7 +323,8 @@ def _result_bits(r) -> tuple:
     agree on, as comparable values."""
     captured = getattr(r, "captured", None)
     return (r.tokens, r.finish_reason, r.logprobs.numpy().tobytes(),
-            None if captured is None else captured.numpy().tobytes(), getattr(r, "accept_lengths", None))
+            None if captured is None else captured.contiguous().view(torch.uint8).numpy().tobytes(),   # bits
+            getattr(r, "accept_lengths", None))
 
 
 def _rank_0_if_all_agree(per_rank: list, what: str) -> list:
@@ -328,7 +337,7 @@ def _rank_0_if_all_agree(per_rank: list, what: str) -> list:
 
 # ---------------------------------------------------------------- speculative decoding
 def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, convention: str, spec,
-                      backend: str = "torch", trace=None):
+                      backend: str = "torch", dtype: str = "fp32", trace=None):
     """engine.speculative.speculative_generate, unchanged, on this rank: the target is this rank's
     ParallelGptOssModel (its forward gathers full logits and captured states on every rank), the
     draft is a full replica (it is small), so every rank drafts, verifies and samples the same
@@ -338,7 +347,7 @@ def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, con
     from engine.eagle3 import load_draft
     from engine.speculative import speculative_generate
     config, weights = load_checkpoint(ckpt)
-    target = ParallelGptOssModel(config, weights, ctx, backend=backend)
+    target = ParallelGptOssModel(config, weights, ctx, backend=backend, dtype=dtype)
     drafter = load_draft(draft, target, convention=convention, backend=backend,
                          target_embed=weights["model.embed_tokens.weight"])
     del weights                                 # from here on only this rank's shard and the draft
@@ -349,7 +358,8 @@ def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, con
 
 def speculative_generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, draft: str | Path, convention: str,
                             spec, backend: str = "torch", device: str | torch.device = "cpu",
-                            timeout_s: float = 600.0, collective_timeout_s: float = 120.0, trace=None):
+                            timeout_s: float = 600.0, collective_timeout_s: float = 120.0, trace=None,
+                            dtype: str = "fp32"):
     """engine.speculative.speculative_generate(target, draft, requests, spec) with the target at
     a tp × ep topology of local processes on `device` (as generate_at) and the draft checkpoint
     `draft` (read under layer-id `convention`) replicated on every rank. -> rank 0's
@@ -361,5 +371,6 @@ def speculative_generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, dra
         raise ValueError(f"speculative_generate_at: requests {unseeded} are sampled without a seed; "
                          f"each rank would draw its own coins")
     topology = Topology(tp, ep)
-    return run_at(_speculative_rank, ckpt, topology, (str(ckpt), list(requests), str(draft), convention, spec, backend),
+    return run_at(_speculative_rank, ckpt, topology,
+                  (str(ckpt), list(requests), str(draft), convention, spec, backend, dtype),
                   device, timeout_s, collective_timeout_s, f"speculative_generate_at({topology})", trace)

@@ -154,10 +154,10 @@ def draft_tie_problems(draft: dict | None, target_ckpt: dict | None, path: tuple
 
 
 @lru_cache(maxsize=8)
-def load_model(preset: str, seed: int, fmt: str, backend: str = "torch", device: str = "cpu"):
+def load_model(preset: str, seed: int, fmt: str, backend: str = "torch", device: str = "cpu", dtype: str = "fp32"):
     from engine.model import GptOssModel
 
-    return GptOssModel.from_checkpoint(checkpoint_dir(preset, seed, fmt), backend=backend, device=device)
+    return GptOssModel.from_checkpoint(checkpoint_dir(preset, seed, fmt), backend=backend, device=device, dtype=dtype)
 
 
 def edited_copy(base: Path, name: str, edit) -> Path:
@@ -284,20 +284,20 @@ def target_dir(ckpt: dict, root: Path) -> Path:
 
 
 @lru_cache(maxsize=8)
-def _load_dir(path: Path, backend: str, device: str):
+def _load_dir(path: Path, backend: str, device: str, dtype: str):
     from engine.model import GptOssModel
 
-    return GptOssModel.from_checkpoint(path, backend=backend, device=device)
+    return GptOssModel.from_checkpoint(path, backend=backend, device=device, dtype=dtype)
 
 
-def model_for(ckpt: dict, backend: str = "torch", root: Path = Path("."), device: str = "cpu"):
-    """The spec's target model on `device` (cached: specs share models)."""
+def model_for(ckpt: dict, backend: str = "torch", root: Path = Path("."), device: str = "cpu", dtype: str = "fp32"):
+    """The spec's target model on `device` under dtype policy `dtype` (cached: specs share models)."""
     device = str(device)
     if "path" in ckpt:
-        return _load_dir(resolve_path(ckpt["path"], root), backend, device)
+        return _load_dir(resolve_path(ckpt["path"], root), backend, device, dtype)
     if ckpt.get("router_ties"):
-        return _load_dir(_preset_dir(ckpt), backend, device)
-    return load_model(ckpt["preset"], ckpt["seed"], ckpt["format"], backend, device)
+        return _load_dir(_preset_dir(ckpt), backend, device, dtype)
+    return load_model(ckpt["preset"], ckpt["seed"], ckpt["format"], backend, device, dtype)
 
 
 @lru_cache(maxsize=None)

@@ -20,6 +20,12 @@ class RunContext:
         return self.platform.torch_device
 
     @property
+    def fixed_platform(self) -> str:
+        """Where goldens of specs that never run the model live (kernels, coins): the device with
+        the fp32 name, whatever the dtype policy (their inputs carry their own dtype)."""
+        return Platform(self.platform.device, "fp32").name
+
+    @property
     def engine_platform(self) -> str:
         """Where goldens of engine runs live: the platform, plus the backend unless it is torch
         (e.g. `cuda-sm90-fp32-triton`): Triton kernels and torch ops round differently."""

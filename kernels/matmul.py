@@ -60,11 +60,13 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
              mask=m_ok[:, None] & n_ok[None, :])
 
 
-def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """-> y [M, N] in out_dtype (default x's): the fp32 accumulator rounded once."""
     x, weight, bias = _check(x, weight, bias)
     M, K = x.shape
     N = weight.shape[0]
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
     if K == 0:

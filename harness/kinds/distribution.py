@@ -261,7 +261,7 @@ def _run(spec, ctx) -> Result:
 
     inp = spec.inputs
     root = project_root(spec)
-    model = model_for(inp["checkpoint"], ctx.backend, root, ctx.device)
+    model = model_for(inp["checkpoint"], ctx.backend, root, ctx.device, ctx.platform.dtype)
     draft = draft_for(inp["draft"], inp["checkpoint"], model, root)
     params, sp, K = _sampling_params(inp), _spec_params(inp), inp["tokens"]
     prompt = materialize(inp["prompt"]).tolist()

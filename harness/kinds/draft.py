@@ -130,7 +130,7 @@ def _stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
 def run(spec, ctx) -> Result:
     inp, exp = spec.inputs, spec.expect
     root = project_root(spec)
-    model = model_for(inp["target"], ctx.backend, root, ctx.device)
+    model = model_for(inp["target"], ctx.backend, root, ctx.device, ctx.platform.dtype)
     draft = draft_for(inp["draft"], inp["target"], model, root)
     if inp["top_k"] > draft.config.draft_vocab_size:
         raise ValueError(f"top_k {inp['top_k']} exceeds the draft vocabulary ({draft.config.draft_vocab_size})")

@@ -225,7 +225,7 @@ class _Runner:
     def __init__(self, spec, ctx):
         inp = spec.inputs
         self.root = project_root(spec)
-        self.model = model_for(inp["checkpoint"], ctx.backend, self.root, ctx.device)
+        self.model = model_for(inp["checkpoint"], ctx.backend, self.root, ctx.device, ctx.platform.dtype)
         self.capture, self.schedule = inp["capture"], inp["schedule"] or {}
         self.draft = draft_for(inp["draft"], inp["checkpoint"], self.model, self.root) if inp["draft"] else None
         self.spec_params = _spec_params(inp["speculative"]) if inp["speculative"] else None
@@ -254,8 +254,9 @@ class _Runner:
             return speculative_generate_at(ckpt, tp, ep, requests, spec=self.spec_params,
                                            draft=draft_dir(inp["draft"], inp["checkpoint"], self.root),
                                            convention=inp["draft"]["convention"], backend=self.model.backend,
-                                           device=self.model.device, trace=trace)
+                                           device=self.model.device, trace=trace, dtype=self.model.dtype_policy)
         return generate_at(ckpt, tp, ep, requests, backend=self.model.backend, device=self.model.device,
+                           dtype=self.model.dtype_policy,
                            capture=self.capture or (), max_batch=self.schedule.get("max_batch") or 8,
                            prefill_chunk=self.schedule.get("prefill_chunk"), trace=trace)
 

@@ -144,7 +144,7 @@ def run(spec, ctx) -> Result:
     fwd = spec.inputs["forward"]
     if fwd:
         model = model_for({"preset": spec.inputs["target"], "seed": fwd["seed"], "format": "bf16"}, ctx.backend,
-                          device=ctx.device)
+                          device=ctx.device, dtype=ctx.platform.dtype)
         tokens = materialize(fwd["prompt"])
         T = tokens.shape[0]
         H = model.config.hidden_size

@@ -1,0 +1,92 @@
+"""The dtype policies (engine.model): bf16 storage with fp32 accumulation, MXFP4 kept packed.
+
+Each property is checked on the device the kernels are tested on (tests.kernels.conftest.DEVICE:
+the GPU when there is one, else the CPU with Triton's interpreter), for both deterministic
+backends, bitwise:
+  * what the bf16 policy stores in bf16 and what stays fp32;
+  * a request's bits do not depend on its batchmates (D2) or on prefill vs decode (D3);
+  * MXFP4 experts kept packed give exactly the bits of the same experts dequantized at load.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.checkpoint import load_checkpoint
+from engine.model import GptOssModel
+from engine.mxfp4 import Mxfp4Weight
+from tests.engine.helpers import random_prompt
+from tests.kernels.conftest import DEVICE
+
+BACKENDS = ["torch", "triton"]
+
+
+def _model(ckpt, backend, dtype, packed=True):
+    config, weights = load_checkpoint(ckpt, packed_mxfp4=packed)
+    return GptOssModel(config, weights, backend=backend, device=DEVICE, dtype=dtype)
+
+
+def _run(model, requests, capture=(1,)):
+    """Prefill several requests in ONE forward (each in its own slot) -> (logits, captured)."""
+    toks, pos, slots = [], [], []
+    for s, prompt in enumerate(requests):
+        toks += prompt
+        pos += range(len(prompt))
+        slots += [s] * len(prompt)
+    cache = model.new_cache(len(requests), max(map(len, requests)))
+    out = model.forward(torch.tensor(toks), torch.tensor(pos), torch.tensor(slots), cache, capture=capture)
+    return out.logits, out.captured
+
+
+def test_bf16_policy_stores_bf16_and_returns_fp32_logits(tiny_ckpts):
+    m = _model(tiny_ckpts["bf16"], "torch", "bf16")
+    assert m.embed.dtype == m.lm_head.dtype == m.blocks[0].qkv_w.dtype == torch.bfloat16
+    assert m.blocks[0].attn_norm.dtype == m.blocks[0].sinks.dtype == torch.float32
+    assert m.new_cache(1, 8).k[0].dtype == torch.bfloat16
+    logits, captured = _run(m, [random_prompt(6, 1)])
+    assert logits.dtype == torch.float32 and captured.dtype == torch.bfloat16
+    fp32 = _run(_model(tiny_ckpts["bf16"], "torch", "fp32"), [random_prompt(6, 1)])[0]
+    assert not torch.equal(logits, fp32)                        # the policy changes the computation
+    assert (logits - fp32).abs().max() < 0.25                    # ... but not the model
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_request_alone_equals_it_inside_a_batch(tiny_ckpts, backend, dtype):
+    m = _model(tiny_ckpts["bf16"], backend, dtype)
+    a, b, c = random_prompt(7, 2), random_prompt(12, 3), random_prompt(3, 4)
+    alone = _run(m, [a])
+    logits, captured = _run(m, [b, a, c])              # every position of every kernel: tests/kernels
+    assert torch.equal(logits[len(b):len(b) + len(a)], alone[0])
+    assert torch.equal(captured[len(b):len(b) + len(a)], alone[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_prefill_equals_decode(tiny_ckpts, backend):
+    m = _model(tiny_ckpts["bf16"], backend, "bf16")
+    prompt = random_prompt(10, 5)
+    full = _run(m, [prompt])[0]
+    cache = m.new_cache(1, len(prompt))
+    steps = [m.forward(torch.tensor([t]), torch.tensor([p]), torch.tensor([0]), cache).logits
+             for p, t in enumerate(prompt)]
+    assert torch.equal(torch.cat(steps), full)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_packed_mxfp4_experts_equal_dequantized_ones(tiny_ckpts, backend, dtype):
+    packed = _model(tiny_ckpts["mxfp4"], backend, dtype, packed=True)
+    dense = _model(tiny_ckpts["mxfp4"], backend, dtype, packed=False)
+    assert isinstance(packed.blocks[0].gate_up_w, Mxfp4Weight)
+    assert isinstance(dense.blocks[0].gate_up_w, torch.Tensor)
+    prompts = [random_prompt(9, 6), random_prompt(4, 7)]
+    assert torch.equal(_run(packed, prompts)[0], _run(dense, prompts)[0])
+
+
+def test_bad_policy_or_backend_is_refused(tiny_ckpts):
+    config, weights = load_checkpoint(tiny_ckpts["bf16"])
+    with pytest.raises(ValueError, match="dtype policy"):
+        GptOssModel(config, weights, dtype="fp16")
+    with pytest.raises(ValueError, match="backend"):
+        GptOssModel(config, weights, backend="cublas")
