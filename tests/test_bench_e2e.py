@@ -1,0 +1,35 @@
+"""bench/e2e.py end to end on the tiny shape, on the CPU: it must run, print its table, and find
+the engine and HF agreeing on the same weights (so the script cannot rot between GPU runs).
+No timing is asserted. Features the engine does not have yet print "n/a (not available: ...)".
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+COMMAND = ["bench/e2e.py", "--shape", "tiny", "--device", "cpu", "--batches", "1,2", "--prefill", "16",
+           "--repeat", "1"]
+
+
+def test_e2e_bench_runs_on_tiny_cpu():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, *COMMAND], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "command: python3 bench/e2e.py --shape tiny" in out and "copy bandwidth" in out
+    assert "| figure | dtype | mode | ours | HF eager |" in out
+    for figure in ("decode b=1", "decode b=2", "prefill 16"):
+        for dtype in ("bf16", "mxfp4"):
+            for mode in ("deterministic", "fast"):
+                assert f"| {figure} | {dtype} | {mode} |" in out, (figure, dtype, mode, out)
+    # the portable engine exists today: its prefill figure is a number, not an n/a
+    assert any(line.startswith("| prefill 16 | bf16 | deterministic |") and " s |" in line
+               for line in out.splitlines()), out
+    if importlib.util.find_spec("transformers") is not None:
+        mapped = [line for line in out.splitlines() if line.startswith("weights mapped (bf16, deterministic")]
+        assert mapped and "max |logit diff|" in mapped[0] and ": OK" in mapped[0], out
+        assert "MISMATCH" not in out
