@@ -96,10 +96,11 @@ def local_module(name):
 def engine_model(config, weights, backend, device, dtype):
     """GptOssModel(config, weights, backend, device, dtype); `weights` HF names, experts dense or
     packed. An engine without `dtype` computes in fp32 only."""
-    import kernels
-    GptOssModel = local_module("engine.model").GptOssModel
-    if hasattr(kernels, "BACKENDS") and backend not in kernels.BACKENDS:
-        raise NotAvailable(f"backend {backend!r} is not in kernels.BACKENDS {kernels.BACKENDS}")
+    model_module = local_module("engine.model")
+    GptOssModel = model_module.GptOssModel
+    backends = getattr(model_module, "BACKENDS", ("torch", "triton"))
+    if backend not in backends:
+        raise NotAvailable(f"backend {backend!r} is not in engine.model.BACKENDS {backends}")
     kwargs = dict(backend=backend, device=device)
     if "dtype" in inspect.signature(GptOssModel).parameters:
         kwargs["dtype"] = dtype

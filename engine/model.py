@@ -284,6 +284,8 @@ class GptOssModel:
         o = attention(q, cache.k[layer], cache.v[layer], slots, positions,   # then each query
                       blk.sinks, cfg.window(layer), self.scale, self.backend)  # [T, Hq, D]
         self._record(f"L{layer}.attention", o)
+        if self.backend == "fast":                                      # one cuBLAS GEMM, no promise
+            return linear(o.reshape(T, cfg.q_dim), blk.o_w, blk.o_b, "fast", out_dtype=torch.float32)
         # row-parallel layer: fixed K chunks + fixed tree, the same bits at any TP (D4)
         parts = k_chunk_partials(o.reshape(T, cfg.q_dim), blk.o_w, k_chunk_bounds(cfg.q_dim), self.backend)
         self._record(f"L{layer}.o_proj.partials", parts)                       # 8 x [T, H] fp32
