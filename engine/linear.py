@@ -64,14 +64,17 @@ def k_chunk_partials(x: torch.Tensor, weight: torch.Tensor, bounds, backend: str
     """One [M, N] partial product per (lo, hi) in `bounds` (columns of weight), no bias.
 
     The partials are fp32 whatever x's dtype (they are added in fp32 by tree_sum).
-    Chunk c's input is a fresh contiguous copy of x[:, x_per_k*lo : x_per_k*hi], passed
-    through `prologue` if given (e.g. the clamped SwiGLU: x_per_k = 2 interleaved gate/up
-    columns per K column). Every chunk is its own call with the same shapes, strides and
-    alignment whether the full K or one rank's slice of it is at hand (the Triton kernels'
-    masks and tiles see the same shapes at every TP degree)."""
+    Chunk c's input is x[:, x_per_k*lo : x_per_k*hi] passed through `prologue` if given (e.g.
+    the clamped SwiGLU: x_per_k = 2 interleaved gate/up columns per K column; it is elementwise).
+    Each chunk is reduced as one call on a fresh contiguous copy of it would reduce it, so the
+    bits are the same whether the full K or one rank's slice of it is at hand (every TP degree).
+    Torch backend: a portable matmul per chunk (all at once for equal adjacent chunks); Triton
+    backend: every chunk in one launch (kernels.matmul.linear_chunks_triton)."""
     check_backend(backend)
     bounds = list(bounds)
-    if backend == "torch" and _equal_adjacent(bounds):
+    if backend == "triton":
+        return _triton_partials(x, weight, bounds, prologue, x_per_k)
+    if _equal_adjacent(bounds):
         return _partials_at_once(x, weight, bounds, prologue, x_per_k)
     parts = []
     for lo, hi in bounds:
@@ -81,6 +84,19 @@ def k_chunk_partials(x: torch.Tensor, weight: torch.Tensor, bounds, backend: str
         wc = weight[:, lo:hi].clone(memory_format=torch.contiguous_format)
         parts.append(linear(xc, wc, None, backend, out_dtype=torch.float32))
     return parts
+
+
+def _triton_partials(x, weight, bounds, prologue, x_per_k) -> list[torch.Tensor]:
+    """The Triton backend's partials: every chunk in one launch (kernels.matmul.linear_chunks_triton),
+    each element reduced as linear_triton reduces the chunk's fresh copy, so the bits are those of
+    the chunk-by-chunk calls. The prologue (elementwise) runs once over all of x first."""
+    from kernels.matmul import linear_chunks_triton
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != x_per_k * weight.shape[1]:
+        raise ValueError(f"k_chunk_partials: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit "
+                         f"[M, {x_per_k} * K] x [N, K]")
+    a = prologue(x).contiguous() if prologue is not None else x              # [M, K]
+    parts = linear_chunks_triton(a, weight, bounds)                          # [C, M, N] fp32
+    return list(parts.unbind(0))
 
 
 def _equal_adjacent(bounds) -> bool:

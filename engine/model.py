@@ -57,6 +57,7 @@ import torch
 from engine.attention import attention
 from engine.boundaries import gather_captured
 from engine.config import GptOssConfig
+from engine.experts import expert_partials
 from engine.kv_cache import KVCache
 from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear, tree_sum
 from engine.mxfp4 import Mxfp4Weight
@@ -308,7 +309,7 @@ class GptOssModel:
         experts = self._experts_per_row if per_row else self._experts_by_group
         slot_out, slot_parts = experts(blk, x, top_ids)                     # [T, k, H] fp32, traced parts
         if slot_parts is not None:
-            self._record(f"L{layer}.experts", slot_parts.view(T, k, K_CHUNKS, H))
+            self._record(f"L{layer}.experts", slot_parts.reshape(T, k, K_CHUNKS, H))
         self._record(f"L{layer}.down", slot_out)                            # [T, k, H]
         weighted = torch.mul(slot_out, routing[..., None])                  # [T, k, H]
         total = weighted[:, 0]
@@ -346,29 +347,18 @@ class GptOssModel:
         return out.view(T, k, H), slot_parts
 
     def _experts_by_group(self, blk: BlockWeights, x: torch.Tensor, top_ids: torch.Tensor):
-        """Triton backend: the tokens of each expert in one batched launch per layer (the kernels
-        are batch invariant); finding the groups reads top_ids on the host. Same result layout
-        as _experts_per_row."""
+        """Triton backend: engine.experts.expert_partials, the rows grouped by expert on the device
+        (one launch per op, no host read, static shapes: a decode step can be a CUDA graph), then
+        the fixed tree and the bias. Same result layout as _experts_per_row."""
         cfg = self.config
         T, H = x.shape
         k = top_ids.shape[1]
-        slot_out = x.new_empty((T, k, H))                                    # each (token, slot)'s output
-        slot_parts = x.new_empty((T * k, K_CHUNKS, H)) if self.tracing else None
-        act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
-        bounds = k_chunk_bounds(cfg.intermediate_size)
-        flat_ids = top_ids.reshape(-1)                                       # [T * k], token-major
-        for e in range(cfg.num_local_experts):                               # tokens grouped by expert
-            rows = (flat_ids == e).nonzero()[:, 0]                           # (token, slot) pairs
-            if rows.numel() == 0:
-                continue
-            xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))   # [n, H]
-            h = linear(xe, blk.gate_up_w[e], blk.gate_up_b[e], self.backend)    # [n, 2I]
-            # clamped SwiGLU, then down: both per fixed K chunk, as at any TP degree (D4)
-            parts = k_chunk_partials(h, blk.down_w[e], bounds, self.backend, prologue=act, x_per_k=2)  # 8 x [n, H]
-            slot_out.view(T * k, H).index_copy_(0, rows, tree_sum(parts) + blk.down_b[e])
-            if slot_parts is not None:
-                slot_parts.index_copy_(0, rows, torch.stack(parts, dim=1))
-        return slot_out, slot_parts
+        parts = expert_partials(x, top_ids, blk.gate_up_w, blk.gate_up_b, blk.down_w,
+                                k_chunk_bounds(cfg.intermediate_size), 0, cfg.num_local_experts,
+                                cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)   # [K_CHUNKS, T * k, H]
+        out = torch.add(tree_sum(parts.unbind(0)), blk.down_b.index_select(0, top_ids.reshape(-1)))
+        slot_parts = parts.transpose(0, 1) if self.tracing else None               # [T * k, K_CHUNKS, H]
+        return out.view(T, k, H), slot_parts
 
 
 _EXPERT_ROW_ELEMENTS = 1 << 22      # gathered expert weights built at once

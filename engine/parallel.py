@@ -31,8 +31,9 @@ Every rank ends a forward with the full logits and captured states (the residual
 replicated), so generate(), sampling and the harness need nothing parallel-specific.
 Unsupported splits raise UnsupportedTopology up front, naming each violated constraint.
 
-The MoE reads the routed expert ids on the host (to skip non-local experts); the one-device
-model does not.
+The experts are engine.experts.expert_partials, the one-device model's function, given this
+rank's experts and K chunks. On the torch backend it reads the routed expert ids on the host (to
+skip non-local experts); on the Triton backend it groups the rows on the device and reads nothing.
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ import torch
 from engine.attention import attention
 from engine.config import GptOssConfig
 from engine.distributed import ParallelContext, Topology, UnsupportedTopology, invariant_sum
+from engine.experts import expert_partials
 from engine.kv_cache import KVCache
 from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear
-from engine.model import DTYPES, GptOssModel, clamped_swiglu, routing_weights, top_k_lowest_index
+from engine.model import DTYPES, GptOssModel, routing_weights, top_k_lowest_index
 from engine.rope import apply_rope, rope_frequencies
 
 
@@ -187,22 +189,13 @@ class ParallelGptOssModel(GptOssModel):
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend, out_dtype=torch.float32)   # [T, E]
         self._record(f"L{layer}.router", router_logits)
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
-        act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
         routing = routing_weights(top_logits)                                      # [T, k]
         self._record(f"L{layer}.router.top_ids", top_ids)
         self._record(f"L{layer}.routing", routing)
-        n_local = K_CHUNKS // ctx.tp
-        parts = x.new_zeros((n_local, T * k, H), dtype=torch.float32)   # placeholders stay zero, never used
-        flat_ids = top_ids.reshape(-1)                # [T * k], token-major (token, slot) pairs
-        for e in range(self.experts_per_rank):        # local experts; the rest are skipped, not × 0
-            rows = (flat_ids == e + self.expert_lo).nonzero()[:, 0]
-            if rows.numel() == 0:
-                continue
-            xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))          # [n, H]
-            h = linear(xe, blk.gate_up_w[e], blk.gate_up_b[e], self.backend)           # [n, 2I/tp]
-            for c, p in enumerate(k_chunk_partials(h, blk.down_w[e], self.down_bounds, self.backend,
-                                                   prologue=act, x_per_k=2)):          # SwiGLU per chunk
-                parts[c].index_copy_(0, rows, p)
+        parts = expert_partials(x, top_ids, blk.gate_up_w, blk.gate_up_b, blk.down_w, self.down_bounds,
+                                self.expert_lo, self.experts_per_rank, cfg.swiglu_alpha, cfg.swiglu_limit,
+                                self.backend)       # [K_CHUNKS / tp, T * k, H]; non-local rows zero
+        n_local = parts.shape[0]
         parts = parts.view(n_local, T, k, H)
         from_owners = lambda y: self._from_owners(y, top_ids)                 # noqa: E731
         self._record(f"L{layer}.experts", parts, gather=lambda p: from_owners(self._all_chunks(p.permute(1, 2, 0, 3))))

@@ -24,10 +24,31 @@ import triton
 import triton.language as tl
 
 from kernels import check_backend
-from kernels._common import INTERPRET, USE_DOT, check_float
+from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float
+from kernels.portable_tl import sigmoid_f32
 
-# Fixed tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Never chosen from shapes.
+# Fixed tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Never chosen from M.
 TILES = (16, 128, 128, 4, 1) if INTERPRET else (64, 64, 64, 4, 3)
+
+# GPU tile table. A tile never depends on M (the batch), only on the weight's shape and dtype,
+# so a row's bits are the same whatever the batch. Compiled, an fp32 `tl.dot` with
+# input_precision="ieee" is an FMA chain over k, first to last, for each output element: its bits
+# depend neither on BLOCK_M nor on BLOCK_N (nor on BLOCK_K: a masked tail adds fma(0, w, acc) = acc).
+# So BLOCK_N is free to serve occupancy: a batch-1 decode step launches cdiv(N, BLOCK_N) programs
+# per M tile, and with BLOCK_N = 64 a 2880-wide layer gives 45 programs on a 132-SM H200; below
+# GPU_MIN_PROGRAMS we take BLOCK_N = 32 (tl.dot needs >= 16).
+GPU_MIN_PROGRAMS = 128
+
+
+def _gpu_tiles(N: int, K: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight [N, K] of `dtype` on a GPU."""
+    bn = 64 if triton.cdiv(N, 64) >= GPU_MIN_PROGRAMS else 32
+    return (64, bn, 64, 4, 3)
+
+
+def tiles(N: int, K: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """The tiles every linear kernel here uses: TILES in the interpreter, the GPU table compiled."""
+    return TILES if INTERPRET else _gpu_tiles(N, K, dtype)
 
 
 @triton.jit
@@ -60,6 +81,127 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
              mask=m_ok[:, None] & n_ok[None, :])
 
 
+# ---------------------------------------------------------------- K-chunked partial products
+# A row-parallel layer (o_proj, the experts' down) reduces over K in fixed chunks [lo, hi) and
+# adds the chunk partials in a fixed tree (engine/linear.py). One launch computes every chunk:
+#
+#     parts[c, m, n] = sum over j in [0, hi_c - lo_c) of a[m, lo_c + j] * W[n, lo_c + j]
+#
+# reduced exactly as `_linear_kernel` reduces a fresh [M, hi_c - lo_c] copy of the chunk: acc = 0,
+# then BLOCK_K steps at chunk-relative offsets j0 = 0, BLOCK_K, ... (lanes past the chunk's end are
+# masked to +0), the same tile expression on the interpreter and the same ieee tl.dot compiled. So
+# each element has the bits of the per-chunk linear, and, as there, they depend only on its own
+# row, W and the chunk bounds: not on M, the row's place in its tile, N or the number of chunks.
+#
+# The device helpers below are shared with the grouped expert kernels (kernels/moe.py).
+
+@triton.jit
+def _swiglu_tile(gate, up, alpha, limit, PORTABLE: tl.constexpr):
+    """kernels.moe._swiglu_kernel's math on fp32 tiles, operation for operation."""
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    return gate * sigmoid_f32(alpha * gate, PORTABLE) * (up + 1.0)
+
+
+@triton.jit
+def _load_a_tile(a_ptr, rows, r_ok, A_STRIDE, col, k_ok, alpha, limit,
+                 SWIGLU: tl.constexpr, PORTABLE: tl.constexpr):
+    """Rows `rows` [BM], K columns `col` [BK] of the activations -> [BM, BK] in a's dtype, 0 where
+    masked. SWIGLU: a holds interleaved gate/up pairs (gate = column 2k, up = 2k + 1) and the tile is
+    the clamped SwiGLU of them, rounded to a's dtype as the separate kernel's store rounds it."""
+    mask = r_ok[:, None] & k_ok[None, :]
+    if SWIGLU:
+        base = a_ptr + rows[:, None] * A_STRIDE + 2 * col[None, :]
+        gate = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(base + 1, mask=mask, other=0.0).to(tl.float32)
+        y = _swiglu_tile(gate, up, alpha, limit, PORTABLE)
+        a = tl.where(mask, y, 0.0).to(a_ptr.dtype.element_ty)
+    else:
+        a = tl.load(a_ptr + rows[:, None] * A_STRIDE + col[None, :], mask=mask, other=0.0)
+    return a
+
+
+@triton.jit
+def _mxfp4_values(code, scale):
+    """E2M1 codes (int32, 0..15) and E8M0 scales (int32, 0..255) -> fp32 code * 2^(scale - 127),
+    exact (engine/mxfp4.py `dequantize`); scale 255 -> NaN. Built from bits: a code is sign (bit 3),
+    a 2-bit exponent e and a mantissa bit m: e = 0 gives m * 0.5, else 2^(e-1) * (1 + m/2)."""
+    e = (code >> 1) & 3
+    m = code & 1
+    mag = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))      # fp32 bits of |value|
+    value = (mag | ((code >> 3) << 31)).to(tl.float32, bitcast=True)           # -0.0 for code 8
+    pow2 = tl.where(scale == 0, 0x00400000, scale << 23).to(tl.float32, bitcast=True)   # 2^-127 subnormal
+    return tl.where(scale == 255, float("nan"), value * pow2)
+
+
+@triton.jit
+def _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, col, k_ok, N, K,
+                 MXFP4: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """Rows `rn` [BN], columns `col` [BK] of weight `expert` -> [BN, BK], 0 where masked.
+    Dense: w [E, N, K]. MXFP4: blocks w [E, N, K/32, 16] u8, scales s [E, N, K/32] u8; element k is
+    nibble k % 2 (low = even) of byte (k // 32, (k % 32) // 2), decoded here and cast to OUT_DTYPE
+    (fp32 or bf16; exact: every MXFP4 value fits both, subnormals included)."""
+    mask = n_ok[:, None] & k_ok[None, :]
+    if MXFP4:
+        G = K // 32
+        group = (expert * N + rn[:, None]) * G + col[None, :] // 32                 # [BN, BK]
+        byte = tl.load(w_ptr + group * 16 + (col[None, :] % 32) // 2, mask=mask, other=0).to(tl.int32)
+        code = (byte >> ((col[None, :] % 2) * 4).to(tl.int32)) & 0xF
+        scale = tl.load(s_ptr + group, mask=mask, other=127).to(tl.int32)
+        w = _mxfp4_values(code, scale)                                                # [BN, BK] fp32
+        if OUT_DTYPE == tl.bfloat16:
+            # exact as it stands, so bf16 is the upper half of the fp32 bits (the interpreter's
+            # fp32 -> bf16 cast flushes subnormals, which scale 0 makes)
+            w = (w.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:
+            w = w.to(OUT_DTYPE)
+    else:
+        w = tl.load(w_ptr + (expert * N + rn[:, None]) * K + col[None, :], mask=mask, other=0.0)
+    return w
+
+
+@triton.jit
+def _chunk_acc(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K, lo, width,
+               alpha, limit, SWIGLU: tl.constexpr, MXFP4: tl.constexpr, USE_DOT: tl.constexpr,
+               PORTABLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc[m, n] = sum_j a[rows[m], lo + j] * W[expert, rn[n], lo + j], j in [0, width): fp32, from 0,
+    in BLOCK_K steps first to last, each step the tile product of `_linear_kernel`."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j0 in range(0, width, BLOCK_K):                                  # one fixed order
+        rk = j0 + tl.arange(0, BLOCK_K)                                  # [BK] chunk-relative
+        k_ok = rk < width
+        col = lo + rk                                                    # [BK] weight columns
+        a = _load_a_tile(a_ptr, rows, r_ok, A_STRIDE, col, k_ok, alpha, limit, SWIGLU, PORTABLE)   # [BM, BK]
+        w = _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, col, k_ok, N, K, MXFP4,
+                         a_ptr.dtype.element_ty)                          # [BN, BK]
+        if USE_DOT:
+            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")    # [BM, BN]
+        else:
+            prod = a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]   # [BM, BN, BK]
+            acc += tl.sum(prod, axis=2)
+    return acc
+
+
+@triton.jit
+def _linear_chunks_kernel(x_ptr, w_ptr, bounds_ptr, y_ptr, M, N, K, X_STRIDE, alpha, limit,
+                          SWIGLU: tl.constexpr, USE_DOT: tl.constexpr, PORTABLE: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # program (pid_n, pid_m, c) computes parts[c, rm, rn]; x [M, X_STRIDE], W [N, K], bounds [C, 2],
+    # parts [C, M, N] fp32, all row-major.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    c = tl.program_id(2)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)      # [BM]
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
+    m_ok = rm < M
+    n_ok = rn < N
+    lo = tl.load(bounds_ptr + 2 * c)
+    width = tl.load(bounds_ptr + 2 * c + 1) - lo
+    acc = _chunk_acc(x_ptr, rm, m_ok, X_STRIDE, w_ptr, w_ptr, 0, rn, n_ok, N, K, lo, width, alpha, limit,
+                     SWIGLU, False, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K)
+    tl.store(y_ptr + (c * M + rm[:, None]) * N + rn[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
+
+
 def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """-> y [M, N] in out_dtype (default x's): the fp32 accumulator rounded once."""
@@ -71,12 +213,74 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return y
     if K == 0:
         return y.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(y))
-    bm, bn, bk, warps, stages = TILES
+    bm, bn, bk, warps, stages = tiles(N, K, x.dtype)
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
     _linear_kernel[grid](x, weight, bias if bias is not None else x, y, M, N, K,
                          HAS_BIAS=bias is not None, USE_DOT=USE_DOT,
                          BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     return y
+
+
+def linear_chunks_triton(x: torch.Tensor, weight: torch.Tensor, bounds,
+                         prologue_swiglu: tuple[float, float] | None = None) -> torch.Tensor:
+    """x [M, x_per_k * K], weight [N, K], bounds: C column ranges (lo, hi) of weight
+    -> parts [C, M, N] fp32, parts[c] = a[:, lo:hi] @ weight[:, lo:hi]^T (no bias), one launch.
+    a = x (x_per_k = 1), or with prologue_swiglu = (alpha, limit) the clamped SwiGLU of x's
+    interleaved gate/up pairs (x_per_k = 2), computed as kernels.moe.clamped_swiglu_triton does and
+    rounded to x's dtype. Each element's bits: those of linear_triton on the chunk's fresh copy."""
+    check_float("x", x, 2)
+    check_float("weight", weight, 2)
+    x_per_k = 1 if prologue_swiglu is None else 2
+    M, N, K = x.shape[0], weight.shape[0], weight.shape[1]
+    if x.shape[1] != x_per_k * K:
+        raise ValueError(f"linear_chunks: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit "
+                         f"[M, {x_per_k} * K] x [N, K]")
+    if weight.dtype != x.dtype or weight.device != x.device:
+        raise ValueError(f"linear_chunks: weight ({weight.dtype}, {weight.device}) must match x ({x.dtype}, {x.device})")
+    b = bounds_tensor(bounds, K, x.device)                               # [C, 2] int64
+    alpha, limit = prologue_swiglu if prologue_swiglu is not None else (0.0, 0.0)
+    parts = torch.zeros((b.shape[0], M, N), dtype=torch.float32, device=x.device)
+    if M == 0 or N == 0 or b.shape[0] == 0:
+        return parts
+    bm, bn, bk, warps, stages = tiles(N, K, x.dtype)
+    grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), b.shape[0])
+    _linear_chunks_kernel[grid](x.contiguous(), weight.contiguous(), b, parts, M, N, K, x_per_k * K,
+                                float(alpha), float(limit), SWIGLU=prologue_swiglu is not None,
+                                USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                num_warps=warps, num_stages=stages)
+    return parts
+
+
+def linear_chunks_torch(x: torch.Tensor, weight: torch.Tensor, bounds,
+                        prologue_swiglu: tuple[float, float] | None = None) -> torch.Tensor:
+    """The plain-torch reference of linear_chunks_triton (F.linear per chunk; values, not bits)."""
+    from kernels.moe import clamped_swiglu_torch
+    a = x if prologue_swiglu is None else clamped_swiglu_torch(x, *prologue_swiglu)
+    b = bounds_tensor(bounds, weight.shape[1], torch.device("cpu")).tolist()
+    parts = [F.linear(a[:, lo:hi].to(torch.float32), weight[:, lo:hi].to(torch.float32)) for lo, hi in b]
+    return torch.stack(parts) if parts else x.new_zeros((0, x.shape[0], weight.shape[0]), dtype=torch.float32)
+
+
+_BOUNDS: dict = {}
+
+
+def bounds_tensor(bounds, K: int, device: torch.device) -> torch.Tensor:
+    """Chunk bounds [(lo, hi), ...] with 0 <= lo <= hi <= K -> a [C, 2] int64 tensor on `device`,
+    made once per (bounds, device) and cached: a decode step that reuses it copies nothing from the
+    host (CUDA-graph capturable once warmed up)."""
+    pairs = []
+    for chunk in bounds:
+        try:
+            lo, hi = chunk
+        except (TypeError, ValueError):
+            raise ValueError(f"bounds must be (lo, hi) pairs of ints, got {chunk!r}") from None
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in (lo, hi)) or not 0 <= lo <= hi <= K:
+            raise ValueError(f"bounds: chunk {chunk!r} is not a pair of ints with 0 <= lo <= hi <= {K}")
+        pairs.append((lo, hi))
+    key = (tuple(pairs), str(device))
+    if key not in _BOUNDS:
+        _BOUNDS[key] = torch.tensor(pairs, dtype=torch.int64, device=device).reshape(-1, 2)
+    return _BOUNDS[key]
 
 
 def linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -18,6 +18,27 @@
 Determinism: every expert row is one program reducing over K in fixed BLOCK_K chunks
 (elementwise fp32 accumulation, one final tree over BLOCK_K), so a row's bits do not depend
 on how many tokens share the call or which experts they picked; the slot sum is sequential.
+
+Grouped experts (the engine's MoE on the Triton backend; one launch per op, no host sync):
+
+    group_by_expert(flat_ids [R], expert_lo, n_local, block_m)
+        -> sorted_rows [P] int64 (-1 = padding), block_expert [P / block_m] int64 (-1 = unused)
+        each local expert's (token, slot) rows in increasing order, padded to whole blocks of
+        block_m; P = (cdiv(R, block_m) + n_local) * block_m depends on R and n_local only.
+    expert_gate_up_triton(x [T, H], k, groups, weight, bias [E_l, 2I]) -> h [R = T * k, 2I]
+        h[r] = x[r // k] @ W[flat_ids[r]]^T + b, in x's dtype; rows of non-local experts stay 0.
+    expert_down_partials_triton(a [R, I] | h [R, 2I], groups, weight, bounds, prologue_swiglu)
+        -> parts [C, R, H] fp32: parts[c, r] = a[r, lo:hi] @ W[flat_ids[r]][:, lo:hi]^T (no
+        bias); with prologue_swiglu = (alpha, limit), a = clamped_swiglu(h) computed in the load.
+    weight: dense [E_l, N, K] (fp32 or bf16) or MXFP4 (blocks [E_l, N, K/32, 16] u8, scales
+        [E_l, N, K/32] u8), decoded inside the kernel exactly as engine/mxfp4.py `dequantize`.
+
+A grouped program computes a [block_m, BLOCK_N] tile of one expert's rows with the tile loop of
+kernels/matmul.py `_chunk_acc`: every element reduced over its chunk (gate_up: all of K) from 0,
+in BLOCK_K steps first to last. A row's bits therefore depend only on its own input row, its
+expert's weights and the chunk bounds: not on which other rows, experts or batch size share the
+launch, nor on its place in its block. They equal linear_triton on the row's expert (gate_up)
+and on the chunk's fresh copy (down), the per-expert path the engine used before.
 """
 
 from __future__ import annotations
@@ -27,11 +48,15 @@ import triton
 import triton.language as tl
 
 from kernels import check_backend, portable
-from kernels._common import INTERPRET, PORTABLE_MATH, check_float, next_pow2
+from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
+from kernels.matmul import _chunk_acc, bounds_tensor, tiles
 from kernels.portable_tl import exp_f32, sigmoid_f32
 
 EXPERT_TILES = (128, 128) if INTERPRET else (64, 128)   # (BLOCK_N, BLOCK_K), fixed
 BLOCK_H = 1024
+# Rows per block of a grouped expert launch (group_by_expert pads every expert to whole blocks).
+# Fixed, never chosen from the batch: tl.dot's smallest M, so a decode step wastes little.
+EXPERT_BLOCK_M = 16
 
 
 # --------------------------------------------------------------------------- kernels
@@ -108,6 +133,54 @@ def _combine_kernel(y_ptr, w_ptr, id_ptr, out_ptr, H, E_START, E_LOCAL,
     tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _grouped_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, b_ptr, h_ptr, R, N, K, TOP_K,
+                            MXFP4: tl.constexpr, USE_DOT: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # program (pid_n, blk): h[rows, rn] for the rows of block blk (one expert); x [T, K],
+    # h [R, N], rows [P] (-1 padding), bexp [P / BLOCK_M] (-1: unused block, return at once).
+    # Rows outside [0, R) are masked (padding; and no groups made for another R can reach past h).
+    pid_n = tl.program_id(0)
+    blk = tl.program_id(1)
+    e = tl.load(bexp_ptr + blk)
+    if e >= 0:                                                           # program-uniform
+        rows = tl.load(rows_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))     # [BM] (token, slot) rows
+        r_ok = (rows >= 0) & (rows < R)
+        rows = tl.where(r_ok, rows, 0)
+        tok = rows // TOP_K                                              # [BM] token of each row
+        rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
+        n_ok = rn < N
+        acc = _chunk_acc(x_ptr, tok, r_ok, K, w_ptr, s_ptr, e, rn, n_ok, N, K, 0, K, 0.0, 0.0,
+                         False, MXFP4, USE_DOT, False, BLOCK_M, BLOCK_N, BLOCK_K)   # [BM, BN]
+        acc += tl.load(b_ptr + e * N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(h_ptr + rows[:, None] * N + rn[None, :], acc.to(h_ptr.dtype.element_ty),
+                 mask=r_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_ptr, R, N, K, A_STRIDE,
+                         alpha, limit, SWIGLU: tl.constexpr, MXFP4: tl.constexpr, USE_DOT: tl.constexpr,
+                         PORTABLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+    # program (pid_n, blk, c): parts[c, rows, rn] of chunk c for the rows of block blk; a [R, A_STRIDE],
+    # W [E, N, K] (or MXFP4), bounds [C, 2], parts [C, R, N] fp32.
+    pid_n = tl.program_id(0)
+    blk = tl.program_id(1)
+    c = tl.program_id(2)
+    e = tl.load(bexp_ptr + blk)
+    if e >= 0:
+        rows = tl.load(rows_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))     # [BM]
+        r_ok = (rows >= 0) & (rows < R)
+        rows = tl.where(r_ok, rows, 0)
+        rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
+        n_ok = rn < N
+        lo = tl.load(bounds_ptr + 2 * c)
+        width = tl.load(bounds_ptr + 2 * c + 1) - lo
+        acc = _chunk_acc(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, e, rn, n_ok, N, K, lo, width, alpha, limit,
+                         SWIGLU, MXFP4, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K)   # [BM, BN]
+        tl.store(y_ptr + (c * R + rows[:, None]) * N + rn[None, :], acc, mask=r_ok[:, None] & n_ok[None, :])
+
+
 # --------------------------------------------------------------------------- triton wrappers
 def router_top_k_triton(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     logits = _check_logits(logits, k)
@@ -159,6 +232,108 @@ def moe_triton(x, routing, ids, gate_up_w, gate_up_b, down_w, down_b, alpha=1.70
     return out
 
 
+def group_by_expert(flat_ids: torch.Tensor, expert_lo: int, n_local: int,
+                    block_m: int = EXPERT_BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+    """flat_ids [R] int64 (row r = token r // k, slot r % k) -> (sorted_rows [P], block_expert [P / block_m]).
+
+    Local expert j (id expert_lo + j) owns consecutive blocks of block_m slots holding its rows in
+    increasing order, then -1 padding; experts follow each other in id order; ids outside
+    [expert_lo, expert_lo + n_local) are skipped. block_expert[b] is the local expert of block b,
+    -1 for the unused blocks at the end. P = (cdiv(R, block_m) + n_local) * block_m bounds every
+    routing (sum_j cdiv(n_j, block_m) <= cdiv(R, block_m) + n_local), so the shapes depend on R and
+    n_local only. Integer torch ops on the ids' device (exact, deterministic); nothing is read on
+    the host."""
+    _check_ids(flat_ids, n_local, block_m)
+    R, dev = flat_ids.shape[0], flat_ids.device
+    n_blocks = triton.cdiv(R, block_m) + n_local
+    P = n_blocks * block_m
+    experts = torch.arange(n_local, dtype=torch.int64, device=dev)                    # [E_l]
+    onehot = (flat_ids[:, None] - expert_lo == experts[None, :]).to(torch.int64)      # [R, E_l]
+    count = onehot.sum(0)                                                             # [E_l] rows per expert
+    blocks = (count + block_m - 1) // block_m                                         # [E_l]
+    block_end = torch.cumsum(blocks, 0)                                               # [E_l] inclusive
+    first_slot = (block_end - blocks) * block_m                                       # [E_l]
+    rank = ((torch.cumsum(onehot, 0) - onehot) * onehot).sum(1)                       # [R] place among its expert's rows
+    local = onehot.sum(1) > 0                                                         # [R]
+    row = torch.arange(R, dtype=torch.int64, device=dev)
+    dest = torch.where(local, (onehot * first_slot[None, :]).sum(1) + rank, P + row)  # non-local: own spare slot
+    sorted_rows = torch.full((P + R,), -1, dtype=torch.int64, device=dev)
+    sorted_rows.scatter_(0, dest, row)                                                # destinations are distinct
+    block = torch.arange(n_blocks, dtype=torch.int64, device=dev)
+    owner = (block[:, None] >= block_end[None, :]).sum(1)                             # [n_blocks]: experts ended before
+    block_expert = torch.where(owner < n_local, owner, -1)
+    return sorted_rows[:P], block_expert
+
+
+def group_by_expert_reference(flat_ids, expert_lo: int, n_local: int, block_m: int = EXPERT_BLOCK_M):
+    """group_by_expert in plain Python (lists in, lists out), for the tests."""
+    ids = [int(i) for i in flat_ids]
+    n_blocks = -(-len(ids) // block_m) + n_local
+    sorted_rows, block_expert = [], []
+    for j in range(n_local):
+        rows = [r for r, e in enumerate(ids) if e == expert_lo + j]
+        while rows:
+            chunk, rows = rows[:block_m], rows[block_m:]
+            sorted_rows += chunk + [-1] * (block_m - len(chunk))
+            block_expert.append(j)
+    pad = n_blocks - len(block_expert)
+    return sorted_rows + [-1] * (pad * block_m), block_expert + [-1] * pad
+
+
+def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.Tensor) -> torch.Tensor:
+    """x [T, H], groups = group_by_expert(ids [T * k]), weight [E_l, N, H] or MXFP4, bias [E_l, N]
+    -> h [T * k, N] in x's dtype: h[r] = x[r // k] @ W[e]^T + b[e] for local experts, 0 elsewhere.
+    One launch, grid (N tiles, blocks). Each element: linear_triton's reduction of x[r // k] by W[e]."""
+    check_float("x", x, 2)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"expert_gate_up: k must be a positive int, got {k!r}")
+    T, H = x.shape
+    R = T * k
+    sorted_rows, block_expert = _check_groups(groups, R, x.device)
+    w, s, E_l, N = _check_expert_weight("gate_up weight", weight, H, x, _n_local(block_expert, R))
+    if not isinstance(bias, torch.Tensor) or bias.shape != (E_l, N) or not bias.is_floating_point() \
+            or bias.device != x.device:
+        raise ValueError(f"expert_gate_up: bias must be a float [{E_l}, {N}] tensor on {x.device}, got "
+                         f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
+    h = torch.zeros((R, N), dtype=x.dtype, device=x.device)
+    if R == 0 or N == 0:
+        return h
+    _, bn, bk, warps, stages = tiles(N, H, x.dtype)
+    grid = (triton.cdiv(N, bn), block_expert.shape[0])
+    _grouped_gate_up_kernel[grid](x.contiguous(), sorted_rows, block_expert, w, s, bias.contiguous(), h, R, N, H, k,
+                                  MXFP4=s is not w, USE_DOT=USE_DOT, BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn,
+                                  BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    return h
+
+
+def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
+                                prologue_swiglu: tuple[float, float] | None = None) -> torch.Tensor:
+    """a [R, K] (or the gate_up h [R, 2K] with prologue_swiglu = (alpha, limit)), groups as above,
+    weight [E_l, N, K] or MXFP4, bounds C column ranges (lo, hi) of K -> parts [C, R, N] fp32, no
+    bias; rows of non-local experts stay 0. One launch, grid (N tiles, blocks, C). Each element:
+    linear_triton's reduction of the chunk's fresh copy (see kernels/matmul.py linear_chunks)."""
+    check_float("a", a, 2)
+    R = a.shape[0]
+    x_per_k = 1 if prologue_swiglu is None else 2
+    if a.shape[1] % x_per_k:
+        raise ValueError(f"expert_down_partials: the SwiGLU prologue needs an even width, got {tuple(a.shape)}")
+    K = a.shape[1] // x_per_k
+    sorted_rows, block_expert = _check_groups(groups, R, a.device)
+    w, s, E_l, N = _check_expert_weight("down weight", weight, K, a, _n_local(block_expert, R))
+    b = bounds_tensor(bounds, K, a.device)                               # [C, 2]
+    alpha, limit = prologue_swiglu if prologue_swiglu is not None else (0.0, 0.0)
+    parts = torch.zeros((b.shape[0], R, N), dtype=torch.float32, device=a.device)
+    if R == 0 or N == 0 or b.shape[0] == 0:
+        return parts
+    _, bn, bk, warps, stages = tiles(N, K, a.dtype)
+    grid = (triton.cdiv(N, bn), block_expert.shape[0], b.shape[0])
+    _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K,
+                               float(alpha), float(limit), SWIGLU=prologue_swiglu is not None, MXFP4=s is not w,
+                               USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn,
+                               BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    return parts
+
+
 # --------------------------------------------------------------------------- torch references
 def router_top_k_torch(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     logits = _check_logits(logits, k)
@@ -199,6 +374,37 @@ def moe_torch(x, routing, ids, gate_up_w, gate_up_b, down_w, down_b, alpha=1.702
             y = down_w[e].to(torch.float32) @ h + down_b[e].to(torch.float32)
             out[t] += routing[t, s].to(torch.float32) * y
     return out.to(x.dtype)
+
+
+def _dense_weight(weight, dtype) -> torch.Tensor:
+    """A dense [E_l, N, K] weight, or an MXFP4 (blocks, scales) pair dequantized, in `dtype`."""
+    if isinstance(weight, tuple):
+        from engine.mxfp4 import dequantize                   # the format's one definition
+        return dequantize(*weight, dtype=dtype)
+    return weight
+
+
+def expert_gate_up_torch(x: torch.Tensor, k: int, ids: torch.Tensor, weight, bias: torch.Tensor,
+                         expert_lo: int = 0) -> torch.Tensor:
+    """Reference of expert_gate_up_triton from the routed ids [T * k] (values, not bits)."""
+    w = _dense_weight(weight, x.dtype)
+    return expert_linear_torch(x.repeat_interleave(k, dim=0), ids, w, bias, expert_lo)
+
+
+def expert_down_partials_torch(a: torch.Tensor, ids: torch.Tensor, weight, bounds, expert_lo: int = 0,
+                               prologue_swiglu: tuple[float, float] | None = None) -> torch.Tensor:
+    """Reference of expert_down_partials_triton from the routed ids [R] (values, not bits)."""
+    if prologue_swiglu is not None:
+        a = clamped_swiglu_torch(a, *prologue_swiglu)
+    w = _dense_weight(weight, a.dtype).to(torch.float32)
+    bounds = list(bounds)
+    parts = torch.zeros((len(bounds), a.shape[0], w.shape[1]), dtype=torch.float32, device=a.device)
+    for r in range(a.shape[0]):
+        e = int(ids[r]) - expert_lo
+        if 0 <= e < w.shape[0]:                                 # non-local: skipped
+            for c, (lo, hi) in enumerate(bounds):
+                parts[c, r] = w[e, :, lo:hi] @ a[r, lo:hi].to(torch.float32)
+    return parts
 
 
 # --------------------------------------------------------------------------- public API
@@ -262,3 +468,58 @@ def _check_expert(x, ids, weight, bias):
     if ids.dtype != torch.int64 or ids.shape != (x.shape[0],):
         raise ValueError(f"expert_linear: ids must be int64 [{x.shape[0]}], got {ids.dtype} {tuple(ids.shape)}")
     return x.contiguous(), ids.contiguous(), weight.contiguous(), bias.contiguous()
+
+
+def _check_ids(flat_ids, n_local, block_m):
+    if not isinstance(flat_ids, torch.Tensor) or flat_ids.dtype != torch.int64 or flat_ids.dim() != 1:
+        got = f"{flat_ids.dtype} {tuple(flat_ids.shape)}" if isinstance(flat_ids, torch.Tensor) else type(flat_ids).__name__
+        raise ValueError(f"group_by_expert: flat_ids must be a 1-D int64 tensor, got {got}")
+    for name, v in (("n_local", n_local), ("block_m", block_m)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"group_by_expert: {name} must be a positive int, got {v!r}")
+
+
+def _check_groups(groups, R: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """groups = group_by_expert(...) for R rows with EXPERT_BLOCK_M rows per block."""
+    try:
+        sorted_rows, block_expert = groups
+    except (TypeError, ValueError):
+        raise ValueError("groups must be the (sorted_rows, block_expert) pair of group_by_expert") from None
+    for name, t in (("sorted_rows", sorted_rows), ("block_expert", block_expert)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or t.device != device:
+            raise ValueError(f"groups: {name} must be a 1-D int64 tensor on {device}")
+    if sorted_rows.shape[0] != block_expert.shape[0] * EXPERT_BLOCK_M or \
+            block_expert.shape[0] <= triton.cdiv(R, EXPERT_BLOCK_M):
+        raise ValueError(f"groups: {sorted_rows.shape[0]} rows in {block_expert.shape[0]} blocks are not "
+                         f"group_by_expert of {R} rows with block_m = {EXPERT_BLOCK_M}")
+    return sorted_rows.contiguous(), block_expert.contiguous()
+
+
+def _n_local(block_expert: torch.Tensor, R: int) -> int:
+    return block_expert.shape[0] - triton.cdiv(R, EXPERT_BLOCK_M)        # P / block_m = cdiv(R, bm) + n_local
+
+
+def _check_expert_weight(name, weight, K: int, x: torch.Tensor, n_local: int):
+    """Dense [E_l, N, K] in x's dtype, or MXFP4 (blocks [E_l, N, K/32, 16] u8, scales [E_l, N, K/32] u8)
+    -> (w, s, E_l, N); s is w for a dense weight."""
+    if isinstance(weight, tuple):
+        if len(weight) != 2:
+            raise ValueError(f"{name}: MXFP4 weights are a (blocks, scales) pair, got {len(weight)} items")
+        blocks, scales = weight
+        if not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.device == x.device for t in weight):
+            raise ValueError(f"{name}: MXFP4 blocks and scales must be uint8 tensors on {x.device}")
+        if blocks.dim() != 4 or blocks.shape[-1] != 16 or scales.shape != blocks.shape[:3] or 32 * blocks.shape[2] != K:
+            raise ValueError(f"{name}: MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not "
+                             f"fit [E, N, {K}/32, 16] and [E, N, {K}/32]")
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"{name}: MXFP4 decodes to float32 or bfloat16 activations, got {x.dtype}")
+        w, s = blocks.contiguous(), scales.contiguous()
+    else:
+        check_float(name, weight, 3)
+        if weight.shape[2] != K or weight.dtype != x.dtype or weight.device != x.device:
+            raise ValueError(f"{name} {tuple(weight.shape)} ({weight.dtype}, {weight.device}) does not fit "
+                             f"[E, N, {K}] in {x.dtype} on {x.device}")
+        w = s = weight.contiguous()
+    if w.shape[0] != n_local:
+        raise ValueError(f"{name}: {w.shape[0]} experts, but the groups were made for {n_local}")
+    return w, s, w.shape[0], w.shape[1]

@@ -6,7 +6,10 @@ reference on the CPU. Bitwise checks compare triton runs with each other, all on
 import pytest
 import torch
 
-from engine.model import GptOssModel
+import engine.model
+from engine.linear import K_CHUNKS, k_chunk_bounds, linear, tree_sum
+from engine.model import GptOssModel, clamped_swiglu
+from engine.trace import Trace
 from tests.engine.helpers import random_prompt
 from tests.kernels.conftest import DEVICE
 
@@ -47,3 +50,89 @@ def test_triton_engine_is_deterministic_and_close_to_torch(models):
     ref = run(m0, prompt, [(0, T)])                                                        # on the CPU
     torch.testing.assert_close(full.cpu(), ref, rtol=0, atol=1e-3)
     assert full.cpu().argmax(-1).equal(ref.argmax(-1))
+
+
+# ------------------------------------------------------------------ the grouped experts keep the bits
+def _per_chunk_partials(x, weight, bounds, backend, prologue=None, x_per_k=1):
+    """engine.linear.k_chunk_partials on the Triton backend before linear_chunks_triton: one
+    linear per chunk on a fresh contiguous copy."""
+    parts = []
+    for lo, hi in bounds:
+        xc = x[:, x_per_k * lo:x_per_k * hi].clone(memory_format=torch.contiguous_format)
+        if prologue is not None:
+            xc = prologue(xc).contiguous()
+        parts.append(linear(xc, weight[:, lo:hi].clone(memory_format=torch.contiguous_format), None, backend))
+    return parts
+
+
+def _experts_per_expert(self, blk, x, top_ids):
+    """GptOssModel._experts_by_group before grouping on the device: for each expert its rows
+    (found on the host), linear_triton for gate_up, then per K chunk the SwiGLU and down."""
+    cfg = self.config
+    T, H = x.shape
+    k = top_ids.shape[1]
+    slot_out = x.new_empty((T, k, H))
+    slot_parts = x.new_empty((T * k, K_CHUNKS, H)) if self.tracing else None
+    act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
+    flat_ids = top_ids.reshape(-1)
+    for e in range(cfg.num_local_experts):
+        rows = (flat_ids == e).nonzero()[:, 0]
+        if rows.numel() == 0:
+            continue
+        xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))
+        h = linear(xe, blk.gate_up_w[e], blk.gate_up_b[e], self.backend)
+        parts = _per_chunk_partials(h, blk.down_w[e], k_chunk_bounds(cfg.intermediate_size), self.backend,
+                                    prologue=act, x_per_k=2)
+        slot_out.view(T * k, H).index_copy_(0, rows, tree_sum(parts) + blk.down_b[e])
+        if slot_parts is not None:
+            slot_parts.index_copy_(0, rows, torch.stack(parts, dim=1))
+    return slot_out, slot_parts
+
+
+def test_grouped_experts_and_chunk_launches_keep_the_per_expert_bits(models, monkeypatch):
+    """The Triton forward (experts grouped on the device, every K chunk in one launch) gives the
+    bits of the per-expert, per-chunk path it replaced: logits and every traced op, for a prefill
+    with a second request and decode steps. On a GPU this is the check of the compiled kernels."""
+    mt, _ = models
+    prompt = random_prompt(T, seed=3)
+    chunks = [(0, 6)] + [(i, i + 1) for i in range(6, T)]
+    other = (random_prompt(4, seed=4), 0)
+
+    def traced():
+        mt.trace = Trace()
+        try:
+            logits = run(mt, prompt, chunks, slot=1, slots=2, other=other)
+            return logits, mt.trace
+        finally:
+            mt.trace = None
+
+    new_logits, new_trace = traced()
+    with monkeypatch.context() as m:
+        m.setattr(GptOssModel, "_experts_by_group", _experts_per_expert)
+        m.setattr(engine.model, "k_chunk_partials", _per_chunk_partials)
+        old_logits, old_trace = traced()
+    assert new_logits.view(torch.int32).equal(old_logits.view(torch.int32))
+    assert list(new_trace.ops) == list(old_trace.ops) and "L0.experts" in new_trace.ops
+    for name, b in old_trace.ops.items():
+        a = new_trace.ops[name]
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8)), name
+
+
+def test_decode_step_reads_no_tensor_value_on_the_host(models, monkeypatch):
+    """Graph-capturable on the Triton backend too: no .item(), .tolist(), bool(), int() or
+    .nonzero() of a tensor inside a decode step (the experts are grouped on the device)."""
+    mt, _ = models
+    cache = mt.new_cache(4, 16)
+    ints = lambda v: torch.tensor(v, dtype=torch.int64, device=mt.device)   # noqa: E731
+    mt.forward(ints(random_prompt(6, seed=5)), ints(list(range(6))), ints([0] * 6), cache)
+    mt.forward(ints([5, 7, 9]), ints([6, 0, 0]), ints([0, 1, 3]), cache)        # compile / warm up
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("host read of a tensor value inside forward")
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__bool__", "__int__", "__index__", "__float__", "nonzero"):
+            m.setattr(torch.Tensor, name, forbidden)
+        m.setattr(torch, "nonzero", forbidden)
+        out = mt.forward(ints([5, 7, 0]), ints([6, 1, 1]), ints([0, 1, 3]), cache)
+    assert out.logits.shape == (3, 512) and torch.isfinite(out.logits).all()
