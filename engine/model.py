@@ -231,9 +231,13 @@ class GptOssModel:
             states[0] = x
         for i, blk in enumerate(self.blocks):
             h = self._record(f"L{i}.attn_norm", self._norm(x, blk.attn_norm))
-            x = self._residual(x, self._attention(i, blk, h, cos, sin, positions, slots, cache))
+            if self._fused:
+                x = self._attention_fused(i, blk, x, h, cos, sin, positions, slots, cache)
+            else:
+                x = self._residual(x, self._attention(i, blk, h, cos, sin, positions, slots, cache))
             h = self._record(f"L{i}.mlp_norm", self._norm(x, blk.mlp_norm))
-            x = self._record(f"boundary.{i + 1}", self._residual(x, self._moe(i, blk, h)))
+            x = self._moe_fused(i, blk, x, h) if self._fused else self._residual(x, self._moe(i, blk, h))
+            x = self._record(f"boundary.{i + 1}", x)
             if i + 1 in wanted:
                 states[i + 1] = x                                       # boundary i + 1
         h = self._record("final_norm", self._norm(x, self.norm))      # [T, H]
@@ -254,9 +258,29 @@ class GptOssModel:
             self.trace.record(name, t, rows)
         return t
 
+    @property
+    def _fused(self) -> bool:
+        """Triton backend with no trace recording: each sublayer's end is one kernel (the fixed
+        tree of partials, bias, routing and residual: kernels/residual.py) and RoPE writes the
+        cache itself (kernels/rope.py), the same operations and bits as the unfused path, in a
+        tenth of the launches. A trace needs the intermediate ops, so it takes the unfused path."""
+        return self.backend == "triton" and not self.tracing
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm in fp32, stored in the policy's dtype."""
+        if self.backend == "triton":
+            from kernels.rmsnorm import rms_norm_triton           # reads x's dtype, rounds once
+            return rms_norm_triton(x, weight, self.config.rms_norm_eps, out_dtype=self.act)
         return rms_norm(x, weight, self.config.rms_norm_eps, self.backend, out_dtype=self.act)
+
+    def _route(self, router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """router_logits [T, E] fp32 -> (routing [T, k] fp32, top_ids [T, k]): the top k (ties to
+        the lower id) and the softmax over them. Triton: both from one kernel (its exp)."""
+        if self.backend == "triton":
+            from kernels.moe import router_top_k_triton
+            return router_top_k_triton(router_logits, k)
+        top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)
+        return routing_weights(top_logits, self.backend), top_ids
 
     def _residual(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x + y for the residual stream: y is a block's fp32 output; the sum is formed in fp32
@@ -300,8 +324,7 @@ class GptOssModel:
         k = cfg.num_experts_per_tok
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend, out_dtype=torch.float32)   # [T, E]
         self._record(f"L{layer}.router", router_logits)
-        top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
-        routing = routing_weights(top_logits, self.backend)                  # [T, k], over the k only
+        routing, top_ids = self._route(router_logits, k)                     # [T, k], over the k only
         self._record(f"L{layer}.router.top_ids", top_ids)
         self._record(f"L{layer}.routing", routing)
         T, H = x.shape
@@ -316,6 +339,35 @@ class GptOssModel:
         for slot in range(1, k):                                             # slot order
             total = torch.add(total, weighted[:, slot])
         return self._record(f"L{layer}.moe", total)
+
+    # ------------------------------------------------------------------ fused ends (Triton)
+    def _attention_fused(self, layer: int, blk: BlockWeights, x: torch.Tensor, h: torch.Tensor,
+                         cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                         slots: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """x + attention(h) (the residual included) in 5 launches; see _fused."""
+        from kernels.matmul import linear_chunks_triton
+        from kernels.residual import row_parallel_residual_triton
+        from kernels.rope import rope_qkv_cache_triton
+        cfg = self.config
+        T = h.shape[0]
+        qkv = linear(h, blk.qkv_w, blk.qkv_b, "triton")                           # [T, (Hq + 2 Hkv) * D]
+        q = rope_qkv_cache_triton(qkv, cos, sin, cache.k[layer], cache.v[layer], slots, positions,
+                                  cfg.num_attention_heads)                          # [T, Hq, D]; k, v cached
+        o = attention(q, cache.k[layer], cache.v[layer], slots, positions,
+                      blk.sinks, cfg.window(layer), self.scale, "triton")           # [T, Hq, D]
+        parts = linear_chunks_triton(o.reshape(T, cfg.q_dim), blk.o_w, k_chunk_bounds(cfg.q_dim))  # [8, T, H]
+        return row_parallel_residual_triton(x, parts, blk.o_b)                    # [T, H] in act
+
+    def _moe_fused(self, layer: int, blk: BlockWeights, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """x + moe(h) (the residual included) in 7 launches plus the grouping; see _fused."""
+        from kernels.residual import moe_residual_triton
+        cfg = self.config
+        router_logits = linear(h, blk.router_w, blk.router_b, "triton", out_dtype=torch.float32)   # [T, E]
+        routing, top_ids = self._route(router_logits, cfg.num_experts_per_tok)              # [T, k]
+        parts = expert_partials(h, top_ids, blk.gate_up_w, blk.gate_up_b, blk.down_w,
+                                k_chunk_bounds(cfg.intermediate_size), 0, cfg.num_local_experts,
+                                cfg.swiglu_alpha, cfg.swiglu_limit, "triton")                 # [8, T * k, H]
+        return moe_residual_triton(x, parts, blk.down_b, routing, top_ids)                  # [T, H] in act
 
     def _experts_per_row(self, blk: BlockWeights, x: torch.Tensor, top_ids: torch.Tensor):
         """Torch backend: every (token, slot) row with its own expert's weights gathered, so the

@@ -49,8 +49,8 @@ from engine.distributed import ParallelContext, Topology, UnsupportedTopology, i
 from engine.experts import expert_partials
 from engine.kv_cache import KVCache
 from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear
-from engine.model import DTYPES, GptOssModel, routing_weights, top_k_lowest_index
-from engine.rope import apply_rope, rope_frequencies
+from engine.model import DTYPES, GptOssModel
+from engine.rope import rope_frequencies
 
 
 def local_chunks(K: int, tp: int, tp_rank: int) -> tuple[int, int, list[tuple[int, int]]]:
@@ -69,6 +69,8 @@ class _Block:
 class ParallelGptOssModel(GptOssModel):
     """GptOssModel's forward API on one rank of a TP × EP topology (see the module docstring).
     `weights`: the full HF-layout dict (each rank keeps only its shard)."""
+
+    _fused = False      # the sublayer ends go through the collectives below, op by op
 
     def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], ctx: ParallelContext,
                  backend: str = "torch", dtype: str = "fp32"):
@@ -188,8 +190,7 @@ class ParallelGptOssModel(GptOssModel):
         T, H, k = x.shape[0], x.shape[1], cfg.num_experts_per_tok
         router_logits = linear(x, blk.router_w, blk.router_b, self.backend, out_dtype=torch.float32)   # [T, E]
         self._record(f"L{layer}.router", router_logits)
-        top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)   # [T, k]
-        routing = routing_weights(top_logits)                                      # [T, k]
+        routing, top_ids = self._route(router_logits, k)                           # [T, k] each
         self._record(f"L{layer}.router.top_ids", top_ids)
         self._record(f"L{layer}.routing", routing)
         parts = expert_partials(x, top_ids, blk.gate_up_w, blk.gate_up_b, blk.down_w, self.down_bounds,

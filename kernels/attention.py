@@ -36,7 +36,7 @@ import triton.language as tl
 
 from kernels import check_backend
 from kernels._common import PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from kernels.portable_tl import exp_f32
+from kernels.portable_tl import cast_rne, exp_f32
 
 BLOCK_KV = 64          # the fixed KV split size, for prefill and decode alike
 _GUARD_EMPTY_TILES = True   # only tests turn this off, to show the specs catch the seed bug
@@ -106,7 +106,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
     empty = l_i == 0.0                                  # no key and no finite sink: 0, not 0/0
     out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])  # NaN stays NaN
     o_rows = o_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
-    tl.store(o_rows, out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    tl.store(o_rows, cast_rne(out, o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
 
 def _window_tiles(window: int) -> int:

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from kernels import check_backend
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float
-from kernels.portable_tl import sigmoid_f32
+from kernels.portable_tl import cast_rne, sigmoid_f32
 
 # Fixed tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Never chosen from M.
 TILES = (16, 128, 128, 4, 1) if INTERPRET else (64, 64, 64, 4, 3)
@@ -77,7 +77,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
             acc += tl.sum(prod, axis=2)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+    tl.store(y_ptr + rm[:, None] * N + rn[None, :], cast_rne(acc, y_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -115,7 +115,7 @@ def _load_a_tile(a_ptr, rows, r_ok, A_STRIDE, col, k_ok, alpha, limit,
         gate = tl.load(base, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(base + 1, mask=mask, other=0.0).to(tl.float32)
         y = _swiglu_tile(gate, up, alpha, limit, PORTABLE)
-        a = tl.where(mask, y, 0.0).to(a_ptr.dtype.element_ty)
+        a = cast_rne(tl.where(mask, y, 0.0), a_ptr.dtype.element_ty)
     else:
         a = tl.load(a_ptr + rows[:, None] * A_STRIDE + col[None, :], mask=mask, other=0.0)
     return a

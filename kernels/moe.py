@@ -50,7 +50,7 @@ import triton.language as tl
 from kernels import check_backend, portable
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
 from kernels.matmul import _chunk_acc, bounds_tensor, tiles
-from kernels.portable_tl import exp_f32, sigmoid_f32
+from kernels.portable_tl import cast_rne, exp_f32, sigmoid_f32
 
 EXPERT_TILES = (128, 128) if INTERPRET else (64, 128)   # (BLOCK_N, BLOCK_K), fixed
 BLOCK_H = 1024
@@ -91,7 +91,7 @@ def _swiglu_kernel(x_ptr, y_ptr, I, alpha, limit, BLOCK: tl.constexpr, PORTABLE:
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     y = gate * sigmoid_f32(alpha * gate, PORTABLE) * (up + 1.0)
-    tl.store(y_ptr + r * I + i, y.to(y_ptr.dtype.element_ty), mask=ok)
+    tl.store(y_ptr + r * I + i, cast_rne(y, y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -113,7 +113,7 @@ def _expert_linear_kernel(x_ptr, id_ptr, w_ptr, b_ptr, y_ptr, N, K, E_START, E_L
                         mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)     # [BN, BK]
             acc += w * xk[None, :]
         y = tl.sum(acc, axis=1) + tl.load(b_ptr + e * N + rn, mask=n_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + r * N + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+        tl.store(y_ptr + r * N + rn, cast_rne(y, y_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -130,7 +130,7 @@ def _combine_kernel(y_ptr, w_ptr, id_ptr, out_ptr, H, E_START, E_LOCAL,
             w = tl.load(w_ptr + t * K_TOP + s).to(tl.float32)
             y = tl.load(y_ptr + (t * K_TOP + s) * H + h, mask=ok, other=0.0).to(tl.float32)
             acc += w * y
-    tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + t * H + h, cast_rne(acc, out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -153,7 +153,7 @@ def _grouped_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, b_ptr, h_pt
         acc = _chunk_acc(x_ptr, tok, r_ok, K, w_ptr, s_ptr, e, rn, n_ok, N, K, 0, K, 0.0, 0.0,
                          False, MXFP4, USE_DOT, False, BLOCK_M, BLOCK_N, BLOCK_K)   # [BM, BN]
         acc += tl.load(b_ptr + e * N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(h_ptr + rows[:, None] * N + rn[None, :], acc.to(h_ptr.dtype.element_ty),
+        tl.store(h_ptr + rows[:, None] * N + rn[None, :], cast_rne(acc, h_ptr.dtype.element_ty),
                  mask=r_ok[:, None] & n_ok[None, :])
 
 

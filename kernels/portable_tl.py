@@ -114,3 +114,19 @@ def log_f64(x, PORTABLE: tl.constexpr):
         return log64(x)
     else:
         return tl.log(x)
+
+
+@triton.jit
+def cast_rne(x, DTYPE: tl.constexpr):
+    """fp32 x -> DTYPE for a store. To bf16 it rounds to nearest, ties to even, from the bits:
+    compiled kernels round that way anyway, but Triton's interpreter truncates (measured: half of
+    4096 random values came out one bf16 ulp off torch's `.to(torch.bfloat16)`), so every bf16
+    result the engine stores goes through here and the interpreter, the GPU and torch agree.
+    NaN stays a (quiet) NaN; a value that rounds past the largest bf16 becomes inf, as in torch."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
+        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(DTYPE)

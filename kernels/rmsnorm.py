@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.portable_tl import cast_rne
+
 from kernels import check_backend
 from kernels._common import check_float
 
@@ -35,12 +37,14 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
         ok = cols < N
         x = tl.load(x_ptr + base + cols, mask=ok, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + base + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=ok)
+        tl.store(y_ptr + base + cols, cast_rne(x * rstd * w, y_ptr.dtype.element_ty), mask=ok)
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """-> [M, N] in out_dtype (default x's): fp32 math, rounded once at the store."""
     x, weight = _check(x, weight)
-    y = torch.empty_like(x)
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     if x.numel():
         _rmsnorm_kernel[(x.shape[0],)](x, weight, y, x.shape[1], float(eps), BLOCK_N=BLOCK_N, num_warps=4)
     return y

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.portable_tl import cast_rne
+
 from kernels import check_backend
 from kernels._common import check_float, next_pow2
 
@@ -31,8 +33,8 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, H, HALF,
     off = t * H * 2 * HALF + h[:, None] * 2 * HALF + i[None, :]
     x1 = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + off + HALF, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + off, (x1 * c - x2 * s).to(y_ptr.dtype.element_ty), mask=ok)
-    tl.store(y_ptr + off + HALF, (x2 * c + x1 * s).to(y_ptr.dtype.element_ty), mask=ok)
+    tl.store(y_ptr + off, cast_rne(x1 * c - x2 * s, y_ptr.dtype.element_ty), mask=ok)
+    tl.store(y_ptr + off + HALF, cast_rne(x2 * c + x1 * s, y_ptr.dtype.element_ty), mask=ok)
 
 
 def apply_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -42,6 +44,65 @@ def apply_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     if x.numel():
         _rope_kernel[(T,)](x, cos, sin, y, H, D // 2, H_PAD=next_pow2(H), HALF_PAD=next_pow2(D // 2), num_warps=4)
     return y
+
+
+@triton.jit
+def _rope_qkv_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr,
+                           HQ, HKV, S, HALF, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
+                           HALF_PAD: tl.constexpr):
+    # one program per token t: its q heads rotated into q [T, HQ, D], its k heads rotated and its
+    # v heads copied into the caches [slots, HKV, S, D] at (slot[t], pos[t]); qkv [T, (HQ + 2 HKV) * D]
+    t = tl.program_id(0).to(tl.int64)
+    D = 2 * HALF
+    row = qkv_ptr + t * (HQ + 2 * HKV) * D
+    i = tl.arange(0, HALF_PAD)
+    i_ok = i < HALF
+    c = tl.load(cos_ptr + t * HALF + i, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + t * HALF + i, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+    hq = tl.arange(0, HQ_PAD)
+    ok = (hq < HQ)[:, None] & i_ok[None, :]
+    src = row + hq[:, None] * D + i[None, :]
+    x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
+    dst = q_ptr + t * HQ * D + hq[:, None] * D + i[None, :]
+    tl.store(dst, cast_rne(x1 * c - x2 * s, q_ptr.dtype.element_ty), mask=ok)
+    tl.store(dst + HALF, cast_rne(x2 * c + x1 * s, q_ptr.dtype.element_ty), mask=ok)
+    slot = tl.load(slot_ptr + t)
+    pos = tl.load(pos_ptr + t)
+    hk = tl.arange(0, HKV_PAD)
+    ok = (hk < HKV)[:, None] & i_ok[None, :]
+    src = row + (HQ + hk[:, None]) * D + i[None, :]
+    x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
+    dst = ((slot * HKV + hk[:, None]) * S + pos) * D + i[None, :]
+    tl.store(kc_ptr + dst, cast_rne(x1 * c - x2 * s, kc_ptr.dtype.element_ty), mask=ok)
+    tl.store(kc_ptr + dst + HALF, cast_rne(x2 * c + x1 * s, kc_ptr.dtype.element_ty), mask=ok)
+    src = src + HKV * D                                   # the v heads follow the k heads
+    tl.store(vc_ptr + dst, tl.load(src, mask=ok, other=0.0).to(vc_ptr.dtype.element_ty), mask=ok)
+    tl.store(vc_ptr + dst + HALF, tl.load(src + HALF, mask=ok, other=0.0).to(vc_ptr.dtype.element_ty), mask=ok)
+
+
+def rope_qkv_cache_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                          q_heads: int) -> torch.Tensor:
+    """The fused qkv projection's output [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D] rotated, in the
+    caches' dtype; k rotated and v written into k_cache / v_cache [slots, Hkv, S, D] at
+    (slots[t], positions[t]). The same operations, one rounding each (no fused multiply-add),
+    as apply_rope_torch on q and k followed by the cache write (engine/model.py)."""
+    T = qkv.shape[0]
+    _, Hkv, S, D = k_cache.shape
+    if qkv.dim() != 2 or qkv.shape[1] != (q_heads + 2 * Hkv) * D or v_cache.shape != k_cache.shape:
+        raise ValueError(f"rope_qkv_cache: qkv {tuple(qkv.shape)} does not fit {q_heads} q heads and caches "
+                         f"{tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    if cos.shape != (T, D // 2) or sin.shape != (T, D // 2) or slots.shape != (T,) or positions.shape != (T,):
+        raise ValueError(f"rope_qkv_cache: cos/sin must be [{T}, {D // 2}] and slots/positions [{T}]")
+    q = torch.empty((T, q_heads, D), dtype=k_cache.dtype, device=qkv.device)
+    if T:
+        _rope_qkv_cache_kernel[(T,)](qkv.contiguous(), cos.contiguous(), sin.contiguous(), q, k_cache, v_cache,
+                                     slots.contiguous(), positions.contiguous(), q_heads, Hkv, S, D // 2,
+                                     HQ_PAD=next_pow2(q_heads), HKV_PAD=next_pow2(Hkv),
+                                     HALF_PAD=next_pow2(D // 2), num_warps=4, enable_fp_fusion=False)
+    return q
 
 
 def apply_rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -90,3 +90,19 @@ def test_bad_policy_or_backend_is_refused(tiny_ckpts):
         GptOssModel(config, weights, dtype="fp16")
     with pytest.raises(ValueError, match="backend"):
         GptOssModel(config, weights, backend="cublas")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_fused_sublayer_ends_equal_the_traced_unfused_ops(tiny_ckpts, dtype):
+    """Without a trace the Triton forward ends each sublayer in one kernel (GptOssModel._fused);
+    a recording trace takes the op-by-op path. Both must give the same bits."""
+    from engine.trace import Trace
+    m = _model(tiny_ckpts["mxfp4"], "triton", dtype)
+    prompts = [random_prompt(6, 8), random_prompt(3, 9)]
+    fused = _run(m, prompts, capture=(1, 4))
+    m.trace = Trace()
+    try:
+        unfused = _run(m, prompts, capture=(1, 4))
+    finally:
+        m.trace = None
+    assert torch.equal(fused[0], unfused[0]) and torch.equal(fused[1], unfused[1])
