@@ -49,10 +49,17 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
     lo = lut[(blocks & 0x0F).long()]                       # [..., G, 16]  even elements
     hi = lut[(blocks >> 4).long()]                         # [..., G, 16]  odd elements
     values = torch.stack([lo, hi], dim=-1).flatten(-2)     # [..., G, 32]  lo, hi, lo, hi, ...
-    exponent = scales.to(torch.int32) - SCALE_BIAS         # [..., G]
-    values = torch.ldexp(values, exponent.unsqueeze(-1).to(torch.float32))
+    values = torch.mul(values, _power_of_two(scales).unsqueeze(-1))   # exact: a short mantissa x 2^e
     values = values.masked_fill((scales == NAN_SCALE).unsqueeze(-1), float("nan"))   # whole block NaN
     return values.flatten(-2).to(dtype)                    # [..., G * 32]
+
+
+def _power_of_two(scales: torch.Tensor) -> torch.Tensor:
+    """u8 E8M0 scales -> fp32 2^(s - 127), built from its bits (s = 0 is the subnormal 2^-127).
+    Not torch.ldexp: on CUDA that multiplies by pow(2, e), which is not exact for every e."""
+    s = scales.to(torch.int32)
+    bits = torch.where(s == 0, torch.full_like(s, 1 << 22), s << 23)
+    return bits.view(torch.float32)
 
 
 def _nearest_code(magnitude: torch.Tensor) -> torch.Tensor:

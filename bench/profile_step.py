@@ -1,0 +1,57 @@
+"""Where a decode step's GPU time goes: the kernels of one eager step, by total time (GPU only).
+
+    python bench/profile_step.py [--shape 20b] [--dtype bf16|mxfp4] [--batch 1] [--backend triton]
+
+Builds bench/e2e.py's random weights, prefills a 128-token context per request, then records
+one decode step with torch.profiler and prints the top kernels and the launch count. Used to
+find what to fuse next; the figures that count are bench/e2e.py's.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+import e2e  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="20b")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "mxfp4"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    config = e2e.preset(e2e.SHAPES.get(args.shape, args.shape))
+    weights = e2e.random_weights(config, "cuda")
+    if args.dtype == "bf16":
+        dense = e2e.dense_experts(weights)
+        weights = {n: t for n, t in weights.items() if not n.endswith(("_blocks", "_scales"))} | dense
+    model = e2e.engine_model(config, weights, args.backend, "cuda", "bf16")
+    B, ctx = args.batch, 128
+    cache = model.new_cache(B, ctx + 8)
+    for s in range(B):
+        toks = torch.randint(0, config.vocab_size, (ctx,), device="cuda")
+        model.forward(toks, torch.arange(ctx, device="cuda"), torch.full((ctx,), s, device="cuda"), cache)
+    step = lambda: model.forward(torch.zeros(B, dtype=torch.int64, device="cuda"),    # noqa: E731
+                                 torch.full((B,), ctx, device="cuda"), torch.arange(B, device="cuda"), cache)
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in kernels)
+    print(f"{args.shape} {args.dtype} batch {B} backend {args.backend}: {sum(e.count for e in kernels)} kernel "
+          f"launches, {total / 1e3:.2f} ms of GPU time in one eager step")
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:args.top]:
+        print(f"  {e.self_device_time_total / 1e3:8.3f} ms  {e.count:5d}x  {e.key[:90]}")
+
+
+if __name__ == "__main__":
+    main()
