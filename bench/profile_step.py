@@ -27,10 +27,8 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     config = e2e.preset(e2e.SHAPES.get(args.shape, args.shape))
-    weights = e2e.random_weights(config, "cuda")
-    if args.dtype == "bf16":
-        dense = e2e.dense_experts(weights)
-        weights = {n: t for n, t in weights.items() if not n.endswith(("_blocks", "_scales"))} | dense
+    floats, packed = e2e.random_weights(config, "cuda")
+    weights = floats | (e2e.dense_experts(packed) if args.dtype == "bf16" else packed)
     model = e2e.engine_model(config, weights, args.backend, "cuda", "bf16")
     B, ctx = args.batch, 128
     cache = model.new_cache(B, ctx + 8)

@@ -264,11 +264,12 @@ class GptOssModel:
         tree of partials, bias, routing and residual: kernels/residual.py) and RoPE writes the
         cache itself (kernels/rope.py), the same operations and bits as the unfused path, in a
         tenth of the launches. A trace needs the intermediate ops, so it takes the unfused path."""
-        return self.backend == "triton" and not self.tracing
+        on_gpu_kernels = self.backend == "triton" or (self.backend == "fast" and self.device.type == "cuda")
+        return on_gpu_kernels and not self.tracing
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm in fp32, stored in the policy's dtype."""
-        if self.backend == "triton":
+        if self.backend == "triton" or (self.backend == "fast" and x.is_cuda):
             from kernels.rmsnorm import rms_norm_triton           # reads x's dtype, rounds once
             return rms_norm_triton(x, weight, self.config.rms_norm_eps, out_dtype=self.act)
         return rms_norm(x, weight, self.config.rms_norm_eps, self.backend, out_dtype=self.act)
@@ -344,17 +345,20 @@ class GptOssModel:
     def _attention_fused(self, layer: int, blk: BlockWeights, x: torch.Tensor, h: torch.Tensor,
                          cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                          slots: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """x + attention(h) (the residual included) in 5 launches; see _fused."""
+        """x + attention(h) (the residual included) in 5 launches; see _fused. The fast backend
+        takes cuBLAS for the qkv and o projections."""
         from kernels.matmul import linear_chunks_triton
         from kernels.residual import row_parallel_residual_triton
         from kernels.rope import rope_qkv_cache_triton
         cfg = self.config
         T = h.shape[0]
-        qkv = linear(h, blk.qkv_w, blk.qkv_b, "triton")                           # [T, (Hq + 2 Hkv) * D]
+        qkv = linear(h, blk.qkv_w, blk.qkv_b, self.backend)                       # [T, (Hq + 2 Hkv) * D]
         q = rope_qkv_cache_triton(qkv, cos, sin, cache.k[layer], cache.v[layer], slots, positions,
                                   cfg.num_attention_heads)                          # [T, Hq, D]; k, v cached
         o = attention(q, cache.k[layer], cache.v[layer], slots, positions,
                       blk.sinks, cfg.window(layer), self.scale, "triton")           # [T, Hq, D]
+        if self.backend == "fast":
+            return self._residual(x, linear(o.reshape(T, cfg.q_dim), blk.o_w, blk.o_b, "fast", torch.float32))
         parts = linear_chunks_triton(o.reshape(T, cfg.q_dim), blk.o_w, k_chunk_bounds(cfg.q_dim))  # [8, T, H]
         return row_parallel_residual_triton(x, parts, blk.o_b)                    # [T, H] in act
 
@@ -362,7 +366,7 @@ class GptOssModel:
         """x + moe(h) (the residual included) in 7 launches plus the grouping; see _fused."""
         from kernels.residual import moe_residual_triton
         cfg = self.config
-        router_logits = linear(h, blk.router_w, blk.router_b, "triton", out_dtype=torch.float32)   # [T, E]
+        router_logits = linear(h, blk.router_w, blk.router_b, self.backend, out_dtype=torch.float32)   # [T, E]
         routing, top_ids = self._route(router_logits, cfg.num_experts_per_tok)              # [T, k]
         parts = expert_partials(h, top_ids, blk.gate_up_w, blk.gate_up_b, blk.down_w,
                                 k_chunk_bounds(cfg.intermediate_size), 0, cfg.num_local_experts,

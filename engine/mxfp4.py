@@ -24,6 +24,7 @@ as IEEE round-half-to-even does: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -45,13 +46,19 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
     if blocks.shape[-1] != BYTES_PER_BLOCK or blocks.shape[:-1] != scales.shape:
         raise ValueError(f"MXFP4 shapes disagree: blocks {tuple(blocks.shape)} needs [..., G, 16] "
                          f"and scales [..., G], got scales {tuple(scales.shape)}")
-    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=blocks.device)
+    lut = _lut(blocks.device)
     lo = lut[(blocks & 0x0F).long()]                       # [..., G, 16]  even elements
     hi = lut[(blocks >> 4).long()]                         # [..., G, 16]  odd elements
     values = torch.stack([lo, hi], dim=-1).flatten(-2)     # [..., G, 32]  lo, hi, lo, hi, ...
     values = torch.mul(values, _power_of_two(scales).unsqueeze(-1))   # exact: a short mantissa x 2^e
     values = values.masked_fill((scales == NAN_SCALE).unsqueeze(-1), float("nan"))   # whole block NaN
     return values.flatten(-2).to(dtype)                    # [..., G * 32]
+
+
+@lru_cache(maxsize=None)
+def _lut(device: torch.device) -> torch.Tensor:
+    """E2M1_VALUES on `device`, made once (a CUDA graph capture may not copy from the host)."""
+    return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
 
 
 def _power_of_two(scales: torch.Tensor) -> torch.Tensor:

@@ -124,14 +124,22 @@ def _load_a_tile(a_ptr, rows, r_ok, A_STRIDE, col, k_ok, alpha, limit,
 @triton.jit
 def _mxfp4_values(code, scale):
     """E2M1 codes (int32, 0..15) and E8M0 scales (int32, 0..255) -> fp32 code * 2^(scale - 127),
-    exact (engine/mxfp4.py `dequantize`); scale 255 -> NaN. Built from bits: a code is sign (bit 3),
-    a 2-bit exponent e and a mantissa bit m: e = 0 gives m * 0.5, else 2^(e-1) * (1 + m/2)."""
+    exact (engine/mxfp4.py `dequantize`); scale 255 -> NaN. Built from bits alone, no float
+    multiply (a compiled kernel may flush the subnormal results of scale 0 or 1 to zero): a code
+    is sign (bit 3), a 2-bit exponent e and a mantissa bit m, |value| = 2^E (1 + f/2) with
+    E = e - 1, f = m for e >= 1, and 0.5 = 2^-1 for e = 0, m = 1; the result's biased exponent
+    is E + scale, below 1 a subnormal (the significand shifted right), from 255 on infinity."""
     e = (code >> 1) & 3
     m = code & 1
-    mag = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))      # fp32 bits of |value|
-    value = (mag | ((code >> 3) << 31)).to(tl.float32, bitcast=True)           # -0.0 for code 8
-    pow2 = tl.where(scale == 0, 0x00400000, scale << 23).to(tl.float32, bitcast=True)   # 2^-127 subnormal
-    return tl.where(scale == 255, float("nan"), value * pow2)
+    E = tl.where(e == 0, -1, e - 1)
+    f = tl.where(e == 0, 0, m)
+    b = E + scale                                                          # biased exponent
+    normal = (b << 23) | (f << 22)
+    subnormal = ((1 << 23) | (f << 22)) >> tl.maximum(1 - b, 0)
+    mag = tl.where(b >= 255, 0x7F800000, tl.where(b >= 1, normal, subnormal))
+    mag = tl.where((e == 0) & (m == 0), 0, mag)
+    value = (mag | ((code >> 3) << 31)).to(tl.float32, bitcast=True)     # -0.0 for code 8
+    return tl.where(scale == 255, float("nan"), value)
 
 
 @triton.jit
