@@ -38,7 +38,6 @@ from harness.result import Result
 from harness.schema import Any_, Field, Int, List, Map, Problem, Str, describe
 from engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
 from engine.config import preset
-from engine.model import rms_norm
 from engine.rope import rope_cos_sin
 
 NAME = "layer_ids"
@@ -123,13 +122,13 @@ def walk_boundaries(model, tokens: torch.Tensor) -> list[torch.Tensor]:
     slots = torch.zeros(T, dtype=torch.int64, device=model.device)
     tokens = tokens.to(model.device)
     cache = model.new_cache(1, T)
-    eps = model.config.rms_norm_eps
     cos, sin = rope_cos_sin(positions, model.inv_freq, model.mscale)
     x = model.embed.index_select(0, tokens)
     states = [x]                                                       # boundary 0
-    for i, blk in enumerate(model.blocks):
-        x = x + model._attention(i, blk, rms_norm(x, blk.attn_norm, eps, model.backend), cos, sin, positions, slots, cache)
-        x = x + model._moe(i, blk, rms_norm(x, blk.mlp_norm, eps, model.backend))
+    for i, blk in enumerate(model.blocks):                             # the model's norms and residual
+        x = model._residual(x, model._attention(i, blk, model._norm(x, blk.attn_norm), cos, sin, positions, slots,
+                                                cache))                # adds, under its dtype policy
+        x = model._residual(x, model._moe(i, blk, model._norm(x, blk.mlp_norm)))
         states.append(x)                                               # boundary i + 1
     return states
 
