@@ -276,9 +276,12 @@ class GptOssModel:
 
     def _route(self, router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """router_logits [T, E] fp32 -> (routing [T, k] fp32, top_ids [T, k]): the top k (ties to
-        the lower id; a kernel on the Triton backend) and the portable softmax over them (the
-        Triton router kernel's own softmax would save ~20 launches a layer, but its exp is the
-        GPU's: a follow-up is that kernel with kernels.portable_tl's exp64 and the fixed tree)."""
+        the lower id) and kernels.portable.softmax over them. On the Triton backend both come from
+        one kernel that computes that softmax op for op (float64 exp, the fixed tree, IEEE
+        division): the same bits as the ~20 torch launches it replaces."""
+        if self.backend == "triton" and k <= 16:
+            from kernels.moe import router_top_k_triton
+            return router_top_k_triton(router_logits, k, portable_softmax=True)
         top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)
         return routing_weights(top_logits, self.backend), top_ids
 

@@ -50,7 +50,7 @@ import triton.language as tl
 from kernels import check_backend, portable
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
 from kernels.matmul import _chunk_acc, bounds_tensor, tiles
-from kernels.portable_tl import cast_rne, exp_f32, sigmoid_f32
+from kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
 
 EXPERT_TILES = (128, 128) if INTERPRET else (64, 128)   # (BLOCK_N, BLOCK_K), fixed
 BLOCK_H = 1024
@@ -61,8 +61,24 @@ EXPERT_BLOCK_M = 16
 
 # --------------------------------------------------------------------------- kernels
 @triton.jit
+def _halves_sum(x, N: tl.constexpr):
+    """kernels.portable.tree_sum of x [N] (N a power of two, at most 16): x[i] + x[i + N/2], level
+    by level (a zero-padded tail folds onto the head exactly as tree_sum folds it)."""
+    if N >= 16:
+        x = tl.sum(tl.reshape(x, (2, 8)), axis=0)
+    if N >= 8:
+        x = tl.sum(tl.reshape(x, (2, 4)), axis=0)
+    if N >= 4:
+        x = tl.sum(tl.reshape(x, (2, 2)), axis=0)
+    if N >= 2:
+        x = tl.sum(tl.reshape(x, (2, 1)), axis=0)
+    return tl.sum(x, axis=0)
+
+
+@triton.jit
 def _router_top_k_kernel(logit_ptr, w_ptr, id_ptr, E, K_TOP: tl.constexpr,
-                         E_PAD: tl.constexpr, K_PAD: tl.constexpr, PORTABLE: tl.constexpr):
+                         E_PAD: tl.constexpr, K_PAD: tl.constexpr, PORTABLE: tl.constexpr,
+                         PORTABLE_SOFTMAX: tl.constexpr = False):
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_PAD)
     vals = tl.load(logit_ptr + t * E + e, mask=e < E, other=float("-inf")).to(tl.float32)
@@ -76,8 +92,12 @@ def _router_top_k_kernel(logit_ptr, w_ptr, id_ptr, E, K_TOP: tl.constexpr,
         tl.store(id_ptr + t * K_TOP + i, idx.to(tl.int64))
         top = tl.where(kk == i, m, top)
         taken = taken | (e == idx)
-    p = exp_f32(top - tl.max(top, axis=0), PORTABLE)                # padded slots: exp(-inf) = 0
-    p = p / tl.sum(p, axis=0)
+    if PORTABLE_SOFTMAX:        # kernels.portable.softmax, op for op: float64 exp, the fixed tree, IEEE /
+        p = exp64(top - tl.max(top, axis=0)).to(tl.float32)         # padded slots: exp(-inf) = 0
+        p = tl.div_rn(p, _halves_sum(p, K_PAD))
+    else:
+        p = exp_f32(top - tl.max(top, axis=0), PORTABLE)            # padded slots: exp(-inf) = 0
+        p = p / tl.sum(p, axis=0)
     tl.store(w_ptr + t * K_TOP + kk, p, mask=kk < K_TOP)
 
 
@@ -182,14 +202,20 @@ def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_
 
 
 # --------------------------------------------------------------------------- triton wrappers
-def router_top_k_triton(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def router_top_k_triton(logits: torch.Tensor, k: int, portable_softmax: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """portable_softmax: the routing weights are kernels.portable.softmax of the k logits, bit for
+    bit (the engine's contract on every backend); else the kernel's own exp and sum (k <= 16)."""
     logits = _check_logits(logits, k)
+    if portable_softmax and k > 16:
+        raise ValueError(f"router_top_k: the portable softmax takes k <= 16, got {k}")
     T, E = logits.shape
     w = torch.empty((T, k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((T, k), dtype=torch.int64, device=logits.device)
     if T:
         _router_top_k_kernel[(T,)](logits, w, ids, E, K_TOP=k, E_PAD=next_pow2(E), K_PAD=next_pow2(k),
-                                   PORTABLE=PORTABLE_MATH, num_warps=4)
+                                   PORTABLE=PORTABLE_MATH, PORTABLE_SOFTMAX=portable_softmax, num_warps=4,
+                                   enable_fp_fusion=False)
     return w, ids
 
 
@@ -232,6 +258,30 @@ def moe_triton(x, routing, ids, gate_up_w, gate_up_b, down_w, down_b, alpha=1.70
     return out
 
 
+@triton.jit
+def _group_kernel(id_ptr, rows_ptr, block_ptr, R, E_LO, N_LOCAL, N_BLOCKS, BLOCK_M,
+                  R_PAD: tl.constexpr, E_PAD: tl.constexpr, NB_PAD: tl.constexpr):
+    # group_by_expert's integer recipe in one program (small R): rows_ptr arrives filled with -1
+    r = tl.arange(0, R_PAD)
+    j = tl.arange(0, E_PAD)
+    e = tl.load(id_ptr + r, mask=r < R, other=-1) - E_LO                        # [R_PAD]
+    onehot = ((e[:, None] == j[None, :]) & (r < R)[:, None] & (j < N_LOCAL)[None, :]).to(tl.int32)
+    count = tl.sum(onehot, axis=0)                                               # [E_PAD]
+    blocks = (count + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(blocks, axis=0)                                        # inclusive
+    first_slot = (block_end - blocks) * BLOCK_M
+    rank = tl.sum((tl.cumsum(onehot, axis=0) - onehot) * onehot, axis=1)         # [R_PAD]
+    local = tl.sum(onehot, axis=1) > 0
+    dest = tl.sum(onehot * first_slot[None, :], axis=1) + rank
+    tl.store(rows_ptr + dest, r.to(tl.int64), mask=local)
+    b = tl.arange(0, NB_PAD)
+    owner = tl.sum(((b[:, None] >= block_end[None, :]) & (j < N_LOCAL)[None, :]).to(tl.int32), axis=1)
+    tl.store(block_ptr + b, tl.where(owner < N_LOCAL, owner, -1).to(tl.int64), mask=b < N_BLOCKS)
+
+
+GROUP_KERNEL_MAX = 1 << 15      # R_PAD * E_PAD up to this: one program (a decode step); else torch ops
+
+
 def group_by_expert(flat_ids: torch.Tensor, expert_lo: int, n_local: int,
                     block_m: int = EXPERT_BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
     """flat_ids [R] int64 (row r = token r // k, slot r % k) -> (sorted_rows [P], block_expert [P / block_m]).
@@ -247,6 +297,13 @@ def group_by_expert(flat_ids: torch.Tensor, expert_lo: int, n_local: int,
     R, dev = flat_ids.shape[0], flat_ids.device
     n_blocks = triton.cdiv(R, block_m) + n_local
     P = n_blocks * block_m
+    if R and next_pow2(R) * next_pow2(n_local) <= GROUP_KERNEL_MAX:      # the same integers, 2 launches
+        sorted_rows = torch.full((P,), -1, dtype=torch.int64, device=dev)
+        block_expert = torch.empty((n_blocks,), dtype=torch.int64, device=dev)
+        _group_kernel[(1,)](flat_ids.contiguous(), sorted_rows, block_expert, R, int(expert_lo), n_local, n_blocks,
+                            block_m, R_PAD=next_pow2(R), E_PAD=next_pow2(n_local), NB_PAD=next_pow2(n_blocks),
+                            num_warps=4)
+        return sorted_rows, block_expert
     experts = torch.arange(n_local, dtype=torch.int64, device=dev)                    # [E_l]
     onehot = (flat_ids[:, None] - expert_lo == experts[None, :]).to(torch.int64)      # [R, E_l]
     count = onehot.sum(0)                                                             # [E_l] rows per expert

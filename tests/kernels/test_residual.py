@@ -89,3 +89,28 @@ def test_bf16_stores_round_to_nearest_even_like_torch():
     nan = torch.full((4,), float("nan"), device=DEVICE)
     _cast_kernel[(1,)](nan, y, 4, BLOCK=4)
     assert y[:4].isnan().all()
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 8])
+def test_router_kernel_portable_softmax_equals_kernels_portable(k):
+    """The engine's Triton routing (engine.model._route): one kernel, kernels.portable.softmax's bits."""
+    from kernels import portable
+    from kernels.moe import router_top_k_triton
+    logits = _randn(33, 32, seed=12) * 4
+    w, ids = router_top_k_triton(logits, k, portable_softmax=True)
+    values, ref_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+    assert torch.equal(ids, ref_ids[:, :k])
+    assert torch.equal(w, portable.softmax(values[:, :k], dim=-1))
+
+
+def test_group_by_expert_kernel_equals_the_torch_ops(monkeypatch):
+    """Small routings are grouped by one kernel, large ones by torch ops: the same integers."""
+    import kernels.moe as moe
+    ids = torch.randint(-2, 10, (4 * 9,), generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    ids = ids.clamp(min=0)
+    for lo, n_local in ((0, 10), (3, 4)):
+        small = moe.group_by_expert(ids, lo, n_local, 16)
+        monkeypatch.setattr(moe, "GROUP_KERNEL_MAX", 0)
+        large = moe.group_by_expert(ids, lo, n_local, 16)
+        monkeypatch.undo()
+        assert torch.equal(small[0], large[0]) and torch.equal(small[1], large[1])
