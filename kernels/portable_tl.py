@@ -13,10 +13,10 @@ architecture and the Triton version, both recorded in a golden's provenance.
 import triton
 import triton.language as tl
 
-_LN2_HI: tl.constexpr = 6.93147180369123816490e-01
-_LN2_LO: tl.constexpr = 1.90821492927058770002e-10
-_INV_LN2: tl.constexpr = 1.44269504088896338700e+00
-_SQRT2: tl.constexpr = 1.41421356237309514547e+00
+_LN2_HI = tl.constexpr(6.93147180369123816490e-01)
+_LN2_LO = tl.constexpr(1.90821492927058770002e-10)
+_INV_LN2 = tl.constexpr(1.44269504088896338700e+00)
+_SQRT2 = tl.constexpr(1.41421356237309514547e+00)
 
 
 @triton.jit
