@@ -43,8 +43,8 @@ def test_checks_pass_on_the_engine():
 
 def test_a_batch_variant_linear_fails_the_d2_and_d3_checks(monkeypatch):
     """torch's own matmul over all rows at once (MKL: M = 1 differs from M >= 2) must be caught."""
-    def batched_linear(x, weight, bias=None, backend="torch"):
-        return F.linear(x, weight, bias)
+    def batched_linear(x, weight, bias=None, backend="torch", out_dtype=None):
+        return F.linear(x, weight, bias).to(out_dtype or x.dtype)
 
     monkeypatch.setattr("engine.model.linear", batched_linear)
     spec = parse_spec(SPEC, "f.yaml", "g/x")
