@@ -97,7 +97,7 @@ def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float, backend: s
     """gate_up [T, 2I], interleaved (gate = even columns, up = odd) -> [T, I] in gate_up's dtype:
     (gate * sigmoid(alpha * gate)) * (up + 1) in fp32, the sigmoid portable (float64, rounded
     once), the result rounded once to gate_up's dtype."""
-    if backend == "triton" or (backend == "fast" and gate_up.is_cuda):
+    if backend == "triton":
         from kernels.moe import clamped_swiglu_triton
         return clamped_swiglu_triton(gate_up, alpha, limit)
     x = gate_up.to(torch.float32)
