@@ -57,6 +57,9 @@ BLOCK_H = 1024
 # Rows per block of a grouped expert launch (group_by_expert pads every expert to whole blocks).
 # Fixed, never chosen from the batch: tl.dot's smallest M, so a decode step wastes little.
 EXPERT_BLOCK_M = 16
+# The down projection's K chunks: one program per (N tile, block, chunk), or (DOWN_CHUNK_LOOP) one
+# program per (N tile, block) that computes the chunks in turn. The same bits either way.
+DOWN_CHUNK_LOOP = False
 
 
 # --------------------------------------------------------------------------- kernels
@@ -178,15 +181,15 @@ def _grouped_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, b_ptr, h_pt
 
 
 @triton.jit
-def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_ptr, R, N, K, A_STRIDE,
+def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_ptr, R, N, K, A_STRIDE, C,
                          alpha, limit, SWIGLU: tl.constexpr, MXFP4: tl.constexpr, USE_DOT: tl.constexpr,
-                         PORTABLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr):
+                         PORTABLE: tl.constexpr, CHUNK_LOOP: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # program (pid_n, blk, c): parts[c, rows, rn] of chunk c for the rows of block blk; a [R, A_STRIDE],
-    # W [E, N, K] (or MXFP4), bounds [C, 2], parts [C, R, N] fp32.
+    # W [E, N, K] (or MXFP4), bounds [C, 2], parts [C, R, N] fp32. CHUNK_LOOP: program (pid_n, blk)
+    # computes every chunk in turn, c = 0 .. C-1 (each from 0, as its own program would: the same bits).
     pid_n = tl.program_id(0)
     blk = tl.program_id(1)
-    c = tl.program_id(2)
     e = tl.load(bexp_ptr + blk)
     if e >= 0:
         rows = tl.load(rows_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))     # [BM]
@@ -194,11 +197,14 @@ def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_
         rows = tl.where(r_ok, rows, 0)
         rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
         n_ok = rn < N
-        lo = tl.load(bounds_ptr + 2 * c)
-        width = tl.load(bounds_ptr + 2 * c + 1) - lo
-        acc = _chunk_acc(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, e, rn, n_ok, N, K, lo, width, alpha, limit,
-                         SWIGLU, MXFP4, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K)   # [BM, BN]
-        tl.store(y_ptr + (c * R + rows[:, None]) * N + rn[None, :], acc, mask=r_ok[:, None] & n_ok[None, :])
+        c_lo = 0 if CHUNK_LOOP else tl.program_id(2)
+        c_hi = C if CHUNK_LOOP else tl.program_id(2) + 1
+        for c in range(c_lo, c_hi):
+            lo = tl.load(bounds_ptr + 2 * c)
+            width = tl.load(bounds_ptr + 2 * c + 1) - lo
+            acc = _chunk_acc(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, e, rn, n_ok, N, K, lo, width, alpha, limit,
+                             SWIGLU, MXFP4, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K)   # [BM, BN]
+            tl.store(y_ptr + (c * R + rows[:, None]) * N + rn[None, :], acc, mask=r_ok[:, None] & n_ok[None, :])
 
 
 # --------------------------------------------------------------------------- triton wrappers
@@ -304,20 +310,23 @@ def group_by_expert(flat_ids: torch.Tensor, expert_lo: int, n_local: int,
                             block_m, R_PAD=next_pow2(R), E_PAD=next_pow2(n_local), NB_PAD=next_pow2(n_blocks),
                             num_warps=4)
         return sorted_rows, block_expert
-    experts = torch.arange(n_local, dtype=torch.int64, device=dev)                    # [E_l]
-    onehot = (flat_ids[:, None] - expert_lo == experts[None, :]).to(torch.int64)      # [R, E_l]
-    count = onehot.sum(0)                                                             # [E_l] rows per expert
-    blocks = (count + block_m - 1) // block_m                                         # [E_l]
-    block_end = torch.cumsum(blocks, 0)                                               # [E_l] inclusive
-    first_slot = (block_end - blocks) * block_m                                       # [E_l]
-    rank = ((torch.cumsum(onehot, 0) - onehot) * onehot).sum(1)                       # [R] place among its expert's rows
-    local = onehot.sum(1) > 0                                                         # [R]
-    row = torch.arange(R, dtype=torch.int64, device=dev)
-    dest = torch.where(local, (onehot * first_slot[None, :]).sum(1) + rank, P + row)  # non-local: own spare slot
+    # Larger R: a stable sort by local expert (non-local ids sort last) lists each expert's rows in
+    # increasing order; a row's place among its expert's rows is its sorted index minus the index
+    # where its expert starts (exact integer ops; one scan over R would cost more than the sort).
+    local = (flat_ids >= expert_lo) & (flat_ids < expert_lo + n_local)                  # [R]
+    key = torch.where(local, flat_ids - expert_lo, n_local)                             # [R] in [0, n_local]
+    sorted_key, order = torch.sort(key, stable=True)                                    # [R], [R] rows
+    experts = torch.arange(n_local + 1, dtype=torch.int64, device=dev)
+    start = torch.searchsorted(sorted_key, experts)                                     # [E_l + 1] first index
+    count = torch.diff(start, append=start.new_full((1,), R))[:n_local]                 # [E_l] rows per expert
+    blocks = (count + block_m - 1) // block_m                                           # [E_l]
+    block_end = torch.cumsum(blocks, 0)                                                 # [E_l] inclusive
+    first_slot = torch.cat([(block_end - blocks) * block_m, block_end.new_full((1,), P)])   # non-local: spare
+    dest = first_slot[sorted_key] + torch.arange(R, device=dev) - start[sorted_key]     # [R] distinct
     sorted_rows = torch.full((P + R,), -1, dtype=torch.int64, device=dev)
-    sorted_rows.scatter_(0, dest, row)                                                # destinations are distinct
+    sorted_rows.scatter_(0, dest, order)
     block = torch.arange(n_blocks, dtype=torch.int64, device=dev)
-    owner = (block[:, None] >= block_end[None, :]).sum(1)                             # [n_blocks]: experts ended before
+    owner = (block[:, None] >= block_end[None, :]).sum(1)                               # [n_blocks]: experts ended before
     block_expert = torch.where(owner < n_local, owner, -1)
     return sorted_rows[:P], block_expert
 
@@ -383,11 +392,12 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
     if R == 0 or N == 0 or b.shape[0] == 0:
         return parts
     _, bn, bk, warps, stages = tiles(N, K, a.dtype)
-    grid = (triton.cdiv(N, bn), block_expert.shape[0], b.shape[0])
-    _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K,
+    C = b.shape[0]
+    grid = (triton.cdiv(N, bn), block_expert.shape[0], 1 if DOWN_CHUNK_LOOP else C)
+    _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K, C,
                                float(alpha), float(limit), SWIGLU=prologue_swiglu is not None, MXFP4=s is not w,
-                               USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn,
-                               BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                               USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, CHUNK_LOOP=DOWN_CHUNK_LOOP,
+                               BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     return parts
 
 
