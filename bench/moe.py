@@ -1,33 +1,36 @@
 """Triton MoE (router top-k, per-row expert GEMV kernels, SwiGLU, slot-ordered sum) vs the
-torch reference (one F.linear per token and slot, as the engine's torch backend does).
+torch reference (one F.linear per token and slot, as the engine's torch backend does), then the
+grouped expert kernels the engine runs (kernels.moe expert_gate_up_triton and
+expert_down_partials_triton over group_by_expert's groups) with MXFP4 packed weights against
+dense bf16 weights holding the same values, bf16 activations, both measured here.
 
     python bench/moe.py                 # gpt-oss-20b: H = I = 2880, 32 experts, top-4, fp32
+    python bench/moe.py --only grouped  # just the MXFP4 vs bf16 table (batches 1 and 32)
 Also prints router_top_k and clamped_swiglu alone against their torch references.
+On the CPU (Triton's interpreter) the defaults are a tiny shape, for a smoke test only.
 """
 
 import argparse
+import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # this checkout, not an installed copy
 
-from _util import DEVICE, ON_GPU, device_line, timed
-from kernels.moe import clamped_swiglu, moe, router_top_k
+import torch  # noqa: E402
+
+from _util import DEVICE, ON_GPU, device_line, timed  # noqa: E402
+from engine.linear import k_chunk_bounds  # noqa: E402
+from engine.mxfp4 import dequantize  # noqa: E402
+from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu, clamped_swiglu_triton,  # noqa: E402
+                         expert_down_partials_triton, expert_gate_up_triton, group_by_expert, moe, router_top_k)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--T", type=int, nargs="+", default=[1, 8, 64] if ON_GPU else [1, 2])
-    ap.add_argument("--H", type=int, default=2880 if ON_GPU else 128)
-    ap.add_argument("--I", type=int, default=2880 if ON_GPU else 128)
-    ap.add_argument("--E", type=int, default=32 if ON_GPU else 4)
-    ap.add_argument("--k", type=int, default=4 if ON_GPU else 2)
-    ap.add_argument("--dtype", default="fp32")
-    args = ap.parse_args()
+def reference_table(args):
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     g = torch.Generator().manual_seed(0)
     H, I, E, k = args.H, args.I, args.E, args.k
     W = [(torch.randn(*s, generator=g) * sc).to(dt).to(DEVICE) for s, sc in
          (((E, 2 * I, H), H ** -0.5), ((E, 2 * I), 1.0), ((E, H, I), I ** -0.5), ((E, H), 1.0))]
-    print(device_line(), f"H={H} I={I} E={E} k={k} {args.dtype}")
     print(f"{'op':<14}{'T':>6}{'triton ms':>11}{'torch ms':>10}{'ratio':>8}{'weight GB/s':>13}")
     for T in args.T:
         x = torch.randn(T, H, generator=g).to(dt).to(DEVICE)
@@ -43,6 +46,65 @@ def main():
                 used = ids.unique().numel()
                 extra = f"{used * 3 * H * I * torch.finfo(dt).bits / 8 / t_tri / 1e9:>13.1f}"
             print(f"{op:<14}{T:>6}{t_tri * 1e3:>11.3f}{t_ref * 1e3:>10.3f}{t_tri / t_ref:>8.2f}{extra}")
+
+
+def grouped_table(args):
+    """gate_up [E, 2I, H] and down [E, H, I] as MXFP4 (random codes, scales 2^-8 .. 2^-4) and as
+    their dequantized bf16 copies; the engine's calls (down over its fixed K chunks, after the
+    separate SwiGLU as engine.experts runs it). ratio = MXFP4 time / bf16 time; GB/s = weight bytes
+    of the routed experts (bf16: 2 per value, MXFP4: 0.5 + 1/32 with the scales) per second."""
+    H, I, E, k = args.H, args.I, args.E, args.k
+    bf16 = torch.bfloat16
+    g = torch.Generator(DEVICE).manual_seed(1)
+
+    def packed(N, K):
+        return (torch.randint(0, 256, (E, N, K // 32, 16), generator=g, dtype=torch.uint8, device=DEVICE),
+                torch.randint(119, 124, (E, N, K // 32), generator=g, dtype=torch.uint8, device=DEVICE))
+
+    gu_mx, dn_mx = packed(2 * I, H), packed(H, I)
+    weights = {"gate_up": (dequantize(*gu_mx, dtype=bf16), gu_mx), "down": (dequantize(*dn_mx, dtype=bf16), dn_mx)}
+    gu_b = torch.randn(E, 2 * I, generator=g, device=DEVICE).to(bf16)
+    bounds = k_chunk_bounds(I)
+    print(f"grouped experts, bf16 activations: MXFP4 packed vs dense bf16 weights (same values); "
+          f"down over {len(bounds)} K chunks")
+    print(f"{'op':<9}{'T':>5}{'experts':>8}{'bf16 ms':>10}{'mxfp4 ms':>10}{'ratio':>7}"
+          f"{'bf16 GB/s':>11}{'mxfp4 GB/s':>12}  same bits")
+    for T in args.grouped_T:
+        x = torch.randn(T, H, generator=g, device=DEVICE).to(bf16)
+        _, ids = router_top_k(torch.randn(T, E, generator=g, device=DEVICE), k)
+        groups = group_by_expert(ids.reshape(-1), 0, E, EXPERT_BLOCK_M)
+        a = clamped_swiglu_triton(expert_gate_up_triton(x, k, groups, weights["gate_up"][0], gu_b))   # [T * k, I]
+        used = ids.unique().numel()
+        for op, f in (("gate_up", lambda w: expert_gate_up_triton(x, k, groups, w, gu_b)),
+                      ("down", lambda w: expert_down_partials_triton(a, groups, w, bounds))):
+            dense, mx = weights[op]
+            t_dense, t_mx = timed(lambda: f(dense)), timed(lambda: f(mx))
+            same = torch.equal(f(dense).view(torch.int16 if op == "gate_up" else torch.int32),
+                               f(mx).view(torch.int16 if op == "gate_up" else torch.int32))
+            values = used * dense.shape[1] * dense.shape[2]
+            print(f"{op:<9}{T:>5}{used:>8}{t_dense * 1e3:>10.3f}{t_mx * 1e3:>10.3f}{t_mx / t_dense:>7.2f}"
+                  f"{values * 2 / t_dense / 1e9:>11.1f}{values * (0.5 + 1 / 32) / t_mx / 1e9:>12.1f}  "
+                  f"{'yes' if same else 'NO'}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, nargs="+", default=[1, 8, 64] if ON_GPU else [1, 2])
+    ap.add_argument("--grouped-T", type=int, nargs="+", default=[1, 32],
+                    help="batches of the grouped MXFP4 vs bf16 table")
+    ap.add_argument("--H", type=int, default=2880 if ON_GPU else 128)
+    ap.add_argument("--I", type=int, default=2880 if ON_GPU else 128)
+    ap.add_argument("--E", type=int, default=32 if ON_GPU else 4)
+    ap.add_argument("--k", type=int, default=4 if ON_GPU else 2)
+    ap.add_argument("--dtype", default="fp32", help="of the first table (the grouped one is bf16)")
+    ap.add_argument("--only", choices=["reference", "grouped"], help="print one of the two tables")
+    args = ap.parse_args()
+    print(device_line(), f"H={args.H} I={args.I} E={args.E} k={args.k}")
+    if args.only != "grouped":
+        print(f"Triton vs torch reference, {args.dtype}")
+        reference_table(args)
+    if args.only != "reference":
+        grouped_table(args)
 
 
 if __name__ == "__main__":

@@ -143,20 +143,45 @@ def _mxfp4_values(code, scale):
 
 
 @triton.jit
-def _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, col, k_ok, N, K,
-                 MXFP4: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    """Rows `rn` [BN], columns `col` [BK] of weight `expert` -> [BN, BK], 0 where masked.
-    Dense: w [E, N, K]. MXFP4: blocks w [E, N, K/32, 16] u8, scales s [E, N, K/32] u8; element k is
-    nibble k % 2 (low = even) of byte (k // 32, (k % 32) // 2), decoded here and cast to OUT_DTYPE
-    (fp32 or bf16; exact: every MXFP4 value fits both, subnormals included)."""
-    mask = n_ok[:, None] & k_ok[None, :]
+def _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, k0, k_end, N, K, MXFP4: tl.constexpr,
+                 OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows `rn` [BN], columns k0 .. k0 + BLOCK_K - 1 of weight `expert` -> [BN, BK] in OUT_DTYPE,
+    0 where the row is masked or the column is >= k_end (<= K). Dense: w [E, N, K] in OUT_DTYPE.
+
+    MXFP4: blocks w [E, N, K/32, 16] u8, scales s [E, N, K/32] u8, so a row's K/2 bytes lie in a
+    row: column k is nibble k % 2 (low = even) of row byte k // 2, with scale k // 32. The tile's
+    BK/2 bytes are loaded once, [BN, BK/2], and their two nibbles interleaved into [BN, BK] codes;
+    each of the BK/32 + 1 scale groups from k0's on is loaded once, [BN] (the last one is used
+    only when k0 % 32 != 0); `_mxfp4_values` decodes them, bit-exact, no float multiply; cast to
+    fp32 or bf16 (exact: every MXFP4 value fits both, subnormals included). Same bits as a
+    per-element decode (tests/kernels/test_mxfp4_tile.py). k0 may be any column: a down chunk
+    starts where engine.linear.k_chunk_bounds puts it (360 in I = 2880: mid-group), and bounds
+    may be odd. For an odd k0 a column pair straddles two bytes: column k0 + 2i is the high
+    nibble of byte i of the tile and k0 + 2i + 1 the low nibble of byte i + 1."""
+    col = k0 + tl.arange(0, BLOCK_K)                                                  # [BK]
+    mask = n_ok[:, None] & (col < k_end)[None, :]                                     # [BN, BK]
     if MXFP4:
         G = K // 32
-        group = (expert * N + rn[:, None]) * G + col[None, :] // 32                 # [BN, BK]
-        byte = tl.load(w_ptr + group * 16 + (col[None, :] % 32) // 2, mask=mask, other=0).to(tl.int32)
-        code = (byte >> ((col[None, :] % 2) * 4).to(tl.int32)) & 0xF
-        scale = tl.load(s_ptr + group, mask=mask, other=127).to(tl.int32)
-        w = _mxfp4_values(code, scale)                                                # [BN, BK] fp32
+        row = expert * N + rn                                                         # [BN] int64
+        c = k0 + 2 * tl.arange(0, BLOCK_K // 2)                                      # [BK/2] even elements' columns
+        odd = (c % 2).to(tl.int32)[None, :]                                           # [1, BK/2], all k0 % 2
+        b_ptr = (w_ptr + row * (K // 2))[:, None] + (c // 2)[None, :]                 # [BN, BK/2] byte of column c
+        b0 = tl.load(b_ptr, mask=n_ok[:, None] & (c < k_end)[None, :], other=0).to(tl.int32)
+        b1 = tl.load(b_ptr + 1, mask=n_ok[:, None] & ((c + 1 < k_end) & (c % 2 == 1))[None, :],
+                     other=0).to(tl.int32)                                            # next byte, odd k0 only
+        code_even = (b0 >> (4 * odd)) & 0xF                                           # column c
+        code_odd = tl.where(odd == 1, b1, b0 >> 4) & 0xF                              # column c + 1
+        code = tl.reshape(tl.join(code_even, code_odd), (BLOCK_N, BLOCK_K))           # [BN, BK] interleaved
+        # The tile touches groups g0 .. g0 + BK/32 (the last only when k0 % 32 != 0; past the row's
+        # end it is clamped to a real group, whose columns here are all masked).
+        g0 = k0 // 32
+        group = col // 32 - g0                                                        # [BK] in [0, BK/32]
+        scale = tl.full((BLOCK_N, BLOCK_K), 127, tl.int32)
+        for j in tl.static_range(BLOCK_K // 32 + 1):
+            s = tl.load(s_ptr + row * G + tl.minimum(g0 + j, G - 1), mask=n_ok, other=127)   # [BN]
+            scale = tl.where((group == j)[None, :], s.to(tl.int32)[:, None], scale)  # [BN, BK]
+        # masked lanes are +0 (the high nibble past an odd k_end, a NaN group past it, a masked row)
+        w = tl.where(mask, _mxfp4_values(code, scale), 0.0)                           # [BN, BK] fp32
         if OUT_DTYPE == tl.bfloat16:
             # exact as it stands, so bf16 is the upper half of the fp32 bits (the interpreter's
             # fp32 -> bf16 cast flushes subnormals, which scale 0 makes)
@@ -180,8 +205,8 @@ def _chunk_acc(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K
         k_ok = rk < width
         col = lo + rk                                                    # [BK] weight columns
         a = _load_a_tile(a_ptr, rows, r_ok, A_STRIDE, col, k_ok, alpha, limit, SWIGLU, PORTABLE)   # [BM, BK]
-        w = _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, col, k_ok, N, K, MXFP4,
-                         a_ptr.dtype.element_ty)                          # [BN, BK]
+        w = _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, lo + j0, lo + width, N, K, MXFP4,
+                         a_ptr.dtype.element_ty, BLOCK_N, BLOCK_K)        # [BN, BK]
         if USE_DOT:
             acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")    # [BM, BN]
         else:
