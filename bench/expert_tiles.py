@@ -23,7 +23,7 @@ import triton
 from _util import timed
 from kernels import moe
 from kernels._common import PORTABLE_MATH
-from kernels.matmul import bounds_tensor, tiles
+from kernels.matmul import bounds_tensor
 from engine.linear import k_chunk_bounds
 
 E, TOP_K, H, I = 32, 4, 2880, 2880
@@ -107,12 +107,12 @@ def main():
         a = torch.randn(T * TOP_K, I, generator=g, device="cuda").to(dt)
         routed = ids.unique().numel()
         groups = {bm: moe.group_by_expert(ids.reshape(-1), 0, E, bm) for bm in (16, 32, 64, 128)}
-        _, bn, bk, warps, stages = tiles(2 * I, H, dt)
+        bn, bk, warps, stages = moe.expert_tiles("gate_up", 2 * I, H, dt)
         sweep(f"gate_up T={T} ({routed} experts routed)",
               lambda c: gate_up(x, groups[c[0]], gu_w, gu_b, c), (moe.EXPERT_BLOCK_M, bn, bk, warps, stages),
               CANDIDATES, routed * gu_w[0].numel() * gu_w.element_size(),
               timed(lambda: cublas(x, ids, gu_w, gu_b)), args.top)
-        _, bn, bk, warps, stages = tiles(H, I, dt)
+        bn, bk, warps, stages = moe.expert_tiles("down", H, I, dt)
         sweep(f"down T={T} (8 chunks of {I // 8})",
               lambda c: down(a, groups[c[0]], dn_w, bounds, c),
               (moe.EXPERT_BLOCK_M, bn, bk, warps, stages, moe.DOWN_CHUNK_LOOP),

@@ -57,6 +57,20 @@ BLOCK_H = 1024
 # Rows per block of a grouped expert launch (group_by_expert pads every expert to whole blocks).
 # Fixed, never chosen from the batch: tl.dot's smallest M, so a decode step wastes little.
 EXPERT_BLOCK_M = 16
+# GPU tiles (BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped expert kernels, by kernel:
+# chosen with bench/expert_tiles.py on an H200 (20b shapes, bf16) as the fastest for decode at
+# batch 1 and 32 with BLOCK_M = 16 (about 10 % and 15 % less time than the linear table's tiles;
+# the 2048-token prefill wants larger blocks of rows, but BLOCK_M may not follow the batch). The
+# sweep found the same output bits for every candidate; a tile still never depends on the rows.
+EXPERT_GPU_TILES = {"gate_up": (64, 128, 4, 3), "down": (64, 64, 4, 3)}
+
+
+def expert_tiles(kernel: str, N: int, K: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of a grouped expert kernel for a weight [E, N, K]:
+    the linear kernels' tiles in the interpreter, EXPERT_GPU_TILES compiled."""
+    return tiles(N, K, dtype)[1:] if INTERPRET else EXPERT_GPU_TILES[kernel]
+
+
 # The down projection's K chunks: one program per (N tile, block, chunk), or (DOWN_CHUNK_LOOP) one
 # program per (N tile, block) that computes the chunks in turn. The same bits either way.
 DOWN_CHUNK_LOOP = False
@@ -364,7 +378,7 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
     h = torch.zeros((R, N), dtype=x.dtype, device=x.device)
     if R == 0 or N == 0:
         return h
-    _, bn, bk, warps, stages = tiles(N, H, x.dtype)
+    bn, bk, warps, stages = expert_tiles("gate_up", N, H, x.dtype)
     grid = (triton.cdiv(N, bn), block_expert.shape[0])
     _grouped_gate_up_kernel[grid](x.contiguous(), sorted_rows, block_expert, w, s, bias.contiguous(), h, R, N, H, k,
                                   MXFP4=s is not w, USE_DOT=USE_DOT, BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn,
@@ -391,7 +405,7 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
     parts = torch.zeros((b.shape[0], R, N), dtype=torch.float32, device=a.device)
     if R == 0 or N == 0 or b.shape[0] == 0:
         return parts
-    _, bn, bk, warps, stages = tiles(N, K, a.dtype)
+    bn, bk, warps, stages = expert_tiles("down", N, K, a.dtype)
     C = b.shape[0]
     grid = (triton.cdiv(N, bn), block_expert.shape[0], 1 if DOWN_CHUNK_LOOP else C)
     _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K, C,

@@ -178,7 +178,14 @@ def mxfp4_experts(E, N, K, seed):
 def test_mxfp4_packed_equals_its_dequantized_dense_weight(dtype):
     """Decoding in the kernel (k -> byte (k // 32, (k % 32) // 2), nibble k % 2) gives exactly
     engine.mxfp4.dequantize: the outputs are bitwise those of the dense weight. Down chunks of
-    I = 96 are 12 wide, so chunks start and end inside MXFP4 blocks."""
+    I = 96 are 12 wide, so chunks start and end inside MXFP4 blocks.
+
+    Except compiled at bf16: there the decoded tile holds the same bits (tests/kernels/
+    test_mxfp4_tile.py), but the H200 (Triton 3.6) run of this test and of bench/moe.py found the
+    tl.dot outputs off by an ulp now and then: a bf16 dot whose weight operand is computed in
+    registers is not compiled to the same instruction sequence as one that loads it. So there the
+    packed path is its own reduction (its goldens are recorded from it, run to run and batch to
+    batch invariant like any other), and this test holds it to the dense values within 1e-2."""
     E, H, I, k = 4, 160, 96, 2
     gu_blocks = mxfp4_experts(E, 2 * I, H, seed=21)
     dn_blocks = mxfp4_experts(E, H, I, seed=22)
@@ -186,13 +193,19 @@ def test_mxfp4_packed_equals_its_dequantized_dense_weight(dtype):
     x, ids = tokens(5, H, k, E, dtype, seed=24)
     x = x / 64                                              # keep scale-127 values finite through two layers
     groups = group_by_expert(ids.reshape(-1), 0, E, EXPERT_BLOCK_M)
+    exact = dtype == torch.float32 or DEVICE.type == "cpu"
+
+    def same(a, b):
+        if exact:
+            return same_bits(a, b)
+        return torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-2, equal_nan=True)
     h_packed = expert_gate_up_triton(x, k, groups, gu_blocks, gu_b)
     h_dense = expert_gate_up_triton(x, k, groups, dequantize(*gu_blocks, dtype=dtype), gu_b)
-    assert same_bits(h_packed, h_dense)
+    assert same(h_packed, h_dense)
     a = clamped_swiglu_triton(h_dense, ALPHA, LIMIT)
     bounds = k_chunk_bounds(I)
     p_packed = expert_down_partials_triton(a, groups, dn_blocks, bounds)
-    assert same_bits(p_packed, expert_down_partials_triton(a, groups, dequantize(*dn_blocks, dtype=dtype), bounds))
+    assert same(p_packed, expert_down_partials_triton(a, groups, dequantize(*dn_blocks, dtype=dtype), bounds))
     assert torch.isfinite(p_packed).any()
 
 
