@@ -26,18 +26,22 @@ status=0
 for dtype in ${DTYPES:-fp32 bf16}; do
   for backend in ${BACKENDS:-torch triton}; do
     pids=()
+    stamp=$work/stamp-$dtype-$backend && touch "$stamp" && sleep 1
     for ((s = 0; s < shards; s++)); do
       mine=$(echo "$ids" | awk -v n="$shards" -v s="$s" 'NR % n == s')
       [ -n "$mine" ] || continue
-      rm -rf "$work/g$s" && cp -r golden "$work/g$s"
+      rm -rf "$work/g$s" && cp -a golden "$work/g$s"      # -a: keep mtimes (the copy-back below)
       # shellcheck disable=SC2086
       python3 -m harness regen --golden "$work/g$s" --device cuda --dtype "$dtype" --backend "$backend" $mine \
         > "$logs/$dtype-$backend-$s.log" 2>&1 &
       pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || status=1; done
+    # copy back only what this pass wrote (newer than its stamp): a whole-folder copy would put back
+    # the stale copies of goldens another run (another pass, or a concurrent call) has re-recorded
     for ((s = 0; s < shards; s++)); do
-      [ -d "$work/g$s" ] && for d in "$work/g$s"/cuda-*; do [ -d "$d" ] && mkdir -p "golden/$(basename "$d")" && cp -r "$d"/. "golden/$(basename "$d")/"; done
+      [ -d "$work/g$s" ] && (cd "$work/g$s" && find . -type f -newer "$stamp" -print0) |
+        while IFS= read -r -d '' f; do mkdir -p "golden/$(dirname "$f")" && cp "$work/g$s/$f" "golden/$f"; done
     done
     cat "$logs/$dtype-$backend"-*.log | grep -v -E '^(unchanged|new|changed) ' | grep -v '^    ' || true
     echo "$dtype $backend: $(cat "$logs/$dtype-$backend"-*.log | grep -c -E '^(new|changed) .*\[written\]') written," \
