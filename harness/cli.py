@@ -291,7 +291,8 @@ def cmd_check(args, explain: bool = False) -> int:
         if not args.json:
             print(table.outcome(outcomes[-1]), flush=True)
     stale = _stale(args, store)
-    code = _exit_code(outcomes, errors, args.strict and bool(stale))
+    temps = [str(t) for t in store.stale_temps()]     # debris of a killed write: fails under --strict
+    code = _exit_code(outcomes, errors, args.strict and bool(stale or temps))
     counts = {s: sum(o.status == s for o in outcomes) for s in runner.STATUSES}
     elapsed = time.perf_counter() - start
     folders = _golden_folders(args.golden, [o.golden_platform for o in outcomes])
@@ -301,7 +302,7 @@ def cmd_check(args, explain: bool = False) -> int:
             "golden_folders": sorted({str(args.golden / o.golden_platform) for o in outcomes}),
             "summary": counts | {"spec_errors": len(errors), "stale_goldens": len(stale)},
             "specs": [o.to_json() for o in outcomes], "spec_errors": [str(e) for e in errors],
-            "stale_goldens": stale}, indent=2))
+            "stale_goldens": stale, "stale_temporary_files": temps}, indent=2))
         return code
     debug = getattr(args, "debug", False)
     for o in outcomes:
@@ -316,8 +317,14 @@ def cmd_check(args, explain: bool = False) -> int:
         print(f"\nstale goldens (their spec no longer exists){' — failing under --strict' if args.strict else ''}:")
         for s in stale:
             print(f"  {args.golden / s}")
+    if temps:
+        print(f"\nstale temporary files (left by a killed golden write; `lockstep regen` removes them)"
+              f"{' — failing under --strict' if args.strict else ''}:")
+        for t in temps:
+            print(f"  {t}")
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n or s == runner.PASS)
-    extra = (f", {len(errors)} spec error(s)" if errors else "") + (f", {len(stale)} stale golden(s)" if stale else "")
+    extra = (f", {len(errors)} spec error(s)" if errors else "") + (f", {len(stale)} stale golden(s)" if stale else "") \
+        + (f", {len(temps)} stale temporary file(s)" if temps else "")
     print(f"\n{len(outcomes)} spec(s): {summary}{extra} in {elapsed:.1f}s, run on {ctx.platform.name} "
           f"({ctx.backend} backend); goldens: {folders}")
     return code
@@ -361,6 +368,8 @@ def cmd_regen(args) -> int:
 def _regen(args, specs, errors, ctx, store) -> int:
     from harness import runner
 
+    for t in (store.stale_temps() if args.dry_run else store.remove_stale_temps()):   # under the writer lock
+        print(f"{'would remove' if args.dry_run else 'removed'} stale temporary file {t} (left by a killed write)")
     progress = Progress(len(specs))
     debug = getattr(args, "debug", False)
     outcomes = []

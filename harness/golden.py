@@ -7,9 +7,11 @@ shape and sha256, plus the sha256 of the whole tensor file. Loading checks all o
 truncated or edited golden is reported as corrupt, never compared as if it were good.
 
 Writes are atomic: each file is written to a temporary file in its folder, flushed to disk and
-renamed over the old one; SIGINT and SIGTERM are deferred between the two renames. A kill -9
-in that window leaves a new tensor file beside the old manifest, which the sha256 check
-reports as corrupt rather than accepting. New files get the mode the umask gives (0644 under
+renamed over the old one; SIGINT and SIGTERM are deferred from before the first temporary file
+is created until both are renamed. A kill -9 between the renames leaves a new tensor file beside
+the old manifest, which the sha256 check reports as corrupt rather than accepting; a kill -9
+before them leaves a `*.tmp-lockstep` file, which `stale_temps` finds (check --strict fails on
+it, regen removes it). New files get the mode the umask gives (0644 under
 the usual 022), like any file the user writes. `writer_lock` lets one writer at a time record
 goldens in a golden folder (an advisory lock on the folder itself: no lock file is left behind).
 
@@ -40,6 +42,7 @@ from harness.specfile import check_spec_id
 FORMAT = 1
 TENSORS_SUFFIX = ".safetensors"
 MANIFEST_SUFFIX = ".json"
+TEMP_SUFFIX = ".tmp-lockstep"  # a write in progress (or, after a kill -9, its debris)
 
 
 class CorruptGolden(Exception):
@@ -170,17 +173,36 @@ class GoldenStore:
         text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
         tpath.parent.mkdir(parents=True, exist_ok=True)
         temps = []
-        try:
-            temps.append(_write_temp(tpath, blob))
-            temps.append(_write_temp(mpath, text.encode()))
-            with _signals_held():
+        # Signals are deferred from before the first temporary file exists until the last is
+        # renamed or removed: a SIGINT or SIGTERM anywhere in the write leaves no debris.
+        with _signals_held():
+            try:
+                temps.append(_write_temp(tpath, blob))
+                temps.append(_write_temp(mpath, text.encode()))
                 os.replace(temps[0], tpath)
                 os.replace(temps[1], mpath)
-        finally:
-            for tmp in temps:  # only left over when something failed
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+            finally:
+                for tmp in temps:  # only left over when something failed
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
         _fsync_dir(tpath.parent)
+
+    # ------------------------------------------------------------------ debris of a kill -9
+    def stale_temps(self) -> list[Path]:
+        """Temporary files of writes that never finished (only a kill -9 leaves one: other signals
+        are deferred until the write is done); `check --strict` fails on them, `regen` removes them."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.rglob("*" + TEMP_SUFFIX) if p.is_file() and not p.is_symlink())
+
+    def remove_stale_temps(self) -> list[Path]:
+        """Remove stale temporary files; call it only under the exclusive writer_lock (no write in flight)."""
+        removed = []
+        for p in self.stale_temps():
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+        return removed
 
     # ------------------------------------------------------------------ one writer at a time
     @contextlib.contextmanager
@@ -234,7 +256,7 @@ def current_umask() -> int:
 
 
 def _write_temp(final: Path, payload: bytes) -> str:
-    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=final.name + ".", suffix=".tmp-lockstep")
+    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=final.name + ".", suffix=TEMP_SUFFIX)
     try:
         os.fchmod(fd, new_file_mode())  # mkstemp makes 0600; a golden is an ordinary, reviewable file
         with os.fdopen(fd, "wb") as f:

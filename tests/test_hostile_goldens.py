@@ -74,3 +74,64 @@ def test_writer_locks_conflict_across_holders(tmp_path):
         with pytest.raises(GoldenLocked), store.writer_lock():
             pass
     assert list((tmp_path / "golden").iterdir()) == []                     # no lock file left behind
+
+
+# --------------------------------------------------------------------------- issue 29: no debris from a signal
+def test_a_stale_temporary_file_fails_check_strict_and_regen_removes_it(project, capsys):
+    debris = project / "golden/shared/coins/known-answers.json.abc123.tmp-lockstep"
+    debris.write_text("{half a manif")                     # what a kill -9 during a write leaves
+    code, out = run(capsys, "check")
+    assert code == 0 and "stale temporary files" in out and str(debris.relative_to(project)) in out
+    code, out = run(capsys, "check", "--strict")
+    assert code == 1 and "1 stale temporary file(s)" in out and "failing under --strict" in out
+    code, out = run(capsys, "regen", "--dry-run")
+    assert code == 0 and "would remove stale temporary file" in out and debris.exists()
+    code, out = run(capsys, "regen")
+    assert code == 0 and "removed stale temporary file" in out and not debris.exists()
+    assert run(capsys, "check", "--strict")[0] == 0
+
+
+# `lockstep regen` on a slow disk: every fsync takes 40 ms, which widens the moments a temporary
+# file exists (on a fast disk they last microseconds, and a signal would almost never land in one).
+SLOW_DISK_REGEN = ("import os, sys, time\n"
+                   "real = os.fsync\n"
+                   "os.fsync = lambda fd: (time.sleep(0.04), real(fd))[1]\n"
+                   "from harness.cli import main\n"
+                   "sys.exit(main(['regen', '--device', 'cpu']))\n")
+
+
+def test_sigterm_at_any_moment_of_a_regen_leaves_no_temporary_file(project):
+    """SIGTERM a regen that writes many goldens, at delays spread over its run: wherever it lands,
+    no `*.tmp-lockstep` file is left (signals are deferred from before a temporary file is created
+    until it is renamed), and every golden on disk is whole."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    source = (project / "specs/coins/known-answers.yaml").read_text()
+    for i in range(24):                                    # cheap specs: their writes fill most of the run
+        (project / f"specs/coins/copy-{i:02d}.yaml").write_text(source)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("CI", None)
+    argv = [sys.executable, "-c", SLOW_DISK_REGEN]
+    store = GoldenStore(project / "golden")
+
+    shutil.rmtree(project / "golden")
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=project, env=env, check=True, capture_output=True, timeout=120)
+    whole = time.perf_counter() - start
+    killed = 0
+    for k in range(8):
+        shutil.rmtree(project / "golden", ignore_errors=True)
+        proc = subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(whole * (0.5 + 0.06 * k))               # from the imports' end to the last writes
+        proc.send_signal(signal.SIGTERM)
+        killed += proc.wait(timeout=120) == -signal.SIGTERM
+        assert store.stale_temps() == [], k
+        for platform, ids in store.ids().items():          # what was written is whole: loads, not corrupt
+            for spec_id in ids:
+                assert store.load(platform, spec_id) is not None
+    assert killed >= 5                                     # most signals landed while it ran
