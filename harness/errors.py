@@ -1,4 +1,10 @@
-"""One-line, located descriptions of exceptions, for reports and the CLI's error boundary."""
+"""The error boundary's vocabulary: usage errors, and one-line, located descriptions of exceptions.
+
+Every entry point (the CLI's commands, a target's loading and running, the pytest plugin's hooks)
+turns what goes wrong into one of two things: a `UsageError`, a mistake in what the user asked
+for (one line naming it, exit 2; pytest's usage-error path in the plugin), or one `located` line
+for a crash (its traceback only with --debug, or in pytest's own report).
+"""
 
 from __future__ import annotations
 
@@ -9,16 +15,53 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 
 
+class UsageError(Exception):
+    """A mistake in the command line, a setting or an input file: reported as one line, exit 2."""
+
+
+def where(e: BaseException) -> str:
+    """`file:line in function` of the innermost frame, relative to the project ('' without a traceback)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return ""
+    f = frames[-1]
+    name = os.path.relpath(f.filename, PROJECT) if f.filename.startswith(str(PROJECT) + os.sep) else f.filename
+    return f"{name}:{f.lineno} in {f.name}"
+
+
 def located(e: BaseException) -> str:
     """`Type: message (at file:line in function)`: the innermost frame, relative to the project."""
     text = f"{type(e).__name__}: {e}".strip().rstrip(":")
-    frames = traceback.extract_tb(e.__traceback__)
-    if not frames:
-        return text
-    f = frames[-1]
-    name = os.path.relpath(f.filename, PROJECT) if f.filename.startswith(str(PROJECT) + os.sep) else f.filename
-    return f"{text} (at {name}:{f.lineno} in {f.name})"
+    at = where(e)
+    return f"{text} (at {at})" if at else text
 
 
 def full_traceback(e: BaseException) -> str:
     return "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
+
+
+def yaml_error(path, e: Exception) -> str:
+    """`path:line:column: problem` for an error of yaml.safe_load on the file at `path` (PyYAML's own
+    text names "<unicode string>" and takes seven lines)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+    context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and cmark is not None and cmark is not mark:
+        problem += f" ({context} at line {cmark.line + 1}, column {cmark.column + 1})"
+    return f"{path}{at}: malformed YAML: {problem}"
+
+
+def check_output_file(path: Path, what: str) -> None:
+    """Refuse, before any work runs, an output file that cannot be written: its folder missing or
+    not a folder, the path itself a folder, or a folder we may not write in."""
+    path = Path(path)
+    folder = path.parent
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory; give a file path")
+    if not folder.exists():
+        raise UsageError(f"{what} {path}: the directory {folder} does not exist (create it first)")
+    if not folder.is_dir():
+        raise UsageError(f"{what} {path}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{what} {path}: not writable")

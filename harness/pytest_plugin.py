@@ -50,6 +50,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    _check_settings(config)
     if hasattr(config, "workerinput"):
         # a pytest-xdist worker: the workers already fill the cores, and more torch threads per
         # worker only contend for them (the bits do not depend on the thread count: D0)
@@ -79,7 +80,32 @@ def pytest_configure(config):
         held.enter_context(GoldenStore(_dirs(config)[1]).writer_lock(shared=True))
     except GoldenLocked as e:
         raise pytest.UsageError(str(e)) from None
+    except OSError as e:      # the golden folder cannot be created or opened
+        raise pytest.UsageError(f"--lockstep-regen: cannot record goldens in {_dirs(config)[1]}: "
+                                f"{e.strerror or e}") from None
     config.add_cleanup(held.close)
+
+
+def _check_settings(config) -> None:
+    """A wrong `lockstep_specs` / `lockstep_golden` value is a usage error naming the setting: a
+    path that is not a folder, or a folder set explicitly that does not exist (a golden folder
+    only outside --lockstep-regen, which creates it). Left at their defaults in a project without
+    specs/, they say nothing: the plugin is active in every pytest run once installed."""
+    regen = config.getoption("--lockstep-regen")
+    specs_value = config.getini("lockstep_specs")
+    specs_used = "lockstep_specs" in config.inicfg or (Path(config.rootpath) / specs_value).is_dir()
+    where = f" (in {os.path.relpath(config.inipath, config.rootpath)})" if config.inipath else ""
+    for key, may_be_missing in (("lockstep_specs", False), ("lockstep_golden", regen)):
+        value = config.getini(key)
+        path = Path(config.rootpath) / value
+        explicit = key in config.inicfg
+        if not (explicit or specs_used):
+            continue
+        if path.exists() and not path.is_dir():
+            raise pytest.UsageError(f"{key} = {value}{where}: {path} is not a folder")
+        if explicit and not path.exists() and not may_be_missing:
+            raise pytest.UsageError(f"{key} = {value}{where}: no folder {path} (paths are relative to the rootdir "
+                                    f"{config.rootpath})")
 
 
 def _load_target(name: str) -> tuple:
@@ -193,6 +219,7 @@ class SpecItem(pytest.Item):
                      f"({_expectations_shown(target, self.config)}) do not say:", "  " + problem.replace("\n", "\n  ")]
             if out.status == FAIL:
                 lines += ["  " + m.replace("\n", "\n  ") for m in out.messages]
+                lines += ["  " + out.traceback.replace("\n", "\n  ")] if out.traceback else []
             raise SpecFailure("\n".join(lines))
         if out.status == FAIL:
             pytest.xfail(f"expected on {target.label} ({want['judgement']}: {want['why']}): {out.message}")

@@ -91,19 +91,29 @@ def test_a_stale_temporary_file_fails_check_strict_and_regen_removes_it(project,
     assert run(capsys, "check", "--strict")[0] == 0
 
 
-# `lockstep regen` on a slow disk: every fsync takes 40 ms, which widens the moments a temporary
-# file exists (on a fast disk they last microseconds, and a signal would almost never land in one).
-SLOW_DISK_REGEN = ("import os, sys, time\n"
-                   "real = os.fsync\n"
-                   "os.fsync = lambda fd: (time.sleep(0.04), real(fd))[1]\n"
-                   "from harness.cli import main\n"
-                   "sys.exit(main(['regen', '--device', 'cpu']))\n")
+# `lockstep regen` on a slow disk (every fsync takes 40 ms, which widens the moments a temporary
+# file exists: on a fast disk they last microseconds), that may also SIGTERM itself during its
+# fsync number K (argv[1]; 0: never), i.e. at a moment a temporary file certainly exists.
+SLOW_DISK_REGEN = """\
+import os, signal, sys, time
+real, calls, at = os.fsync, [0], int(sys.argv[1])
+def fsync(fd):
+    calls[0] += 1
+    time.sleep(0.04)
+    if calls[0] == at:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(fd)
+os.fsync = fsync
+from harness.cli import main
+sys.exit(main(['regen', '--device', 'cpu']))
+"""
 
 
 def test_sigterm_at_any_moment_of_a_regen_leaves_no_temporary_file(project):
-    """SIGTERM a regen that writes many goldens, at delays spread over its run: wherever it lands,
-    no `*.tmp-lockstep` file is left (signals are deferred from before a temporary file is created
-    until it is renamed), and every golden on disk is whole."""
+    """SIGTERM a regen that writes many goldens, at varied moments (during the K-th fsync of its
+    writes, and at delays spread over its run): wherever it lands, no `*.tmp-lockstep` file is left
+    (signals are deferred from before a temporary file is created until it is renamed), and every
+    golden on disk is whole."""
     import signal
     import subprocess
     import sys
@@ -112,26 +122,30 @@ def test_sigterm_at_any_moment_of_a_regen_leaves_no_temporary_file(project):
     from tests.conftest import REPO
 
     source = (project / "specs/coins/known-answers.yaml").read_text()
-    for i in range(24):                                    # cheap specs: their writes fill most of the run
+    for i in range(8):                                    # cheap specs: their writes fill most of the run
         (project / f"specs/coins/copy-{i:02d}.yaml").write_text(source)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("CI", None)
-    argv = [sys.executable, "-c", SLOW_DISK_REGEN]
     store = GoldenStore(project / "golden")
 
-    shutil.rmtree(project / "golden")
-    start = time.perf_counter()
-    subprocess.run(argv, cwd=project, env=env, check=True, capture_output=True, timeout=120)
-    whole = time.perf_counter() - start
-    killed = 0
-    for k in range(8):
+    def regen(at: int, delay: float | None = None) -> int:
         shutil.rmtree(project / "golden", ignore_errors=True)
-        proc = subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(whole * (0.5 + 0.06 * k))               # from the imports' end to the last writes
-        proc.send_signal(signal.SIGTERM)
-        killed += proc.wait(timeout=120) == -signal.SIGTERM
-        assert store.stale_temps() == [], k
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_DISK_REGEN, str(at)], cwd=project, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if delay is not None:
+            time.sleep(delay)
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+        assert store.stale_temps() == [], (at, delay)
         for platform, ids in store.ids().items():          # what was written is whole: loads, not corrupt
             for spec_id in ids:
                 assert store.load(platform, spec_id) is not None
-    assert killed >= 5                                     # most signals landed while it ran
+        return code
+
+    for at in (1, 2, 5, 13):                        # inside the first golden's write, then later ones
+        assert regen(at) == -signal.SIGTERM, at
+    start = time.perf_counter()
+    assert regen(0) == 0
+    whole = time.perf_counter() - start
+    killed = sum(regen(0, whole * f) == -signal.SIGTERM for f in (0.6, 0.8))
+    assert killed >= 1                                     # a timed signal landed while it ran

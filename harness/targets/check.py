@@ -37,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from harness.errors import UsageError, yaml_error
 from harness.golden import GoldenStore
 from harness.targets import expectations_path, get
 from harness.targets.base import NotApplicable, Target, UpstreamChanged
@@ -49,7 +50,14 @@ def load_expectations(target: Target) -> dict:
     path = expectations_path(target)
     if not path.is_file():
         return {}
-    doc = yaml.safe_load(path.read_text()) or {}
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(yaml_error(path, e)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("failures") or {}, dict):
+        raise ValueError(f"{path}: expected a mapping with target, version and failures (a mapping of spec ids)")
     if doc.get("target") != target.name or str(doc.get("version")) != target.version:
         raise ValueError(f"{path}: names {doc.get('target')} {doc.get('version')}, not {target.name} {target.version}")
     failures = doc.get("failures") or {}
@@ -84,14 +92,17 @@ def compare(outcomes, expected: dict, selected_ids: set[str]) -> list[str]:
 
 
 def load_target(name: str) -> Target:
-    from harness.cli import UsageError
+    """The target and, read once up front, its expectations: either failing is a usage error
+    before any spec runs (a factory of the wrong type, malformed expectations)."""
     from harness.targets import UnknownTarget
 
     try:
-        return get(name)
+        target = get(name)
+        load_expectations(target)
+        return target
     except UnknownTarget as e:
         raise UsageError(str(e)) from None
-    except (NotApplicable, UpstreamChanged) as e:
+    except (NotApplicable, UpstreamChanged, TypeError, ValueError) as e:
         raise UsageError(f"target {name!r} cannot load: {e}") from None
 
 
@@ -132,6 +143,9 @@ def cmd_check_target(args, specs, errors, ctx, explain=False, progress=None) -> 
                   + (f" (expected: {why['judgement']}: {why['why']})" if why else ""))
             for m in (o.messages if o.status == FAIL else [o.message]):
                 print("  " + m.replace("\n", "\n  "))
+            if o.traceback:
+                print("  " + (o.traceback.replace("\n", "\n  ") if getattr(args, "debug", False)
+                              else f"reproduce: lockstep diff {o.spec.id} --target {args.target} --debug"))
     if problems:
         print(f"\n{target.label}: results differ from {expectations_path(target)}:")
         for p in problems:

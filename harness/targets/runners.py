@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 import time
-import traceback
 from dataclasses import dataclass, field
 
 import torch
 
 from harness import kinds
 from harness.compare import diff_data, diff_tensors
+from harness.errors import full_traceback, where
 from harness.golden import CorruptGolden, GoldenStore, json_roundtrip
 from harness.intseq import materialize
 from harness.result import Result, RunContext
@@ -48,6 +48,7 @@ class TargetOutcome:
     message: str = ""                # the first mismatch (fail) or the reason (n/a)
     messages: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    traceback: str = ""              # of a crash: shown with --debug (and in pytest's report)
 
     def to_json(self) -> dict:
         return {"id": self.spec.id, "kind": self.spec.kind, "target": self.target, "status": self.status,
@@ -342,10 +343,12 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
         out.status, out.message = NA, str(e)
     except UpstreamChanged as e:
         out.status, out.messages = FAIL, [f"adapter refused: {e}"]
-    except Exception as e:                  # the implementation under test crashed
-        tb = traceback.format_exception(type(e), e, e.__traceback__, limit=-3)
-        out.status, out.messages = FAIL, [f"crash: {type(e).__name__}: {e}".splitlines()[0], "".join(tb).rstrip()]
-    if out.status == FAIL:
+    except Exception as e:                  # the implementation under test crashed: one located line
+        crash = f"crash: {type(e).__name__}: {e}".strip().splitlines()[0]
+        out.status, out.traceback = FAIL, full_traceback(e)
+        out.messages = [crash + (f" (at {where(e)})" if where(e) else "")]
+        out.message = crash[:300]           # what an expectations file records: no path of this machine
+    if out.status == FAIL and not out.message:
         out.message = out.messages[0].splitlines()[0][:300]
     out.seconds = time.perf_counter() - start
     return out
