@@ -27,6 +27,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,41 @@ def _int_list(text: str) -> list[int]:
         return [int(item, 0) for item in items]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _token_ids(text: str) -> list[int]:
+    ids = _int_list(text)
+    for i in ids:
+        if i < 0:
+            raise argparse.ArgumentTypeError(f"token ids are >= 0, got {i} (a negative id is not a token)")
+    return ids
+
+
+def _int_in(low: int, end: int, shown: str):
+    """An argparse type: an integer in [low, end), refused as a usage error naming the range otherwise
+    (a seed past int64 used to reach torch and come back as `Overflow when unpacking long long`)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value < end:
+            raise argparse.ArgumentTypeError(f"must be an integer in {shown}, got {text}")
+        return value
+    return parse
+
+
+def _attach_dash_values(argv: list[str]) -> list[str]:
+    """`--prompt-ids -1,2` as `--prompt-ids=-1,2`: argparse takes a value that starts with '-' (and
+    is not a plain negative number) for an option and says "expected one argument"; attached, the
+    value reaches _token_ids, which names what is wrong with it."""
+    out = []
+    for tok in argv:
+        if out and out[-1] in ("--prompt-ids", "--stop-ids") and re.fullmatch(r"-\d[\d,\s+-]*", tok):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
 
 
 def _world_sizes(text: str) -> list[int]:
@@ -100,6 +136,14 @@ def _check_dirs(args) -> None:
     golden = getattr(args, "golden", None)
     if golden is not None and golden.exists() and not golden.is_dir():
         raise UsageError(f"--golden {golden} is not a directory")
+
+
+def _golden_exists(args) -> None:
+    """Commands that compare with goldens need the folder: a mistyped --golden would otherwise report
+    every spec MISSING, a result that looks vacuous rather than wrong."""
+    if not args.golden.exists():
+        raise UsageError(f"--golden {args.golden}: no such folder (goldens are recorded there by `lockstep regen`; "
+                         "run from the project root or pass --golden)")
 
 
 def _load(args, loader=load_specs, also_ids=()) -> tuple[list, list]:
@@ -269,6 +313,7 @@ def cmd_check(args, explain: bool = False) -> int:
 
     store = GoldenStore(args.golden)
     specs, errors = _load(args, also_ids=_golden_ids(store) if args.strict else ())
+    _golden_exists(args)
     ctx = _context(args)
     if args.target != "lockstep":             # another implementation: harness/targets
         from harness.targets.check import cmd_check_target
@@ -391,8 +436,12 @@ def _regen(args, specs, errors, ctx, store) -> int:
 
 
 def cmd_report(args) -> int:
+    from harness.errors import check_output_file
     from harness.targets.check import cmd_report
+    for path, what in ((Path(args.out), "--out"), (Path(args.out).with_suffix(".json"), "--out (its JSON)")):
+        check_output_file(path, what)            # before any target runs, not after
     specs, errors = _load(args)
+    _golden_exists(args)
     return cmd_report(args, specs, errors, _context(args), Progress(len(specs), True))
 
 
@@ -494,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_int_in(0, 2**63, "[0, 2^63)"), default=0)
     p.add_argument("--format", choices=["bf16", "mxfp4"], default="bf16")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
     p.add_argument("out", type=Path, metavar="OUT")
@@ -502,15 +551,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_make_checkpoint)
     p = sub.add_parser("generate", help="generate from a checkpoint with the reference engine")
     p.add_argument("--checkpoint", type=Path, required=True)
-    p.add_argument("--prompt-ids", type=_int_list, action="append", required=True,
+    p.add_argument("--prompt-ids", type=_token_ids, action="append", required=True,
                    help="comma-separated token ids; repeat for a batch")
-    p.add_argument("--seed", type=int, help="seeded sampling (without: greedy)")
+    p.add_argument("--seed", type=_int_in(-2**63, 2**64, "[-2^63, 2^64)"), help="seeded sampling (without: greedy)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--stop-ids", type=_int_list, help="replace the EOS list, e.g. --stop-ids 509,510")
+    p.add_argument("--stop-ids", type=_token_ids, help="replace the EOS list, e.g. --stop-ids 509,510")
     p.add_argument("--logprobs", action="store_true", help="include each token's logprob (and its float32 bits)")
     p.add_argument("--backend", choices=["torch", "triton"], default="torch")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
@@ -523,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
     except SystemExit as e:  # argparse exits 2 on usage errors, as our contract wants, and 0 for --help
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:

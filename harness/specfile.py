@@ -393,10 +393,14 @@ def stray_files(specs_dir: Path) -> list[SpecError]:
 
 def stray_error(p: Path) -> SpecError | None:
     """The error of a file that looks like a spec but would be skipped: another YAML suffix
-    (`.yml`), a broken symbolic link, or something that is not a regular file; else None."""
+    (`.yml`), a broken symbolic link, something that is not a regular file, or a symbolic link to a
+    folder (whose specs the walk would skip); else None."""
     if p.suffix.lower() in (".yaml", ".yml") and p.suffix != SPEC_SUFFIX:
         return SpecError(str(p), 0, 0, "", f"spec files end in {SPEC_SUFFIX}: this file would be ignored; "
                                            f"rename it to {p.stem}{SPEC_SUFFIX}")
+    if p.is_symlink() and p.is_dir():   # the walk does not follow it: say so rather than skip its specs
+        return SpecError(str(p), 0, 0, "", "a symbolic link to a folder: the specs under it are not loaded (links "
+                                           "are not followed); move or copy the folder into the spec directory")
     if p.suffix == SPEC_SUFFIX and not p.is_file():
         what = "a broken symbolic link" if p.is_symlink() and not p.exists() else "not a regular file"
         return SpecError(str(p), 0, 0, "", f"{what}: it cannot be read as a spec")

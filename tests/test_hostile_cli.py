@@ -168,3 +168,48 @@ def test_make_checkpoint_refusal_names_the_flag(tmp_path, capsys):
     (tmp_path / "ck" / "x").write_text("x")
     code, out = run(capsys, "make-checkpoint", "--preset", "tiny", str(tmp_path / "ck"))
     assert code == 2 and "use --overwrite to replace it" in out and "overwrite=True" not in out
+
+
+# --------------------------------------------------------------------------- issue 29: messages that name the problem
+def test_a_nonexistent_golden_folder_is_named_not_every_spec_missing(project, capsys):
+    for argv in (["check"], ["diff", "coins/known-answers"]):
+        code, out = run(capsys, *argv, "--golden", "no-such-golden")
+        assert code == 2 and "--golden no-such-golden: no such folder" in out and "MISSING" not in out, out
+    assert run(capsys, "regen", "--golden", "new-golden", "coins/known-answers")[0] == 0     # regen creates it
+
+
+def test_a_symlinked_spec_folder_is_reported_not_skipped(project, capsys):
+    (project / "specs/linked").symlink_to(project / "specs/coins", target_is_directory=True)
+    code, out = run(capsys, "validate")
+    assert code == 2 and "specs/linked: a symbolic link to a folder" in out and "0 invalid" not in out, out
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["make-checkpoint", "--preset", "tiny", "--seed", str(2**64), "OUT"], "argument --seed: must be an integer in [0, 2^63)"),
+    (["make-checkpoint", "--preset", "tiny", "--seed", "-1", "OUT"], "argument --seed: must be an integer in [0, 2^63)"),
+    (["generate", "--checkpoint", "models/tiny-target", "--prompt-ids", "1", "--seed", str(2**64)],
+     "argument --seed: must be an integer in [-2^63, 2^64)"),
+    (["generate", "--checkpoint", "models/tiny-target", "--prompt-ids", "-1,2"],
+     "argument --prompt-ids: token ids are >= 0, got -1 (a negative id is not a token)"),
+    (["generate", "--checkpoint", "models/tiny-target", "--prompt-ids", "-3"],
+     "argument --prompt-ids: token ids are >= 0, got -3"),
+    (["generate", "--checkpoint", "models/tiny-target", "--prompt-ids", "1", "--stop-ids", "-5,2"],
+     "argument --stop-ids: token ids are >= 0, got -5"),
+])
+def test_out_of_range_numbers_are_named_usage_errors(tmp_path, capsys, monkeypatch, argv, fragment):
+    monkeypatch.chdir(REPO)
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    code, out = run(capsys, *argv)
+    assert code == 2 and fragment in out and "Overflow" not in out and "expected one argument" not in out, out
+
+
+@pytest.mark.parametrize("where,fragment", [
+    ("missing/m.md", "the directory missing does not exist"),
+    ("adir", "is a directory"),
+])
+def test_report_refuses_an_output_path_before_running_anything(project, capsys, monkeypatch, where, fragment):
+    (project / "adir").mkdir()
+    ran = []
+    monkeypatch.setattr("harness.targets.check.run_target", lambda *a, **k: ran.append(1) or [])
+    code, out = run(capsys, "report", "--target", "lockstep", "--out", where)
+    assert code == 2 and fragment in out and not ran and "Traceback" not in out, out
