@@ -231,7 +231,8 @@ def refuse_nan_scales(name: str, scales: torch.Tensor) -> None:
 
 
 # ---------------------------------------------------------------------- synthetic checkpoints
-def synthetic_weights(config: GptOssConfig, seed: int, mxfp4_experts: bool) -> dict[str, torch.Tensor]:
+def synthetic_weights(config: GptOssConfig, seed: int, mxfp4_experts: bool,
+                      progress=None) -> dict[str, torch.Tensor]:
     """Deterministic random weights in checkpoint form (bf16 floats; u8 MXFP4 experts).
 
     Scales keep activations O(1): weights ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), biases
@@ -248,7 +249,10 @@ def synthetic_weights(config: GptOssConfig, seed: int, mxfp4_experts: bool) -> d
 
     bf16 = lambda t: t.to(torch.bfloat16).contiguous()   # noqa: E731
     out: dict[str, torch.Tensor] = {}
-    for name, (shape, kind) in expected_tensors(config, mxfp4_experts=False).items():
+    layout = expected_tensors(config, mxfp4_experts=False)
+    for i, (name, (shape, kind)) in enumerate(layout.items(), 1):
+        if progress is not None:                # progress("tensor", i, n, name): before each is made
+            progress("tensor", i, len(layout), name)
         fan_in = shape[-1]
         if name.endswith(("layernorm.weight", "norm.weight")):
             out[name] = bf16(normal(shape, 0.1, 1.0))
@@ -275,9 +279,11 @@ def synthetic_weights(config: GptOssConfig, seed: int, mxfp4_experts: bool) -> d
 
 
 def make_checkpoint(preset_name: str, seed: int, fmt: str, out_dir: str | Path,
-                    overwrite: bool = False, num_shards: int = 2) -> Path:
+                    overwrite: bool = False, num_shards: int = 2, progress=None) -> Path:
     """Write a synthetic checkpoint of a preset: config.json, `num_shards` safetensors shards
     and model.safetensors.index.json. Same (preset, seed, fmt) -> byte-identical files.
+    `progress(stage, done, total, name)`, if given, is called before each tensor is made
+    (stage "tensor") and after each shard is written (stage "shard").
 
     Written into a temp dir beside out_dir and renamed into place, so a failure leaves nothing
     half-written. A non-empty out_dir is refused unless `overwrite`.
@@ -292,7 +298,7 @@ def make_checkpoint(preset_name: str, seed: int, fmt: str, out_dir: str | Path,
     config = preset(preset_name)
     if fmt == "mxfp4":
         config = config.replace(quantization_config=json.loads(json.dumps(MXFP4_QUANTIZATION_CONFIG)))
-    tensors = synthetic_weights(config, seed, mxfp4_experts=(fmt == "mxfp4"))
+    tensors = synthetic_weights(config, seed, mxfp4_experts=(fmt == "mxfp4"), progress=progress)
 
     # Shards: consecutive tensors in checkpoint order, cut at equal byte fractions.
     names = list(tensors)
@@ -308,6 +314,8 @@ def make_checkpoint(preset_name: str, seed: int, fmt: str, out_dir: str | Path,
         for i, fname in enumerate(shard_names):
             part = {n: tensors[n] for n, s in zip(names, shard_of) if s == i}
             save_file(part, str(tmp / fname), metadata={"format": "pt"})
+            if progress is not None:
+                progress("shard", i + 1, num_shards, fname)
         index = {"metadata": {"total_size": total},
                  "weight_map": {n: shard_names[s] for n, s in sorted(zip(names, shard_of))}}
         (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import math
 import os
 import re
 import sys
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 
 from harness.errors import UsageError, full_traceback, located  # noqa: F401 - UsageError: also harness.cli's
-from harness.limits import WORLD_SIZES
+from harness.limits import MAX_CHECKPOINT_GB, MAX_GENERATE_SECONDS, WORLD_SIZES
 from harness.specfile import load_headers, load_specs, select, spec_files, spec_id_for
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
@@ -454,11 +455,48 @@ def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
                                                             "point group lockstep.targets")
 
 
+def _checkpoint_size(args) -> None:
+    """Say what make-checkpoint will write, and refuse above --max-gb before making anything."""
+    from engine.config import preset
+    from harness.estimates import checkpoint_bytes
+
+    try:
+        size, count = checkpoint_bytes(preset(args.preset), args.format == "mxfp4")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if size > args.max_gb * 1e9:
+        raise UsageError(f"preset {args.preset!r} ({args.format}) has {size / 1e9:.3g} GB of parameters in {count} "
+                         f"tensors, above --max-gb {args.max_gb:g}; pass --max-gb {math.ceil(size / 1e9)} to write "
+                         "it (the weights are made in memory first: it needs about as much RAM)")
+    print(f"make-checkpoint: {count} tensors, {size / 1e6:.4g} MB of parameters, into {args.out}",
+          file=sys.stderr, flush=True)
+
+
+class CheckpointProgress:
+    """make-checkpoint's progress on stderr: the tensor being made (a live line on a terminal, a
+    line per tenth of the tensors otherwise) and a line per shard written."""
+
+    def __init__(self):
+        self.live = sys.stderr.isatty()
+
+    def __call__(self, stage: str, done: int, total: int, name: str) -> None:
+        if stage == "tensor" and self.live:
+            sys.stderr.write("\r" + f"  making tensor {done}/{total} {name}"[:100].ljust(100))
+        elif stage == "tensor" and (done == 1 or done * 10 // total != (done - 1) * 10 // total):
+            print(f"  making tensor {done}/{total} {name}", file=sys.stderr)
+        elif stage == "shard":
+            print(("\r" + " " * 100 + "\r" if self.live else "") + f"  wrote shard {done}/{total} {name}",
+                  file=sys.stderr)
+        sys.stderr.flush()
+
+
 def cmd_make_checkpoint(args) -> int:
     from engine.checkpoint import make_checkpoint
 
+    _checkpoint_size(args)
     try:
-        out = make_checkpoint(args.preset, args.seed, args.format, args.out, overwrite=args.overwrite)
+        out = make_checkpoint(args.preset, args.seed, args.format, args.out, overwrite=args.overwrite,
+                              progress=CheckpointProgress())
     except FileExistsError:
         raise UsageError(f"{args.out} exists and is not empty; use --overwrite to replace it") from None
     except ValueError as e:
@@ -467,6 +505,25 @@ def cmd_make_checkpoint(args) -> int:
         raise UsageError(f"cannot write {args.out}: {e.strerror or e}") from None
     print(f"wrote {args.format} checkpoint of preset {args.preset!r} (seed {args.seed}) to {out}")
     return EXIT_OK
+
+
+def _generate_time(args, config, device) -> None:
+    """On the CPU, say how long the run will take when it is more than a few seconds, and refuse
+    above --max-seconds before it starts (harness/estimates.py; no estimate on a GPU)."""
+    from harness.estimates import generate_seconds
+
+    if device.type != "cpu":
+        return
+    seconds = generate_seconds(config, [len(p) for p in args.prompt_ids], args.max_new_tokens)
+    longest = max(len(p) for p in args.prompt_ids)
+    what = (f"{len(args.prompt_ids)} request(s), prompts of up to {longest} tokens, {args.max_new_tokens} new "
+            f"tokens, {config.num_hidden_layers} blocks")
+    if seconds > args.max_seconds:
+        raise UsageError(f"generate would take about {seconds:.0f} s on the CPU ({what}; a rough estimate), above "
+                         f"--max-seconds {args.max_seconds:g}; pass --max-seconds {math.ceil(seconds * 1.5)} to run "
+                         "it, or shorten the prompt or --max-new-tokens")
+    if seconds > 10:
+        print(f"generate: about {seconds:.0f} s on the CPU ({what}; a rough estimate)", file=sys.stderr, flush=True)
 
 
 def cmd_generate(args) -> int:
@@ -481,6 +538,7 @@ def cmd_generate(args) -> int:
     try:
         device = detect(args.device).torch_device                   # refuses cuda without a GPU
         model = GptOssModel.from_checkpoint(args.checkpoint, backend=args.backend, device=device)
+        _generate_time(args, model.config, device)
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                 max_new_tokens=args.max_new_tokens, greedy=args.seed is None,
                                 stop_token_ids=tuple(args.stop_ids) if args.stop_ids is not None else None)
@@ -546,6 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_int_in(0, 2**63, "[0, 2^63)"), default=0)
     p.add_argument("--format", choices=["bf16", "mxfp4"], default="bf16")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    p.add_argument("--max-gb", type=float, default=MAX_CHECKPOINT_GB, metavar="GB",
+                   help=f"refuse to write more parameter bytes than this (default {MAX_CHECKPOINT_GB:g})")
     p.add_argument("out", type=Path, metavar="OUT")
     _debug(p)
     p.set_defaults(func=cmd_make_checkpoint)
@@ -561,6 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--stop-ids", type=_token_ids, help="replace the EOS list, e.g. --stop-ids 509,510")
     p.add_argument("--logprobs", action="store_true", help="include each token's logprob (and its float32 bits)")
+    p.add_argument("--max-seconds", type=float, default=MAX_GENERATE_SECONDS, metavar="S",
+                   help=f"on the CPU, refuse a run estimated above S seconds (default {MAX_GENERATE_SECONDS})")
     p.add_argument("--backend", choices=["torch", "triton"], default="torch")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     p.add_argument("--json", action="store_true")

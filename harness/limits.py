@@ -59,3 +59,9 @@ MAX_DISTRIBUTION_SEEDS = 20_000
 # --------------------------------------------------------------------------- the command line
 # Tensor / expert parallel degrees `--world-size` accepts: DESIGN D4's TP in {1, 2, 4, 8}.
 WORLD_SIZES = (1, 2, 4, 8)
+# `lockstep generate` on the CPU refuses a run estimated (harness/estimates.py) above this many
+# seconds unless --max-seconds raises it: a 5 000-token prompt on the tiny preset takes ~20 minutes.
+MAX_GENERATE_SECONDS = 300
+# `lockstep make-checkpoint` refuses to write more parameter bytes than this unless --max-gb raises
+# it: the largest test preset writes 6 MB; the real gpt-oss presets 14 to 234 GB, made in memory first.
+MAX_CHECKPOINT_GB = 1.0

@@ -213,3 +213,48 @@ def test_report_refuses_an_output_path_before_running_anything(project, capsys, 
     monkeypatch.setattr("harness.targets.check.run_target", lambda *a, **k: ran.append(1) or [])
     code, out = run(capsys, "report", "--target", "lockstep", "--out", where)
     assert code == 2 and fragment in out and not ran and "Traceback" not in out, out
+
+
+# --------------------------------------------------------------------------- issue 29: bounded generate and make-checkpoint
+def _prompt(n):
+    return ",".join(str(i % 500) for i in range(n))
+
+
+def test_generate_refuses_a_run_estimated_above_max_seconds_before_it_starts(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    calls = []
+    monkeypatch.setattr("engine.generate.generate", lambda model, requests, **k: calls.append(requests) or [])
+    base = ["generate", "--checkpoint", "models/tiny-target", "--device", "cpu", "--prompt-ids", _prompt(5000)]
+    code, out = run(capsys, *base)
+    assert code == 2 and not calls and "above --max-seconds 300; pass --max-seconds" in out, out
+    assert "prompts of up to 5000 tokens, 16 new tokens, 4 blocks" in out and "Traceback" not in out
+    code, out = run(capsys, *base, "--max-seconds", "100000")        # raised: it runs, and says how long first
+    assert code == 0 and len(calls) == 1 and len(calls[0][0].prompt) == 5000
+    assert "generate: about " in out and " s on the CPU" in out
+
+
+def test_generate_bound_counts_new_tokens_too(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    calls = []
+    monkeypatch.setattr("engine.generate.generate", lambda model, requests, **k: calls.append(requests) or [])
+    base = ["generate", "--checkpoint", "models/tiny-target", "--device", "cpu", "--prompt-ids", "1,2,3"]
+    assert run(capsys, *base, "--max-new-tokens", "16")[0] == 0 and len(calls) == 1   # a short run: no word
+    code, out = run(capsys, *base, "--max-new-tokens", "8000")
+    assert code == 2 and len(calls) == 1 and "8000 new tokens" in out and "--max-seconds" in out, out
+
+
+def test_make_checkpoint_refuses_a_real_size_preset_before_writing_anything(tmp_path, capsys):
+    out_dir = tmp_path / "big"
+    code, out = run(capsys, "make-checkpoint", "--preset", "gpt-oss-120b", "--format", "mxfp4", str(out_dir))
+    assert code == 2 and "preset 'gpt-oss-120b' (mxfp4) has 65.2 GB of parameters in 687 tensors" in out, out
+    assert "above --max-gb 1; pass --max-gb 66" in out and not out_dir.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_make_checkpoint_says_its_size_and_shows_progress(tmp_path, capsys):
+    code, out = run(capsys, "make-checkpoint", "--preset", "tiny", "--max-gb", "0.001", str(tmp_path / "a"))
+    assert code == 2 and "has 0.0011 GB of parameters" in out and not (tmp_path / "a").exists(), out
+    code = main(["make-checkpoint", "--preset", "tiny", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert code == 0 and "make-checkpoint: 71 tensors, 1.096 MB of parameters" in err
+    assert "making tensor 1/71 model.embed_tokens.weight" in err and "making tensor 71/71 lm_head.weight" in err
+    assert "wrote shard 1/2 model-00001-of-00002.safetensors" in err and "wrote shard 2/2" in err
