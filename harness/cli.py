@@ -77,6 +77,17 @@ def _int_in(low: int, end: int, shown: str):
     return parse
 
 
+def _bound(text: str) -> float:
+    """A bound a flag raises: a positive number (`inf`: no bound); NaN would compare as no bound too, silently."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number (inf: no bound), got {text}")
+    return value
+
+
 def _attach_dash_values(argv: list[str]) -> list[str]:
     """`--prompt-ids -1,2` as `--prompt-ids=-1,2`: argparse takes a value that starts with '-' (and
     is not a plain negative number) for an option and says "expected one argument"; attached, the
@@ -604,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_int_in(0, 2**63, "[0, 2^63)"), default=0)
     p.add_argument("--format", choices=["bf16", "mxfp4"], default="bf16")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
-    p.add_argument("--max-gb", type=float, default=MAX_CHECKPOINT_GB, metavar="GB",
+    p.add_argument("--max-gb", type=_bound, default=MAX_CHECKPOINT_GB, metavar="GB",
                    help=f"refuse to write more parameter bytes than this (default {MAX_CHECKPOINT_GB:g})")
     p.add_argument("out", type=Path, metavar="OUT")
     _debug(p)
@@ -621,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--stop-ids", type=_token_ids, help="replace the EOS list, e.g. --stop-ids 509,510")
     p.add_argument("--logprobs", action="store_true", help="include each token's logprob (and its float32 bits)")
-    p.add_argument("--max-seconds", type=float, default=MAX_GENERATE_SECONDS, metavar="S",
+    p.add_argument("--max-seconds", type=_bound, default=MAX_GENERATE_SECONDS, metavar="S",
                    help=f"on the CPU, refuse a run estimated above S seconds (default {MAX_GENERATE_SECONDS})")
     p.add_argument("--backend", choices=["torch", "triton"], default="torch")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")

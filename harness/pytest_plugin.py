@@ -94,6 +94,11 @@ def _check_settings(config) -> None:
     regen = config.getoption("--lockstep-regen")
     specs_value = config.getini("lockstep_specs")
     specs_used = "lockstep_specs" in config.inicfg or (Path(config.rootpath) / specs_value).is_dir()
+    if specs_used:            # `--lockstep-device cuda` without a GPU: once here, not once per spec
+        try:
+            detect(config.getoption("--lockstep-device"), config.getoption("--lockstep-dtype"))
+        except ValueError as e:
+            raise pytest.UsageError(f"--lockstep-device: {e}") from None
     where = f" (in {os.path.relpath(config.inipath, config.rootpath)})" if config.inipath else ""
     for key, may_be_missing in (("lockstep_specs", False), ("lockstep_golden", regen)):
         value = config.getini(key)
@@ -109,18 +114,16 @@ def _check_settings(config) -> None:
 
 
 def _load_target(name: str) -> tuple:
-    """(target, its expectations), loaded once per session; a target that cannot load is a usage error."""
-    from harness.targets import UnknownTarget, get
-    from harness.targets.base import NotApplicable, UpstreamChanged
-    from harness.targets.check import load_expectations
+    """(target, its expectations), loaded once per session through the CLI's own boundary
+    (harness.targets.check.load_target): a target that cannot load is a usage error."""
+    from harness.errors import UsageError
+    from harness.targets.check import load_expectations, load_target
 
     try:
-        target = get(name)
-        return target, load_expectations(target)
-    except UnknownTarget as e:
-        raise pytest.UsageError(str(e)) from None
-    except (NotApplicable, UpstreamChanged, ValueError, TypeError) as e:
-        raise pytest.UsageError(f"--lockstep-target {name}: cannot load: {e}") from None
+        target = load_target(name)
+    except UsageError as e:
+        raise pytest.UsageError(f"--lockstep-target {name}: {e}") from None
+    return target, load_expectations(target)
 
 
 def _dirs(config) -> tuple[Path, Path]:

@@ -201,3 +201,43 @@ def monkeypatch_module(fuzz_project):
         mp.delenv("CI", raising=False)
         mp.chdir(fuzz_project)
         yield mp
+
+
+# --------------------------------------------------------------------------- numbers of generate and make-checkpoint (issue 29)
+FEW = settings(FUZZ, max_examples=int(os.environ.get("LOCKSTEP_FUZZ_EXAMPLES", 12)))
+HOSTILE_INTS = st.one_of(st.integers(-3, 600), st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63) - 1,
+                                                                 10**30, -(10**30)]))
+HOSTILE_BOUNDS = st.sampled_from(["nan", "-1", "0", "inf", "1e-9", "x", "", "1e400"])
+
+
+def invoke_plain(argv) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue() + err.getvalue()
+
+
+@FEW
+@given(ids=st.lists(HOSTILE_INTS, min_size=1, max_size=3), seed=st.none() | HOSTILE_INTS,
+       new=st.integers(-2, 3), bound=st.none() | HOSTILE_BOUNDS)
+def test_hostile_generate_numbers(ids, seed, new, bound):
+    argv = ["generate", "--checkpoint", str(REPO / "models/tiny-target"), "--device", "cpu",
+            "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(new)]
+    argv += ["--seed", str(seed)] if seed is not None else []
+    argv += ["--max-seconds", bound] if bound is not None else []
+    code, text = invoke_plain(argv)
+    assert code in (0, 2) and "Traceback" not in text and "internal error" not in text, (argv, text[-2000:])
+    if code == 2:
+        assert text.count("\n") <= 12 and "error" in text, text          # one named error (argparse adds its usage)
+
+
+@FEW
+@given(preset=st.sampled_from(["tiny", "tiny-vocab8", "gpt-oss-20b", "gpt-oss-120b", "nope", ""]),
+       seed=HOSTILE_INTS, fmt=st.sampled_from(["bf16", "mxfp4"]), bound=st.none() | HOSTILE_BOUNDS)
+def test_hostile_make_checkpoint_numbers(tmp_path_factory, preset, seed, fmt, bound):
+    out = tmp_path_factory.mktemp("ckpt") / "out"
+    argv = ["make-checkpoint", "--preset", preset, "--seed", str(seed), "--format", fmt, str(out)]
+    argv += ["--max-gb", bound] if bound is not None else []
+    code, text = invoke_plain(argv)
+    assert code in (0, 2) and "Traceback" not in text and "internal error" not in text, (argv, text[-2000:])
+    assert (code == 0) == out.is_dir(), (argv, text)                      # refused: nothing written

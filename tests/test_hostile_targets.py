@@ -31,6 +31,10 @@ def wrong_type():
     return {"name": "not a Target"}
 
 
+def crashing_factory():
+    import no_such_engine_module                # the engine's package is not installed
+
+
 def malformed():
     return Target("malformed", "1.0", ops={"hash": Op(murmur_hash32)},
                   expectations=str(Path(__file__).with_name("malformed-1.0.yaml")))
@@ -53,7 +57,8 @@ def plugins(project, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hostile_targets\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[lockstep.targets]\ncrashy = hostile_adapter:crashing\n"
                                            "wrongtype = hostile_adapter:wrong_type\n"
-                                           "malformed = hostile_adapter:malformed\n")
+                                           "malformed = hostile_adapter:malformed\n"
+                                           "brokenfactory = hostile_adapter:crashing_factory\n")
     (project / "hostile_adapter.py").write_text(ADAPTER)
     (project / "malformed-1.0.yaml").write_text("target: malformed\nversion: '1.0'\nfailures: [unclosed\n")
     monkeypatch.syspath_prepend(str(project))
@@ -90,6 +95,7 @@ def test_a_crash_recorded_as_expected_stays_the_same_observed_line(plugins, caps
 @pytest.mark.parametrize("name,fragment", [
     ("wrongtype", "target 'wrongtype': its factory returned dict, not a harness.targets.Target"),
     ("malformed", "malformed-1.0.yaml:4:1: malformed YAML: expected ',' or ']'"),
+    ("brokenfactory", "its factory crashed: ModuleNotFoundError: No module named 'no_such_engine_module' (at "),
 ])
 def test_a_plugin_target_that_cannot_load_is_a_usage_error(plugins, capsys, name, fragment):
     for argv in (["check", "--target", name], ["list", "--target", name],
@@ -140,6 +146,7 @@ def test_plugin_defaults_stay_quiet_where_there_are_no_specs(pytester):
 @pytest.mark.parametrize("name,fragment", [
     ("wrongtype", "its factory returned dict, not a harness.targets.Target"),
     ("malformed", "malformed-1.0.yaml:4:1: malformed YAML: expected ',' or ']'"),
+    ("brokenfactory", "its factory crashed: ModuleNotFoundError: No module named 'no_such_engine_module' (at "),
 ])
 def test_plugin_target_that_cannot_load_is_a_usage_error(scratch, monkeypatch, name, fragment):
     scratch.makeini("[pytest]\ntestpaths = specs\n")
@@ -147,9 +154,19 @@ def test_plugin_target_that_cannot_load_is_a_usage_error(scratch, monkeypatch, n
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hostile_targets\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[lockstep.targets]\nwrongtype = hostile_adapter:wrong_type\n"
-                                           "malformed = hostile_adapter:malformed\n")
+                                           "malformed = hostile_adapter:malformed\n"
+                                           "brokenfactory = hostile_adapter:crashing_factory\n")
     (scratch.path / "hostile_adapter.py").write_text(ADAPTER)
     (scratch.path / "malformed-1.0.yaml").write_text("target: malformed\nversion: '1.0'\nfailures: [unclosed\n")
     monkeypatch.syspath_prepend(str(scratch.path))
     monkeypatch.delitem(sys.modules, "hostile_adapter", raising=False)
     usage_error(scratch.runpytest("--lockstep-target", name), fragment)
+
+
+def test_plugin_device_without_a_gpu_is_one_usage_error(scratch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    scratch.makeini("[pytest]\ntestpaths = specs\n")
+    usage_error(scratch.runpytest("--lockstep-device", "cuda"), "--lockstep-device: ")

@@ -3,7 +3,7 @@
 An expectations file (harness/targets/expectations/<name>-<version>.yaml, or a plugin target's own
 `Target.expectations` path) lists every spec that fails on that target version. `observed` is the
 failure's first line exactly as `check --target` prints it under the spec (the first line of the
-first message, at most 300 characters); `judgement` is `peer bug` or `contract gap`, and `why`
+first message, at most 300 characters; a crash's without its location); `judgement` is `peer bug` or `contract gap`, and `why`
 one line. An entry of harness/targets/expectations/vllm-0.33.0.yaml:
 
     target: vllm
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.errors import UsageError, yaml_error
+from harness.errors import UsageError, located, yaml_error
 from harness.golden import GoldenStore
 from harness.targets import expectations_path, get
 from harness.targets.base import NotApplicable, Target, UpstreamChanged
@@ -104,6 +104,8 @@ def load_target(name: str) -> Target:
         raise UsageError(str(e)) from None
     except (NotApplicable, UpstreamChanged, TypeError, ValueError) as e:
         raise UsageError(f"target {name!r} cannot load: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the target's own code (its import, its factory) crashed
+        raise UsageError(f"target {name!r} cannot load: its factory crashed: {located(e)}") from None
 
 
 def run_target(specs, ctx, target: Target, store: GoldenStore, progress=None):
