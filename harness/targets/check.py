@@ -3,8 +3,8 @@
 An expectations file (harness/targets/expectations/<name>-<version>.yaml, or a plugin target's own
 `Target.expectations` path) lists every spec that fails on that target version. `observed` is the
 failure's first line exactly as `check --target` prints it under the spec (the first line of the
-first message, at most 300 characters; a crash's without its location); `judgement` is `peer bug` or `contract gap`, and `why`
-one line. An entry of harness/targets/expectations/vllm-0.33.0.yaml:
+first message, at most 300 characters; a crash's without its location); `judgement` is `peer bug`
+or `contract gap`, and `why` one line. An entry of harness/targets/expectations/vllm-0.33.0.yaml:
 
     target: vllm
     version: 0.33.0
