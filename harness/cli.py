@@ -467,7 +467,8 @@ def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
 
 
 def _checkpoint_size(args) -> None:
-    """Say what make-checkpoint will write, and refuse above --max-gb before making anything."""
+    """Say what make-checkpoint will write, and refuse above --max-gb, or into a path that cannot be
+    written, before making anything."""
     from engine.config import preset
     from harness.estimates import checkpoint_bytes
 
@@ -479,6 +480,9 @@ def _checkpoint_size(args) -> None:
         raise UsageError(f"preset {args.preset!r} ({args.format}) has {size / 1e9:.3g} GB of parameters in {count} "
                          f"tensors, above --max-gb {args.max_gb:g}; pass --max-gb {math.ceil(size / 1e9)} to write "
                          "it (the weights are made in memory first: it needs about as much RAM)")
+    existing = next(d for d in [args.out.absolute(), *args.out.absolute().parents] if d.exists())
+    if existing != args.out.absolute() and (not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK)):
+        raise UsageError(f"cannot write {args.out}: {existing} is {'not writable' if existing.is_dir() else 'a file'}")
     print(f"make-checkpoint: {count} tensors, {size / 1e6:.4g} MB of parameters, into {args.out}",
           file=sys.stderr, flush=True)
 

@@ -258,3 +258,11 @@ def test_make_checkpoint_says_its_size_and_shows_progress(tmp_path, capsys):
     assert code == 0 and "make-checkpoint: 71 tensors, 1.096 MB of parameters" in err
     assert "making tensor 1/71 model.embed_tokens.weight" in err and "making tensor 71/71 lm_head.weight" in err
     assert "wrote shard 1/2 model-00001-of-00002.safetensors" in err and "wrote shard 2/2" in err
+
+
+def test_make_checkpoint_refuses_an_unwritable_out_before_making_weights(tmp_path, capsys, monkeypatch):
+    made = []
+    monkeypatch.setattr("engine.checkpoint.synthetic_weights", lambda *a, **k: made.append(1) or {})
+    (tmp_path / "file").write_text("x")
+    code, out = run(capsys, "make-checkpoint", "--preset", "tiny", str(tmp_path / "file" / "sub" / "ck"))
+    assert code == 2 and "is a file" in out and not made, out
