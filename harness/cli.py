@@ -657,6 +657,8 @@ def main(argv=None) -> int:
         sys.stdout.flush()  # inside the boundary: a closed pipe is noticed here, not at interpreter exit
         return code
     except UsageError as e:
+        if args.debug and e.cause is not None:
+            print(full_traceback(e.cause), file=sys.stderr)
         print(f"lockstep: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

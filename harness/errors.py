@@ -16,7 +16,13 @@ PROJECT = Path(__file__).resolve().parent.parent
 
 
 class UsageError(Exception):
-    """A mistake in the command line, a setting or an input file: reported as one line, exit 2."""
+    """A mistake in the command line, a setting or an input file: reported as one line, exit 2.
+    `cause`: the exception behind it when that is someone's code crashing (a target's factory),
+    whose traceback --debug shows."""
+
+    def __init__(self, message: str, cause: BaseException | None = None):
+        super().__init__(message)
+        self.cause = cause
 
 
 def where(e: BaseException) -> str:

@@ -105,6 +105,12 @@ def test_a_plugin_target_that_cannot_load_is_a_usage_error(plugins, capsys, name
         assert "<unicode string>" not in out
 
 
+def test_a_crashing_factory_shows_its_traceback_with_debug(plugins, capsys):
+    code, out = run(capsys, "check", "--target", "brokenfactory", "--debug")
+    assert code == 2 and "Traceback (most recent call last)" in out and "import no_such_engine_module" in out
+
+
+
 # --------------------------------------------------------------------------- the pytest plugin
 @pytest.fixture
 def scratch(pytester, monkeypatch):

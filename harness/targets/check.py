@@ -105,7 +105,7 @@ def load_target(name: str) -> Target:
     except (NotApplicable, UpstreamChanged, TypeError, ValueError) as e:
         raise UsageError(f"target {name!r} cannot load: {e}") from None
     except Exception as e:  # noqa: BLE001 - the target's own code (its import, its factory) crashed
-        raise UsageError(f"target {name!r} cannot load: its factory crashed: {located(e)}") from None
+        raise UsageError(f"target {name!r} cannot load: its factory crashed: {located(e)}", cause=e) from None
 
 
 def run_target(specs, ctx, target: Target, store: GoldenStore, progress=None):
