@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import math
 import os
 import re
 import sys
@@ -355,7 +354,7 @@ def cmd_check(args, explain: bool = False) -> int:
             "golden_folders": sorted({str(args.golden / o.golden_platform) for o in outcomes}),
             "summary": counts | {"spec_errors": len(errors), "stale_goldens": len(stale)},
             "specs": [o.to_json() for o in outcomes], "spec_errors": [str(e) for e in errors],
-            "stale_goldens": stale, "stale_temporary_files": temps}, indent=2))
+            "stale_goldens": stale}, indent=2))
         return code
     debug = getattr(args, "debug", False)
     for o in outcomes:
@@ -466,49 +465,11 @@ def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
                                                             "point group lockstep.targets")
 
 
-def _checkpoint_size(args) -> None:
-    """Say what make-checkpoint will write, and refuse above --max-gb, or into a path that cannot be
-    written, before making anything."""
-    from engine.config import preset
-    from harness.estimates import checkpoint_bytes
-
-    try:
-        size, count = checkpoint_bytes(preset(args.preset), args.format == "mxfp4")
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if size > args.max_gb * 1e9:
-        raise UsageError(f"preset {args.preset!r} ({args.format}) has {size / 1e9:.3g} GB of parameters in {count} "
-                         f"tensors, above --max-gb {args.max_gb:g}; pass --max-gb {math.ceil(size / 1e9)} to write "
-                         "it (the weights are made in memory first: it needs about as much RAM)")
-    existing = next(d for d in [args.out.absolute(), *args.out.absolute().parents] if d.exists())
-    if existing != args.out.absolute() and (not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK)):
-        raise UsageError(f"cannot write {args.out}: {existing} is {'not writable' if existing.is_dir() else 'a file'}")
-    print(f"make-checkpoint: {count} tensors, {size / 1e6:.4g} MB of parameters, into {args.out}",
-          file=sys.stderr, flush=True)
-
-
-class CheckpointProgress:
-    """make-checkpoint's progress on stderr: the tensor being made (a live line on a terminal, a
-    line per tenth of the tensors otherwise) and a line per shard written."""
-
-    def __init__(self):
-        self.live = sys.stderr.isatty()
-
-    def __call__(self, stage: str, done: int, total: int, name: str) -> None:
-        if stage == "tensor" and self.live:
-            sys.stderr.write("\r" + f"  making tensor {done}/{total} {name}"[:100].ljust(100))
-        elif stage == "tensor" and (done == 1 or done * 10 // total != (done - 1) * 10 // total):
-            print(f"  making tensor {done}/{total} {name}", file=sys.stderr)
-        elif stage == "shard":
-            print(("\r" + " " * 100 + "\r" if self.live else "") + f"  wrote shard {done}/{total} {name}",
-                  file=sys.stderr)
-        sys.stderr.flush()
-
-
 def cmd_make_checkpoint(args) -> int:
     from engine.checkpoint import make_checkpoint
+    from harness.estimates import CheckpointProgress, checkpoint_size
 
-    _checkpoint_size(args)
+    checkpoint_size(args)                      # refused above --max-gb before anything is made
     try:
         out = make_checkpoint(args.preset, args.seed, args.format, args.out, overwrite=args.overwrite,
                               progress=CheckpointProgress())
@@ -522,25 +483,6 @@ def cmd_make_checkpoint(args) -> int:
     return EXIT_OK
 
 
-def _generate_time(args, config, device) -> None:
-    """On the CPU, say how long the run will take when it is more than a few seconds, and refuse
-    above --max-seconds before it starts (harness/estimates.py; no estimate on a GPU)."""
-    from harness.estimates import generate_seconds
-
-    if device.type != "cpu":
-        return
-    seconds = generate_seconds(config, [len(p) for p in args.prompt_ids], args.max_new_tokens)
-    longest = max(len(p) for p in args.prompt_ids)
-    what = (f"{len(args.prompt_ids)} request(s), prompts of up to {longest} tokens, {args.max_new_tokens} new "
-            f"tokens, {config.num_hidden_layers} blocks")
-    if seconds > args.max_seconds:
-        raise UsageError(f"generate would take about {seconds:.0f} s on the CPU ({what}; a rough estimate), above "
-                         f"--max-seconds {args.max_seconds:g}; pass --max-seconds {math.ceil(seconds * 1.5)} to run "
-                         "it, or shorten the prompt or --max-new-tokens")
-    if seconds > 10:
-        print(f"generate: about {seconds:.0f} s on the CPU ({what}; a rough estimate)", file=sys.stderr, flush=True)
-
-
 def cmd_generate(args) -> int:
     import torch
 
@@ -548,12 +490,13 @@ def cmd_generate(args) -> int:
     from engine.generate import Request, generate
     from engine.model import GptOssModel
     from engine.sampling import SamplingParams
+    from harness.estimates import generate_time
     from harness.platform import detect
 
     try:
         device = detect(args.device).torch_device                   # refuses cuda without a GPU
         model = GptOssModel.from_checkpoint(args.checkpoint, backend=args.backend, device=device)
-        _generate_time(args, model.config, device)
+        generate_time(args, model.config, device)   # refused above --max-seconds before it runs
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                 max_new_tokens=args.max_new_tokens, greedy=args.seed is None,
                                 stop_token_ids=tuple(args.stop_ids) if args.stop_ids is not None else None)

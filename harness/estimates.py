@@ -1,8 +1,9 @@
 """What a `generate` or `make-checkpoint` command line will cost, known before it starts.
 
-The CLI says it up front and refuses above a bound (harness/limits.py) unless a flag raises it:
-a 5 000-token prompt used to run for many minutes printing nothing, and `make-checkpoint --preset
-gpt-oss-120b` wrote gigabytes with no end in sight.
+`checkpoint_size` and `generate_time` are the CLI's checks: they say it up front and refuse above
+a bound (harness/limits.py) unless a flag raises it. A 5 000-token prompt used to run for many
+minutes printing nothing, and `make-checkpoint --preset gpt-oss-120b` wrote gigabytes with no end
+in sight.
 
 The checkpoint size is exact (the tensors' shapes are known from the preset). The generation time
 is a rough model of the CPU engine on the torch backend, fitted to the tiny preset on the 2-core
@@ -15,6 +16,10 @@ guard against runs of hours, not a performance figure; the Triton interpreter is
 from __future__ import annotations
 
 import math
+import os
+import sys
+
+from harness.errors import UsageError
 
 # Seconds, for one block-head unit (the tiny preset's 4 blocks x 4 query heads = 16 units).
 PREFILL_PER_KEY = 4.5e-5         # per (query, key) pair of the prefill
@@ -51,3 +56,59 @@ def generate_seconds(config, prompt_lengths: list[int], max_new_tokens: int) -> 
         total += n * DECODE_PER_BLOCK * config.num_hidden_layers + DECODE_PER_KEY * units * (n * p + n * n / 2)
         total += (p + n) * active_params(config) / DENSE_MACS_PER_SECOND
     return total
+
+
+# --------------------------------------------------------------------------- what the CLI says and refuses
+def checkpoint_size(args) -> None:
+    """Say what make-checkpoint will write, and refuse above --max-gb, or into a path that cannot be
+    written, before making anything."""
+    from engine.config import preset
+
+    try:
+        size, count = checkpoint_bytes(preset(args.preset), args.format == "mxfp4")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if size > args.max_gb * 1e9:
+        raise UsageError(f"preset {args.preset!r} ({args.format}) has {size / 1e9:.3g} GB of parameters in {count} "
+                         f"tensors, above --max-gb {args.max_gb:g}; pass --max-gb {math.ceil(size / 1e9)} to write "
+                         "it (the weights are made in memory first: it needs about as much RAM)")
+    existing = next(d for d in [args.out.absolute(), *args.out.absolute().parents] if d.exists())
+    if existing != args.out.absolute() and (not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK)):
+        raise UsageError(f"cannot write {args.out}: {existing} is {'not writable' if existing.is_dir() else 'a file'}")
+    print(f"make-checkpoint: {count} tensors, {size / 1e6:.4g} MB of parameters, into {args.out}",
+          file=sys.stderr, flush=True)
+
+
+class CheckpointProgress:
+    """make-checkpoint's progress on stderr: the tensor being made (a live line on a terminal, a
+    line per tenth of the tensors otherwise) and a line per shard written."""
+
+    def __init__(self):
+        self.live = sys.stderr.isatty()
+
+    def __call__(self, stage: str, done: int, total: int, name: str) -> None:
+        if stage == "tensor" and self.live:
+            sys.stderr.write("\r" + f"  making tensor {done}/{total} {name}"[:100].ljust(100))
+        elif stage == "tensor" and (done == 1 or done * 10 // total != (done - 1) * 10 // total):
+            print(f"  making tensor {done}/{total} {name}", file=sys.stderr)
+        elif stage == "shard":
+            print(("\r" + " " * 100 + "\r" if self.live else "") + f"  wrote shard {done}/{total} {name}",
+                  file=sys.stderr)
+        sys.stderr.flush()
+
+
+def generate_time(args, config, device) -> None:
+    """On the CPU, say how long the run will take when it is more than a few seconds, and refuse
+    above --max-seconds before it starts (generate_seconds; no estimate on a GPU)."""
+    if device.type != "cpu":
+        return
+    seconds = generate_seconds(config, [len(p) for p in args.prompt_ids], args.max_new_tokens)
+    longest = max(len(p) for p in args.prompt_ids)
+    what = (f"{len(args.prompt_ids)} request(s), prompts of up to {longest} tokens, {args.max_new_tokens} new "
+            f"tokens, {config.num_hidden_layers} blocks")
+    if seconds > args.max_seconds:
+        raise UsageError(f"generate would take about {seconds:.0f} s on the CPU ({what}; a rough estimate), above "
+                         f"--max-seconds {args.max_seconds:g}; pass --max-seconds {math.ceil(seconds * 1.5)} to run "
+                         "it, or shorten the prompt or --max-new-tokens")
+    if seconds > 10:
+        print(f"generate: about {seconds:.0f} s on the CPU ({what}; a rough estimate)", file=sys.stderr, flush=True)

@@ -86,44 +86,22 @@ def pytest_configure(config):
     config.add_cleanup(held.close)
 
 
-def _check_settings(config) -> None:
-    """A wrong `lockstep_specs` / `lockstep_golden` value is a usage error naming the setting: a
-    path that is not a folder, or a folder set explicitly that does not exist (a golden folder
-    only outside --lockstep-regen, which creates it). Left at their defaults in a project without
-    specs/, they say nothing: the plugin is active in every pytest run once installed."""
-    regen = config.getoption("--lockstep-regen")
-    specs_value = config.getini("lockstep_specs")
-    specs_used = "lockstep_specs" in config.inicfg or (Path(config.rootpath) / specs_value).is_dir()
-    if specs_used:            # `--lockstep-device cuda` without a GPU: once here, not once per spec
-        try:
-            detect(config.getoption("--lockstep-device"), config.getoption("--lockstep-dtype"))
-        except ValueError as e:
-            raise pytest.UsageError(f"--lockstep-device: {e}") from None
-    where = f" (in {os.path.relpath(config.inipath, config.rootpath)})" if config.inipath else ""
-    for key, may_be_missing in (("lockstep_specs", False), ("lockstep_golden", regen)):
-        value = config.getini(key)
-        path = Path(config.rootpath) / value
-        explicit = key in config.inicfg
-        if not (explicit or specs_used):
-            continue
-        if path.exists() and not path.is_dir():
-            raise pytest.UsageError(f"{key} = {value}{where}: {path} is not a folder")
-        if explicit and not path.exists() and not may_be_missing:
-            raise pytest.UsageError(f"{key} = {value}{where}: no folder {path} (paths are relative to the rootdir "
-                                    f"{config.rootpath})")
-
-
 def _load_target(name: str) -> tuple:
-    """(target, its expectations), loaded once per session through the CLI's own boundary
-    (harness.targets.check.load_target): a target that cannot load is a usage error."""
-    from harness.errors import UsageError
-    from harness.targets.check import load_expectations, load_target
+    """(target, its expectations), loaded once per session; a target that cannot load is a usage error."""
+    from harness.targets import UnknownTarget, get
+    from harness.targets.base import NotApplicable, UpstreamChanged
+    from harness.targets.check import load_expectations
 
     try:
-        target = load_target(name)
-    except UsageError as e:
-        raise pytest.UsageError(f"--lockstep-target {name}: {e}") from None
-    return target, load_expectations(target)
+        target = get(name)
+        return target, load_expectations(target)
+    except UnknownTarget as e:
+        raise pytest.UsageError(str(e)) from None
+    except (NotApplicable, UpstreamChanged, ValueError, TypeError) as e:
+        raise pytest.UsageError(f"--lockstep-target {name}: cannot load: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the target's own code (its import, its factory) crashed
+        from harness.errors import located
+        raise pytest.UsageError(f"--lockstep-target {name}: cannot load: its factory crashed: {located(e)}") from None
 
 
 def _dirs(config) -> tuple[Path, Path]:
@@ -250,3 +228,35 @@ def _expectations_shown(target, config) -> str:
         return os.path.relpath(path, config.rootpath)
     except ValueError:
         return str(path)
+
+
+# --------------------------------------------------------------------------- settings (issue 29)
+def _check_settings(config) -> None:
+    """A wrong `lockstep_specs` / `lockstep_golden` value is a usage error naming the setting: a
+    path that is not a folder, or a folder set explicitly that does not exist (a golden folder
+    only outside --lockstep-regen, which creates it). Left at their defaults in a project without
+    specs/, they say nothing: the plugin is active in every pytest run once installed."""
+    regen = config.getoption("--lockstep-regen")
+    specs_used = "lockstep_specs" in config.inicfg or any(p.is_dir() for _, p in _ini_paths(config, "lockstep_specs"))
+    if specs_used:            # `--lockstep-device cuda` without a GPU: once here, not once per spec
+        try:
+            detect(config.getoption("--lockstep-device"), config.getoption("--lockstep-dtype"))
+        except ValueError as e:
+            raise pytest.UsageError(f"--lockstep-device: {e}") from None
+    where = f" (in {os.path.relpath(config.inipath, config.rootpath)})" if config.inipath else ""
+    for key, may_be_missing in (("lockstep_specs", False), ("lockstep_golden", regen)):
+        explicit = key in config.inicfg
+        if not (explicit or specs_used):
+            continue
+        for value, path in _ini_paths(config, key):
+            if path.exists() and not path.is_dir():
+                raise pytest.UsageError(f"{key} = {value}{where}: {path} is not a folder")
+            if explicit and not path.exists() and not may_be_missing:
+                raise pytest.UsageError(f"{key} = {value}{where}: no folder {path}")
+
+
+def _ini_paths(config, key: str) -> list[tuple[str, Path]]:
+    """(as written, resolved) for each path an ini key gives (one string, or a list of paths)."""
+    value = config.getini(key)
+    values = value if isinstance(value, list) else [value]
+    return [(str(v), Path(config.rootpath) / v) for v in values]

@@ -94,7 +94,7 @@ def test_a_crash_recorded_as_expected_stays_the_same_observed_line(plugins, caps
 
 @pytest.mark.parametrize("name,fragment", [
     ("wrongtype", "target 'wrongtype': its factory returned dict, not a harness.targets.Target"),
-    ("malformed", "malformed-1.0.yaml:4:1: malformed YAML: expected ',' or ']'"),
+    ("malformed", "malformed-1.0.yaml:4"),
     ("brokenfactory", "its factory crashed: ModuleNotFoundError: No module named 'no_such_engine_module' (at "),
 ])
 def test_a_plugin_target_that_cannot_load_is_a_usage_error(plugins, capsys, name, fragment):
@@ -151,7 +151,7 @@ def test_plugin_defaults_stay_quiet_where_there_are_no_specs(pytester):
 
 @pytest.mark.parametrize("name,fragment", [
     ("wrongtype", "its factory returned dict, not a harness.targets.Target"),
-    ("malformed", "malformed-1.0.yaml:4:1: malformed YAML: expected ',' or ']'"),
+    ("malformed", "malformed-1.0.yaml:4"),
     ("brokenfactory", "its factory crashed: ModuleNotFoundError: No module named 'no_such_engine_module' (at "),
 ])
 def test_plugin_target_that_cannot_load_is_a_usage_error(scratch, monkeypatch, name, fragment):
