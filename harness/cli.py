@@ -370,13 +370,12 @@ def cmd_check(args, explain: bool = False) -> int:
         for s in stale:
             print(f"  {args.golden / s}")
     if temps:
-        print(f"\nstale temporary files (left by a killed golden write; `lockstep regen` removes them)"
+        print(f"\n{len(temps)} stale temporary file(s) (left by a killed golden write; `lockstep regen` removes them)"
               f"{' — failing under --strict' if args.strict else ''}:")
         for t in temps:
             print(f"  {t}")
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n or s == runner.PASS)
-    extra = (f", {len(errors)} spec error(s)" if errors else "") + (f", {len(stale)} stale golden(s)" if stale else "") \
-        + (f", {len(temps)} stale temporary file(s)" if temps else "")
+    extra = (f", {len(errors)} spec error(s)" if errors else "") + (f", {len(stale)} stale golden(s)" if stale else "")
     print(f"\n{len(outcomes)} spec(s): {summary}{extra} in {elapsed:.1f}s, run on {ctx.platform.name} "
           f"({ctx.backend} backend); goldens: {folders}")
     return code
@@ -407,9 +406,11 @@ def cmd_regen(args) -> int:
     specs, errors = _load(args)
     ctx = _context(args)
     if args.dry_run:
+        _stale_temps(store, remove=False)
         return _regen(args, specs, errors, ctx, store)
     try:
         with store.writer_lock():
+            _stale_temps(store, remove=True)   # under the exclusive lock: no write is in flight
             return _regen(args, specs, errors, ctx, store)
     except GoldenLocked as e:
         raise UsageError(str(e)) from None
@@ -417,11 +418,14 @@ def cmd_regen(args) -> int:
         raise UsageError(f"cannot record goldens in {args.golden}: {e.strerror or e}") from None
 
 
+def _stale_temps(store, remove: bool) -> None:
+    for t in (store.remove_stale_temps() if remove else store.stale_temps()):
+        print(f"{'removed' if remove else 'would remove'} stale temporary file {t} (left by a killed write)")
+
+
 def _regen(args, specs, errors, ctx, store) -> int:
     from harness import runner
 
-    for t in (store.stale_temps() if args.dry_run else store.remove_stale_temps()):   # under the writer lock
-        print(f"{'would remove' if args.dry_run else 'removed'} stale temporary file {t} (left by a killed write)")
     progress = Progress(len(specs))
     debug = getattr(args, "debug", False)
     outcomes = []
@@ -571,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path, required=True)
     p.add_argument("--prompt-ids", type=_token_ids, action="append", required=True,
                    help="comma-separated token ids; repeat for a batch")
-    p.add_argument("--seed", type=_int_in(-2**63, 2**64, "[-2^63, 2^64)"), help="seeded sampling (without: greedy)")
+    p.add_argument("--seed", type=int, help="seeded sampling (without: greedy)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)

@@ -188,7 +188,7 @@ def test_a_symlinked_spec_folder_is_reported_not_skipped(project, capsys):
     (["make-checkpoint", "--preset", "tiny", "--seed", str(2**64), "OUT"], "argument --seed: must be an integer in [0, 2^63)"),
     (["make-checkpoint", "--preset", "tiny", "--seed", "-1", "OUT"], "argument --seed: must be an integer in [0, 2^63)"),
     (["generate", "--checkpoint", "models/tiny-target", "--prompt-ids", "1", "--seed", str(2**64)],
-     "argument --seed: must be an integer in [-2^63, 2^64)"),
+     "must be an int in [-2^63, 2^64)"),
     (["generate", "--checkpoint", "models/tiny-target", "--prompt-ids", "-1,2"],
      "argument --prompt-ids: token ids are >= 0, got -1 (a negative id is not a token)"),
     (["generate", "--checkpoint", "models/tiny-target", "--prompt-ids", "-3"],

@@ -81,7 +81,7 @@ def test_a_stale_temporary_file_fails_check_strict_and_regen_removes_it(project,
     debris = project / "golden/shared/coins/known-answers.json.abc123.tmp-lockstep"
     debris.write_text("{half a manif")                     # what a kill -9 during a write leaves
     code, out = run(capsys, "check")
-    assert code == 0 and "stale temporary files" in out and str(debris.relative_to(project)) in out
+    assert code == 0 and "1 stale temporary file(s)" in out and str(debris.relative_to(project)) in out
     code, out = run(capsys, "check", "--strict")
     assert code == 1 and "1 stale temporary file(s)" in out and "failing under --strict" in out
     code, out = run(capsys, "regen", "--dry-run")
