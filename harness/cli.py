@@ -296,12 +296,14 @@ def cmd_check(args, explain: bool = False) -> int:
     elapsed = time.perf_counter() - start
     folders = _golden_folders(args.golden, [o.golden_platform for o in outcomes])
     if args.json:
-        print(json.dumps({
-            "platform": ctx.platform.name, "backend": ctx.backend, "exit_code": code, "seconds": round(elapsed, 3),
-            "golden_folders": sorted({str(args.golden / o.golden_platform) for o in outcomes}),
-            "summary": counts | {"spec_errors": len(errors), "stale_goldens": len(stale)},
-            "specs": [o.to_json() for o in outcomes], "spec_errors": [str(e) for e in errors],
-            "stale_goldens": stale}, indent=2))
+        from harness.jsonout import check_document
+        from harness.version import version
+        print(json.dumps(check_document(
+            target=f"lockstep-{version()}", platform=ctx.platform.name, backend=ctx.backend, exit_code=code,
+            seconds=elapsed, golden_folders=sorted({str(args.golden / o.golden_platform) for o in outcomes}),
+            summary=counts | {"spec_errors": len(errors), "stale_goldens": len(stale)},
+            specs=[o.to_json() for o in outcomes], spec_errors=[str(e) for e in errors],
+            stale_goldens=stale), indent=2))
         return code
     debug = getattr(args, "debug", False)
     for o in outcomes:
@@ -386,14 +388,16 @@ def _regen(args, specs, errors, ctx, store) -> int:
 
 
 def cmd_report(args) -> int:
-    from harness.targets.check import cmd_report
+    from harness.targets.check import cmd_report, report_out
+    report_out(args.out)                      # a bad --out is refused before any spec loads or runs
     specs, errors = _load(args)
     return cmd_report(args, specs, errors, _context(args), Progress(len(specs), True))
 
 
 def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
     if many:
-        p.add_argument("--target", action="append", help="a target to report (repeatable; default: sglang, vllm, hf)")
+        p.add_argument("--target", action="append", help="a target to report (repeatable; default: those of sglang, "
+                                                         "vllm, hf that load here, the others listed as not run)")
     else:
         p.add_argument("--target", default="lockstep", help="the implementation under test: lockstep (default), "
                                                             "sglang, vllm, hf, or one registered under the entry "
@@ -415,6 +419,24 @@ def cmd_make_checkpoint(args) -> int:
     return EXIT_OK
 
 
+def _generate_settings(args) -> tuple[list, dict]:
+    """Per-prompt seeds and the sampling settings, refusing silent fallbacks: a sampling setting
+    without --seed (generation would be greedy), --logprobs without --json (nowhere to print them)."""
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+    given = [f"--{k.replace('_', '-')}" for k, v in sampling.items() if v is not None]
+    if args.seed is None and given:
+        raise UsageError(f"{', '.join(given)} without --seed: generation without a seed is greedy; pass --seed S "
+                         "(one, or one per --prompt-ids) to sample")
+    if args.logprobs and not args.json:
+        raise UsageError("--logprobs is printed only in --json output; add --json")
+    n = len(args.prompt_ids)
+    seeds = args.seed or [None]
+    if len(seeds) not in (1, n):
+        raise UsageError(f"--seed gives {len(seeds)} seeds for {n} prompts: give one (every prompt) or one per prompt")
+    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    return seeds * n if len(seeds) == 1 else seeds, {k: defaults[k] if v is None else v for k, v in sampling.items()}
+
+
 def cmd_generate(args) -> int:
     import torch
 
@@ -424,36 +446,60 @@ def cmd_generate(args) -> int:
     from engine.sampling import SamplingParams
     from harness.platform import detect
 
+    seeds, sampling = _generate_settings(args)
     try:
-        device = detect(args.device).torch_device                   # refuses cuda without a GPU
-        model = GptOssModel.from_checkpoint(args.checkpoint, backend=args.backend, device=device)
-        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                                max_new_tokens=args.max_new_tokens, greedy=args.seed is None,
-                                stop_token_ids=tuple(args.stop_ids) if args.stop_ids is not None else None)
-        requests = [Request(prompt=ids, params=params, seed=args.seed) for ids in args.prompt_ids]
+        platform = detect(args.device)                                # refuses cuda without a GPU
+        model = GptOssModel.from_checkpoint(args.checkpoint, backend=args.backend, device=platform.torch_device)
+        requests = [Request(prompt=ids, seed=seed, params=SamplingParams(
+            **sampling, max_new_tokens=args.max_new_tokens, greedy=seed is None,
+            stop_token_ids=tuple(args.stop_ids) if args.stop_ids is not None else None))
+            for ids, seed in zip(args.prompt_ids, seeds)]
         results = generate(model, requests)
     except (CheckpointError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
     out = []
     for req, res in zip(requests, results):
-        item = {"prompt": req.prompt, "tokens": res.tokens, "finish_reason": res.finish_reason}
+        p = req.params
+        item = {"prompt": req.prompt, "seed": req.seed,
+                "sampling": {"greedy": p.greedy, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
+                             "min_p": p.min_p, "max_new_tokens": p.max_new_tokens,
+                             "stop_token_ids": list(p.stop_token_ids) if p.stop_token_ids is not None else None},
+                "tokens": res.tokens, "finish_reason": res.finish_reason}
         if args.logprobs:
             item["logprobs"] = res.logprobs.tolist()
             item["logprobs_bits"] = [f"{b & 0xFFFFFFFF:08x}" for b in res.logprobs.contiguous().view(torch.int32).tolist()]
         out.append(item)
     if args.json:
-        print(json.dumps(out if len(out) > 1 else out[0], indent=2))
+        from harness.jsonout import generate_document
+        print(json.dumps(generate_document(checkpoint=str(args.checkpoint), checkpoint_digest=_digest(args.checkpoint),
+                                           platform=platform.name, backend=args.backend, results=out), indent=2))
     else:
         for item in out:
             print(" ".join(map(str, item["tokens"])) + f"   ({item['finish_reason']})")
     return EXIT_OK
 
 
+def _digest(checkpoint: Path) -> str:
+    """One sha256 over the checkpoint folder's files (name and sha256 of each, sorted by name)."""
+    import hashlib
+
+    from engine.checkpoint import checkpoint_digest
+    lines = "".join(f"{name} {sha}\n" for name, sha in checkpoint_digest(checkpoint).items())
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
 # --------------------------------------------------------------------------- entry point
+def _version() -> str:
+    from harness.version import DISTRIBUTION, version
+    return f"{version()} ({DISTRIBUTION})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockstep", description="Deterministic-replay conformance harness "
                                                                   "for gpt-oss + EAGLE3 inference.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks (also accepted after the command)")
+    parser.add_argument("--version", action="version", version=f"lockstep {_version()}",
+                        help="the installed lockstep-harness version")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="list the specs")
     _common(p)
@@ -485,7 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _running(p)
     _target(p, many=True)
-    p.add_argument("--out", default="docs/conformance.md", help="Markdown path; the JSON goes beside it")
+    p.add_argument("--out", required=True, help="Markdown path (required: nothing is written where you did not "
+                                               "say); the JSON goes beside it")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
@@ -499,11 +546,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path, required=True)
     p.add_argument("--prompt-ids", type=_int_list, action="append", required=True,
                    help="comma-separated token ids; repeat for a batch")
-    p.add_argument("--seed", type=int, help="seeded sampling (without: greedy)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=_int_list, metavar="S[,S...]",
+                   help="seeded sampling: one seed for every prompt, or one per --prompt-ids (without: greedy)")
+    p.add_argument("--temperature", type=float, help="default 1.0; needs --seed")
+    p.add_argument("--top-k", type=int, help="default 0 (off); needs --seed")
+    p.add_argument("--top-p", type=float, help="default 1.0 (off); needs --seed")
+    p.add_argument("--min-p", type=float, help="default 0.0 (off); needs --seed")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--stop-ids", type=_int_list, help="replace the EOS list, e.g. --stop-ids 509,510")
     p.add_argument("--logprobs", action="store_true", help="include each token's logprob (and its float32 bits)")

@@ -86,7 +86,7 @@ class Outcome:
 
     def to_json(self) -> dict:
         return {
-            "id": self.spec.id, "status": self.status, "golden_platform": self.golden_platform,
+            "id": self.spec.id, "kind": self.spec.kind, "status": self.status, "golden_platform": self.golden_platform,
             "file": str(self.spec.file), "seconds": round(self.seconds, 4), "messages": self.messages,
             "diffs": [d.to_json() for d in self.diffs],
             "data_diff": self.data_diff, "warnings": self.warnings, "notes": self.notes, "repro": self.repro,

@@ -117,8 +117,12 @@ def cmd_check_target(args, specs, errors, ctx, explain=False, progress=None) -> 
     code = 2 if errors else (1 if problems else 0)
     counts = {s: sum(o.status == s for o in outcomes) for s in (PASS, FAIL, NA)}
     if getattr(args, "json", False):
-        print(json.dumps({"target": target.label, "exit_code": code, "summary": counts,
-                          "expectation_problems": problems, "specs": [o.to_json() for o in outcomes]}, indent=2))
+        from harness.jsonout import check_document
+        print(json.dumps(check_document(
+            target=target.label, platform=ctx.platform.name, backend=ctx.backend, exit_code=code,
+            seconds=time.perf_counter() - start, summary=counts | {"spec_errors": len(errors)},
+            specs=[o.to_json() for o in outcomes], spec_errors=[str(e) for e in errors],
+            expectation_problems=problems, expectations_file=str(expectations_path(target))), indent=2))
         return code
     width = max([len(o.spec.id) for o in outcomes] + [4])
     print(f"{'STATUS':<7} {'SPEC':<{width}}  {'EXPECTED':<8} {'HOW':<9} {'TIME':>7}")
@@ -214,10 +218,57 @@ def markdown(m: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+PEERS = ("sglang", "vllm", "hf")      # what `report` runs without --target, each only if it loads here
+
+
+def report_out(out: str) -> Path:
+    """--out, checked before any target runs: a .md file whose folder can be written."""
+    import os
+
+    path = Path(out)
+    if path.suffix != ".md":
+        raise _usage(f"--out {out}: expected a Markdown path ending in .md (the JSON is written beside it)")
+    if path.is_dir():
+        raise _usage(f"--out {out} is a directory; name the .md file")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise _usage(f"--out {out}: {parent} cannot be written")
+    return path
+
+
+def _usage(text: str):
+    from harness.cli import UsageError
+    return UsageError(text)
+
+
+def report_targets(names) -> tuple[list[Target], dict[str, str]]:
+    """The targets to report and, without --target, the peers skipped here with the reason.
+    A target named with --target must load; a default peer that does not is listed, not fatal."""
+    if names:
+        return [load_target(n) for n in names], {}
+    loaded, skipped = [], {}
+    for name in PEERS:
+        try:
+            loaded.append(get(name))
+        except (NotApplicable, UpstreamChanged, ImportError) as e:
+            skipped[name] = str(e)
+    if not loaded:
+        raise _usage("none of the peers " + ", ".join(PEERS) + " loads here: " +
+                     "; ".join(f"{n}: {why}" for n, why in skipped.items()))
+    return loaded, skipped
+
+
 def cmd_report(args, specs, errors, ctx, progress=None) -> int:
+    from harness.jsonout import report_document
+
+    out = report_out(args.out)
+    targets, skipped = report_targets(args.target)
+    for name, why in skipped.items():
+        print(f"not run: {name}: {why}", file=sys.stderr)
     results, expected, problems = {}, {}, []
-    for name in args.target or ["sglang", "vllm", "hf"]:
-        target = load_target(name)
+    for target in targets:
         store = GoldenStore(args.golden)
         outcomes = run_target(specs, ctx, target, store, progress)
         results[target.label] = outcomes
@@ -226,10 +277,13 @@ def cmd_report(args, specs, errors, ctx, progress=None) -> int:
                                                                {s.id for s in specs} if (args.patterns or args.tag)
                                                                else set())]
     m = matrix(results, expected)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(m))
-    out.with_suffix(".json").write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
+    text = markdown(m)
+    if skipped:
+        text += "\n## Not run here\n\n" + "".join(f"- {n}: {why}\n" for n, why in skipped.items())
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(report_document(m | {"not_installed": skipped}), indent=1,
+                                                   sort_keys=True) + "\n")
     print(f"wrote {out} and {out.with_suffix('.json')}")
     for p in problems:
         print(p, file=sys.stderr)

@@ -88,11 +88,11 @@ def _sampling(logp, seeds, positions):
 
 
 def load() -> Target:
-    from importlib.metadata import version
+    from harness.version import version
     every = (CPU, INTERPRETER, CUDA)
     kernels = (INTERPRETER, CUDA)
     return Target(
-        name="lockstep", version=version("lockstep"),
+        name="lockstep", version=version(),
         description="Lockstep's own kernels (Triton) and reference engine: the default target",
         conventions=("boundary", "sglang", "output-index"),
         ops={

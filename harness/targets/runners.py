@@ -51,7 +51,8 @@ class TargetOutcome:
 
     def to_json(self) -> dict:
         return {"id": self.spec.id, "kind": self.spec.kind, "target": self.target, "status": self.status,
-                "compare": self.compare, "message": self.message, "seconds": round(self.seconds, 3)}
+                "compare": self.compare, "message": self.message, "messages": list(self.messages),
+                "seconds": round(self.seconds, 3)}
 
 
 # --------------------------------------------------------------------------- coins
