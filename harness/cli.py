@@ -394,6 +394,18 @@ def cmd_report(args) -> int:
     return cmd_report(args, specs, errors, _context(args), Progress(len(specs), True))
 
 
+def _expectations(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expectations", type=Path, metavar="FILE",
+                   help="the target's expectations file (default: the target's own, or the shipped one whose "
+                        "version range holds the target's version)")
+
+
+def cmd_expectations(args) -> int:
+    from harness.targets.check import cmd_write_expectations
+    specs, errors = _load(args)
+    return cmd_write_expectations(args, specs, errors, _context(args), Progress(len(specs), True))
+
+
 def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
     if many:
         p.add_argument("--target", action="append", help="a target to report (repeatable; default: those of sglang, "
@@ -515,11 +527,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone, or was edited "
                                                          "after they were recorded)")
     _target(p)
+    _expectations(p)
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("diff", help="run specs and explain each against its golden")
     _common(p, patterns="+")
     _running(p)
     _target(p)
+    _expectations(p)
     p.set_defaults(func=lambda a: cmd_check(a, explain=True), json=False, strict=False)
     p = sub.add_parser("regen", help="record goldens: two identical runs, shown, then written atomically")
     _common(p)
@@ -533,7 +547,16 @@ def build_parser() -> argparse.ArgumentParser:
     _target(p, many=True)
     p.add_argument("--out", required=True, help="Markdown path (required: nothing is written where you did not "
                                                "say); the JSON goes beside it")
+    _expectations(p)
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("expectations", help="run specs on a target and write its expectations file from the "
+                                            "observed failures, for review")
+    _common(p)
+    _running(p)
+    p.add_argument("--target", required=True, help="the target (not lockstep: it has no expected failures)")
+    p.add_argument("--write", type=Path, required=True, metavar="FILE", help="the expectations file to write")
+    p.add_argument("--versions", help="the PEP 440 range the file holds for (default: ==the target's version)")
+    p.set_defaults(func=cmd_expectations)
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
     p.add_argument("--seed", type=int, default=0)
