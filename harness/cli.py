@@ -85,7 +85,25 @@ def _common(p: argparse.ArgumentParser, patterns: str = "*") -> None:
     p.add_argument("--tag", action="append", default=[], type=_tag, help="only specs carrying this tag (repeatable)")
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
     p.add_argument("--golden", type=Path, default=Path("golden"), help="golden directory (default: ./golden)")
+    p.add_argument("--suite", type=Path, action=_SuiteAction, metavar="DIR",
+                   help="the suite in DIR: --specs DIR/specs --golden DIR/golden (e.g. \"$(lockstep suite)\")")
+    p.add_argument("--checkpoint-path", type=_checkpoint_mapping, action="append", default=[],
+                   metavar="SPEC_PATH=DIR", help="read the checkpoint a spec names SPEC_PATH from DIR, outside the "
+                                                 "suite (repeatable)")
     _debug(p)
+
+
+class _SuiteAction(argparse.Action):
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.suite, namespace.specs, namespace.golden = value, value / "specs", value / "golden"
+
+
+def _checkpoint_mapping(text: str):
+    from harness.suite import parse_mapping
+    try:
+        return parse_mapping(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _running(p: argparse.ArgumentParser) -> None:
@@ -99,6 +117,8 @@ def _running(p: argparse.ArgumentParser) -> None:
 
 
 def _check_dirs(args) -> None:
+    from harness.suite import map_checkpoints
+    map_checkpoints(getattr(args, "checkpoint_path", []))
     if not args.specs.is_dir():
         raise UsageError(f"no spec directory at {args.specs} (run from the project root or pass --specs)")
     golden = getattr(args, "golden", None)
@@ -416,6 +436,16 @@ def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
                                                             "point group lockstep.targets")
 
 
+def cmd_suite(args) -> int:
+    from harness.suite import installed_root
+    root = installed_root()
+    if root is None or not (root / "specs").is_dir():
+        raise UsageError("no suite installed with this lockstep (install it from a clone: pip install -e CLONE, or "
+                         "set LOCKSTEP_SUITE to a folder holding specs/ and golden/)")
+    print(root)
+    return EXIT_OK
+
+
 def cmd_make_checkpoint(args) -> int:
     from engine.checkpoint import make_checkpoint
 
@@ -557,6 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write", type=Path, required=True, metavar="FILE", help="the expectations file to write")
     p.add_argument("--versions", help="the PEP 440 range the file holds for (default: ==the target's version)")
     p.set_defaults(func=cmd_expectations)
+    p = sub.add_parser("suite", help="print the installed suite's folder (its specs/, golden/ and models/)")
+    _debug(p)
+    p.set_defaults(func=cmd_suite)
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
     p.add_argument("--seed", type=int, default=0)

@@ -15,8 +15,9 @@ shows the same report as `lockstep check`, located at its YAML file. Items are c
 sorted order, and golden writes are atomic per spec, so pytest-xdist works.
 Settings (ini, paths relative to the ini file): `lockstep_specs` (spec directories, default
 "specs"), `lockstep_golden` (one golden directory, or one per spec directory; default "golden"),
-`lockstep_suite` (folders holding specs/ and golden/; also `--lockstep-suite DIR`, e.g. the
-installed suite that `lockstep suite` prints) and `lockstep_expectations` (also
+`lockstep_suite` (folders holding specs/ and golden/; also `--lockstep-suite=DIR`, e.g. the
+installed suite that `lockstep suite` prints; with `=`, or pytest takes DIR for its rootdir),
+`lockstep_checkpoints` (SPEC_PATH = DIR lines) and `lockstep_expectations` (also
 `--lockstep-expectations FILE`). Spec directories outside the paths pytest walks are collected too
 unless the command line names its own paths.
 """
@@ -55,13 +56,17 @@ def pytest_addoption(parser):
                          "version range holds its version)")
     group.addoption("--lockstep-suite", metavar="DIR", type=Path, action="append", default=[],
                     help="also run the suite in DIR (its specs/ against its golden/; repeatable), e.g. the "
-                         "installed one: --lockstep-suite \"$(lockstep suite)\"")
+                         "installed one: --lockstep-suite=\"$(lockstep suite)\" (with '=': a separate DIR is taken for "
+                         "pytest's rootdir)")
     parser.addini("lockstep_specs", "spec directories, relative to the ini file (default: specs)", type="paths",
                   default=[])
     parser.addini("lockstep_golden", "golden directories, relative to the ini file: one for every spec directory, "
                                      "or one per spec directory in order (default: golden)", type="paths", default=[])
     parser.addini("lockstep_suite", "suite folders (each holding specs/ and golden/), relative to the ini file",
                   type="paths", default=[])
+    parser.addini("lockstep_checkpoints", "SPEC_PATH = DIR, one a line: the checkpoint a spec names SPEC_PATH is "
+                                          "read from DIR (relative to the ini file), outside the suite",
+                  type="linelist", default=[])
     parser.addini("lockstep_expectations", "the target's expectations file, relative to the ini file", type="paths",
                   default=[])
 
@@ -72,6 +77,12 @@ def pytest_configure(config):
         # worker only contend for them (the bits do not depend on the thread count: D0)
         import torch
         torch.set_num_threads(1)
+    from harness.suite import map_checkpoints, parse_mapping
+    base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+    try:
+        map_checkpoints(parse_mapping(line, base) for line in config.getini("lockstep_checkpoints"))
+    except ValueError as e:
+        raise pytest.UsageError(f"lockstep_checkpoints: {e}") from None
     name = config.getoption("--lockstep-target")
     if name and name != "lockstep":
         if config.getoption("--lockstep-regen"):

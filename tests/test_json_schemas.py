@@ -75,3 +75,8 @@ def test_version(capsys):
     from harness.version import version
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"lockstep {version()} (lockstep-harness)"
+
+
+def test_the_committed_conformance_matrix_validates():
+    doc = json.loads((ROOT / "docs" / "conformance.json").read_text())
+    assert not [e.message for e in schema("report").iter_errors(doc)]
