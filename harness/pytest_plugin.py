@@ -43,7 +43,7 @@ def pytest_addoption(parser):
     group = parser.getgroup("lockstep", "Lockstep conformance specs")
     group.addoption("--lockstep-regen", action="store_true",
                     help="regenerate goldens of the collected specs (two identical runs, atomic writes)")
-    group.addoption("--lockstep-allow-ci", action="store_true", help="allow --lockstep-regen when CI=true")
+    group.addoption("--lockstep-allow-ci", action="store_true", help="allow --lockstep-regen under CI (any truthy CI value)")
     group.addoption("--lockstep-device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     group.addoption("--lockstep-dtype", choices=["fp32", "bf16"], default="fp32")
     group.addoption("--lockstep-backend", choices=["torch", "triton"], default="torch")
@@ -99,8 +99,9 @@ def pytest_configure(config):
                 f"{', '.join(unknown)} (stale, or of another suite)"), stacklevel=2)
     if not config.getoption("--lockstep-regen"):
         return
-    if os.environ.get("CI", "").lower() == "true" and not config.getoption("--lockstep-allow-ci"):
-        raise pytest.UsageError("--lockstep-regen refuses to run under CI=true without --lockstep-allow-ci")
+    from harness.ci import ci_value, under_ci
+    if under_ci() and not config.getoption("--lockstep-allow-ci"):
+        raise pytest.UsageError(f"--lockstep-regen refuses to run under CI={ci_value()} without --lockstep-allow-ci")
     # Hold the golden folder (shared among this session's xdist workers, which record disjoint
     # specs) so that a concurrent `lockstep regen` is refused, and this session refused while one runs.
     held = contextlib.ExitStack()
