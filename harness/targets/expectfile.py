@@ -46,14 +46,14 @@ def _compose(path: Path):
 
 
 def _line(node, *keys) -> int:
-    """1-based line of the value at `keys` in a composed mapping (the nearest one found)."""
+    """1-based line of the last of `keys` in a composed mapping (the nearest one found)."""
     line = node.start_mark.line + 1 if node is not None else 1
     for key in keys:
         if not isinstance(node, yaml.MappingNode):
             break
         for k, v in node.value:
             if k.value == key:
-                node, line = v, v.start_mark.line + 1
+                node, line = v, k.start_mark.line + 1
                 break
         else:
             break
