@@ -32,6 +32,27 @@ def test_lockstep_through_the_target_path_passes(spec_id):
     assert run(get("lockstep"), spec_id).status == PASS
 
 
+@pytest.mark.parametrize("spec_id", ["generate/custom-stop-ids", "draft/written-aux"])
+def test_lockstep_decode_loop_and_draft_through_the_target_path_pass(spec_id):
+    """Seeded sampling (generate) and the draft head's stages (draft_stages) of the default target
+    match Lockstep's goldens; tests/test_downstream_ci.py drives speculative_generate."""
+    assert run(get("lockstep"), spec_id).status == PASS
+
+
+def test_a_feature_the_target_does_not_declare_is_na_with_its_reason():
+    from harness.targets.runners import applicability
+
+    full = get("lockstep").ops["generate"]
+    t = Target("toy", "1", ops={"generate": Op(full.fn, full.where, features=frozenset({"batch"}))},
+               missing={"generate:sampling": "toy samples with its own RNG"})
+    specs, _ = load_specs(ROOT / "specs")
+    (seeded,) = select(specs, ["generate/custom-stop-ids"], [])
+    (speculative,) = select(specs, ["speculative/synthetic-plain"], [])
+    assert applicability(seeded, t) == (NA, "toy samples with its own RNG")
+    assert applicability(speculative, t) == (NA, "toy has no 'speculative_generate' operation")
+    assert run(t, "generate/custom-stop-ids").message == "toy samples with its own RNG"
+
+
 def test_a_missing_operation_is_na_with_its_reason():
     t = Target("toy", "1", ops={}, missing={"hash": "toy hashes nothing"})
     o = run(t, "coins/known-answers")
