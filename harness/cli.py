@@ -5,10 +5,13 @@
     lockstep check    [PATTERN ...] [--json] [--strict]   the CI gate
     lockstep diff     PATTERN ...                   run and explain against the golden
     lockstep regen    [PATTERN ...] [--dry-run] [--allow-ci]
-    lockstep report   [PATTERN ...] [--target T ...] [--out docs/conformance.md]
+    lockstep report   [PATTERN ...] [--target T ...] --out PATH.md
+    lockstep expectations [PATTERN ...] --target T --write FILE [--versions RANGE]
+    lockstep suite                                  the installed suite's folder
     (list, check and diff take --target NAME: another implementation, see harness/targets)
     lockstep make-checkpoint --preset NAME --seed S --format bf16|mxfp4 OUT
     lockstep generate --checkpoint DIR --prompt-ids 1,2,3 [...] [--json]
+    lockstep --version
 
 Patterns are globs over spec ids (`'coins/*'`). Exit codes of `check` and `diff`:
 0 every spec matches its golden, 1 a mismatch (or a failed expectation, a crash, a corrupt
