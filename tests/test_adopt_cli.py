@@ -96,3 +96,28 @@ def test_pytest_runs_several_spec_directories_given_relative_to_its_ini(project,
                        timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "5 passed" in r.stdout, r.stdout[-2000:]             # 2 of its own + Lockstep's 3
+
+
+@pytest.mark.parametrize("out, message", [("matrix.txt", "expected a Markdown path ending in .md"),
+                                          ("dir.md", "is a directory")])
+def test_report_checks_out_before_anything_runs(project, capsys, out, message):
+    (project / "dir.md").mkdir()
+    code, text = run(capsys, "report", "--target", "lockstep", "--out", out)
+    assert code == 2 and message in text and "wrote" not in text
+
+
+def test_report_runs_the_peers_that_load_and_names_the_others(project, capsys, monkeypatch):
+    from harness.targets import check
+    from harness.targets.base import NotApplicable
+
+    real = check.get
+
+    def get(name):
+        if name == "sglang":
+            raise NotApplicable("sglang is not installed (pip install --no-deps sglang==0.5.23)")
+        return real("lockstep") if name == "vllm" else real(name)
+    monkeypatch.setattr(check, "get", get)
+    monkeypatch.setattr(check, "PEERS", ("sglang", "vllm"))
+    code, text = run(capsys, "report", "--out", str(project / "m.md"), "coins/known-answers")
+    assert code == 0 and "not run: sglang: sglang is not installed" in text
+    assert "## Not run here" in (project / "m.md").read_text()

@@ -80,3 +80,14 @@ def test_version(capsys):
 def test_the_committed_conformance_matrix_validates():
     doc = json.loads((ROOT / "docs" / "conformance.json").read_text())
     assert not [e.message for e in schema("report").iter_errors(doc)]
+
+
+def test_version_from_a_clone_that_was_never_installed(monkeypatch):
+    import importlib.metadata
+
+    import harness.version as v
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(v, "_dist_version", missing)
+    assert v.version() == v._PYPROJECT.read_text().split('version = "')[1].split('"')[0] + "+clone"

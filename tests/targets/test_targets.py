@@ -32,10 +32,10 @@ def test_lockstep_through_the_target_path_passes(spec_id):
     assert run(get("lockstep"), spec_id).status == PASS
 
 
-@pytest.mark.parametrize("spec_id", ["generate/custom-stop-ids", "draft/written-aux"])
+@pytest.mark.parametrize("spec_id", ["generate/custom-stop-ids", "draft/written-aux", "speculative/synthetic-plain"])
 def test_lockstep_decode_loop_and_draft_through_the_target_path_pass(spec_id):
     """Seeded sampling (generate) and the draft head's stages (draft_stages) of the default target
-    match Lockstep's goldens; tests/test_downstream_ci.py drives speculative_generate."""
+    and speculative decoding (speculative_generate) match Lockstep's goldens."""
     assert run(get("lockstep"), spec_id).status == PASS
 
 
