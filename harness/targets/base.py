@@ -30,7 +30,8 @@ operations, with the default target `harness/targets/lockstep.py` implementing e
               `speculative`: num_steps, topk, draft_token_num, verify, threshold_single,
               threshold_acc (as a generate spec's `speculative`). Op.features: the verify modes
               it implements ("greedy", "target-only", "rejection") and "tree" when topk > 1 works;
-              also "sampling" and "batch" as for generate.
+              also "sampling" and "batch" as for generate. The distribution kind drives it too
+              (one seeded request per seed; its tokens judged by a chi-square test).
     draft_stages(checkpoint_dir, draft_dir, convention, aux [R, A] f32, tokens [R] int64, top_k)
               -> dict of the draft head's
               internals (DESIGN §4) for R rows as one committed draft step: fc_input [R, A],

@@ -8,7 +8,7 @@
 | kernel | the named kernel on the spec's inputs (attention, rmsnorm, sampling) | the spec's tolerance against the plain-torch reference, and its properties (finite, row alone = batch, decode = prefill, reproducible) |
 | generate | `generate` (features: sampling, batch, capture, prefill_chunk), or `greedy_generate` one request at a time for greedy specs without capture or chunking; with a draft `speculative_generate`; the spec's variants re-run through the same operation; topologies n/a | tokens and accept lengths exactly, logprobs and captured states within CROSS_TOL of the golden; the variants bitwise against the target's own run |
 | draft | `draft_stages` on the aux rows of Lockstep's own target forward | every stage within CROSS_TOL, and the kind's independent checks |
-| distribution | — | n/a: needs a whole speculative engine with seeded draft sampling |
+| distribution | `speculative_generate` (features: sampling, batch, the verify mode, tree) on one request per seed | the kind's chi-square test of the target's tokens against the exact law of Lockstep's forward, and its acceptance bounds (no golden) |
 
 Anything a target cannot run is `n/a` with the reason, never skipped or passed.
 """
@@ -32,7 +32,7 @@ from harness.specfile import Spec
 from harness.targets.base import GenOutput, GenRequest, NotApplicable, Refused, Target, UpstreamChanged
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
-BITWISE, TOLERANCE = "bitwise", "tolerance"
+BITWISE, TOLERANCE, CHI_SQUARE = "bitwise", "tolerance", "chi-square"
 # Two implementations of one whole model in fp32 sum in different orders: |a - b| <= ATOL + RTOL |b|
 # (tests/engine/test_hf_agreement.py: max ~5e-6 on logits of size ~5 for 2 blocks).
 # Measured on the 2-block tiny preset; over the 24 and 36 blocks of tiny-d24 / tiny-d36 the same
@@ -399,17 +399,53 @@ def _draft(spec, ctx, t: Target):
     return Result(tensors=tensors, data=data, facts=facts), TOLERANCE, D.golden_platform(spec, ctx)
 
 
-def _not_applicable(why):
-    def run(spec, ctx, t):
-        raise NotApplicable(why)
-    return run
+# --------------------------------------------------------------------------- distribution
+def _distribution_call(spec, t: Target, device: str):
+    sp = spec.inputs["speculative"]
+    needs = ("sampling", "batch", sp["verify"]) + (("tree",) if sp["topk"] > 1 else ())
+    return t.op("speculative_generate", device, needs)
+
+
+def _distribution(spec, ctx, t: Target):
+    """The target's speculative sampling, counted, against the exact law of Lockstep's own forward
+    of the same checkpoint (the kind's chi-square test and acceptance bounds; no golden: a target
+    may draw from its own RNG and still follow the law)."""
+    import dataclasses
+
+    from harness.checkpoints import draft_dir, model_for, target_dir
+    from harness.kinds import distribution as D
+    from harness.kinds.generate import project_root
+
+    inp = spec.inputs
+    op = _distribution_call(spec, t, str(ctx.device))
+    root = project_root(spec)
+    params, sp, K = D._sampling_params(inp), D._spec_params(inp), inp["tokens"]
+    prompt = materialize(inp["prompt"]).tolist()
+    requests = [GenRequest(prompt=prompt, seed=s, temperature=params.temperature, top_k=params.top_k,
+                           top_p=params.top_p, min_p=params.min_p, max_new_tokens=params.max_new_tokens,
+                           greedy=params.greedy, stop_token_ids=params.stop_token_ids)
+                for s in materialize(inp["seeds"]).tolist()]
+    results = op(target_dir(inp["checkpoint"], root), draft_dir(inp["draft"], inp["checkpoint"], root),
+                 inp["draft"]["convention"], requests, dataclasses.asdict(sp))
+    model = model_for(inp["checkpoint"], "torch", root, "cpu", "fp32")
+    V = model.config.vocab_size
+    counts = torch.zeros([V] * K, dtype=torch.int64)
+    for r in results:
+        counts[tuple(list(r.tokens)[:K])] += 1
+    law = D.exact_law(model, prompt, params, K)
+    test = D.chi_square(counts, law, inp["min_expected"])
+    rounds = [a for r in results for a in (r.accept_lengths or [])]
+    data = {"requests": len(requests), "rounds": len(rounds),
+            "acceptance_rate": sum(a > 1 for a in rounds) / max(len(rounds), 1),
+            "statistic": test.statistic, "df": test.df, "p_value": test.p_value,
+            "impossible": [[list(seq), c] for seq, c in test.impossible],
+            "largest_terms": [[list(n) if isinstance(n, tuple) else n, o, e] for n, o, e in test.largest]}
+    return Result(tensors={"counts": counts, "expected": law}, data=data), CHI_SQUARE, None
 
 
 KIND_RUNNERS = {
     "coins": _coins, "layer_ids": _layer_ids, "verify": _verify, "kernel": _kernel, "generate": _generate,
-    "draft": _draft,
-    "distribution": _not_applicable("the output law of speculative sampling needs a whole speculative engine "
-                                    "with seeded draft sampling, not an operation of a target"),
+    "draft": _draft, "distribution": _distribution,
 }
 
 
@@ -534,6 +570,9 @@ def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]
         if spec.kind == "draft":
             t.op("draft_stages", device)
             return TOLERANCE, ""
+        if spec.kind == "distribution":
+            _distribution_call(spec, t, device)
+            return CHI_SQUARE, ""
         raise NotApplicable(f"kind {spec.kind}")
     except NotApplicable as e:
         return NA, str(e)

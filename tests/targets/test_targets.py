@@ -34,8 +34,8 @@ def test_lockstep_through_the_target_path_passes(spec_id):
 
 @pytest.mark.parametrize("spec_id", ["generate/custom-stop-ids", "draft/written-aux", "speculative/synthetic-plain"])
 def test_lockstep_decode_loop_and_draft_through_the_target_path_pass(spec_id):
-    """Seeded sampling (generate) and the draft head's stages (draft_stages) of the default target
-    and speculative decoding (speculative_generate) match Lockstep's goldens."""
+    """The default target's seeded sampling (generate), speculative decoding (speculative_generate)
+    and draft head stages (draft_stages) match Lockstep's goldens."""
     assert run(get("lockstep"), spec_id).status == PASS
 
 
@@ -181,3 +181,25 @@ def test_conformance_md_is_its_json():
         for sid, want in expected.items():
             assert (cells[sid]["message"], cells[sid]["judgement"], cells[sid]["why"]) == \
                 (want["observed"], want["judgement"], want["why"]), sid
+
+
+def test_a_speculative_sampler_that_ignores_its_seeds_fails_the_distribution_spec():
+    """Planted: every seed gets the same tokens. The chi-square test against the exact law of the
+    checkpoint (and the acceptance bounds) turns red; the default target applies."""
+    import torch
+
+    from harness.targets import GenOutput
+    from harness.targets.runners import CHI_SQUARE, applicability
+
+    def same_for_every_seed(checkpoint, draft, convention, requests, speculative):
+        return [GenOutput([1, 2, 3], torch.zeros(3), "length", accept_lengths=[1, 1, 1]) for _ in requests]
+    t = Target("toy", "1", ops={"speculative_generate": Op(same_for_every_seed, features=frozenset(
+        {"sampling", "batch", "rejection", "target-only", "tree"}))})
+    o = run(t, "speculative/rejection-distribution")
+    assert o.status == FAIL and any("chi-square goodness of fit" in m or "target probability 0" in m
+                                    for m in o.messages), o.messages
+    assert any("acceptance rate 0.000" in m for m in o.messages)
+    specs, _ = load_specs(ROOT / "specs")
+    (spec,) = select(specs, ["speculative/target-only-distribution"], [])
+    assert applicability(spec, get("lockstep")) == (CHI_SQUARE, "")
+    assert applicability(spec, Target("bare", "1"))[0] == NA
