@@ -37,6 +37,11 @@ operations, with the default target `harness/targets/lockstep.py` implementing e
               internals (DESIGN §4) for R rows as one committed draft step: fc_input [R, A],
               fc_output [R, Hd], hidden [R, Hd], logits [R, Vd], top_logprobs [R, k] f64,
               top_draft_ids [R, k], top_target_ids [R, k]. Its draft proposals: the top-k.
+    mxfp4_decode(blocks [rows, G, 16] u8, scales [rows, G] u8, dtype) -> [rows, G * 32] of dtype
+              MXFP4 (DESIGN §7): E2M1 nibbles (low nibble = even element) times 2^(scale - 127);
+              scale 255 gives NaN for its block
+    load_checkpoint(checkpoint_dir) -> anything; raises (a refusal) on a checkpoint it must refuse
+              (an MXFP4 block of scale 255), naming the tensor, the block index and the scale
     verify_greedy(tree, argmax per node) -> (accepted path, next token)        verify decisions
     verify_target_only(tree, p [N, V], coins [N], final, single, acc) -> (accepted, next)
     verify_rejection(tree with q, p, coins, final) -> (accepted, next)
@@ -50,12 +55,13 @@ through TRITON_INTERPRET=1) or `cuda`; an operation whose `where` excludes the c
 `n/a` too.
 
 Refusals (the exception contract). Where a spec expects the implementation to refuse (the
-layer_ids `error` specs), the refusal counts as a clean error when the operation raises
+layer_ids and mxfp4 `error` specs), the refusal counts as a clean error when the operation raises
 `Refused`, `ValueError`, `engine.boundaries.LayerIdError`, `AssertionError` (peers validate with
 asserts), or any type the target lists in `Target.refusals` (its engine's own exception types).
 Any other exception is a crash: the spec fails with the exception's type and message. A clean
 refusal is judged by its facts, not by Lockstep's wording: every whole number the spec's expected
-message fragments contain (ids, bounds, counts, widths) must appear as a number in the message.
+message fragments contain (ids, bounds, counts, widths, indices) must appear as a number in the
+message, and every tensor name (a dotted name) as it is.
 Where a spec expects no refusal, any exception is a crash.
 """
 

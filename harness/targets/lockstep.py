@@ -104,6 +104,16 @@ def _draft_stages(checkpoint, draft_dir, convention, aux, tokens, top_k):
     return {k: v for k, v in stages.items() if k != "aux"}
 
 
+def _mxfp4_decode(blocks, scales, dtype):
+    from engine.mxfp4 import dequantize
+    return dequantize(blocks, scales, dtype)
+
+
+def _load_checkpoint(path):
+    from engine.checkpoint import load_checkpoint
+    load_checkpoint(path)
+
+
 def _spec(name):
     def call(*args):
         import engine.speculative as speculative
@@ -148,6 +158,8 @@ def load() -> Target:
             "speculative_generate": Op(_speculative_generate, every, "engine.speculative.speculative_generate",
                                        frozenset({"sampling", "batch", "greedy", "target-only", "rejection",
                                                   "tree"})),
+            "mxfp4_decode": Op(_mxfp4_decode, every, "engine.mxfp4.dequantize"),
+            "load_checkpoint": Op(_load_checkpoint, every, "engine.checkpoint.load_checkpoint"),
             "draft_stages": Op(_draft_stages, every, "engine.eagle3.Eagle3Draft (the draft kind's stages)"),
             "verify_greedy": Op(_spec("verify_greedy"), every, "engine.speculative.verify_greedy"),
             "verify_target_only": Op(_spec("verify_target_only"), every, "engine.speculative.verify_target_only"),

@@ -8,6 +8,7 @@
 | kernel | the named kernel on the spec's inputs (attention, rmsnorm, sampling) | the spec's tolerance against the plain-torch reference, and its properties (finite, row alone = batch, decode = prefill, reproducible) |
 | generate | `generate` (features: sampling, batch, capture, prefill_chunk), or `greedy_generate` one request at a time for greedy specs without capture or chunking; with a draft `speculative_generate`; the spec's variants re-run through the same operation; topologies n/a | tokens and accept lengths exactly, logprobs and captured states within CROSS_TOL of the golden; the variants bitwise against the target's own run |
 | draft | `draft_stages` on the aux rows of Lockstep's own target forward | every stage within CROSS_TOL, and the kind's independent checks |
+| mxfp4 | `mxfp4_decode` on the spec's bytes; checkpoint mode: `load_checkpoint` of the edited checkpoint | values bitwise (hand-written and the golden); a refusal by its facts (tensor, index, scale) |
 | distribution | `speculative_generate` (features: sampling, batch, the verify mode, tree) on one request per seed | the kind's chi-square test of the target's tokens against the exact law of Lockstep's forward, and its acceptance bounds (no golden) |
 
 Anything a target cannot run is `n/a` with the reason, never skipped or passed.
@@ -399,6 +400,56 @@ def _draft(spec, ctx, t: Target):
     return Result(tensors=tensors, data=data, facts=facts), TOLERANCE, D.golden_platform(spec, ctx)
 
 
+# --------------------------------------------------------------------------- mxfp4
+def _mxfp4(spec, ctx, t: Target):
+    """Decode mode: the target's `mxfp4_decode` on the spec's bytes, each value against the
+    hand-written one and the golden bitwise. Checkpoint mode: the target's `load_checkpoint` of the
+    edited checkpoint must refuse (a clean refusal naming the facts) or load."""
+    from harness.kinds import mxfp4 as M
+
+    inp = spec.inputs
+    if inp["blocks"] is None:
+        load = t.op("load_checkpoint", str(ctx.device))
+        from harness.checkpoints import checkpoint_dir, edited_copy
+
+        ck = inp["checkpoint"]
+        edits: dict[str, list[dict]] = {}
+        for e in inp["set_scales"]:
+            edits.setdefault(e["tensor"], []).append(e)
+
+        def edit(name, x):
+            if name not in edits:
+                return None
+            x = x.clone()
+            for e in edits[name]:
+                x[tuple(e["index"])] = e["value"]
+            return x
+        path = edited_copy(checkpoint_dir(ck["preset"], ck["seed"], "mxfp4"), f"mxfp4-{spec.id.replace('/', '_')}", edit)
+        try:
+            load(path)
+        except (Refused, ValueError, *t.refusals) as e:
+            return Result(data={"loaded": False, "error": str(e).replace(str(path), "<checkpoint>")}), BITWISE, None
+        return Result(data={"loaded": True}), BITWISE, None
+    decode = t.op("mxfp4_decode", str(ctx.device))
+    dt = M.DTYPES[inp["dtype"]]
+    n, rows = len(inp["blocks"]), inp["rows"]
+    blocks = torch.tensor([b["bytes"] for b in inp["blocks"]], dtype=torch.uint8).reshape(rows, n // rows, 16)
+    scales = torch.tensor([b["scale"] for b in inp["blocks"]], dtype=torch.uint8).reshape(rows, n // rows)
+    out = torch.as_tensor(decode(blocks, scales, dt)).cpu()
+    failures = []
+    if tuple(out.shape) != (rows, n // rows * 32) or out.dtype != dt:
+        failures.append(f"{t.name}: mxfp4_decode returned {out.dtype} {list(out.shape)}, expected {dt} "
+                        f"[{rows}, {n // rows * 32}]")
+    else:
+        flat = out.reshape(n, 32)
+        for b, want_row in enumerate(spec.expect["values"]):
+            for e, want in enumerate(want_row):
+                if not M._same(flat[b, e], want, dt):
+                    failures.append(f"{M._describe_element(b, e, inp['blocks'][b])}: decoded "
+                                    f"{float(flat[b, e])!r}, DESIGN §7 gives {want!r}")
+    return Result(tensors={"values": out}, facts={"failures": failures}), BITWISE, M.golden_platform(spec, ctx)
+
+
 # --------------------------------------------------------------------------- distribution
 def _distribution_call(spec, t: Target, device: str):
     sp = spec.inputs["speculative"]
@@ -445,26 +496,36 @@ def _distribution(spec, ctx, t: Target):
 
 KIND_RUNNERS = {
     "coins": _coins, "layer_ids": _layer_ids, "verify": _verify, "kernel": _kernel, "generate": _generate,
-    "draft": _draft, "distribution": _distribution,
+    "draft": _draft, "distribution": _distribution, "mxfp4": _mxfp4,
 }
 
 
 # --------------------------------------------------------------------------- refusals judged by their facts
 _NUMBER = re.compile(r"(?<![\w.-])-?\d+(?![\w.])")
+_TENSOR = re.compile(r"^[A-Za-z_][\w]*(\.[\w]+)+$")       # model.layers.2.mlp.experts.down_proj_scales
 
 
-def error_facts(fragments: list[str]) -> list[int]:
-    """The whole numbers an error spec's expected fragments name (ids, bounds, counts, widths):
-    a target's refusal must name these, in its own words."""
-    return [int(m) for f in fragments for m in _NUMBER.findall(f)]
+def error_facts(fragments: list[str]) -> list:
+    """The facts an error spec's expected fragments name — whole numbers (ids, bounds, counts,
+    widths, indices) and tensor names: a target's refusal must name these, in its own words."""
+    return [f for f in fragments if _TENSOR.match(f)] + \
+        [int(m) for f in fragments if not _TENSOR.match(f) for m in _NUMBER.findall(f)]
+
+
+def _missing_facts(fragments: list[str], message: str) -> list:
+    named = {int(m) for m in _NUMBER.findall(message)}
+    return [f for f in error_facts(fragments) if (f not in message if isinstance(f, str) else f not in named)]
 
 
 def check_on_target(spec, result: Result) -> list[str]:
     """The kind's checks, except that an expected refusal is judged by its facts, not its wording."""
-    if spec.kind == "layer_ids" and spec.expect.get("error") and "error" in result.data:
-        named = {int(m) for m in _NUMBER.findall(result.data["message"])}
-        missing = [n for n in error_facts(spec.expect["error"]) if n not in named]
+    error = spec.expect.get("error") if isinstance(spec.expect, dict) else None
+    if spec.kind == "layer_ids" and error and "error" in result.data:
+        missing = _missing_facts(error, result.data["message"])
         return [f"the refusal does not name {missing}: {result.data['message']}"] if missing else []
+    if spec.kind == "mxfp4" and error and result.data.get("loaded") is False:
+        missing = _missing_facts(error, result.data["error"])
+        return [f"the refusal does not name {missing}: {result.data['error']}"] if missing else []
     return list(kinds.KINDS[spec.kind].check(spec, result))
 
 
@@ -570,6 +631,9 @@ def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]
         if spec.kind == "draft":
             t.op("draft_stages", device)
             return TOLERANCE, ""
+        if spec.kind == "mxfp4":
+            t.op("mxfp4_decode" if inp["blocks"] is not None else "load_checkpoint", device)
+            return BITWISE, ""
         if spec.kind == "distribution":
             _distribution_call(spec, t, device)
             return CHI_SQUARE, ""

@@ -137,6 +137,8 @@ def _resolver(message, exc=EngineError):
 def test_error_facts_are_the_numbers_of_the_fragments():
     assert error_facts(["[40]", "outside [0, 36]", "'boundary'", "L=36"]) == [40, 0, 36, 36]
     assert error_facts(["[-2]", "nvidia/gpt-oss-120b-Eagle3-v3"]) == [-2]
+    assert error_facts(["model.layers.2.mlp.experts.down_proj_scales", "block [3, 17, 1]", "scale 255"]) == \
+        ["model.layers.2.mlp.experts.down_proj_scales", 3, 17, 1, 255]
 
 
 def test_a_refusal_in_the_engines_own_words_and_type_passes_when_it_names_the_facts():

@@ -32,10 +32,11 @@ def test_lockstep_through_the_target_path_passes(spec_id):
     assert run(get("lockstep"), spec_id).status == PASS
 
 
-@pytest.mark.parametrize("spec_id", ["generate/custom-stop-ids", "draft/written-aux", "speculative/synthetic-plain"])
+@pytest.mark.parametrize("spec_id", ["generate/custom-stop-ids", "draft/written-aux", "speculative/synthetic-plain",
+                                     "mxfp4/e2m1-table", "mxfp4/checkpoint-scale-255-refused"])
 def test_lockstep_decode_loop_and_draft_through_the_target_path_pass(spec_id):
-    """The default target's seeded sampling (generate), speculative decoding (speculative_generate)
-    and draft head stages (draft_stages) match Lockstep's goldens."""
+    """The default target's seeded sampling (generate), speculative decoding (speculative_generate),
+    draft head stages (draft_stages), MXFP4 decoding and refusal match Lockstep's goldens."""
     assert run(get("lockstep"), spec_id).status == PASS
 
 
@@ -203,3 +204,14 @@ def test_a_speculative_sampler_that_ignores_its_seeds_fails_the_distribution_spe
     (spec,) = select(specs, ["speculative/target-only-distribution"], [])
     assert applicability(spec, get("lockstep")) == (CHI_SQUARE, "")
     assert applicability(spec, Target("bare", "1"))[0] == NA
+
+
+def test_an_mxfp4_decoder_without_the_sign_bit_and_a_loader_that_accepts_nan_scales_turn_red():
+    from engine.mxfp4 import dequantize
+
+    t = Target("toy", "1", ops={"mxfp4_decode": Op(lambda b, s, dt: dequantize(b & 0x77, s, dt)),
+                                "load_checkpoint": Op(lambda path: None)})
+    o = run(t, "mxfp4/e2m1-table")
+    assert o.status == FAIL and "DESIGN §7 gives -" in o.message, o.message
+    o = run(t, "mxfp4/checkpoint-scale-255-refused")
+    assert o.status == FAIL and o.message.startswith("the checkpoint loaded; the spec expects it refused"), o.message
