@@ -294,6 +294,8 @@ def cmd_check(args, explain: bool = False) -> int:
     from harness import kinds, runner
     from harness.golden import GoldenStore
 
+    if getattr(args, "expectations", None) is not None and args.target == "lockstep":
+        raise UsageError("--expectations goes with --target (Lockstep's own engine has no expected failures)")
     store = GoldenStore(args.golden)
     specs, errors = _load(args, also_ids=_golden_ids(store) if args.strict else ())
     ctx = _context(args)
