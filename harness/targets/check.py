@@ -202,7 +202,8 @@ def cmd_list_target(args, specs) -> int:
     target = load_target(args.target)
     print(f"# {target.label}: {target.description}")
     for name, op in target.ops.items():
-        print(f"#   {name:<19} {', '.join(op.where):<28} {op.note}")
+        features = f" [{', '.join(sorted(op.features))}]" if op.features else ""
+        print(f"#   {name:<19} {', '.join(op.where):<28} {op.note}{features}")
     for name, why in target.missing.items():
         print(f"#   {name:<19} {'n/a':<28} {why}")
     from harness.targets.runners import applicability
