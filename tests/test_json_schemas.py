@@ -71,10 +71,9 @@ def test_report_json(tmp_path, monkeypatch, capsys):
     assert doc["specs"]["coins/known-answers"][doc["targets"][0]]["status"] == "pass"
 
 
-def test_version(capsys):
-    from harness.version import version
-    assert cli.main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"lockstep {version()} (lockstep-harness)"
+def test_the_committed_conformance_matrix_validates():
+    doc = json.loads((ROOT / "docs" / "conformance.json").read_text())
+    assert not [e.message for e in schema("report").iter_errors(doc)]
 
 
 def test_the_committed_conformance_matrix_validates():
@@ -91,22 +90,3 @@ def test_version_from_a_clone_that_was_never_installed(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
     monkeypatch.setattr(v, "_dist_version", missing)
     assert v.version() == v._PYPROJECT.read_text().split('version = "')[1].split('"')[0] + "+clone"
-
-
-def test_every_design_citation_resolves_in_docs_design():
-    """Each "DESIGN §N" in the specs, the README and the code names a section of docs/DESIGN.md,
-    and each determinism property "D0" … "D4" it cites is defined there."""
-    import re
-
-    design = (ROOT / "docs" / "DESIGN.md").read_text()
-    sections = set(re.findall(r"^## (\d+)\. ", design, re.M))
-    assert sections == {str(i) for i in range(1, 11)}
-    cited, properties = set(), set()
-    files = [ROOT / "README.md", *(ROOT / "specs").rglob("*.yaml"), *(ROOT / "harness").rglob("*.py")]
-    for f in files:
-        text = f.read_text(encoding="utf-8")
-        cited |= {(m, f.name) for m in re.findall(r"DESIGN §(\d+)", text)}
-        properties |= set(re.findall(r"DESIGN (D\d)", text))
-    assert cited and {n for n, _ in cited} <= sections, sorted(n for n, f in cited if n not in sections)
-    for p in properties:
-        assert re.search(rf"\*\*{p}, ", design), p
