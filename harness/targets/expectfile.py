@@ -35,8 +35,8 @@ class ExpectationsError(ValueError):
 def _compose(path: Path):
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ExpectationsError(f"{path}: cannot read: {e.strerror or e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExpectationsError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
     try:
         return yaml.safe_load(text) or {}, yaml.compose(text)
     except yaml.YAMLError as e:
