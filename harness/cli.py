@@ -5,10 +5,13 @@
     lockstep check    [PATTERN ...] [--json] [--strict]   the CI gate
     lockstep diff     PATTERN ...                   run and explain against the golden
     lockstep regen    [PATTERN ...] [--dry-run] [--allow-ci]
-    lockstep report   [PATTERN ...] [--target T ...] [--out docs/conformance.md]
+    lockstep report   [PATTERN ...] [--target T ...] --out PATH.md
+    lockstep expectations [PATTERN ...] --target T --write FILE [--versions RANGE]
+    lockstep suite                                  the installed suite's folder
     (list, check and diff take --target NAME: another implementation, see harness/targets)
     lockstep make-checkpoint --preset NAME --seed S --format bf16|mxfp4 OUT
     lockstep generate --checkpoint DIR --prompt-ids 1,2,3 [...] [--json]
+    lockstep --version
 
 Patterns are globs over spec ids (`'coins/*'`). Exit codes of `check` and `diff`:
 0 every spec matches its golden, 1 a mismatch (or a failed expectation, a crash, a corrupt
@@ -128,7 +131,25 @@ def _common(p: argparse.ArgumentParser, patterns: str = "*") -> None:
     p.add_argument("--tag", action="append", default=[], type=_tag, help="only specs carrying this tag (repeatable)")
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
     p.add_argument("--golden", type=Path, default=Path("golden"), help="golden directory (default: ./golden)")
+    p.add_argument("--suite", type=Path, action=_SuiteAction, metavar="DIR",
+                   help="the suite in DIR: --specs DIR/specs --golden DIR/golden (e.g. \"$(lockstep suite)\")")
+    p.add_argument("--checkpoint-path", type=_checkpoint_mapping, action="append", default=[],
+                   metavar="SPEC_PATH=DIR", help="read the checkpoint a spec names SPEC_PATH from DIR, outside the "
+                                                 "suite (repeatable)")
     _debug(p)
+
+
+class _SuiteAction(argparse.Action):
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.suite, namespace.specs, namespace.golden = value, value / "specs", value / "golden"
+
+
+def _checkpoint_mapping(text: str):
+    from harness.suite import parse_mapping
+    try:
+        return parse_mapping(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _running(p: argparse.ArgumentParser) -> None:
@@ -142,6 +163,8 @@ def _running(p: argparse.ArgumentParser) -> None:
 
 
 def _check_dirs(args) -> None:
+    from harness.suite import map_checkpoints
+    map_checkpoints(getattr(args, "checkpoint_path", []))
     if not args.specs.is_dir():
         raise UsageError(f"no spec directory at {args.specs} (run from the project root or pass --specs)")
     golden = getattr(args, "golden", None)
@@ -322,6 +345,8 @@ def cmd_check(args, explain: bool = False) -> int:
     from harness import kinds, runner
     from harness.golden import GoldenStore
 
+    if getattr(args, "expectations", None) is not None and args.target == "lockstep":
+        raise UsageError("--expectations goes with --target (Lockstep's own engine has no expected failures)")
     store = GoldenStore(args.golden)
     specs, errors = _load(args, also_ids=_golden_ids(store) if args.strict else ())
     _golden_exists(args)
@@ -349,12 +374,14 @@ def cmd_check(args, explain: bool = False) -> int:
     elapsed = time.perf_counter() - start
     folders = _golden_folders(args.golden, [o.golden_platform for o in outcomes])
     if args.json:
-        print(json.dumps({
-            "platform": ctx.platform.name, "backend": ctx.backend, "exit_code": code, "seconds": round(elapsed, 3),
-            "golden_folders": sorted({str(args.golden / o.golden_platform) for o in outcomes}),
-            "summary": counts | {"spec_errors": len(errors), "stale_goldens": len(stale)},
-            "specs": [o.to_json() for o in outcomes], "spec_errors": [str(e) for e in errors],
-            "stale_goldens": stale}, indent=2))
+        from harness.jsonout import check_document
+        from harness.version import version
+        print(json.dumps(check_document(
+            target=f"lockstep-{version()}", platform=ctx.platform.name, backend=ctx.backend, exit_code=code,
+            seconds=elapsed, golden_folders=sorted({str(args.golden / o.golden_platform) for o in outcomes}),
+            summary=counts | {"spec_errors": len(errors), "stale_goldens": len(stale)},
+            specs=[o.to_json() for o in outcomes], spec_errors=[str(e) for e in errors],
+            stale_goldens=stale), indent=2))
         return code
     debug = getattr(args, "debug", False)
     for o in outcomes:
@@ -396,9 +423,10 @@ def _explain_pass(o, store) -> str:
 
 
 def cmd_regen(args) -> int:
-    if os.environ.get("CI", "").lower() == "true" and not args.allow_ci:
-        print("refusing to regenerate goldens under CI=true: goldens are recorded by people and reviewed; "
-              "pass --allow-ci to override", file=sys.stderr)
+    from harness.ci import ci_value, under_ci
+    if under_ci() and not args.allow_ci and not args.dry_run:     # a dry run writes nothing: allowed
+        print(f"refusing to regenerate goldens under CI={ci_value()}: goldens are recorded by people and reviewed; "
+              "pass --allow-ci to override (--dry-run is allowed)", file=sys.stderr)
         return EXIT_USAGE
     from harness.golden import GoldenLocked, GoldenStore
 
@@ -452,21 +480,45 @@ def _regen(args, specs, errors, ctx, store) -> int:
 
 def cmd_report(args) -> int:
     from harness.errors import check_output_file
-    from harness.targets.check import cmd_report
+    from harness.targets.check import cmd_report, report_out
+    report_out(args.out)                      # a bad --out is refused before any spec loads or runs
     for path, what in ((Path(args.out), "--out"), (Path(args.out).with_suffix(".json"), "--out (its JSON)")):
-        check_output_file(path, what)            # before any target runs, not after
+        check_output_file(path, what)
     specs, errors = _load(args)
     _golden_exists(args)
     return cmd_report(args, specs, errors, _context(args), Progress(len(specs), True))
 
 
+def _expectations(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expectations", type=Path, metavar="FILE",
+                   help="the target's expectations file (default: the target's own, or the shipped one whose "
+                        "version range holds the target's version)")
+
+
+def cmd_expectations(args) -> int:
+    from harness.targets.check import cmd_write_expectations
+    specs, errors = _load(args)
+    return cmd_write_expectations(args, specs, errors, _context(args), Progress(len(specs), True))
+
+
 def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
     if many:
-        p.add_argument("--target", action="append", help="a target to report (repeatable; default: sglang, vllm, hf)")
+        p.add_argument("--target", action="append", help="a target to report (repeatable; default: those of sglang, "
+                                                         "vllm, hf that load here, the others listed as not run)")
     else:
         p.add_argument("--target", default="lockstep", help="the implementation under test: lockstep (default), "
                                                             "sglang, vllm, hf, or one registered under the entry "
                                                             "point group lockstep.targets")
+
+
+def cmd_suite(args) -> int:
+    from harness.suite import installed_root
+    root = installed_root()
+    if root is None or not (root / "specs").is_dir():
+        raise UsageError("no suite installed with this lockstep (install it from a clone: pip install -e CLONE, or "
+                         "set LOCKSTEP_SUITE to a folder holding specs/ and golden/)")
+    print(root)
+    return EXIT_OK
 
 
 def cmd_make_checkpoint(args) -> int:
@@ -487,6 +539,24 @@ def cmd_make_checkpoint(args) -> int:
     return EXIT_OK
 
 
+def _generate_settings(args) -> tuple[list, dict]:
+    """Per-prompt seeds and the sampling settings, refusing silent fallbacks: a sampling setting
+    without --seed (generation would be greedy), --logprobs without --json (nowhere to print them)."""
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+    given = [f"--{k.replace('_', '-')}" for k, v in sampling.items() if v is not None]
+    if args.seed is None and given:
+        raise UsageError(f"{', '.join(given)} without --seed: generation without a seed is greedy; pass --seed S "
+                         "(one, or one per --prompt-ids) to sample")
+    if args.logprobs and not args.json:
+        raise UsageError("--logprobs is printed only in --json output; add --json")
+    n = len(args.prompt_ids)
+    seeds = args.seed or [None]
+    if len(seeds) not in (1, n):
+        raise UsageError(f"--seed gives {len(seeds)} seeds for {n} prompts: give one (every prompt) or one per prompt")
+    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    return seeds * n if len(seeds) == 1 else seeds, {k: defaults[k] if v is None else v for k, v in sampling.items()}
+
+
 def cmd_generate(args) -> int:
     import torch
 
@@ -497,37 +567,61 @@ def cmd_generate(args) -> int:
     from harness.estimates import generate_time
     from harness.platform import detect
 
+    seeds, sampling = _generate_settings(args)
     try:
-        device = detect(args.device).torch_device                   # refuses cuda without a GPU
-        model = GptOssModel.from_checkpoint(args.checkpoint, backend=args.backend, device=device)
-        generate_time(args, model.config, device)   # refused above --max-seconds before it runs
-        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                                max_new_tokens=args.max_new_tokens, greedy=args.seed is None,
-                                stop_token_ids=tuple(args.stop_ids) if args.stop_ids is not None else None)
-        requests = [Request(prompt=ids, params=params, seed=args.seed) for ids in args.prompt_ids]
+        platform = detect(args.device)                                # refuses cuda without a GPU
+        model = GptOssModel.from_checkpoint(args.checkpoint, backend=args.backend, device=platform.torch_device)
+        generate_time(args, model.config, platform.torch_device)   # refused above --max-seconds before it runs
+        requests = [Request(prompt=ids, seed=seed, params=SamplingParams(
+            **sampling, max_new_tokens=args.max_new_tokens, greedy=seed is None,
+            stop_token_ids=tuple(args.stop_ids) if args.stop_ids is not None else None))
+            for ids, seed in zip(args.prompt_ids, seeds)]
         results = generate(model, requests)
     except (CheckpointError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
     out = []
     for req, res in zip(requests, results):
-        item = {"prompt": req.prompt, "tokens": res.tokens, "finish_reason": res.finish_reason}
+        p = req.params
+        item = {"prompt": req.prompt, "seed": req.seed,
+                "sampling": {"greedy": p.greedy, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
+                             "min_p": p.min_p, "max_new_tokens": p.max_new_tokens,
+                             "stop_token_ids": list(p.stop_token_ids) if p.stop_token_ids is not None else None},
+                "tokens": res.tokens, "finish_reason": res.finish_reason}
         if args.logprobs:
             item["logprobs"] = res.logprobs.tolist()
             item["logprobs_bits"] = [f"{b & 0xFFFFFFFF:08x}" for b in res.logprobs.contiguous().view(torch.int32).tolist()]
         out.append(item)
     if args.json:
-        print(json.dumps(out if len(out) > 1 else out[0], indent=2))
+        from harness.jsonout import generate_document
+        print(json.dumps(generate_document(checkpoint=str(args.checkpoint), checkpoint_digest=_digest(args.checkpoint),
+                                           platform=platform.name, backend=args.backend, results=out), indent=2))
     else:
         for item in out:
             print(" ".join(map(str, item["tokens"])) + f"   ({item['finish_reason']})")
     return EXIT_OK
 
 
+def _digest(checkpoint: Path) -> str:
+    """One sha256 over the checkpoint folder's files (name and sha256 of each, sorted by name)."""
+    import hashlib
+
+    from engine.checkpoint import checkpoint_digest
+    lines = "".join(f"{name} {sha}\n" for name, sha in checkpoint_digest(checkpoint).items())
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
 # --------------------------------------------------------------------------- entry point
+def _version() -> str:
+    from harness.version import DISTRIBUTION, version
+    return f"{version()} ({DISTRIBUTION})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockstep", description="Deterministic-replay conformance harness "
                                                                   "for gpt-oss + EAGLE3 inference.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks (also accepted after the command)")
+    parser.add_argument("--version", action="version", version=f"lockstep {_version()}",
+                        help="the installed lockstep-harness version")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="list the specs")
     _common(p)
@@ -543,24 +637,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone, or was edited "
                                                          "after they were recorded)")
     _target(p)
+    _expectations(p)
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("diff", help="run specs and explain each against its golden")
     _common(p, patterns="+")
     _running(p)
     _target(p)
+    _expectations(p)
     p.set_defaults(func=lambda a: cmd_check(a, explain=True), json=False, strict=False)
     p = sub.add_parser("regen", help="record goldens: two identical runs, shown, then written atomically")
     _common(p)
     _running(p)
     p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
-    p.add_argument("--allow-ci", action="store_true", help="allow regeneration when CI=true")
+    p.add_argument("--allow-ci", action="store_true", help="allow regeneration under CI (any truthy CI value)")
     p.set_defaults(func=cmd_regen)
     p = sub.add_parser("report", help="run targets and write the conformance matrix (Markdown and JSON)")
     _common(p)
     _running(p)
     _target(p, many=True)
-    p.add_argument("--out", default="docs/conformance.md", help="Markdown path; the JSON goes beside it")
+    p.add_argument("--out", required=True, help="Markdown path (required: nothing is written where you did not "
+                                               "say); the JSON goes beside it")
+    _expectations(p)
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("expectations", help="run specs on a target and write its expectations file from the "
+                                            "observed failures, for review")
+    _common(p)
+    _running(p)
+    p.add_argument("--target", required=True, help="the target (not lockstep: it has no expected failures)")
+    p.add_argument("--write", type=Path, required=True, metavar="FILE", help="the expectations file to write")
+    p.add_argument("--versions", help="the PEP 440 range the file holds for (default: ==the target's version)")
+    p.set_defaults(func=cmd_expectations)
+    p = sub.add_parser("suite", help="print the installed suite's folder (its specs/, golden/ and models/)")
+    _debug(p)
+    p.set_defaults(func=cmd_suite)
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
     p.add_argument("--seed", type=_int_in(0, 2**63, "[0, 2^63)"), default=0)
@@ -575,11 +684,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path, required=True)
     p.add_argument("--prompt-ids", type=_token_ids, action="append", required=True,
                    help="comma-separated token ids; repeat for a batch")
-    p.add_argument("--seed", type=int, help="seeded sampling (without: greedy)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=_int_list, metavar="S[,S...]",
+                   help="seeded sampling: one seed for every prompt, or one per --prompt-ids (without: greedy)")
+    p.add_argument("--temperature", type=float, help="default 1.0; needs --seed")
+    p.add_argument("--top-k", type=int, help="default 0 (off); needs --seed")
+    p.add_argument("--top-p", type=float, help="default 1.0 (off); needs --seed")
+    p.add_argument("--min-p", type=float, help="default 0.0 (off); needs --seed")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--stop-ids", type=_token_ids, help="replace the EOS list, e.g. --stop-ids 509,510")
     p.add_argument("--logprobs", action="store_true", help="include each token's logprob (and its float32 bits)")

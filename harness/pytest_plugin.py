@@ -13,7 +13,13 @@ is expected, fails; one the target cannot run is skipped as n/a with the target'
 A spec that does not load is one failing item whose text is file:line:column: error. A failing spec
 shows the same report as `lockstep check`, located at its YAML file. Items are collected in
 sorted order, and golden writes are atomic per spec, so pytest-xdist works.
-Settings (ini): `lockstep_specs` (default "specs"), `lockstep_golden` (default "golden").
+Settings (ini, paths relative to the ini file): `lockstep_specs` (spec directories, default
+"specs"), `lockstep_golden` (one golden directory, or one per spec directory; default "golden"),
+`lockstep_suite` (folders holding specs/ and golden/; also `--lockstep-suite=DIR`, e.g. the
+installed suite that `lockstep suite` prints; with `=`, or pytest takes DIR for its rootdir),
+`lockstep_checkpoints` (SPEC_PATH = DIR lines) and `lockstep_expectations` (also
+`--lockstep-expectations FILE`). Spec directories outside the paths pytest walks are collected too
+unless the command line names its own paths.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ def pytest_addoption(parser):
     group = parser.getgroup("lockstep", "Lockstep conformance specs")
     group.addoption("--lockstep-regen", action="store_true",
                     help="regenerate goldens of the collected specs (two identical runs, atomic writes)")
-    group.addoption("--lockstep-allow-ci", action="store_true", help="allow --lockstep-regen when CI=true")
+    group.addoption("--lockstep-allow-ci", action="store_true", help="allow --lockstep-regen under CI (any truthy CI value)")
     group.addoption("--lockstep-device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     group.addoption("--lockstep-dtype", choices=["fp32", "bf16"], default="fp32")
     group.addoption("--lockstep-backend", choices=["torch", "triton"], default="torch")
@@ -45,8 +51,24 @@ def pytest_addoption(parser):
                     help="run the specs on this target (sglang, vllm, hf, or one registered under the entry "
                          "point group lockstep.targets), judged against its expectations file; default: "
                          "Lockstep's own engine, against the goldens")
-    parser.addini("lockstep_specs", "spec directory, relative to the rootdir", default="specs")
-    parser.addini("lockstep_golden", "golden directory, relative to the rootdir", default="golden")
+    group.addoption("--lockstep-expectations", metavar="FILE", type=Path,
+                    help="the target's expectations file (default: the target's own, or the shipped one whose "
+                         "version range holds its version)")
+    group.addoption("--lockstep-suite", metavar="DIR", type=Path, action="append", default=[],
+                    help="also run the suite in DIR (its specs/ against its golden/; repeatable), e.g. the "
+                         "installed one: --lockstep-suite=\"$(lockstep suite)\" (with '=': a separate DIR is taken for "
+                         "pytest's rootdir)")
+    parser.addini("lockstep_specs", "spec directories, relative to the ini file (default: specs)", type="paths",
+                  default=[])
+    parser.addini("lockstep_golden", "golden directories, relative to the ini file: one for every spec directory, "
+                                     "or one per spec directory in order (default: golden)", type="paths", default=[])
+    parser.addini("lockstep_suite", "suite folders (each holding specs/ and golden/), relative to the ini file",
+                  type="paths", default=[])
+    parser.addini("lockstep_checkpoints", "SPEC_PATH = DIR, one a line: the checkpoint a spec names SPEC_PATH is "
+                                          "read from DIR (relative to the ini file), outside the suite",
+                  type="linelist", default=[])
+    parser.addini("lockstep_expectations", "the target's expectations file, relative to the ini file", type="paths",
+                  default=[])
 
 
 def pytest_configure(config):
@@ -56,28 +78,37 @@ def pytest_configure(config):
         # worker only contend for them (the bits do not depend on the thread count: D0)
         import torch
         torch.set_num_threads(1)
+    from harness.suite import map_checkpoints, parse_mapping
+    base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+    try:
+        map_checkpoints(parse_mapping(line, base) for line in config.getini("lockstep_checkpoints"))
+    except ValueError as e:
+        raise pytest.UsageError(f"lockstep_checkpoints: {e}") from None
     name = config.getoption("--lockstep-target")
     if name and name != "lockstep":
         if config.getoption("--lockstep-regen"):
             raise pytest.UsageError("--lockstep-regen records Lockstep's own goldens: it takes no --lockstep-target")
-        config.stash[_TARGET] = _load_target(name)
+        config.stash[_TARGET] = _load_target(name, _expectations_option(config))
         expected = config.stash[_TARGET][1]
-        specs_dir, _ = _dirs(config)
-        if specs_dir.is_dir():     # as `lockstep check --target`: an expectation of no spec is stale
-            ids = {spec_id_for(f, specs_dir) for f in spec_files(specs_dir)}
-            unknown = sorted(set(expected) - ids)
-            if unknown:
-                raise pytest.UsageError(f"--lockstep-target {name}: its expectations name specs that do not exist "
-                                        f"under {specs_dir}: {', '.join(unknown)} (remove them from the expectations)")
+        # as `lockstep check --target`: an expectation of a spec in none of the spec directories is
+        # warned about, not fatal (it may belong to a spec directory this run does not include)
+        ids = {spec_id_for(f, d) for d, _ in _suites(config) if d.is_dir() for f in spec_files(d)}
+        unknown = sorted(set(expected) - ids)
+        if unknown:
+            config.issue_config_time_warning(pytest.PytestConfigWarning(
+                f"--lockstep-target {name}: its expectations name specs that are in no spec directory of this run: "
+                f"{', '.join(unknown)} (stale, or of another suite)"), stacklevel=2)
     if not config.getoption("--lockstep-regen"):
         return
-    if os.environ.get("CI", "").lower() == "true" and not config.getoption("--lockstep-allow-ci"):
-        raise pytest.UsageError("--lockstep-regen refuses to run under CI=true without --lockstep-allow-ci")
+    from harness.ci import ci_value, under_ci
+    if under_ci() and not config.getoption("--lockstep-allow-ci"):
+        raise pytest.UsageError(f"--lockstep-regen refuses to run under CI={ci_value()} without --lockstep-allow-ci")
     # Hold the golden folder (shared among this session's xdist workers, which record disjoint
     # specs) so that a concurrent `lockstep regen` is refused, and this session refused while one runs.
     held = contextlib.ExitStack()
     try:
-        held.enter_context(GoldenStore(_dirs(config)[1]).writer_lock(shared=True))
+        for golden in dict.fromkeys(g for _, g in _suites(config)):
+            held.enter_context(GoldenStore(golden).writer_lock(shared=True))
     except GoldenLocked as e:
         raise pytest.UsageError(str(e)) from None
     except OSError as e:      # the golden folder cannot be created or opened
@@ -86,15 +117,24 @@ def pytest_configure(config):
     config.add_cleanup(held.close)
 
 
-def _load_target(name: str) -> tuple:
-    """(target, its expectations), loaded once per session; a target that cannot load is a usage error."""
+def _expectations_option(config) -> Path | None:
+    given = config.getoption("--lockstep-expectations")
+    if given is not None:
+        return given
+    ini = config.getini("lockstep_expectations")
+    return ini[0] if ini else None
+
+
+def _load_target(name: str, explicit: Path | None = None) -> tuple:
+    """(target, its expectations), loaded once per session; a target that cannot load, or a bad
+    expectations file, is a usage error."""
     from harness.targets import UnknownTarget, get
     from harness.targets.base import NotApplicable, UpstreamChanged
     from harness.targets.check import load_expectations
 
     try:
         target = get(name)
-        return target, load_expectations(target)
+        return target, load_expectations(target, explicit)
     except UnknownTarget as e:
         raise pytest.UsageError(str(e)) from None
     except (NotApplicable, UpstreamChanged, ValueError, TypeError) as e:
@@ -104,14 +144,52 @@ def _load_target(name: str) -> tuple:
         raise pytest.UsageError(f"--lockstep-target {name}: cannot load: its factory crashed: {located(e)}") from None
 
 
-def _dirs(config) -> tuple[Path, Path]:
+_SUITES = pytest.StashKey[list]()
+
+
+def _suites(config) -> list[tuple[Path, Path]]:
+    """(spec directory, its golden directory) pairs, resolved: ini `lockstep_specs` with
+    `lockstep_golden` (relative to the ini file; default specs/ and golden/ of the rootdir), then
+    each ini `lockstep_suite` and `--lockstep-suite` folder's specs/ and golden/."""
+    if _SUITES in config.stash:
+        return config.stash[_SUITES]
     root = Path(config.rootpath)
-    return root / config.getini("lockstep_specs"), root / config.getini("lockstep_golden")
+    specs = config.getini("lockstep_specs") or [root / "specs"]
+    golden = config.getini("lockstep_golden") or [root / "golden"]
+    if len(golden) not in (1, len(specs)):
+        raise pytest.UsageError(f"lockstep_golden lists {len(golden)} folders for {len(specs)} spec directories: give "
+                                f"one (shared) or one per spec directory")
+    pairs = list(zip(specs, golden * len(specs) if len(golden) == 1 else golden))
+    for suite in config.getini("lockstep_suite") + config.getoption("--lockstep-suite"):
+        if not (Path(suite) / "specs").is_dir():
+            raise pytest.UsageError(f"lockstep suite {suite}: no specs/ folder in it")
+        pairs.append((Path(suite) / "specs", Path(suite) / "golden"))
+    config.stash[_SUITES] = [(Path(os.path.abspath(d)), Path(os.path.abspath(g))) for d, g in pairs]
+    return config.stash[_SUITES]
+
+
+def _suite_of(config, file_path: Path) -> tuple[Path, Path] | None:
+    """The (spec directory, golden directory) a file lies under (the deepest), or None."""
+    here = Path(os.path.abspath(file_path))
+    found = [(d, g) for d, g in _suites(config) if d in here.parents]
+    return max(found, key=lambda p: len(p[0].parts)) if found else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    """Spec directories outside the paths pytest walks (another clone, an installed suite) are
+    collected too, unless the command line named its own paths."""
+    config = session.config
+    if config.args_source == pytest.Config.ArgsSource.ARGS:
+        return
+    walked = [Path(os.path.abspath(a.split("::")[0])) for a in config.args]
+    for d, _ in _suites(config):
+        if d.is_dir() and not any(w == d or w in d.parents for w in walked):
+            config.args.append(str(d))
 
 
 def pytest_collect_file(parent, file_path: Path):
-    specs_dir, _ = _dirs(parent.config)
-    if file_path.suffix.lower() not in (".yaml", ".yml") or specs_dir.resolve() not in file_path.resolve().parents:
+    if file_path.suffix.lower() not in (".yaml", ".yml") or _suite_of(parent.config, file_path) is None:
         return None
     if file_path.suffix != SPEC_SUFFIX:  # `x.yml`: an error, not silently skipped
         return StrayFile.from_parent(parent, path=file_path)
@@ -122,22 +200,23 @@ class StrayFile(pytest.File):
     """A file under specs/ that looks like a spec but would be ignored (another YAML suffix)."""
 
     def collect(self):
-        specs_dir, _ = _dirs(self.config)
+        specs_dir, _ = _suite_of(self.config, self.path)
         error = stray_error(Path(os.path.relpath(self.path, self.config.rootpath)))
         yield InvalidSpecItem.from_parent(self, name=os.path.relpath(self.path, specs_dir), errors=SpecErrors([error]))
 
 
 class SpecFile(pytest.File):
     def collect(self):
-        specs_dir, _ = _dirs(self.config)
+        specs_dir, golden_dir = _suite_of(self.config, self.path)
         try:
             shown = os.path.relpath(self.path, self.config.rootpath)
-            spec = load_spec_file(Path(self.path), specs_dir, shown_as=shown)
+            spec = load_spec_file(Path(os.path.abspath(self.path)), specs_dir, shown_as=shown)
         except SpecErrors as e:
             # A bad spec is one failing item, not a collection error: the other specs still run.
-            yield InvalidSpecItem.from_parent(self, name=spec_id_for(Path(self.path), specs_dir), errors=e)
+            yield InvalidSpecItem.from_parent(self, name=spec_id_for(Path(os.path.abspath(self.path)), specs_dir),
+                                              errors=e)
             return
-        yield SpecItem.from_parent(self, name=spec.id, spec=spec)
+        yield SpecItem.from_parent(self, name=spec.id, spec=spec, golden=golden_dir)
 
 
 class InvalidSpecItem(pytest.Item):
@@ -162,9 +241,9 @@ class SpecFailure(Exception):
 
 
 class SpecItem(pytest.Item):
-    def __init__(self, *, spec, **kwargs):
+    def __init__(self, *, spec, golden: Path, **kwargs):
         super().__init__(**kwargs)
-        self.spec = spec
+        self.spec, self.golden = spec, golden
         self.extra_keyword_matches.update(spec.tags)  # so `-k clamp` selects by tag too
 
     def _context(self) -> RunContext:
@@ -172,8 +251,7 @@ class SpecItem(pytest.Item):
         return RunContext(detect(opt("--lockstep-device"), opt("--lockstep-dtype")), opt("--lockstep-backend"))
 
     def runtest(self):
-        _, golden_dir = _dirs(self.config)
-        store = GoldenStore(golden_dir)
+        store = GoldenStore(self.golden)
         if _TARGET in self.config.stash:
             return self._run_on_target(store)
         if self.config.getoption("--lockstep-regen"):
@@ -223,7 +301,9 @@ class SpecItem(pytest.Item):
 def _expectations_shown(target, config) -> str:
     from harness.targets import expectations_path
 
-    path = expectations_path(target)
+    path = expectations_path(target, _expectations_option(config))
+    if path is None:
+        return "none"
     try:
         return os.path.relpath(path, config.rootpath)
     except ValueError:

@@ -10,6 +10,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
@@ -30,8 +31,14 @@ FAILING = (MISMATCH, FAILED, CRASH, CORRUPT, STALE)
 STATUSES = (PASS, MISMATCH, FAILED, CRASH, CORRUPT, STALE, MISSING)
 
 
-def repro_command(spec_id: str, ctx: RunContext, verb: str = "diff") -> str:
+def repro_command(spec_id: str, ctx: RunContext, verb: str = "diff", specs: Path | None = None,
+                  golden: Path | None = None) -> str:
+    """The command that reruns one spec as this run did; `specs` / `golden` are named when they
+    are not the defaults (./specs, ./golden)."""
     args = ["lockstep", verb, spec_id]
+    for flag, path, default in (("--specs", specs, "specs"), ("--golden", golden, "golden")):
+        if path is not None and Path(path).resolve() != Path(default).resolve():
+            args += [flag, str(path)]
     if ctx.platform.device != "cpu":
         args += ["--device", "cuda"]
     if ctx.platform.dtype != "fp32":
@@ -86,7 +93,7 @@ class Outcome:
 
     def to_json(self) -> dict:
         return {
-            "id": self.spec.id, "status": self.status, "golden_platform": self.golden_platform,
+            "id": self.spec.id, "kind": self.spec.kind, "status": self.status, "golden_platform": self.golden_platform,
             "file": str(self.spec.file), "seconds": round(self.seconds, 4), "messages": self.messages,
             "diffs": [d.to_json() for d in self.diffs],
             "data_diff": self.data_diff, "warnings": self.warnings, "notes": self.notes, "repro": self.repro,
@@ -131,7 +138,7 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore, strict: bool = F
     of the spec fails (STALE) even when its bits match."""
     start = time.perf_counter()
     platform = kinds.KINDS[spec.kind].golden_platform(spec, ctx)
-    out = Outcome(spec, PASS, platform, repro=repro_command(spec.id, ctx))
+    out = Outcome(spec, PASS, platform, repro=repro_command(spec.id, ctx, specs=_specs_dir(spec), golden=store.root))
     result, failed, crash = _run_and_expect(spec, ctx)
     if crash:
         out.status, out.messages, out.traceback = CRASH, [crash.summary], crash.traceback
@@ -149,6 +156,12 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore, strict: bool = F
     return out
 
 
+def _specs_dir(spec: Spec) -> Path:
+    """The spec directory a spec was loaded from (its file, one level up per part of its id)."""
+    file = Path(spec.file)
+    return file.parents[len(spec.id.split("/")) - 1] if file.name else file
+
+
 def _compare(out: Outcome, result: Result, failed: list[str], store: GoldenStore, strict: bool) -> None:
     spec = out.spec
     out.messages = [f"expectation failed: {m}" for m in failed]
@@ -157,7 +170,10 @@ def _compare(out: Outcome, result: Result, failed: list[str], store: GoldenStore
     try:
         golden = store.load(out.golden_platform, spec.id)
     except CorruptGolden as e:
-        out.status, out.messages = CORRUPT, out.messages + [f"corrupt golden: {e}"]
+        out.status, out.messages = CORRUPT, out.messages + [
+            f"corrupt golden: {e}",
+            f"if the spec is right, `lockstep regen {shlex.quote(spec.id)}` records a new golden in its place "
+            f"(review the change before committing it)"]
         return
     if golden is None:
         out.status = FAILED if failed else MISSING

@@ -29,10 +29,13 @@ def test_generate_json_matches_the_python_api(tmp_path, capsys):
     argv = ["generate", "--checkpoint", str(ck), "--prompt-ids", "1,2,3,4", "--prompt-ids", "7,8",
             "--seed", "5", "--top-k", "20", "--max-new-tokens", "6", "--logprobs", "--json"]
     assert main(argv) == 0
-    out = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    out = doc["results"]
     assert [len(o["tokens"]) for o in out] == [6, 6] and all(len(o["logprobs_bits"]) == 6 for o in out)
+    assert [o["seed"] for o in out] == [5, 5] and out[0]["sampling"]["top_k"] == 20
+    assert doc["checkpoint_digest"].startswith("sha256:") and doc["platform"] == "cpu-fp32"
     assert main(argv) == 0
-    assert json.loads(capsys.readouterr().out) == out  # D1 through the CLI
+    assert json.loads(capsys.readouterr().out) == doc  # D1 through the CLI
 
     from engine.generate import Request, generate
     from engine.model import GptOssModel
@@ -51,3 +54,22 @@ def test_generate_bad_input_names_the_field(tmp_path, capsys):
     assert "temperature" in capsys.readouterr().err
     assert main(["generate", "--checkpoint", str(tmp_path / "missing"), "--prompt-ids", "1"]) == 2
     assert main(["generate", "--checkpoint", str(ck), "--prompt-ids", "1,x"]) == 2
+
+
+def test_generate_refuses_silent_fallbacks_and_takes_a_seed_per_prompt(tmp_path, capsys):
+    ck = tmp_path / "ck"
+    main(["make-checkpoint", "--preset", "tiny", str(ck)])
+    base = ["generate", "--checkpoint", str(ck), "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--max-new-tokens", "4"]
+    assert main(base + ["--temperature", "0.8"]) == 2                      # would be greedy: refused
+    assert "--temperature without --seed" in capsys.readouterr().err
+    assert main(base + ["--logprobs"]) == 2                                # nowhere to print them
+    assert "--json" in capsys.readouterr().err
+    assert main(base + ["--seed", "1,2,3"]) == 2                           # 3 seeds, 2 prompts
+    capsys.readouterr()
+    assert main(base + ["--seed", "11,12", "--json"]) == 0
+    two = json.loads(capsys.readouterr().out)["results"]
+    assert [r["seed"] for r in two] == [11, 12]
+    assert main(["generate", "--checkpoint", str(ck), "--prompt-ids", "4,5", "--max-new-tokens", "4",
+                 "--seed", "12", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)["results"]                   # one prompt: the same shape, a list of one
+    assert one == two[1:]

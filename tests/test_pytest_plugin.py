@@ -158,10 +158,15 @@ def test_target_that_cannot_load_or_whose_expectations_are_stale_is_a_usage_erro
     result = toy.runpytest("--lockstep-target", "no-such-engine")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*unknown target 'no-such-engine'; known: lockstep, sglang, vllm, hf, toy*"])
-    (toy.path / "specs/coins/divisor.yaml").unlink()
-    result = toy.runpytest("--lockstep-target", "toy")
+    (toy.path / "specs/coins/divisor.yaml").unlink()       # an expectation of a spec not here: warned, not fatal
+    result = toy.runpytest("--lockstep-target", "toy", "-k", "wraparound")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*its expectations name specs that are in no spec directory of this run: "
+                                 "coins/divisor*"])
+    (toy.path / "bad.yaml").write_text(TOY_EXPECTATIONS.replace("peer bug", "peer bugg", 1))
+    result = toy.runpytest("--lockstep-target", "toy", "--lockstep-expectations", str(toy.path / "bad.yaml"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*its expectations name specs that do not exist under *: coins/divisor*"])
+    result.stderr.fnmatch_lines(["*bad.yaml:*: judgement 'peer bugg' is not one of peer bug, contract gap, unjudged*"])
     result = toy.runpytest("--lockstep-target", "toy", "--lockstep-regen")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
 

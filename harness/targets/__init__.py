@@ -13,7 +13,8 @@ import importlib
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from harness.targets.base import NotApplicable, Op, Target, UpstreamChanged  # noqa: F401
+from harness.targets.base import (GenOutput, GenRequest, NotApplicable, Op, Refused, Target,  # noqa: F401
+                                  UpstreamChanged)
 
 GROUP = "lockstep.targets"
 BUILTIN = {
@@ -55,8 +56,10 @@ def get(name: str) -> Target:
     return target
 
 
-def expectations_path(target: Target) -> Path:
-    """Where a target's expectations live: the target's own `expectations` path if it sets one
-    (a plugin ships its file), else harness/targets/expectations/<name>-<version>.yaml."""
-    own = getattr(target, "expectations", None)
-    return Path(own) if own else EXPECTATIONS / f"{target.label}.yaml"
+def expectations_path(target: Target, explicit: Path | None = None) -> Path | None:
+    """The expectations file a run of `target` uses, or None (no failure expected): `explicit`
+    (--expectations), else the target's own `expectations` path (a plugin ships its file), else
+    the shipped file under harness/targets/expectations/ whose target and version range apply
+    (harness/targets/expectfile.py)."""
+    from harness.targets.expectfile import find
+    return find(target.name, target.version, getattr(target, "expectations", None), explicit)

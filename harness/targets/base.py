@@ -1,18 +1,48 @@
 """What a target is: an implementation under test, seen through the operations the spec kinds need.
 
 A target is an object with a `name`, a `version` and an `ops` mapping from operation name to an
-`Op`: the callable plus where it can run. The operations (their signatures are in
-`harness/targets/lockstep.py`, the default target, which implements every one of them):
+`Op`: the callable, where it can run, and which optional features of the operation it offers.
+Every operation is optional: a spec that needs one the target lacks (or a feature its `Op` does
+not list) is `n/a` with the target's reason (`Target.missing`), never skipped or passed. The
+operations, with the default target `harness/targets/lockstep.py` implementing every one:
 
     hash(seed [n], pos [n], col [m]) -> [n, m] int64     coins kind: the seeded hash
     verify_coins(seeds [n], seq_lens [n], N) -> (coins [n, N] f32, final [n] f32)
     gumbel(seed [n], pos [n], col [m]) -> [n, m] f64     Gumbel noise of each key
     eagle3_layers(draft_config, convention, L, fc_in, hidden, name, direct_ids) -> the boundaries
-              captured, in capture order (raises on refusal); direct_ids: the spec gave bare ids
-              (top level of draft_config), which the adapter puts where its stack reads them
+              captured, in capture order (raises on refusal, see "Refusals"); direct_ids: the spec
+              gave bare ids (top level of draft_config), which the adapter puts where its stack reads them
     capture(checkpoint_dir, prompt, boundaries) -> [T, count * H] f32    whole-model capture
-    greedy_generate(checkpoint_dir, prompt, max_new_tokens, stop_ids) -> (tokens, logprobs)
-    verify_greedy(tree, argmax per node) -> (accepted path, next token)
+    greedy_generate(checkpoint_dir, prompt, max_new_tokens, stop_ids)
+              -> (tokens, logprobs [n] f32, finish_reason "stop" | "length")
+              the minimal decode loop; a target with `generate` needs no `greedy_generate`
+    generate(checkpoint_dir, requests: list[GenRequest], *, capture=(), prefill_chunk=None, max_batch=8)
+              -> list[GenOutput]: the whole decode loop, a batch at once. Op.features says what
+              it offers beyond greedy batch-of-one generation:
+                "sampling"       seeded sampling under the coin contract (DESIGN §5: the request's
+                                 seed, Gumbel-max over vocab ids at the input token's position)
+                "batch"          several requests in one call (else each request is its own call,
+                                 and specs that demand batch invariance are n/a)
+                "capture"        captured boundary states per position (GenOutput.captured)
+                "prefill_chunk"  chunked prefill of the given chunk size (D3 specs)
+    speculative_generate(checkpoint_dir, draft_dir, convention, requests, speculative: dict)
+              -> list[GenOutput] with accept_lengths (accepted drafts + 1 per verify round).
+              `speculative`: num_steps, topk, draft_token_num, verify, threshold_single,
+              threshold_acc (as a generate spec's `speculative`). Op.features: the verify modes
+              it implements ("greedy", "target-only", "rejection") and "tree" when topk > 1 works;
+              also "sampling" and "batch" as for generate. The distribution kind drives it too
+              (one seeded request per seed; its tokens judged by a chi-square test).
+    draft_stages(checkpoint_dir, draft_dir, convention, aux [R, A] f32, tokens [R] int64, top_k)
+              -> dict of the draft head's
+              internals (DESIGN §4) for R rows as one committed draft step: fc_input [R, A],
+              fc_output [R, Hd], hidden [R, Hd], logits [R, Vd], top_logprobs [R, k] f64,
+              top_draft_ids [R, k], top_target_ids [R, k]. Its draft proposals: the top-k.
+    mxfp4_decode(blocks [rows, G, 16] u8, scales [rows, G] u8, dtype) -> [rows, G * 32] of dtype
+              MXFP4 (DESIGN §7): E2M1 nibbles (low nibble = even element) times 2^(scale - 127);
+              scale 255 gives NaN for its block
+    load_checkpoint(checkpoint_dir) -> anything; raises (a refusal) on a checkpoint it must refuse
+              (an MXFP4 block of scale 255), naming the tensor, the block index and the scale
+    verify_greedy(tree, argmax per node) -> (accepted path, next token)        verify decisions
     verify_target_only(tree, p [N, V], coins [N], final, single, acc) -> (accepted, next)
     verify_rejection(tree with q, p, coins, final) -> (accepted, next)
     attention(q [T, Hq, D], k [S, Hkv, D], v [S, Hkv, D], positions [T], sinks [Hq], window,
@@ -20,10 +50,19 @@ A target is an object with a `name`, a `version` and an `ops` mapping from opera
     rmsnorm(x [M, N], weight [N], eps) -> [M, N]
     sampling(logp [R, V] f64, seeds [R], positions [R]) -> [R] int64   seeded Gumbel-max
 
-An operation a target lacks is not run: every spec that needs it is reported `n/a` with the
-target's reason (`Target.missing`). `Op.where` says where the operation runs: `cpu` (plain
-torch), `cpu-interpreter` (Triton kernels through TRITON_INTERPRET=1) or `cuda`; an operation
-whose `where` excludes the current device is `n/a` too, never silently skipped.
+`Op.where` says where the operation runs: `cpu` (plain torch), `cpu-interpreter` (Triton kernels
+through TRITON_INTERPRET=1) or `cuda`; an operation whose `where` excludes the current device is
+`n/a` too.
+
+Refusals (the exception contract). Where a spec expects the implementation to refuse (the
+layer_ids and mxfp4 `error` specs), the refusal counts as a clean error when the operation raises
+`Refused`, `ValueError`, `engine.boundaries.LayerIdError`, `AssertionError` (peers validate with
+asserts), or any type the target lists in `Target.refusals` (its engine's own exception types).
+Any other exception is a crash: the spec fails with the exception's type and message. A clean
+refusal is judged by its facts, not by Lockstep's wording: every whole number the spec's expected
+message fragments contain (ids, bounds, counts, widths, indices) must appear as a number in the
+message, and every tensor name (a dotted name) as it is.
+Where a spec expects no refusal, any exception is a crash.
 """
 
 from __future__ import annotations
@@ -42,11 +81,39 @@ class UpstreamChanged(RuntimeError):
     """A pinned upstream symbol moved or changed signature: the adapter refuses, naming it."""
 
 
+class Refused(Exception):
+    """An implementation's clean refusal of bad input (see "Refusals" above)."""
+
+
+@dataclass
+class GenRequest:
+    """One request of `generate` / `speculative_generate`. seed None: greedy (then `greedy` is True)."""
+    prompt: list[int]
+    seed: int | None = None
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    max_new_tokens: int = 16
+    greedy: bool = False
+    stop_token_ids: tuple[int, ...] | None = None     # None: the model's EOS list
+
+
+@dataclass
+class GenOutput:
+    tokens: list[int]
+    logprobs: object                       # [len(tokens)] float32 tensor: log_softmax of the raw logits
+    finish_reason: str                     # "stop" | "length"
+    captured: object = None                # [T_prompt + len(tokens) - 1, count * H] f32, with capture
+    accept_lengths: list[int] | None = None   # speculative: per verify round
+
+
 @dataclass
 class Op:
     fn: Callable
     where: tuple[str, ...] = (CPU, CUDA)
     note: str = ""          # how the operation reaches the implementation (shown by `lockstep list --target`)
+    features: frozenset[str] = frozenset()   # optional features it offers (see the operations above)
 
 
 @dataclass
@@ -55,19 +122,25 @@ class Target:
     version: str
     description: str = ""
     ops: dict[str, Op] = field(default_factory=dict)
-    missing: dict[str, str] = field(default_factory=dict)   # operation -> why the target does not have it
+    missing: dict[str, str] = field(default_factory=dict)   # operation or feature -> why the target lacks it
     conventions: tuple[str, ...] = ()                        # EAGLE3 layer-id conventions it implements
     notes: dict[str, str] = field(default_factory=dict)      # spec id or kind -> remark shown in reports
     expectations: str | None = None                          # a plugin's own expectations file
+    refusals: tuple[type, ...] = ()                          # its engine's own clean-refusal exception types
 
-    def op(self, name: str, device: str = CPU) -> Callable:
-        """The operation's callable, or NotApplicable with the target's reason."""
+    def op(self, name: str, device: str = CPU, needs: tuple[str, ...] = ()) -> Callable:
+        """The operation's callable, or NotApplicable with the target's reason (also when the
+        operation lacks one of the features `needs` names)."""
         if name not in self.ops:
             raise NotApplicable(self.missing.get(name, f"{self.name} has no {name!r} operation"))
         op = self.ops[name]
         here = CUDA if device.startswith("cuda") else (CPU, INTERPRETER)
         if not (set(op.where) & set(here if isinstance(here, tuple) else (here,))):
             raise NotApplicable(f"{self.name}'s {name} runs on {', '.join(op.where)} only, not on {device}")
+        for need in needs:
+            if need not in op.features:
+                raise NotApplicable(self.missing.get(f"{name}:{need}",
+                                                     f"{self.name}'s {name} does not offer {need!r}"))
         return op.fn
 
     @property

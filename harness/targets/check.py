@@ -35,37 +35,32 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 
-from harness.errors import UsageError, located, yaml_error
+from harness.errors import UsageError, located
 from harness.golden import GoldenStore
 from harness.targets import expectations_path, get
 from harness.targets.base import NotApplicable, Target, UpstreamChanged
 from harness.targets.runners import FAIL, NA, PASS, run_on_target
 
-JUDGEMENTS = ("peer bug", "contract gap")
+def load_expectations(target: Target, explicit: Path | None = None) -> dict:
+    """The failures expected of `target` ({} when no file applies); ExpectationsError (a
+    ValueError naming file and line) for a bad or inapplicable file."""
+    from harness.targets.expectfile import load
 
-
-def load_expectations(target: Target) -> dict:
-    path = expectations_path(target)
-    if not path.is_file():
+    path = expectations_path(target, explicit)
+    if path is None or (explicit is None and not path.is_file()):
         return {}
+    return load(path, target.name, target.version)
+
+
+def _expected(target: Target, args) -> dict:
+    """load_expectations for the CLI: a bad file is a usage error (exit 2), located."""
+    from harness.targets.expectfile import ExpectationsError
+
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(yaml_error(path, e)) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot be read ({e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("failures") or {}, dict):
-        raise ValueError(f"{path}: expected a mapping with target, version and failures (a mapping of spec ids)")
-    if doc.get("target") != target.name or str(doc.get("version")) != target.version:
-        raise ValueError(f"{path}: names {doc.get('target')} {doc.get('version')}, not {target.name} {target.version}")
-    failures = doc.get("failures") or {}
-    for sid, entry in failures.items():
-        if not isinstance(entry, dict) or not entry.get("observed") or entry.get("judgement") not in JUDGEMENTS \
-                or not entry.get("why"):
-            raise ValueError(f"{path}: {sid}: expected observed, judgement ({' | '.join(JUDGEMENTS)}) and why")
-    return failures
+        return load_expectations(target, getattr(args, "expectations", None))
+    except ExpectationsError as e:
+        raise _usage(str(e)) from None
 
 
 def verdict(outcome, want: dict | None) -> str | None:
@@ -82,13 +77,16 @@ def verdict(outcome, want: dict | None) -> str | None:
     return None
 
 
-def compare(outcomes, expected: dict, selected_ids: set[str]) -> list[str]:
-    """Differences between the outcomes and the expectations (empty: they match exactly)."""
-    problems = [p for p in (verdict(o, expected.get(o.spec.id)) for o in outcomes) if p]
-    for sid in sorted(set(expected) - {o.spec.id for o in outcomes}):
-        if sid in selected_ids or not selected_ids:
-            problems.append(f"EXPECTED FAILURE of an unknown spec: {sid}")
-    return problems
+def compare(outcomes, expected: dict, selected_ids: set[str] = frozenset()) -> list[str]:
+    """Differences between the outcomes and the expectations (empty: they match exactly).
+    Entries for specs that did not run (not selected, or in another spec directory) are not
+    differences: `unrun` lists them, and the CLI warns."""
+    return [p for p in (verdict(o, expected.get(o.spec.id)) for o in outcomes) if p]
+
+
+def unrun(outcomes, expected: dict) -> list[str]:
+    """Expected failures of specs this run did not include."""
+    return sorted(set(expected) - {o.spec.id for o in outcomes})
 
 
 def load_target(name: str) -> Target:
@@ -123,15 +121,27 @@ def cmd_check_target(args, specs, errors, ctx, explain=False, progress=None) -> 
     target = load_target(args.target)
     store = GoldenStore(args.golden)
     start = time.perf_counter()
+    expected = _expected(target, args)              # a bad file is refused before anything runs
     outcomes = run_target(specs, ctx, target, store, progress)
-    expected = load_expectations(target)
-    partial = bool(args.patterns or args.tag)
-    problems = compare(outcomes, expected, {s.id for s in specs} if partial else set())
+    problems = compare(outcomes, expected)
+    if not (args.patterns or args.tag):
+        for sid in unrun(outcomes, expected):
+            print(f"warning: {expectations_path(target, getattr(args, 'expectations', None))}: expects {sid} to "
+                  f"fail, but no spec of that id ran here (stale, or in another spec directory)", file=sys.stderr)
+    unjudged = sorted(sid for sid, e in expected.items() if e["judgement"] == "unjudged")
+    if unjudged:
+        print(f"warning: {len(unjudged)} expected failure(s) not judged yet (judgement: unjudged): "
+              f"{', '.join(unjudged)}", file=sys.stderr)
     code = 2 if errors else (1 if problems else 0)
     counts = {s: sum(o.status == s for o in outcomes) for s in (PASS, FAIL, NA)}
     if getattr(args, "json", False):
-        print(json.dumps({"target": target.label, "exit_code": code, "summary": counts,
-                          "expectation_problems": problems, "specs": [o.to_json() for o in outcomes]}, indent=2))
+        from harness.jsonout import check_document
+        print(json.dumps(check_document(
+            target=target.label, platform=ctx.platform.name, backend=ctx.backend, exit_code=code,
+            seconds=time.perf_counter() - start, summary=counts | {"spec_errors": len(errors)},
+            specs=[o.to_json() for o in outcomes], spec_errors=[str(e) for e in errors],
+            expectation_problems=problems,
+            expectations_file=_shown(expectations_path(target, getattr(args, "expectations", None)))), indent=2))
         return code
     width = max([len(o.spec.id) for o in outcomes] + [4])
     print(f"{'STATUS':<7} {'SPEC':<{width}}  {'EXPECTED':<8} {'HOW':<9} {'TIME':>7}")
@@ -149,7 +159,8 @@ def cmd_check_target(args, specs, errors, ctx, explain=False, progress=None) -> 
                 print("  " + (o.traceback.replace("\n", "\n  ") if getattr(args, "debug", False)
                               else f"reproduce: lockstep diff {o.spec.id} --target {args.target} --debug"))
     if problems:
-        print(f"\n{target.label}: results differ from {expectations_path(target)}:")
+        print(f"\n{target.label}: results differ from "
+              f"{_shown(expectations_path(target, getattr(args, 'expectations', None))) or 'its expectations (none)'}:")
         for p in problems:
             print("  " + p)
     for e in errors:
@@ -161,11 +172,46 @@ def cmd_check_target(args, specs, errors, ctx, explain=False, progress=None) -> 
     return code
 
 
+def cmd_write_expectations(args, specs, errors, ctx, progress=None) -> int:
+    """`lockstep expectations --target X --write FILE`: the observed failures as an expectations file.
+    Failures that match the file's previous entry keep their judgement; the others are `unjudged`."""
+    from harness.targets.expectfile import ExpectationsError, load, version_range, write
+
+    if args.target == "lockstep":
+        raise _usage("the lockstep target has no expectations: its specs must pass")
+    target = load_target(args.target)
+    if args.versions is not None:
+        try:
+            if not version_range({"versions": args.versions}).contains(target.version, prereleases=True):
+                raise _usage(f"--versions {args.versions!r} does not hold {target.label}'s version")
+        except ValueError as e:
+            raise _usage(f"--versions: {e}") from None
+    previous = {}
+    if args.write.is_file():
+        try:
+            previous = load(args.write, target.name, target.version)
+        except ExpectationsError:
+            previous = {}                        # rewritten from scratch: its entries do not apply
+    outcomes = run_target(specs, ctx, target, GoldenStore(args.golden), progress)
+    unjudged = write(args.write, target.name, target.version, args.versions, outcomes, previous)
+    fails = sum(o.status == FAIL for o in outcomes)
+    print(f"wrote {args.write}: {fails} failure(s) of {len(outcomes)} spec(s) on {target.label}, {unjudged} to "
+          f"judge (judgement: unjudged)")
+    for e in errors:
+        print(f"spec error: {e}")
+    return 2 if errors else 0
+
+
+def _shown(path) -> str | None:
+    return None if path is None else str(path)
+
+
 def cmd_list_target(args, specs) -> int:
     target = load_target(args.target)
     print(f"# {target.label}: {target.description}")
     for name, op in target.ops.items():
-        print(f"#   {name:<19} {', '.join(op.where):<28} {op.note}")
+        features = f" [{', '.join(sorted(op.features))}]" if op.features else ""
+        print(f"#   {name:<19} {', '.join(op.where):<28} {op.note}{features}")
     for name, why in target.missing.items():
         print(f"#   {name:<19} {'n/a':<28} {why}")
     from harness.targets.runners import applicability
@@ -230,22 +276,72 @@ def markdown(m: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+PEERS = ("sglang", "vllm", "hf")      # what `report` runs without --target, each only if it loads here
+
+
+def report_out(out: str) -> Path:
+    """--out, checked before any target runs: a .md file whose folder can be written."""
+    import os
+
+    path = Path(out)
+    if path.suffix != ".md":
+        raise _usage(f"--out {out}: expected a Markdown path ending in .md (the JSON is written beside it)")
+    if path.is_dir():
+        raise _usage(f"--out {out} is a directory; name the .md file")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise _usage(f"--out {out}: {parent} cannot be written")
+    return path
+
+
+def _usage(text: str):
+    from harness.errors import UsageError
+    return UsageError(text)
+
+
+def report_targets(names) -> tuple[list[Target], dict[str, str]]:
+    """The targets to report and, without --target, the peers skipped here with the reason.
+    A target named with --target must load; a default peer that does not is listed, not fatal."""
+    if names:
+        return [load_target(n) for n in names], {}
+    loaded, skipped = [], {}
+    for name in PEERS:
+        try:
+            loaded.append(get(name))
+        except (NotApplicable, UpstreamChanged, ImportError) as e:
+            skipped[name] = str(e)
+    if not loaded:
+        raise _usage("none of the peers " + ", ".join(PEERS) + " loads here: " +
+                     "; ".join(f"{n}: {why}" for n, why in skipped.items()))
+    return loaded, skipped
+
+
 def cmd_report(args, specs, errors, ctx, progress=None) -> int:
-    results, expected, problems = {}, {}, []
-    for name in args.target or ["sglang", "vllm", "hf"]:
-        target = load_target(name)
+    from harness.jsonout import report_document
+
+    out = report_out(args.out)
+    targets, skipped = report_targets(args.target)
+    for name, why in skipped.items():
+        print(f"not run: {name}: {why}", file=sys.stderr)
+    if getattr(args, "expectations", None) is not None and len(targets) != 1:
+        raise _usage("--expectations names one file: report one --target with it")
+    expected = {t.label: _expected(t, args) for t in targets}     # bad files are refused before any run
+    results, problems = {}, []
+    for target in targets:
         store = GoldenStore(args.golden)
         outcomes = run_target(specs, ctx, target, store, progress)
         results[target.label] = outcomes
-        expected[target.label] = load_expectations(target)
-        problems += [f"{target.label}: {p}" for p in compare(outcomes, expected[target.label],
-                                                               {s.id for s in specs} if (args.patterns or args.tag)
-                                                               else set())]
+        problems += [f"{target.label}: {p}" for p in compare(outcomes, expected[target.label])]
     m = matrix(results, expected)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(m))
-    out.with_suffix(".json").write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
+    text = markdown(m)
+    if skipped:
+        text += "\n## Not run here\n\n" + "".join(f"- {n}: {why}\n" for n, why in skipped.items())
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(report_document(m | {"not_installed": skipped}), indent=1,
+                                                   sort_keys=True) + "\n")
     print(f"wrote {out} and {out.with_suffix('.json')}")
     for p in problems:
         print(p, file=sys.stderr)

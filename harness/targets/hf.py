@@ -63,5 +63,9 @@ def load() -> Target:
              "greedy_generate": Op(greedy_generate, (CPU, CUDA), "GptOssForCausalLM.generate(do_sample=False)")},
         missing={op: "HF transformers has no such operation (no seeded coins, EAGLE3 verify or Triton kernels)"
                  for op in ("eagle3_layers", "hash", "verify_coins", "gumbel", "verify_greedy", "verify_target_only",
-                            "verify_rejection", "attention", "rmsnorm", "sampling")})
+                            "verify_rejection", "attention", "rmsnorm", "sampling")} | {
+            "generate": "HF's generate samples from torch's RNG, not under the coin contract; only greedy_generate "
+                        "(greedy, one request at a time, no capture or chunked prefill) is driven",
+            "speculative_generate": "HF transformers has no EAGLE3 speculative decoding",
+            "draft_stages": "HF transformers has no EAGLE3 draft head"})
 

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from harness.targets.base import CPU, CUDA, INTERPRETER, Op, Target
+from harness.targets.base import CPU, CUDA, INTERPRETER, GenOutput, Op, Target
 
 
 def _hash(seed, pos, col):
@@ -63,6 +63,57 @@ def _greedy_generate(checkpoint, prompt, max_new_tokens, stop_ids):
     return r.tokens, r.logprobs, r.finish_reason
 
 
+def _engine_requests(requests):
+    from engine.generate import Request
+    from engine.sampling import SamplingParams
+
+    return [Request(prompt=list(r.prompt), seed=r.seed, params=SamplingParams(
+        temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, max_new_tokens=r.max_new_tokens,
+        greedy=r.greedy, stop_token_ids=tuple(r.stop_token_ids) if r.stop_token_ids is not None else None))
+        for r in requests]
+
+
+def _generate(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8):
+    from engine.generate import generate
+
+    results = generate(_model(str(checkpoint)), _engine_requests(requests), capture=tuple(capture),
+                       max_batch=max_batch, prefill_chunk=prefill_chunk)
+    return [GenOutput(r.tokens, r.logprobs, r.finish_reason, captured=r.captured) for r in results]
+
+
+@functools.lru_cache(maxsize=4)
+def _draft(checkpoint, draft_dir, convention):
+    from engine.eagle3 import load_draft
+    return load_draft(draft_dir, _model(checkpoint), convention=convention)
+
+
+def _speculative_generate(checkpoint, draft_dir, convention, requests, speculative):
+    from engine.speculative import SpecParams, speculative_generate
+
+    results = speculative_generate(_model(str(checkpoint)), _draft(str(checkpoint), str(draft_dir), convention),
+                                   _engine_requests(requests), SpecParams(**speculative))
+    return [GenOutput(r.tokens, r.logprobs, r.finish_reason, accept_lengths=list(r.accept_lengths)) for r in results]
+
+
+def _draft_stages(checkpoint, draft_dir, convention, aux, tokens, top_k):
+    """The draft's stages through Lockstep's own draft head (the same code as the draft kind)."""
+    from harness.kinds.draft import _stages
+
+    draft = _draft(str(checkpoint), str(draft_dir), convention)
+    stages = _stages(draft, aux, tokens, torch.arange(aux.shape[0]), top_k)
+    return {k: v for k, v in stages.items() if k != "aux"}
+
+
+def _mxfp4_decode(blocks, scales, dtype):
+    from engine.mxfp4 import dequantize
+    return dequantize(blocks, scales, dtype)
+
+
+def _load_checkpoint(path):
+    from engine.checkpoint import load_checkpoint
+    load_checkpoint(path)
+
+
 def _spec(name):
     def call(*args):
         import engine.speculative as speculative
@@ -88,11 +139,11 @@ def _sampling(logp, seeds, positions):
 
 
 def load() -> Target:
-    from importlib.metadata import version
+    from harness.version import version
     every = (CPU, INTERPRETER, CUDA)
     kernels = (INTERPRETER, CUDA)
     return Target(
-        name="lockstep", version=version("lockstep"),
+        name="lockstep", version=version(),
         description="Lockstep's own kernels (Triton) and reference engine: the default target",
         conventions=("boundary", "sglang", "output-index"),
         ops={
@@ -102,6 +153,14 @@ def load() -> Target:
             "eagle3_layers": Op(_eagle3_layers, every, "engine.boundaries.resolve_boundaries"),
             "capture": Op(_capture, every, "engine.model.GptOssModel.forward(capture=…)"),
             "greedy_generate": Op(_greedy_generate, every, "engine.generate.generate"),
+            "generate": Op(_generate, every, "engine.generate.generate",
+                           frozenset({"sampling", "batch", "capture", "prefill_chunk"})),
+            "speculative_generate": Op(_speculative_generate, every, "engine.speculative.speculative_generate",
+                                       frozenset({"sampling", "batch", "greedy", "target-only", "rejection",
+                                                  "tree"})),
+            "mxfp4_decode": Op(_mxfp4_decode, every, "engine.mxfp4.dequantize"),
+            "load_checkpoint": Op(_load_checkpoint, every, "engine.checkpoint.load_checkpoint"),
+            "draft_stages": Op(_draft_stages, every, "engine.eagle3.Eagle3Draft (the draft kind's stages)"),
             "verify_greedy": Op(_spec("verify_greedy"), every, "engine.speculative.verify_greedy"),
             "verify_target_only": Op(_spec("verify_target_only"), every, "engine.speculative.verify_target_only"),
             "verify_rejection": Op(_spec("verify_rejection"), every, "engine.speculative.verify_rejection"),

@@ -6,8 +6,10 @@
 | layer_ids | `eagle3_layers` (resolution + capture order), if the target implements the spec's convention; with `forward`, `capture` on the spec's checkpoint | boundaries exactly; captured states within CROSS_TOL of the golden |
 | verify | `verify_greedy` / `verify_target_only` / `verify_rejection` on the spec's tree, rows and coins | bitwise with the same golden, and the hand-worked outcome |
 | kernel | the named kernel on the spec's inputs (attention, rmsnorm, sampling) | the spec's tolerance against the plain-torch reference, and its properties (finite, row alone = batch, decode = prefill, reproducible) |
-| generate | `greedy_generate` for all-greedy specs with no capture, schedule, draft or topology | tokens exactly, logprobs within CROSS_TOL of the golden |
-| distribution | — | n/a: needs a whole speculative engine with seeded draft sampling |
+| generate | `generate` (features: sampling, batch, capture, prefill_chunk), or `greedy_generate` one request at a time for greedy specs without capture or chunking; with a draft `speculative_generate`; the spec's variants re-run through the same operation; topologies n/a | tokens and accept lengths exactly, logprobs and captured states within CROSS_TOL of the golden; the variants bitwise against the target's own run |
+| draft | `draft_stages` on the aux rows of Lockstep's own target forward | every stage within CROSS_TOL, and the kind's independent checks |
+| mxfp4 | `mxfp4_decode` on the spec's bytes; checkpoint mode: `load_checkpoint` of the edited checkpoint | values bitwise (hand-written and the golden); a refusal by its facts (tensor, index, scale) |
+| distribution | `speculative_generate` (features: sampling, batch, the verify mode, tree) on one request per seed | the kind's chi-square test of the target's tokens against the exact law of Lockstep's forward, and its acceptance bounds (no golden) |
 
 Anything a target cannot run is `n/a` with the reason, never skipped or passed.
 """
@@ -15,6 +17,7 @@ Anything a target cannot run is `n/a` with the reason, never skipped or passed.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -27,10 +30,10 @@ from harness.golden import CorruptGolden, GoldenStore, json_roundtrip
 from harness.intseq import materialize
 from harness.result import Result, RunContext
 from harness.specfile import Spec
-from harness.targets.base import NotApplicable, Target, UpstreamChanged
+from harness.targets.base import GenOutput, GenRequest, NotApplicable, Refused, Target, UpstreamChanged
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
-BITWISE, TOLERANCE = "bitwise", "tolerance"
+BITWISE, TOLERANCE, CHI_SQUARE = "bitwise", "tolerance", "chi-square"
 # Two implementations of one whole model in fp32 sum in different orders: |a - b| <= ATOL + RTOL |b|
 # (tests/engine/test_hf_agreement.py: max ~5e-6 on logits of size ~5 for 2 blocks).
 # Measured on the 2-block tiny preset; over the 24 and 36 blocks of tiny-d24 / tiny-d36 the same
@@ -52,7 +55,8 @@ class TargetOutcome:
 
     def to_json(self) -> dict:
         return {"id": self.spec.id, "kind": self.spec.kind, "target": self.target, "status": self.status,
-                "compare": self.compare, "message": self.message, "seconds": round(self.seconds, 3)}
+                "compare": self.compare, "message": self.message, "messages": list(self.messages),
+                "seconds": round(self.seconds, 3)}
 
 
 # --------------------------------------------------------------------------- coins
@@ -128,7 +132,7 @@ def _layer_ids(spec, ctx, t: Target):
     try:
         boundaries = [int(b) for b in resolve(draft_config, inp["convention"], cfg.num_hidden_layers,
                                               fc_in, cfg.hidden_size, name, direct_ids=inp["ids"] is not None)]
-    except (LayerIdError, ValueError, AssertionError) as e:
+    except (Refused, LayerIdError, ValueError, AssertionError, *t.refusals) as e:
         return Result(data={"error": type(e).__name__, "message": str(e)}), BITWISE, None
     data = {"boundaries": boundaries, "aux_width": len(boundaries) * cfg.hidden_size}
     if not inp["forward"]:
@@ -239,49 +243,291 @@ def _kernel(spec, ctx, t: Target):
 
 
 # --------------------------------------------------------------------------- generate
-def _generate(spec, ctx, t: Target):
-    from harness.checkpoints import target_dir
-    from harness.kinds.generate import project_root
+def _gen_requests(spec) -> list[GenRequest]:
+    from harness.kinds.generate import _params
 
-    inp = spec.inputs
-    for key in ("capture", "draft", "speculative", "topologies", "schedule"):
-        if inp.get(key):
-            raise NotApplicable(f"{t.name}: generate specs with {key!r} need the engine's own scheduler; "
-                                f"only plain greedy generation is an operation of a target")
-    if not all(_greedy(r) for r in inp["requests"]):
-        raise NotApplicable("seeded sampling runs through the engine's own sampler; only all-greedy generate "
-                            "specs are an operation of a target")
-    op = t.op("greedy_generate", str(ctx.device))
-    ckpt = target_dir(inp["checkpoint"], project_root(spec))
-    tensors, data = {}, {"tokens": [], "finish_reasons": []}
-    for i, r in enumerate(inp["requests"]):
-        s = r["sampling"]
-        tokens, logprobs, reason = op(ckpt, materialize(r["prompt"]).tolist(), s["max_new_tokens"],
-                                      s["stop_token_ids"])
-        tensors[f"tokens_{i}"] = torch.tensor(tokens, dtype=torch.int64)
-        tensors[f"logprobs_{i}"] = logprobs.to(torch.float32)
-        data["tokens"].append(list(tokens))
-        data["finish_reasons"].append(reason)
-    return Result(tensors=tensors, data=data, facts={"variants_differing": {}}), TOLERANCE, \
+    out = []
+    for r in spec.inputs["requests"]:
+        p = _params(r["sampling"])
+        out.append(GenRequest(prompt=materialize(r["prompt"]).tolist(), seed=r["seed"], temperature=p.temperature,
+                              top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, max_new_tokens=p.max_new_tokens,
+                              greedy=p.is_greedy, stop_token_ids=p.stop_token_ids))
+    return out
+
+
+def _plain_call(spec, t: Target, device: str, sampled: bool):
+    """call(requests, prefill_chunk) -> [GenOutput] through `generate`, or `greedy_generate` for
+    what the minimal loop can run (greedy, no capture, no chunking); NotApplicable otherwise."""
+    inp, exp = spec.inputs, spec.expect
+    chunked = (inp["schedule"] or {}).get("prefill_chunk") is not None or bool(exp.get("prefill_chunks"))
+    needs = tuple(n for n, on in (("sampling", sampled), ("capture", bool(inp["capture"])),
+                                  ("prefill_chunk", chunked),
+                                  ("batch", bool(exp.get("batch_invariant")) and len(inp["requests"]) > 1)) if on)
+    if "generate" not in t.ops and "greedy_generate" in t.ops and not needs:
+        greedy = t.op("greedy_generate", device)
+
+        def call(requests, ckpt, prefill_chunk=None):
+            return [GenOutput(*greedy(ckpt, r.prompt, r.max_new_tokens, r.stop_token_ids)) for r in requests]
+        return call
+    op = t.ops.get("generate")
+    gen = t.op("generate", device, needs)
+    batched = "batch" in op.features
+    capture = tuple(inp["capture"] or ())
+    max_batch = (inp["schedule"] or {}).get("max_batch") or 8
+
+    def call(requests, ckpt, prefill_chunk=None):
+        kw = {"capture": capture} if capture else {}
+        if prefill_chunk is not None:
+            kw["prefill_chunk"] = prefill_chunk
+        if batched:
+            return list(gen(ckpt, requests, max_batch=max_batch, **kw))
+        return [out for r in requests for out in gen(ckpt, [r], max_batch=1, **kw)]
+    return call
+
+
+def _speculative_call(spec, t: Target, device: str, sampled: bool):
+    inp, exp = spec.inputs, spec.expect
+    sp = inp["speculative"]
+    mode = sp["verify"] if sampled else "greedy"     # greedy requests are verified greedily (DESIGN §6)
+    needs = (mode,) + (("tree",) if sp["topk"] > 1 else ()) + (("sampling",) if sampled else ()) + \
+        (("batch",) if exp.get("batch_invariant") and len(inp["requests"]) > 1 else ())
+    op = t.op("speculative_generate", device, needs)
+    batched = "batch" in t.ops["speculative_generate"].features
+
+    def call(requests, ckpt, draft, prefill_chunk=None):
+        args = (ckpt, draft, inp["draft"]["convention"])
+        if batched:
+            return list(op(*args, requests, dict(sp)))
+        return [out for r in requests for out in op(*args, [r], dict(sp))]
+    return call
+
+
+def _generate_plan(spec, t: Target, device: str):
+    """(the spec's own call, the plain call for equals_plain or None); NotApplicable with the reason."""
+    inp, exp = spec.inputs, spec.expect
+    if inp.get("topologies"):
+        raise NotApplicable(f"{t.name}: generate specs with 'topologies' split Lockstep's own engine over "
+                            f"torch.distributed; a topology is not an operation of a target")
+    sampled = any(not r.greedy for r in _gen_requests(spec))
+    if inp["draft"] is not None:
+        plain = _plain_call(spec, t, device, sampled) if exp.get("equals_plain") else None
+        return _speculative_call(spec, t, device, sampled), plain
+    return _plain_call(spec, t, device, sampled), None
+
+
+def _bits(o: GenOutput) -> tuple:
+    """What must be bit-identical between two runs of one implementation (as in the generate kind)."""
+    def raw(x):
+        return None if x is None else x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    return (tuple(o.tokens), raw(torch.as_tensor(o.logprobs, dtype=torch.float32)), raw(o.captured),
+            None if o.accept_lengths is None else tuple(o.accept_lengths))
+
+
+def _generate(spec, ctx, t: Target):
+    from harness.checkpoints import draft_dir, target_dir
+    from harness.kinds.generate import _same, project_root
+
+    inp, exp = spec.inputs, spec.expect
+    own, plain = _generate_plan(spec, t, str(ctx.device))
+    root = project_root(spec)
+    ckpt = target_dir(inp["checkpoint"], root)
+    requests = _gen_requests(spec)
+    if inp["draft"] is not None:
+        ddir = draft_dir(inp["draft"], inp["checkpoint"], root)
+        run = lambda reqs, chunk=None: own(reqs, ckpt, ddir)                       # noqa: E731
+    else:
+        chunk0 = (inp["schedule"] or {}).get("prefill_chunk")
+        run = lambda reqs, chunk=None: own(reqs, ckpt, chunk if chunk is not None else chunk0)  # noqa: E731
+    results = run(requests)
+    if len(results) != len(requests):
+        raise ValueError(f"{t.name} returned {len(results)} results for {len(requests)} requests")
+    tensors, data = {}, {"tokens": [list(r.tokens) for r in results],
+                         "finish_reasons": [r.finish_reason for r in results]}
+    for i, r in enumerate(results):
+        tensors[f"tokens_{i}"] = torch.tensor(list(r.tokens), dtype=torch.int64)
+        tensors[f"logprobs_{i}"] = torch.as_tensor(r.logprobs).to(torch.float32).cpu()
+        if inp["capture"]:
+            tensors[f"captured_{i}"] = torch.as_tensor(r.captured).to(torch.float32).cpu()
+        if inp["draft"] is not None:
+            tensors[f"accept_lengths_{i}"] = torch.tensor(list(r.accept_lengths or []), dtype=torch.int64)
+    if inp["draft"] is not None:
+        data["mean_accept_length"] = [sum(r.accept_lengths) / len(r.accept_lengths) if r.accept_lengths else 0.0
+                                      for r in results]
+    reference = [_bits(r) for r in results]
+    variants = []
+    n = len(requests)
+    if exp.get("reproducible"):
+        variants.append(("a second run", lambda: run(requests)))
+    if exp.get("batch_invariant"):
+        variants.append(("each request alone", lambda: [run([r])[0] for r in requests]))
+        variants.append(("reversed order", lambda: run(requests[::-1])[::-1]))
+    for c in exp.get("prefill_chunks") or []:
+        variants.append((f"prefill chunks of {c}", lambda c=c: run(requests, c)))
+    if plain is not None:
+        variants.append(("plain (non-speculative) generate", lambda: plain(requests, ckpt, None)))
+    differing = {}
+    for name, call in variants:
+        got = call()
+        differing[name] = [i for i in range(n) if not _same(_bits(got[i]), reference[i])]
+    return Result(tensors=tensors, data=data, facts={"variants_differing": differing}), TOLERANCE, \
         kinds.generate.golden_platform(spec, ctx)
 
 
-def _greedy(request) -> bool:
-    from harness.kinds.generate import _params
-    return _params(request["sampling"]).is_greedy and request["seed"] is None
+# --------------------------------------------------------------------------- draft
+def _draft(spec, ctx, t: Target):
+    """The draft head's internals on the aux rows of Lockstep's own target forward (or the
+    spec's written-out aux), so the draft is judged apart from the target's forward."""
+    from harness.checkpoints import draft_dir, draft_for, model_for, target_dir
+    from harness.kinds import draft as D
+    from harness.kinds.generate import project_root
+
+    inp = spec.inputs
+    op = t.op("draft_stages", str(ctx.device))
+    root = project_root(spec)
+    model = model_for(inp["target"], "torch", root, "cpu", "fp32")
+    draft = draft_for(inp["draft"], inp["target"], model, root)        # Lockstep's: its boundaries and config
+    aux, tokens, _ = D._rows(spec, model, draft)
+    ddir = draft_dir(inp["draft"], inp["target"], root)
+    stages = op(target_dir(inp["target"], root), ddir, inp["draft"]["convention"], aux.cpu(), tokens.cpu(),
+                inp["top_k"])
+    tensors = {"aux": aux.cpu()} | {k: torch.as_tensor(v).detach().cpu() for k, v in stages.items()}
+    facts = {"checkpoint": str(ddir), "n_aux": draft.n_aux, "eps": draft.config.rms_norm_eps}
+    if spec.expect.get("reproducible"):
+        again = op(target_dir(inp["target"], root), ddir, inp["draft"]["convention"], aux.cpu(), tokens.cpu(),
+                   inp["top_k"])
+        facts["differs_on_rerun"] = [k for k, v in again.items() if not torch.as_tensor(v).cpu().contiguous()
+                                     .view(torch.uint8).equal(tensors[k].contiguous().view(torch.uint8))]
+    data = {"boundaries": list(draft.boundaries), "top_target_ids": tensors["top_target_ids"].tolist()}
+    return Result(tensors=tensors, data=data, facts=facts), TOLERANCE, D.golden_platform(spec, ctx)
 
 
-def _not_applicable(why):
-    def run(spec, ctx, t):
-        raise NotApplicable(why)
-    return run
+# --------------------------------------------------------------------------- mxfp4
+def _mxfp4(spec, ctx, t: Target):
+    """Decode mode: the target's `mxfp4_decode` on the spec's bytes, each value against the
+    hand-written one and the golden bitwise. Checkpoint mode: the target's `load_checkpoint` of the
+    edited checkpoint must refuse (a clean refusal naming the facts) or load."""
+    from harness.kinds import mxfp4 as M
+
+    inp = spec.inputs
+    if inp["blocks"] is None:
+        load = t.op("load_checkpoint", str(ctx.device))
+        from harness.checkpoints import checkpoint_dir, edited_copy
+
+        ck = inp["checkpoint"]
+        edits: dict[str, list[dict]] = {}
+        for e in inp["set_scales"]:
+            edits.setdefault(e["tensor"], []).append(e)
+
+        def edit(name, x):
+            if name not in edits:
+                return None
+            x = x.clone()
+            for e in edits[name]:
+                x[tuple(e["index"])] = e["value"]
+            return x
+        path = edited_copy(checkpoint_dir(ck["preset"], ck["seed"], "mxfp4"), f"mxfp4-{spec.id.replace('/', '_')}", edit)
+        try:
+            load(path)
+        except (Refused, ValueError, *t.refusals) as e:
+            return Result(data={"loaded": False, "error": str(e).replace(str(path), "<checkpoint>")}), BITWISE, None
+        return Result(data={"loaded": True}), BITWISE, None
+    decode = t.op("mxfp4_decode", str(ctx.device))
+    dt = M.DTYPES[inp["dtype"]]
+    n, rows = len(inp["blocks"]), inp["rows"]
+    blocks = torch.tensor([b["bytes"] for b in inp["blocks"]], dtype=torch.uint8).reshape(rows, n // rows, 16)
+    scales = torch.tensor([b["scale"] for b in inp["blocks"]], dtype=torch.uint8).reshape(rows, n // rows)
+    out = torch.as_tensor(decode(blocks, scales, dt)).cpu()
+    failures = []
+    if tuple(out.shape) != (rows, n // rows * 32) or out.dtype != dt:
+        failures.append(f"{t.name}: mxfp4_decode returned {out.dtype} {list(out.shape)}, expected {dt} "
+                        f"[{rows}, {n // rows * 32}]")
+    else:
+        flat = out.reshape(n, 32)
+        for b, want_row in enumerate(spec.expect["values"]):
+            for e, want in enumerate(want_row):
+                if not M._same(flat[b, e], want, dt):
+                    failures.append(f"{M._describe_element(b, e, inp['blocks'][b])}: decoded "
+                                    f"{float(flat[b, e])!r}, DESIGN §7 gives {want!r}")
+    return Result(tensors={"values": out}, facts={"failures": failures}), BITWISE, M.golden_platform(spec, ctx)
+
+
+# --------------------------------------------------------------------------- distribution
+def _distribution_call(spec, t: Target, device: str):
+    sp = spec.inputs["speculative"]
+    needs = ("sampling", "batch", sp["verify"]) + (("tree",) if sp["topk"] > 1 else ())
+    return t.op("speculative_generate", device, needs)
+
+
+def _distribution(spec, ctx, t: Target):
+    """The target's speculative sampling, counted, against the exact law of Lockstep's own forward
+    of the same checkpoint (the kind's chi-square test and acceptance bounds; no golden: a target
+    may draw from its own RNG and still follow the law)."""
+    import dataclasses
+
+    from harness.checkpoints import draft_dir, model_for, target_dir
+    from harness.kinds import distribution as D
+    from harness.kinds.generate import project_root
+
+    inp = spec.inputs
+    op = _distribution_call(spec, t, str(ctx.device))
+    root = project_root(spec)
+    params, sp, K = D._sampling_params(inp), D._spec_params(inp), inp["tokens"]
+    prompt = materialize(inp["prompt"]).tolist()
+    requests = [GenRequest(prompt=prompt, seed=s, temperature=params.temperature, top_k=params.top_k,
+                           top_p=params.top_p, min_p=params.min_p, max_new_tokens=params.max_new_tokens,
+                           greedy=params.greedy, stop_token_ids=params.stop_token_ids)
+                for s in materialize(inp["seeds"]).tolist()]
+    results = op(target_dir(inp["checkpoint"], root), draft_dir(inp["draft"], inp["checkpoint"], root),
+                 inp["draft"]["convention"], requests, dataclasses.asdict(sp))
+    model = model_for(inp["checkpoint"], "torch", root, "cpu", "fp32")
+    V = model.config.vocab_size
+    counts = torch.zeros([V] * K, dtype=torch.int64)
+    for r in results:
+        counts[tuple(list(r.tokens)[:K])] += 1
+    law = D.exact_law(model, prompt, params, K)
+    test = D.chi_square(counts, law, inp["min_expected"])
+    rounds = [a for r in results for a in (r.accept_lengths or [])]
+    data = {"requests": len(requests), "rounds": len(rounds),
+            "acceptance_rate": sum(a > 1 for a in rounds) / max(len(rounds), 1),
+            "statistic": test.statistic, "df": test.df, "p_value": test.p_value,
+            "impossible": [[list(seq), c] for seq, c in test.impossible],
+            "largest_terms": [[list(n) if isinstance(n, tuple) else n, o, e] for n, o, e in test.largest]}
+    return Result(tensors={"counts": counts, "expected": law}, data=data), CHI_SQUARE, None
 
 
 KIND_RUNNERS = {
     "coins": _coins, "layer_ids": _layer_ids, "verify": _verify, "kernel": _kernel, "generate": _generate,
-    "distribution": _not_applicable("the output law of speculative sampling needs a whole speculative engine "
-                                    "with seeded draft sampling, not an operation of a target"),
+    "draft": _draft, "distribution": _distribution, "mxfp4": _mxfp4,
 }
+
+
+# --------------------------------------------------------------------------- refusals judged by their facts
+_NUMBER = re.compile(r"(?<![\w.-])-?\d+(?![\w.])")
+_TENSOR = re.compile(r"^[A-Za-z_][\w]*(\.[\w]+)+$")       # model.layers.2.mlp.experts.down_proj_scales
+
+
+def error_facts(fragments: list[str]) -> list:
+    """The facts an error spec's expected fragments name — whole numbers (ids, bounds, counts,
+    widths, indices) and tensor names: a target's refusal must name these, in its own words."""
+    return [f for f in fragments if _TENSOR.match(f)] + \
+        [int(m) for f in fragments if not _TENSOR.match(f) for m in _NUMBER.findall(f)]
+
+
+def _missing_facts(fragments: list[str], message: str) -> list:
+    named = {int(m) for m in _NUMBER.findall(message)}
+    return [f for f in error_facts(fragments) if (f not in message if isinstance(f, str) else f not in named)]
+
+
+def check_on_target(spec, result: Result) -> list[str]:
+    """The kind's checks, except that an expected refusal is judged by its facts, not its wording."""
+    error = spec.expect.get("error") if isinstance(spec.expect, dict) else None
+    if spec.kind == "layer_ids" and error and "error" in result.data:
+        missing = _missing_facts(error, result.data["message"])
+        return [f"the refusal does not name {missing}: {result.data['message']}"] if missing else []
+    if spec.kind == "mxfp4" and error and result.data.get("loaded") is False:
+        missing = _missing_facts(error, result.data["error"])
+        return [f"the refusal does not name {missing}: {result.data['error']}"] if missing else []
+    return list(kinds.KINDS[spec.kind].check(spec, result))
 
 
 # --------------------------------------------------------------------------- comparison
@@ -322,7 +568,7 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
         with torch.inference_mode():
             result, out.compare, platform = runner(spec, ctx, target)
         result.data = json_roundtrip(result.data)
-        fails = list(kinds.KINDS[spec.kind].check(spec, result))
+        fails = check_on_target(spec, result)
         if platform is not None:
             try:
                 golden = store.load(platform, spec.id)
@@ -383,13 +629,17 @@ def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]
             t.op(KERNEL_OPS[inp["kernel"]], device)
             return TOLERANCE, ""
         if spec.kind == "generate":
-            for key in ("capture", "draft", "speculative", "topologies", "schedule"):
-                if inp.get(key):
-                    raise NotApplicable(f"uses {key!r}")
-            if not all(_greedy(r) for r in inp["requests"]):
-                raise NotApplicable("seeded sampling")
-            t.op("greedy_generate", device)
+            _generate_plan(spec, t, device)
             return TOLERANCE, ""
+        if spec.kind == "draft":
+            t.op("draft_stages", device)
+            return TOLERANCE, ""
+        if spec.kind == "mxfp4":
+            t.op("mxfp4_decode" if inp["blocks"] is not None else "load_checkpoint", device)
+            return BITWISE, ""
+        if spec.kind == "distribution":
+            _distribution_call(spec, t, device)
+            return CHI_SQUARE, ""
         raise NotApplicable(f"kind {spec.kind}")
     except NotApplicable as e:
         return NA, str(e)

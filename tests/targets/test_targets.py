@@ -32,6 +32,28 @@ def test_lockstep_through_the_target_path_passes(spec_id):
     assert run(get("lockstep"), spec_id).status == PASS
 
 
+@pytest.mark.parametrize("spec_id", ["generate/custom-stop-ids", "draft/written-aux", "speculative/synthetic-plain",
+                                     "mxfp4/e2m1-table", "mxfp4/checkpoint-scale-255-refused"])
+def test_lockstep_decode_loop_and_draft_through_the_target_path_pass(spec_id):
+    """The default target's seeded sampling (generate), speculative decoding (speculative_generate),
+    draft head stages (draft_stages), MXFP4 decoding and refusal match Lockstep's goldens."""
+    assert run(get("lockstep"), spec_id).status == PASS
+
+
+def test_a_feature_the_target_does_not_declare_is_na_with_its_reason():
+    from harness.targets.runners import applicability
+
+    full = get("lockstep").ops["generate"]
+    t = Target("toy", "1", ops={"generate": Op(full.fn, full.where, features=frozenset({"batch"}))},
+               missing={"generate:sampling": "toy samples with its own RNG"})
+    specs, _ = load_specs(ROOT / "specs")
+    (seeded,) = select(specs, ["generate/custom-stop-ids"], [])
+    (speculative,) = select(specs, ["speculative/synthetic-plain"], [])
+    assert applicability(seeded, t) == (NA, "toy samples with its own RNG")
+    assert applicability(speculative, t) == (NA, "toy has no 'speculative_generate' operation")
+    assert run(t, "generate/custom-stop-ids").message == "toy samples with its own RNG"
+
+
 def test_a_missing_operation_is_na_with_its_reason():
     t = Target("toy", "1", ops={}, missing={"hash": "toy hashes nothing"})
     o = run(t, "coins/known-answers")
@@ -160,3 +182,36 @@ def test_conformance_md_is_its_json():
         for sid, want in expected.items():
             assert (cells[sid]["message"], cells[sid]["judgement"], cells[sid]["why"]) == \
                 (want["observed"], want["judgement"], want["why"]), sid
+
+
+def test_a_speculative_sampler_that_ignores_its_seeds_fails_the_distribution_spec():
+    """Planted: every seed gets the same tokens. The chi-square test against the exact law of the
+    checkpoint (and the acceptance bounds) turns red; the default target applies."""
+    import torch
+
+    from harness.targets import GenOutput
+    from harness.targets.runners import CHI_SQUARE, applicability
+
+    def same_for_every_seed(checkpoint, draft, convention, requests, speculative):
+        return [GenOutput([1, 2, 3], torch.zeros(3), "length", accept_lengths=[1, 1, 1]) for _ in requests]
+    t = Target("toy", "1", ops={"speculative_generate": Op(same_for_every_seed, features=frozenset(
+        {"sampling", "batch", "rejection", "target-only", "tree"}))})
+    o = run(t, "speculative/rejection-distribution")
+    assert o.status == FAIL and any("chi-square goodness of fit" in m or "target probability 0" in m
+                                    for m in o.messages), o.messages
+    assert any("acceptance rate 0.000" in m for m in o.messages)
+    specs, _ = load_specs(ROOT / "specs")
+    (spec,) = select(specs, ["speculative/target-only-distribution"], [])
+    assert applicability(spec, get("lockstep")) == (CHI_SQUARE, "")
+    assert applicability(spec, Target("bare", "1"))[0] == NA
+
+
+def test_an_mxfp4_decoder_without_the_sign_bit_and_a_loader_that_accepts_nan_scales_turn_red():
+    from engine.mxfp4 import dequantize
+
+    t = Target("toy", "1", ops={"mxfp4_decode": Op(lambda b, s, dt: dequantize(b & 0x77, s, dt)),
+                                "load_checkpoint": Op(lambda path: None)})
+    o = run(t, "mxfp4/e2m1-table")
+    assert o.status == FAIL and "DESIGN §7 gives -" in o.message, o.message
+    o = run(t, "mxfp4/checkpoint-scale-255-refused")
+    assert o.status == FAIL and o.message.startswith("the checkpoint loaded; the spec expects it refused"), o.message

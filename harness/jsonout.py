@@ -1,0 +1,40 @@
+"""The documents `--json` prints, in one place, each with a `schema_version`.
+
+The schemas are docs/schemas/*.schema.json (JSON Schema draft 2020-12); tests/test_json_schemas.py
+validates real outputs against them. `schema_version` changes only when a field is removed or
+changes meaning; new fields may appear without a bump (the schemas allow extra properties).
+
+`check` prints one shape with or without `--target`: `target` is `lockstep-<version>` for
+Lockstep's own engine, and `expectation_problems` is empty there (the default target has none).
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+
+def _header(command: str) -> dict:
+    from harness.version import version
+    return {"schema_version": SCHEMA_VERSION, "command": command, "lockstep_version": version()}
+
+
+def check_document(*, target: str, platform: str, backend: str, exit_code: int, seconds: float,
+                   summary: dict, specs: list[dict], spec_errors: list[str], stale_goldens: list[str] = (),
+                   golden_folders: list[str] = (), expectation_problems: list[str] = (),
+                   expectations_file: str | None = None) -> dict:
+    return _header("check") | {
+        "target": target, "platform": platform, "backend": backend, "exit_code": exit_code,
+        "seconds": round(seconds, 3), "summary": summary, "specs": specs, "spec_errors": list(spec_errors),
+        "stale_goldens": list(stale_goldens), "golden_folders": list(golden_folders),
+        "expectations_file": expectations_file, "expectation_problems": list(expectation_problems)}
+
+
+def generate_document(*, checkpoint: str, checkpoint_digest: str, platform: str, backend: str,
+                      results: list[dict]) -> dict:
+    return _header("generate") | {"checkpoint": checkpoint, "checkpoint_digest": checkpoint_digest,
+                                  "platform": platform, "backend": backend, "results": results}
+
+
+def report_document(matrix: dict) -> dict:
+    """No lockstep_version here: the committed docs/conformance.json would change with every release."""
+    return {"schema_version": SCHEMA_VERSION, "command": "report"} | matrix

@@ -1,0 +1,174 @@
+"""Expectations files: which specs fail on a target, for which of its versions, and why.
+
+    target: myengine
+    versions: ">=0.3,<0.4"        # a PEP 440 specifier set (or `version: 0.3.1`, that one only)
+    failures:
+      layer_ids/error-count:
+        observed: the resolver accepted the ids (boundaries [24, 30, 36]); the spec expects an error
+        judgement: peer bug       # peer bug | contract gap | unjudged (written by `lockstep expectations`)
+        why: no check of the id count against the draft's fc width
+
+A file applies to a target when `target` is its name and its version lies in `versions` (pre-
+and dev releases included: 0.3.2.dev4+g1a2b3c is in >=0.3,<0.4). Anything wrong with a file is an
+`ExpectationsError` naming the file and line: a user error, never an internal one.
+
+Which file a run uses: the one given explicitly (`--expectations FILE`, the pytest option
+`--lockstep-expectations` or ini `lockstep_expectations`), else the target's own
+`Target.expectations`, else the shipped file under harness/targets/expectations/ that applies
+(`<name>-<version>.yaml` first, then any whose range holds the version). None: no failure expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+JUDGEMENTS = ("peer bug", "contract gap", "unjudged")
+SHIPPED = Path(__file__).parent / "expectations"
+
+
+class ExpectationsError(ValueError):
+    """A bad or inapplicable expectations file: `path:line: what`."""
+
+
+def _compose(path: Path):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExpectationsError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        return yaml.safe_load(text) or {}, yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise ExpectationsError(f"{path}:{mark.line + 1 if mark else 1}: not valid YAML: "
+                                f"{getattr(e, 'problem', None) or e}") from None
+
+
+def _line(node, *keys) -> int:
+    """1-based line of the last of `keys` in a composed mapping (the nearest one found)."""
+    line = node.start_mark.line + 1 if node is not None else 1
+    for key in keys:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for k, v in node.value:
+            if k.value == key:
+                node, line = v, k.start_mark.line + 1
+                break
+        else:
+            break
+    return line
+
+
+def version_range(doc: dict):
+    """The file's versions as a packaging SpecifierSet (an exact `version` is `==version`)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    if doc.get("versions") is not None:
+        try:
+            return SpecifierSet(str(doc["versions"]))
+        except InvalidSpecifier:
+            raise ValueError(f"versions {doc['versions']!r} is not a PEP 440 specifier set (e.g. '>=0.3,<0.4')")
+    if doc.get("version") is not None:
+        return SpecifierSet(f"=={doc['version']}")
+    raise ValueError("names no 'versions' (a PEP 440 range such as '>=0.3,<0.4') or 'version'")
+
+
+def applies(doc: dict, name: str, version: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    if doc.get("target") != name:
+        return False
+    spec = version_range(doc)
+    try:
+        return spec.contains(Version(version), prereleases=True)
+    except InvalidVersion:                  # not PEP 440: only an exact match can hold it
+        return str(doc.get("version")) == version
+
+
+def load(path: Path, name: str, version: str) -> dict:
+    """The failures of `path` for target `name` at `version`; ExpectationsError otherwise."""
+    path = Path(path)
+    doc, root = _compose(path)
+    if not isinstance(doc, dict):
+        raise ExpectationsError(f"{path}:1: expected a mapping with target, versions and failures")
+    try:
+        ok = applies(doc, name, version)
+    except ValueError as e:
+        raise ExpectationsError(f"{path}:{_line(root, 'versions') if 'versions' in doc else _line(root, 'version')}: "
+                                f"{e}") from None
+    if not ok:
+        shown = doc.get("versions") if doc.get("versions") is not None else doc.get("version")
+        raise ExpectationsError(f"{path}:{_line(root, 'target')}: is for {doc.get('target')} {shown}, not "
+                                f"{name} {version} (widen its 'versions' range, or pass another --expectations)")
+    failures = doc.get("failures") or {}
+    if not isinstance(failures, dict):
+        raise ExpectationsError(f"{path}:{_line(root, 'failures')}: 'failures' must map spec ids to entries")
+    for sid, entry in failures.items():
+        where = f"{path}:{_line(root, 'failures', sid)}: {sid}"
+        if not isinstance(entry, dict):
+            raise ExpectationsError(f"{where}: expected observed, judgement and why")
+        for key in ("observed", "judgement"):
+            if not entry.get(key):
+                raise ExpectationsError(f"{where}: missing {key!r}")
+        if entry["judgement"] not in JUDGEMENTS:
+            raise ExpectationsError(f"{path}:{_line(root, 'failures', sid, 'judgement')}: {sid}: judgement "
+                                    f"{entry['judgement']!r} is not one of {', '.join(JUDGEMENTS)}")
+        if entry["judgement"] != "unjudged" and not entry.get("why"):
+            raise ExpectationsError(f"{where}: missing 'why' (one line: why it fails)")
+        entry.setdefault("why", "")
+    return failures
+
+
+def find(name: str, version: str, own: str | None = None, explicit: Path | None = None) -> Path | None:
+    """The expectations file a run of target `name` at `version` uses (see the module docstring)."""
+    if explicit is not None:
+        if not Path(explicit).is_file():
+            raise ExpectationsError(f"--expectations {explicit}: no such file")
+        return Path(explicit)
+    if own:
+        return Path(own)
+    exact = SHIPPED / f"{name}-{version}.yaml"
+    if exact.is_file():
+        return exact
+    for path in sorted(SHIPPED.glob(f"{name}-*.yaml")):
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        try:
+            if applies(doc, name, version):
+                return path
+        except ValueError:
+            continue
+    return None
+
+
+def write(path: Path, name: str, version: str, versions: str | None, outcomes, previous: dict) -> int:
+    """Write the observed failures of `outcomes` as an expectations file for review: each new or
+    changed failure is `unjudged`; one that fails as `previous` recorded keeps its judgement and
+    why. Returns how many entries are unjudged. Written atomically (a temp file, then renamed)."""
+    import os
+    import tempfile
+
+    failures, unjudged = {}, 0
+    for o in outcomes:
+        if o.status != "fail":
+            continue
+        was = previous.get(o.spec.id)
+        if was and was["observed"] == o.message and was["judgement"] != "unjudged":
+            failures[o.spec.id] = {"observed": o.message, "judgement": was["judgement"], "why": was["why"]}
+        else:
+            failures[o.spec.id] = {"observed": o.message, "judgement": "unjudged", "why": ""}
+            unjudged += 1
+    doc = {"target": name, "versions": versions or f"=={version}", "failures": failures}
+    head = ("# Specs that fail on this target, written by `lockstep expectations` from observed results.\n"
+            "# Review each `unjudged` entry: judge it `peer bug` or `contract gap` and say why in one line.\n")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(head + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return unjudged
