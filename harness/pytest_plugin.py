@@ -106,13 +106,14 @@ def pytest_configure(config):
     # Hold the golden folder (shared among this session's xdist workers, which record disjoint
     # specs) so that a concurrent `lockstep regen` is refused, and this session refused while one runs.
     held = contextlib.ExitStack()
+    golden = None
     try:
         for golden in dict.fromkeys(g for _, g in _suites(config)):
             held.enter_context(GoldenStore(golden).writer_lock(shared=True))
     except GoldenLocked as e:
         raise pytest.UsageError(str(e)) from None
     except OSError as e:      # the golden folder cannot be created or opened
-        raise pytest.UsageError(f"--lockstep-regen: cannot record goldens in {_dirs(config)[1]}: "
+        raise pytest.UsageError(f"--lockstep-regen: cannot record goldens in {golden}: "
                                 f"{e.strerror or e}") from None
     config.add_cleanup(held.close)
 
