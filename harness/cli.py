@@ -481,9 +481,9 @@ def _regen(args, specs, errors, ctx, store) -> int:
 def cmd_report(args) -> int:
     from harness.errors import check_output_file
     from harness.targets.check import cmd_report, report_out
-    report_out(args.out)                      # a bad --out is refused before any spec loads or runs
     for path, what in ((Path(args.out), "--out"), (Path(args.out).with_suffix(".json"), "--out (its JSON)")):
-        check_output_file(path, what)
+        check_output_file(path, what)         # before any spec loads or any target runs
+    report_out(args.out)
     specs, errors = _load(args)
     _golden_exists(args)
     return cmd_report(args, specs, errors, _context(args), Progress(len(specs), True))
