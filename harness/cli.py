@@ -274,6 +274,7 @@ def cmd_check(args, explain: bool = False) -> int:
     store = GoldenStore(args.golden)
     specs, errors = _load(args, also_ids=_golden_ids(store) if args.strict else ())
     ctx = _context(args)
+    runner.self_check()  # a comparator or loader that calls -0.0 == 0.0 would pass everything: refuse first
     if args.target != "lockstep":             # another implementation: harness/targets
         from harness.targets.check import cmd_check_target
         return cmd_check_target(args, specs, errors, ctx, explain, Progress(len(specs), lines=args.json))
