@@ -6,6 +6,14 @@ that turns red.
     top-p / min-p on the untempered distribution                 verify/target-only-logits-temperature-top-p,
                                                                  verify/target-only-logits-temperature-min-p
     the masked verify distribution not renormalised              verify/target-only-logits-renormalised
+    siblings tried in descending node order                      verify/target-only-deep-wide-tree
+    a coin per depth instead of the parent node's coin           verify/target-only-deep-wide-tree
+    the draft's rope_theta ignored (the default 10000 taken)     draft/own-rope-theta
+    routing weights normalised over a power-of-two prefix of k   generate/router-top3 (tiny's k = 2 stays green)
+    the embedding gathered by a one-hot matmul (-0.0 -> +0.0)    generate/special-values
+    every expert computed and zero-weighted (NaN * 0)            generate/special-values
+
+Engine specs are checked against goldens of a clean run in this process (tests/planted.py).
 """
 
 import json
@@ -14,6 +22,8 @@ import pytest
 import torch
 
 import engine.boundaries
+import engine.eagle3
+import engine.model
 import engine.speculative
 from engine.boundaries import LayerIdError
 from engine.eagle3 import load_draft, make_draft_checkpoint
@@ -22,17 +32,27 @@ from kernels import portable
 from tests.planted import Planted
 
 
+ENGINE_SPECS = ["draft/own-rope-theta", "generate/router-top3", "generate/special-values"]
+
+
 @pytest.fixture(scope="module")
 def specs(tmp_path_factory):
     return Planted(tmp_path_factory.mktemp("variety"), [])
 
 
+@pytest.fixture(scope="module")
+def engine_specs(tmp_path_factory):
+    return Planted(tmp_path_factory.mktemp("variety-engine"), ENGINE_SPECS + ["generate/greedy-tiny-bf16"])
+
+
 VERIFY_SPECS = ["verify/target-only-logits-temperature-top-p", "verify/target-only-logits-temperature-min-p",
                 "verify/target-only-logits-renormalised"]
+TREE_SPEC = "verify/target-only-deep-wide-tree"
 
 
 def test_the_named_specs_pass_clean(specs):
-    for spec_id in ["layer_ids/ids-in-both-places-equal", "layer_ids/error-ids-in-both-places-differ"] + VERIFY_SPECS:
+    for spec_id in ["layer_ids/ids-in-both-places-equal", "layer_ids/error-ids-in-both-places-differ", TREE_SPEC] \
+            + VERIFY_SPECS:
         specs.green(spec_id)
 
 
@@ -89,3 +109,69 @@ def test_verify_distribution_after_filters(specs, monkeypatch, planted, red, gre
         assert "expectation failed" in specs.red(spec_id)
     for spec_id in green:        # top-k does not depend on the order: a temperature keeps the ranking
         specs.green(spec_id)
+
+
+# --------------------------------------------------------------------------- deep and wide trees
+def test_siblings_in_descending_order(specs, monkeypatch):
+    real = engine.speculative.Tree.children
+    monkeypatch.setattr(engine.speculative.Tree, "children", lambda self, i: real(self, i)[::-1])
+    assert "accepted the node path [0, 2, 7]" in specs.red(TREE_SPEC)
+
+
+def test_a_coin_per_depth(specs, monkeypatch):
+    real = engine.speculative.verify_target_only
+
+    def by_depth(tree, p, coins, final_coin, *args, **kwargs):
+        per_depth = torch.stack([coins[tree.depth(i)] for i in range(len(coins))])
+        return real(tree, p, per_depth, final_coin, *args, **kwargs)
+    monkeypatch.setattr(engine.speculative, "verify_target_only", by_depth)
+    assert "accepted the node path [0, 2, 7]" in specs.red(TREE_SPEC)
+
+
+# --------------------------------------------------------------------------- engine runs
+def test_draft_rope_theta_ignored(engine_specs, monkeypatch):
+    real = engine.eagle3.Eagle3Config.from_hf_dict.__func__
+
+    def default_theta(cls, d, name="draft"):
+        return real(cls, {k: v for k, v in d.items() if k != "rope_theta"}, name)
+    monkeypatch.setattr(engine.eagle3.Eagle3Config, "from_hf_dict", classmethod(default_theta))
+    report = engine_specs.red("draft/own-rope-theta")
+    assert "tensor 'hidden'" in report and "tensor 'fc_input'" not in report   # the attention is where it parts
+
+
+def power_of_two_softmax(top_logits, backend="torch"):
+    """Routing weights whose sum takes the largest power-of-two prefix of the k logits (a kernel
+    written for k in {2, 4, 8}): right for gpt-oss's top-4, wrong for top-3."""
+    e = portable.exp(top_logits - top_logits.amax(-1, keepdim=True))
+    k = top_logits.shape[-1]
+    p = 1 << (k.bit_length() - 1)
+    return e / portable.tree_sum(e[..., :p], -1, keepdim=True)
+
+
+def test_router_top_k_not_a_power_of_two(engine_specs, monkeypatch):
+    monkeypatch.setattr(engine.model, "routing_weights", power_of_two_softmax)
+    assert "tensor 'logprobs_0'" in engine_specs.red("generate/router-top3")
+    engine_specs.green("generate/greedy-tiny-bf16")       # top-2 of 4: the same bits
+
+
+def test_embedding_by_one_hot_matmul(engine_specs, monkeypatch):
+    """A gather computed as arithmetic: one_hot @ embed sums +0.0 products, so -0.0 becomes +0.0."""
+    def one_hot_embed(self, tokens):
+        one_hot = torch.nn.functional.one_hot(tokens, self.embed.shape[0]).to(self.embed.dtype)
+        return portable.matmul_nt(one_hot, self.embed.t().contiguous())
+    monkeypatch.setattr(engine.model.GptOssModel, "_embed", one_hot_embed)
+    report = engine_specs.red("generate/special-values")
+    assert "tensor 'captured_0'" in report and "-0.0 (0x80000000), got 0.0 (0x00000000)" in report, report
+
+
+def test_experts_computed_densely(engine_specs, monkeypatch):
+    """Every expert computed for every token and weighted by its routing weight (0 where not routed):
+    the unreachable expert's NaN and inf survive the zero weight."""
+    real = engine.model.GptOssModel._experts_per_row
+
+    def dense(self, blk, x, top_ids):
+        out, parts = real(self, blk, x, top_ids)                                  # [T, k, H]
+        expert_0, _ = real(self, blk, x, torch.zeros_like(top_ids[:, :1]))       # [T, 1, H], never routed
+        return out + 0.0 * expert_0, parts
+    monkeypatch.setattr(engine.model.GptOssModel, "_experts_per_row", dense)
+    engine_specs.red("generate/special-values")

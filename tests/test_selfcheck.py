@@ -107,6 +107,7 @@ def test_the_pytest_plugin_refuses_specs_under_a_broken_comparator(pytester, mon
     pytester.makeconftest("import torch\nfrom harness import compare\n_b = compare._bits\n"
                           "compare._bits = lambda t: _b(t.detach().contiguous().cpu() + 0.0 "
                           "if t.dtype.is_floating_point else t)\n")
-    result = pytester.runpytest("-p", "no:cacheprovider", "-q")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))        # this checkout's harness, in the subprocess too
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")   # the plant must not leak into this process
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*calls fp32 -0.0 and 0.0 equal*"])
