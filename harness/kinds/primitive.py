@@ -3,7 +3,7 @@
     kind: primitive
     description: …
     inputs:
-      function: exp            # see FUNCTIONS below
+      function: exp            # see FUNCTIONS below (sqrt, sqrt64: kernels.portable's correctly rounded roots)
       implementation: torch    # torch: kernels.portable (on the CPU) | triton: kernels.primitives
     expect:
       oracle: exact            # bits equal an exact rounding written here from first principles
@@ -46,13 +46,14 @@ from harness.schema import Bool, Field, Int, Map, Problem, Str
 
 NAME = "primitive"
 # function -> (input grid, the torch implementation's name in kernels.portable or a lambda key)
-ELEMENTWISE = ("exp", "log", "sigmoid", "sqrt", "to_bf16", "to_fp32", "f64_to_f32", "exp64", "log64", "sincos64")
+ELEMENTWISE = ("exp", "log", "sigmoid", "sqrt", "sqrt64", "to_bf16", "to_fp32", "f64_to_f32", "exp64", "log64",
+               "sincos64")
 SCANS = ("tree_sum", "prefix_sum", "running_sum", "block_sum", "block_cumsum")
 FUNCTIONS = ELEMENTWISE + SCANS
 TRITON = ("exp", "log", "sigmoid", "sqrt", "to_bf16", "to_fp32", "f64_to_f32", "exp64", "log64",
           "block_sum", "block_cumsum")
 TORCH = tuple(f for f in FUNCTIONS if f not in ("block_sum", "block_cumsum"))
-ORACLE_EXACT = ("sqrt", "to_bf16", "to_fp32", "f64_to_f32", "tree_sum", "prefix_sum", "running_sum")
+ORACLE_EXACT = ("sqrt", "sqrt64", "to_bf16", "to_fp32", "f64_to_f32", "tree_sum", "prefix_sum", "running_sum")
 ORACLE_ULP = ("exp", "log", "sigmoid", "exp64", "log64", "sincos64")
 
 INPUTS = Map({
@@ -178,10 +179,12 @@ def grid(fn: str) -> torch.Tensor:
     """The input tensor of an elementwise function (see the module docstring)."""
     if fn == "to_fp32":
         return _from_bits(list(range(1 << 16)), torch.bfloat16)
-    if fn in ("exp64", "log64", "sincos64", "f64_to_f32"):
+    if fn in ("exp64", "log64", "sincos64", "f64_to_f32", "sqrt64"):
         bits = f64_grid()
         for v in boundaries(fn):
             bits += _neighbours(_f64_bits(v), 64, 1)
+        if fn == "sqrt64":                                   # perfect squares and their neighbours
+            bits += [b for k in range(1, 1 << 26, 65537) for b in _neighbours(_f64_bits(float(k * k)), 64, 1)]
         return _from_bits(bits, torch.float64)
     bits = f32_grid()
     for v in boundaries(fn):
@@ -217,7 +220,7 @@ def torch_impl(fn: str, x: torch.Tensor):
 
     simple = {"exp": portable.exp, "log": portable.log, "sigmoid": portable.sigmoid, "exp64": portable.exp64,
               "log64": portable.log64, "sincos64": portable.sincos64, "tree_sum": portable.tree_sum,
-              "prefix_sum": portable.prefix_sum, "sqrt": getattr(portable, "sqrt", torch.sqrt),
+              "prefix_sum": portable.prefix_sum, "sqrt": portable.sqrt, "sqrt64": portable.sqrt64,
               "to_bf16": lambda t: t.to(torch.bfloat16), "to_fp32": lambda t: t.to(torch.float32),
               "f64_to_f32": lambda t: t.to(torch.float32)}
     if fn == "running_sum":
@@ -290,7 +293,7 @@ def round_to(values: list, dtype: torch.dtype) -> list[int]:
 def exact_oracle(fn: str, x: torch.Tensor) -> list:
     """The correctly rounded result of fn on each input, as bits (None: any NaN)."""
     vals = x.to(torch.float64).tolist() if fn != "f64_to_f32" else x.tolist()
-    if fn == "sqrt":
+    if fn in ("sqrt", "sqrt64"):
         res = []
         for v in vals:
             if math.isnan(v) or v < 0:
@@ -299,7 +302,7 @@ def exact_oracle(fn: str, x: torch.Tensor) -> list:
                 res.append(v)
             else:
                 res.append(math.sqrt(v))   # correctly rounded in float64: rounding again to fp32 is exact (53 >= 2*24+2)
-        return round_to(res, torch.float32)
+        return round_to(res, torch.float32 if fn == "sqrt" else torch.float64)
     if fn == "to_bf16":
         return round_to(vals, torch.bfloat16)
     if fn in ("to_fp32", "f64_to_f32"):
