@@ -94,11 +94,17 @@ def resolve_boundaries(ids: Sequence[int] | None, convention: str, num_layers: i
 
 
 def aux_layer_ids_from_draft_config(draft_config: dict[str, Any]) -> list[int] | None:
-    """`eagle_aux_hidden_state_layer_ids` from `eagle_config` first, then the top level."""
-    for source in (draft_config.get("eagle_config") or {}, draft_config):
+    """`eagle_aux_hidden_state_layer_ids` from `eagle_config` or the top level (DESIGN §3). Equal ids
+    in both places are fine; different ones are an error naming both, since engines disagree on
+    which place they read (SGLang reads eagle_config only, vLLM's default runner the top level)."""
+    found = []
+    for where, source in (("eagle_config", draft_config.get("eagle_config") or {}), ("the top level", draft_config)):
         ids = source.get("eagle_aux_hidden_state_layer_ids")
         if ids is not None:
             if not isinstance(ids, (list, tuple)):
                 raise LayerIdError(f"eagle_aux_hidden_state_layer_ids must be a list, got {ids!r}")
-            return list(ids)
-    return None
+            found.append((where, list(ids)))
+    if len(found) == 2 and found[0][1] != found[1][1]:
+        raise LayerIdError(f"eagle_aux_hidden_state_layer_ids differ: {found[0][1]} in eagle_config, {found[1][1]} at "
+                           "the top level (engines disagree on which one they read); make them equal or keep one")
+    return found[0][1] if found else None

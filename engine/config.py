@@ -315,6 +315,7 @@ PRESETS = {
     "tiny-d36": lambda: _tiny_family(vocab_size=256, hidden_size=32, intermediate_size=32,
                                      num_hidden_layers=36, num_attention_heads=2, num_key_value_heads=1,
                                      head_dim=16, eos_token_id=(253, 254, 255), pad_token_id=252),
+    "tiny-top3": lambda: _tiny_family(num_local_experts=6, num_experts_per_tok=3),   # k and E not powers of two
     "tiny-vocab8": lambda: _tiny_family(vocab_size=8, hidden_size=32, intermediate_size=32,
                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                         head_dim=16, eos_token_id=(7,), pad_token_id=6),

@@ -57,7 +57,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.boundaries import aux_layer_ids_from_draft_config, resolve_boundaries
+from engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
 from engine.checkpoint import CheckpointError, write_folder_atomically
 from engine.config import GptOssConfig, RopeParams, preset
 from engine.linear import linear
@@ -128,7 +128,10 @@ class Eagle3Config:
         rs = d.get("rope_scaling")
         if rs and (rs.get("rope_type", rs.get("type")) not in (None, "default")):
             raise ValueError(f"{name}: Eagle3Config.rope_scaling: only plain Llama RoPE is supported, got {rs!r}")
-        ids = aux_layer_ids_from_draft_config(d)
+        try:
+            ids = aux_layer_ids_from_draft_config(d)
+        except LayerIdError as e:                   # ids in both places that differ: name the config
+            raise LayerIdError(f"{name}: {e}") from None
         V = need("vocab_size")
         return cls(
             hidden_size=need("hidden_size"), intermediate_size=need("intermediate_size"),

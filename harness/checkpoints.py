@@ -9,7 +9,7 @@ Loaded models are kept for the rest of the process, since many specs share one c
 EAGLE3 drafts work alike: `{path: models/tiny-eagle3, convention: sglang}`, or a synthetic draft
 for the target preset, `{seed: 0, convention: sglang, aux_layer_ids: [1, 2, 3], norm_before_fc:
 true, fc_norm: false, d2t: true}` (engine.eagle3.make_draft_checkpoint; `d2t: false` gives the full
-target vocabulary and no d2t tensor).
+target vocabulary and no d2t tensor; `rope_theta: 500.0` gives it its own RoPE theta).
 
 Constructed ties (DESIGN §8: ties rank by the lower index in every path). `router_ties: {experts:
 [0, 1, 2], weight: 0.0}` in a preset checkpoint, or `lm_head_ties: {ids: [3, 7], weight: 8.0}` in a
@@ -18,6 +18,10 @@ weight · e_0 (the weight in column 0, zeros elsewhere) and their router bias by
 are then exactly weight · x_0 (+ 0), the same bits whatever order any reduction takes, so the
 logits tie for every token. The edited checkpoint is written in the HF layout and loaded through
 the real loading code.
+
+Special values (DESIGN §2: -0.0 and NaN payloads are bits like any other): `special_values: {tokens:
+[3, 7], expert: 0}` sets the first embedding entries of those tokens to -0.0 and makes one expert
+per layer unreachable (router bias -inf) and full of NaN and inf (`special_value_edit`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ CHECKPOINT = OneOf(
             "experts": Field(List(Int(min=0), min_len=2), required=True),
             "weight": Field(Float(), default=0.0),
         }), doc="these experts' router rows become weight * e_0 and their bias 0, in every layer"),
+        "special_values": Field(Map({
+            "tokens": Field(List(Int(min=0), min_len=1), required=True),
+            "expert": Field(Int(min=0), default=0),
+        }), doc="-0.0 in these tokens' embedding rows; this expert unreachable and full of NaN and inf"),
     }),
     Map({"path": Field(Str(), required=True, doc="a checkpoint folder, relative to the project root")}),
 )
@@ -58,6 +66,7 @@ DRAFT = OneOf(
         "norm_before_fc": Field(Bool(), default=False),
         "fc_norm": Field(Bool(), default=False),
         "d2t": Field(Bool(), default=True, doc="false: the full target vocabulary, no d2t tensor"),
+        "rope_theta": Field(Float(min=1.0), doc="the draft's own RoPE theta (default 10000, DESIGN §4)"),
         "lm_head_ties": Field(Map({
             "ids": Field(List(Int(min=0), min_len=2), required=True),
             "weight": Field(Float(), default=8.0),
@@ -105,7 +114,51 @@ def _tied_checkpoint_dir(preset: str, seed: int, fmt: str, experts: tuple, weigh
     return edited_copy(checkpoint_dir(preset, seed, fmt), f"{preset}-s{seed}-{fmt}-router-ties-{tag}-w{weight!r}", edit)
 
 
+SPECIAL_COLUMNS = 4          # embedding columns of each special token set to -0.0
+
+
+def special_value_edit(name: str, t, tokens, expert: int):
+    """The `special_values` edit of one checkpoint tensor (None: unchanged). Embedding rows of
+    `tokens`: their first SPECIAL_COLUMNS entries -0.0. In every layer, `expert`'s router row and bias
+    -inf, so it is never routed, and its weights and biases NaN (two payloads), +inf and -inf: a
+    gather that built rows by arithmetic (a one-hot matmul, `+ 0.0`) loses the sign of zero, and an
+    engine that computed or zero-weighted the expert it skips turns NaN."""
+    import torch
+
+    if name == "model.embed_tokens.weight":
+        t = t.clone()
+        t[list(tokens), :SPECIAL_COLUMNS] = -0.0
+        return t
+    if name.endswith("mlp.router.weight") or name.endswith("mlp.router.bias"):
+        t = t.clone()
+        t[expert] = 0.0 if name.endswith("weight") else float("-inf")
+        return t
+    if ".mlp.experts." in name and not name.endswith(("_blocks", "_scales")):
+        t = t.clone()
+        row = t[expert].reshape(-1)
+        bits = row.view(torch.int16) if row.dtype == torch.bfloat16 else None
+        if bits is None:
+            raise ValueError(f"special_values: expected bf16 expert weights, found {name} in {row.dtype}")
+        pattern = torch.tensor([0x7FC1, -0x3F, 0x7F80, -0x80], dtype=torch.int16)   # NaN 0x7FC1, NaN 0xFFC1, +inf, -inf
+        bits.copy_(pattern.repeat(row.numel() // 4 + 1)[:row.numel()])
+        return t
+    return None
+
+
+@lru_cache(maxsize=None)
+def _special_checkpoint_dir(preset: str, seed: int, fmt: str, tokens: tuple, expert: int) -> Path:
+    return edited_copy(checkpoint_dir(preset, seed, fmt),
+                       f"{preset}-s{seed}-{fmt}-special-{'-'.join(map(str, tokens))}-e{expert}",
+                       lambda n, t: special_value_edit(n, t, tokens, expert))
+
+
 def _preset_dir(ckpt: dict) -> Path:
+    special = ckpt.get("special_values")
+    if special:
+        if ckpt.get("router_ties"):
+            raise ValueError("special_values and router_ties cannot be combined")
+        return _special_checkpoint_dir(ckpt["preset"], ckpt["seed"], ckpt["format"], tuple(special["tokens"]),
+                                       special["expert"])
     ties = ckpt.get("router_ties")
     if ties:
         return _tied_checkpoint_dir(ckpt["preset"], ckpt["seed"], ckpt["format"], tuple(ties["experts"]),
@@ -124,6 +177,13 @@ def checkpoint_problems(ckpt: dict | None, path: tuple, check_preset: bool = Tru
         cfg = preset(ckpt["preset"])
     except ValueError as e:
         return [Problem(path + ("preset",), str(e))] if check_preset else []
+    special = ckpt.get("special_values")
+    if special:
+        bad = [t for t in special["tokens"] if t >= cfg.vocab_size]
+        if bad or special["expert"] >= cfg.num_local_experts or ckpt.get("router_ties") or ckpt["format"] != "bf16":
+            return [Problem(path + ("special_values",), f"expected token ids below {cfg.vocab_size}, an expert below "
+                                                        f"{cfg.num_local_experts}, format bf16 and no router_ties "
+                                                        f"(preset {ckpt['preset']})")]
     ties = ckpt.get("router_ties")
     if ties:
         E = cfg.num_local_experts
@@ -304,20 +364,21 @@ def model_for(ckpt: dict, backend: str = "torch", root: Path = Path("."), device
     device = str(device)
     if "path" in ckpt:
         return _load_dir(resolve_path(ckpt["path"], root), backend, device, dtype)
-    if ckpt.get("router_ties"):
+    if ckpt.get("router_ties") or ckpt.get("special_values"):
         return _load_dir(_preset_dir(ckpt), backend, device, dtype)
     return load_model(ckpt["preset"], ckpt["seed"], ckpt["format"], backend, device, dtype)
 
 
 @lru_cache(maxsize=None)
 def _synthetic_draft_dir(preset: str, seed: int, aux_layer_ids, norm_before_fc: bool, fc_norm: bool,
-                         d2t: bool = True) -> Path:
+                         d2t: bool = True, rope_theta: float | None = None) -> Path:
     from engine.eagle3 import make_draft_checkpoint
 
     name = (f"draft-{preset}-s{seed}-{'-'.join(map(str, aux_layer_ids or ()))}-{int(norm_before_fc)}{int(fc_norm)}"
-            f"{'' if d2t else '-no-d2t'}")
+            f"{'' if d2t else '-no-d2t'}{'' if rope_theta is None else f'-theta{rope_theta!r}'}")
+    theta = {} if rope_theta is None else {"rope_theta": rope_theta}
     return make_draft_checkpoint(preset, seed, _cache_root() / name, aux_layer_ids=aux_layer_ids,
-                                 norm_before_fc=norm_before_fc, fc_norm=fc_norm, with_d2t=d2t)
+                                 norm_before_fc=norm_before_fc, fc_norm=fc_norm, with_d2t=d2t, **theta)
 
 
 @lru_cache(maxsize=None)
@@ -334,7 +395,7 @@ def draft_dir(draft: dict, target_ckpt: dict, root: Path = Path(".")) -> Path:
         raise ValueError("a synthetic draft needs a target given by preset")
     ids = tuple(draft["aux_layer_ids"]) if draft.get("aux_layer_ids") is not None else None
     path = _synthetic_draft_dir(target_ckpt["preset"], draft["seed"], ids, draft["norm_before_fc"], draft["fc_norm"],
-                                draft.get("d2t", True))
+                                draft.get("d2t", True), draft.get("rope_theta"))
     ties = draft.get("lm_head_ties")
     return _tied_draft_dir(path, tuple(ties["ids"]), float(ties["weight"])) if ties else path
 

@@ -46,6 +46,18 @@ MAX_COLUMN = 48  # a column of `list` wider than this is cut with "…", so one 
 
 
 # --------------------------------------------------------------------------- argument types
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {v}")
+        return v
+    return parse
+
+
 def _int_list(text: str) -> list[int]:
     """Comma-separated integers; an empty item (`1,,2`, a trailing comma) is an error, not skipped."""
     items = text.split(",")
@@ -351,6 +363,7 @@ def cmd_check(args, explain: bool = False) -> int:
     specs, errors = _load(args, also_ids=_golden_ids(store) if args.strict else ())
     _golden_exists(args)
     ctx = _context(args)
+    runner.self_check()  # a comparator or loader that calls -0.0 == 0.0 would pass everything: refuse first
     if args.target != "lockstep":             # another implementation: harness/targets
         from harness.targets.check import cmd_check_target
         return cmd_check_target(args, specs, errors, ctx, explain, Progress(len(specs), lines=args.json))
@@ -610,6 +623,27 @@ def _digest(checkpoint: Path) -> str:
     return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
 
 
+def cmd_doctor(args) -> int:
+    """Run the IEEE oracle on this CPU: which primitives of the reference are not IEEE here."""
+    import torch
+
+    from harness import oracle
+    from harness.platform import cpu_description
+
+    print(f"cpu: {cpu_description()}; torch {torch.__version__} (capability "
+          f"{torch.backends.cpu.get_cpu_capability()})")
+    findings = oracle.check_all(args.inputs)
+    wrong = [f for f in findings if not f.ok]
+    for f in wrong:
+        print(f"NOT IEEE  {f.op}: {f.wrong} of {f.checked} results differ {f.example}")
+    for dtype in (torch.float32, torch.float64):        # what the reference avoids, for the record
+        f = oracle.check_torch_sqrt(args.inputs, dtype)
+        print(f"info      {f.op}: {f.wrong} of {f.checked} results are not correctly rounded here")
+    print(f"{len(findings) - len(wrong)} of {len(findings)} primitive checks are IEEE on this CPU "
+          f"({args.inputs} inputs each)")
+    return EXIT_OK if not wrong else EXIT_MISMATCH
+
+
 # --------------------------------------------------------------------------- entry point
 def _version() -> str:
     from harness.version import DISTRIBUTION, version
@@ -670,6 +704,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("suite", help="print the installed suite's folder (its specs/, golden/ and models/)")
     _debug(p)
     p.set_defaults(func=cmd_suite)
+    p = sub.add_parser("doctor", help="check that every primitive of the CPU reference is IEEE on this machine")
+    p.add_argument("--inputs", type=_int_at_least(1024), default=65536, help="inputs per op (default 65536)")
+    _debug(p)
+    p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
     p.add_argument("--seed", type=_int_in(0, 2**63, "[0, 2^63)"), default=0)

@@ -1,12 +1,16 @@
 """Bitwise comparison of results, and mismatch reports a person can act on.
 
 Tensors are equal only when dtype, shape and every byte agree: -0.0 differs from 0.0, and NaNs
-with different payloads differ. Non-tensor data (token lists, counts) is compared with deepdiff.
+with different payloads differ. Non-tensor data (token lists, counts) is compared with deepdiff after each float and bool is
+spelled with its type and bits, so data is bitwise too: -0.0 differs from 0.0, true from 1, 1 from
+1.0, and a NaN equals itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import struct
 
 import torch
 from deepdiff import DeepDiff
@@ -128,7 +132,21 @@ def diff_tensors(expected: dict, actual: dict) -> list[TensorDiff]:
     return diffs
 
 
+def _bitwise(value):
+    """JSON-like data with every float and bool replaced by a string naming its type and bits:
+    deepdiff compares by ==, which calls -0.0 equal to 0.0, True equal to 1, and NaN unequal to itself."""
+    if isinstance(value, bool):
+        return f"{value} (bool)"
+    if isinstance(value, float):
+        return f"{value!r} (float 0x{struct.unpack('<Q', struct.pack('<d', value))[0]:016x})"
+    if isinstance(value, dict):
+        return {k: _bitwise(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_bitwise(v) for v in value)
+    return value
+
+
 def diff_data(expected, actual) -> str:
-    """A readable deepdiff of two JSON-like values; '' when equal (ints and floats bitwise)."""
-    dd = DeepDiff(expected, actual, ignore_order=False, verbose_level=2)
+    """A readable deepdiff of two JSON-like values; '' when equal (ints, floats and bools bitwise)."""
+    dd = DeepDiff(_bitwise(expected), _bitwise(actual), ignore_order=False, verbose_level=2)
     return dd.pretty() if dd else ""

@@ -260,6 +260,7 @@ class SpecItem(pytest.Item):
             if out.status == runner.REFUSED:
                 raise SpecFailure(out.report(debug=True))
             return
+        _self_check(self.config)
         out = runner.check_spec(self.spec, self._context(), store)
         self.user_properties.append(("lockstep_status", out.status))
         if out.status != runner.PASS:
@@ -297,6 +298,22 @@ class SpecItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, self.spec.line_of("kind") - 1, f"spec {self.spec.id}"
+
+
+_SELF_CHECK = pytest.StashKey[str]()     # '' once the comparator and loader passed, else the reason
+
+
+def _self_check(config) -> None:
+    """As `lockstep check`: no spec item passes while the comparator or the golden loader is unsound
+    (harness/selfcheck.py); run once per session, and every spec item fails with its reason."""
+    if _SELF_CHECK not in config.stash:
+        try:
+            runner.self_check()
+            config.stash[_SELF_CHECK] = ""
+        except runner.SelfCheckFailed as e:
+            config.stash[_SELF_CHECK] = str(e)
+    if config.stash[_SELF_CHECK]:
+        raise SpecFailure(config.stash[_SELF_CHECK])
 
 
 def _expectations_shown(target, config) -> str:

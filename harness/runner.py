@@ -21,6 +21,7 @@ from harness.errors import full_traceback, located
 from harness.golden import CorruptGolden, GoldenStore, json_roundtrip, standard
 from harness.platform import bit_dependencies, dependency_report, device_name, lockstep_revision, versions
 from harness.result import Result, RunContext
+from harness.selfcheck import SelfCheckFailed, verify  # noqa: F401 - SelfCheckFailed is re-exported
 from harness.specfile import Spec
 
 # Outcome statuses, and the exit code each one earns `lockstep check` (DESIGN of the CLI).
@@ -100,6 +101,13 @@ class Outcome:
             "located": [loc.to_json() for loc in self.located],
             "traceback": self.traceback, "stale_golden": self.stale_golden,
         }
+
+
+def self_check() -> None:
+    """SelfCheckFailed unless the comparator and golden loader that `check_spec` uses give the right
+    verdict on known pairs (-0.0 vs 0.0, NaN payloads, adjacent floats, a golden of another platform):
+    a judge that called them equal or valid would pass every spec (harness/selfcheck.py)."""
+    verify(diff_tensors, diff_data, GoldenStore, CorruptGolden)
 
 
 def run_spec(spec: Spec, ctx: RunContext) -> Result:

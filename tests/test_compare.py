@@ -63,3 +63,11 @@ def test_data_diff():
     assert diff_data({"tokens": [1, 2, 3]}, {"tokens": [1, 2, 3]}) == ""
     text = diff_data({"tokens": [1, 2, 3]}, {"tokens": [1, 9, 3]})
     assert "root['tokens'][1]" in text and "9" in text
+
+
+def test_data_diff_is_bitwise():
+    """deepdiff alone compares with ==: the data half of a golden would call -0.0 equal to 0.0."""
+    assert "0x8000000000000000" in diff_data({"x": [-0.0]}, {"x": [0.0]})
+    assert diff_data({"x": [True]}, {"x": [1]}) and diff_data({"x": 1}, {"x": 1.0})
+    assert diff_data({"x": float("nan")}, {"x": float("nan")}) == ""   # a NaN equals itself, bit for bit
+    assert diff_data({"x": [0.5, -0.0]}, {"x": [0.5, -0.0]}) == ""

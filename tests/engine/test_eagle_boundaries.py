@@ -71,7 +71,10 @@ def test_sglang_uses_ids_as_is_only_when_max_is_L():
 
 def test_ids_from_draft_config():
     assert aux_layer_ids_from_draft_config({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32]},
-                                            "eagle_aux_hidden_state_layer_ids": [9, 9, 9]}) == [1, 17, 32]
+                                            "eagle_aux_hidden_state_layer_ids": [1, 17, 32]}) == [1, 17, 32]
+    with pytest.raises(LayerIdError, match=r"\[1, 17, 32\] in eagle_config, \[9, 9, 9\] at the top level"):
+        aux_layer_ids_from_draft_config({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32]},
+                                         "eagle_aux_hidden_state_layer_ids": [9, 9, 9]})      # DESIGN §3
     assert aux_layer_ids_from_draft_config({"eagle_aux_hidden_state_layer_ids": [24, 30, 36]}) == [24, 30, 36]
     assert aux_layer_ids_from_draft_config({"eagle_config": {"use_aux_hidden_state": True}}) is None
     assert aux_layer_ids_from_draft_config({}) is None
