@@ -1,0 +1,132 @@
+"""Running requests the way a trace says (or a replay overrides): one device or a tp × ep topology
+over torch.distributed, plain or speculative, free-running or teacher-forced.
+
+Everything goes through the engine's public entry points: harness.checkpoints for the models,
+engine.generate.generate / engine.speculative.speculative_generate on one device, and
+engine.parallel.generate_at / speculative_generate_at on a topology (gloo on the CPU).
+Teacher forcing is plain generation with `forced=` tokens (engine.generate), at any topology:
+D3 makes the logits of position t the same whether t was decoded, verified or prefilled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from engine.generate import Request
+from engine.sampling import SamplingParams
+from harness.replay.observe import StepLog
+
+ROOT = Path(__file__).resolve().parent.parent.parent        # the project root (holds specs/, models/)
+
+
+@dataclass
+class Setup:
+    """How a run is run: everything a replay may change except the checkpoint and the platform."""
+    checkpoint: dict                                   # a spec's checkpoint form: {path: ...} or {preset, seed, format}
+    dtype: str = "fp32"
+    backend: str = "torch"
+    tp: int = 1
+    ep: int = 1
+    max_batch: int = 8
+    prefill_chunk: int | None = None
+    draft: dict | None = None                          # a spec's draft form ({path, convention} or synthetic)
+    speculative: dict | None = None                    # SpecParams fields
+    order: list[int] | None = None                     # the batch composition: request indices, in run order
+    device: str = "cpu"
+
+    def settings(self) -> dict:
+        d = asdict(self)
+        d.pop("checkpoint"), d.pop("draft"), d.pop("speculative"), d.pop("order")
+        return {**d, "topology": [self.tp, self.ep], "graphs": False}
+
+
+def params_of(sampling: dict) -> SamplingParams:
+    s = dict(sampling)
+    if s.get("stop_token_ids") is not None:
+        s["stop_token_ids"] = tuple(s["stop_token_ids"])
+    return SamplingParams(**s)
+
+
+def sampling_dict(p: SamplingParams) -> dict:
+    d = asdict(p)
+    d["stop_token_ids"] = None if p.stop_token_ids is None else list(p.stop_token_ids)
+    return d
+
+
+def checkpoint_folder(setup: Setup) -> Path:
+    from harness.checkpoints import target_dir
+    return target_dir(setup.checkpoint, ROOT)
+
+
+def draft_folder(setup: Setup) -> Path:
+    from harness.checkpoints import draft_dir
+    return draft_dir(setup.draft, setup.checkpoint, ROOT)
+
+
+def run(setup: Setup, requests: list[Request], log: StepLog | None = None, forced: list[list[int]] | None = None):
+    """-> results in request order (engine Result / SpecResult). `forced`: teacher-force plain
+    generation with these tokens (the speculative settings are then ignored). `setup.order`
+    runs the batch in another composition; results and the log come back in request order."""
+    order = setup.order or list(range(len(requests)))
+    reqs = [requests[i] for i in order]
+    forced_o = [forced[i] for i in order] if forced is not None else None
+    sub = StepLog([r.prompt.__len__() for r in reqs], logits=log.want_logits) if log is not None else None
+    speculative = setup.speculative is not None and forced is None
+    if setup.tp * setup.ep == 1:
+        results = _one_device(setup, reqs, sub, forced_o, speculative)
+    else:
+        results = _topology(setup, reqs, sub, forced_o, speculative)
+    back = {j: i for j, i in enumerate(order)}
+    if log is not None:
+        log.events = {(back[j], s): v for (j, s), v in sub.events.items()}
+        log.logits = {(back[j], s): v for (j, s), v in sub.logits.items()}
+        log.experts = {(back[j], s): v for (j, s), v in sub.experts.items()}
+    out = [None] * len(requests)
+    for j, i in enumerate(order):
+        out[i] = results[j]
+    return out
+
+
+def _generate_kwargs(setup: Setup, forced) -> dict:
+    kw = {"max_batch": setup.max_batch, "prefill_chunk": setup.prefill_chunk}
+    if forced is not None:
+        kw["forced"] = forced
+    return kw
+
+
+def _one_device(setup: Setup, reqs, log, forced, speculative: bool):
+    from engine.generate import generate
+    from harness.checkpoints import draft_for, model_for
+
+    model = model_for(setup.checkpoint, setup.backend, ROOT, device=setup.device, dtype=setup.dtype)
+    before = model.trace
+    model.trace = log
+    try:
+        if speculative:
+            from engine.speculative import SpecParams, speculative_generate
+            draft = draft_for(setup.draft, setup.checkpoint, model, ROOT)
+            return speculative_generate(model, draft, reqs, SpecParams(**setup.speculative))
+        return generate(model, reqs, **_generate_kwargs(setup, forced))
+    finally:
+        model.trace = before
+
+
+def _topology(setup: Setup, reqs, log, forced, speculative: bool):
+    from engine.parallel import generate_at, speculative_generate_at
+
+    ckpt = checkpoint_folder(setup)
+    if speculative:
+        from engine.speculative import SpecParams
+        return speculative_generate_at(ckpt, setup.tp, setup.ep, reqs, draft=draft_folder(setup),
+                                       convention=setup.draft["convention"], spec=SpecParams(**setup.speculative),
+                                       backend=setup.backend, device=setup.device, dtype=setup.dtype, trace=log)
+    return generate_at(ckpt, setup.tp, setup.ep, reqs, backend=setup.backend, device=setup.device, dtype=setup.dtype,
+                       trace=log, **_generate_kwargs(setup, forced))
+
+
+def forced_requests(requests: list[Request], tokens: list[list[int]]) -> list[Request]:
+    """The requests of a teacher-forced run: greedy (no coin is drawn), exactly len(tokens) new
+    tokens, and no stop id (the recorded tokens decide where it ends)."""
+    return [Request(prompt=r.prompt, params=SamplingParams(greedy=True, max_new_tokens=len(t), stop_token_ids=()),
+                    seed=None) for r, t in zip(requests, tokens)]
