@@ -10,7 +10,7 @@ D3 makes the logits of position t the same whether t was decoded, verified or pr
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.generate import Request
@@ -64,14 +64,17 @@ def draft_folder(setup: Setup) -> Path:
     return draft_dir(setup.draft, setup.checkpoint, ROOT)
 
 
-def run(setup: Setup, requests: list[Request], log: StepLog | None = None, forced: list[list[int]] | None = None):
+def run(setup: Setup, requests: list[Request], log: StepLog | None = None, forced: list[list[int]] | None = None,
+        engine_trace=None):
     """-> results in request order (engine Result / SpecResult). `forced`: teacher-force plain
     generation with these tokens (the speculative settings are then ignored). `setup.order`
-    runs the batch in another composition; results and the log come back in request order."""
+    runs the batch in another composition; results and the log come back in request order.
+    `engine_trace`: an engine.trace.Trace to attach as it is (its request index is the one in
+    run order), for harness.locate's re-runs."""
     order = setup.order or list(range(len(requests)))
     reqs = [requests[i] for i in order]
     forced_o = [forced[i] for i in order] if forced is not None else None
-    sub = StepLog([r.prompt.__len__() for r in reqs], logits=log.want_logits) if log is not None else None
+    sub = StepLog([len(r.prompt) for r in reqs], logits=log.want_logits) if log is not None else engine_trace
     speculative = setup.speculative is not None and forced is None
     if setup.tp * setup.ep == 1:
         results = _one_device(setup, reqs, sub, forced_o, speculative)
