@@ -55,8 +55,20 @@ def sampling_dict(p: SamplingParams) -> dict:
 
 
 def checkpoint_folder(setup: Setup) -> Path:
+    """The target's folder: a spec form, or an absolute path given on the command line."""
     from harness.checkpoints import target_dir
+    if "path" in setup.checkpoint and Path(setup.checkpoint["path"]).is_absolute():
+        return Path(setup.checkpoint["path"])
     return target_dir(setup.checkpoint, ROOT)
+
+
+def target_model(setup: Setup):
+    from harness.checkpoints import model_for
+    if "path" in setup.checkpoint and Path(setup.checkpoint["path"]).is_absolute():
+        from engine.model import GptOssModel
+        return GptOssModel.from_checkpoint(setup.checkpoint["path"], backend=setup.backend, device=setup.device,
+                                           dtype=setup.dtype)
+    return model_for(setup.checkpoint, setup.backend, ROOT, device=setup.device, dtype=setup.dtype)
 
 
 def draft_folder(setup: Setup) -> Path:
@@ -100,9 +112,9 @@ def _generate_kwargs(setup: Setup, forced) -> dict:
 
 def _one_device(setup: Setup, reqs, log, forced, speculative: bool):
     from engine.generate import generate
-    from harness.checkpoints import draft_for, model_for
+    from harness.checkpoints import draft_for
 
-    model = model_for(setup.checkpoint, setup.backend, ROOT, device=setup.device, dtype=setup.dtype)
+    model = target_model(setup)
     before = model.trace
     model.trace = log
     try:
