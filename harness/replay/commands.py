@@ -5,7 +5,7 @@
     lockstep replay TRACE [--mode free-run|teacher-forced] [--tp --ep --backend --max-batch --prefill-chunk
                           --order 1,0] [--near-tie 1e-3] [--json]
     lockstep import-peer PEER.json --format vllm|sglang|rollouts|hf --checkpoint DIR [--threshold 1e-3] [--json]
-    lockstep promote TRACE SPEC_ID [--requests 0,2]
+    lockstep promote TRACE SPEC_ID [--requests 0,2] [--specs DIR]
 
 A request file has one JSON object a line: {"prompt": [ids], "seed": 7, "sampling": {"temperature":
 0.8, "max_new_tokens": 16, ...}} (engine.sampling.SamplingParams' fields). Exit codes: 0 bitwise
@@ -82,6 +82,7 @@ def add_commands(sub) -> None:
     p.add_argument("spec_id", metavar="SPEC_ID", help="e.g. replay/incident-42 (written under specs/)")
     p.add_argument("--requests", type=_ints, help="only these request indices")
     p.add_argument("--description", default=None)
+    p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
     p.set_defaults(func=cmd_promote)
 
 
@@ -196,7 +197,7 @@ def cmd_promote(args) -> int:
     from harness.replay.promote import promote
 
     try:
-        path = promote(read_trace(args.trace), args.spec_id, args.requests, args.description)
+        path = promote(read_trace(args.trace), args.spec_id, args.requests, args.description, args.specs)
     except (TraceError, ValueError, OSError) as e:
         return _fail(str(e))
     print(f"wrote {path}; record its golden with: lockstep regen '{args.spec_id}'")
