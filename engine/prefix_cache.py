@@ -68,7 +68,7 @@ class PrefixCache:
             full = take == self.block and tuple(prompt[n:n + take]) == blk.tokens
             if not full:                                        # a partial block: its agreeing head
                 take = _common(blk.tokens, prompt[n:limit])
-            self._copy(blk, kv, slot, n, take, last=not full or n + take >= limit)
+            self._copy(blk, kv, slot, n, take)
             n += take
             if not full:
                 break
@@ -87,7 +87,7 @@ class PrefixCache:
                 best, best_len = key, m
         return best
 
-    def _copy(self, blk: _Block, kv: KVCache, slot: int, start: int, n: int, last: bool) -> None:
+    def _copy(self, blk: _Block, kv: KVCache, slot: int, start: int, n: int) -> None:
         for layer in range(len(kv.k)):
             kv.k[layer][slot, :, start:start + n] = blk.k[layer][:, :n]
             kv.v[layer][slot, :, start:start + n] = blk.v[layer][:, :n]

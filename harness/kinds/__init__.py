@@ -11,6 +11,7 @@ A kind module defines
 """
 
 from harness.kinds import coins, distribution, draft, generate, kernel, layer_ids, mxfp4, verify
+from harness.kinds import prefix_cache
 
 KINDS = {module.NAME: module for module in (coins, layer_ids, generate, kernel, verify, distribution, mxfp4,
-                                            draft)}
+                                            draft, prefix_cache)}
