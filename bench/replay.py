@@ -3,8 +3,8 @@
 Times, in one process on one model, (a) plain greedy generation of R requests x N new tokens and
 (b) teacher-forced replay of the same tokens (harness.replay: generate(..., forced=) with the
 StepLog observing every step's logits digest, margin and routed experts, then the per-step
-verdicts), and prints both and the ratio replay / generation (the observation's cost; lower is
-better). The issue's target shape is 64 x 1024 at 20b on one H200 (the lead's figure); on the CPU
+verdicts), decode-shaped (one forward per token) and prefill-shaped (every recorded token in
+chunked forwards), and prints each and the ratios replay / generation (lower is better). The issue's target shape is 64 x 1024 at 20b on one H200 (the lead's figure); on the CPU
 use the tiny presets:
 
     python bench/replay.py                                  # tiny preset, 64 x 1024 (slow on a CPU)
@@ -36,6 +36,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--prompt", type=int, default=32, help="prompt length")
     ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--chunk", type=int, default=256, help="prefill-shaped replay: positions per forward")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--backend", choices=["torch", "triton"], default="torch")
     args = ap.parse_args()
@@ -57,6 +58,10 @@ def main():
     t0 = time.perf_counter()
     report = replay(trace, "teacher-forced", locate_first=False)
     t_replay = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    report_p = replay(trace, "teacher-forced", {"forced_shape": "prefill", "prefill_chunk": args.chunk},
+                      locate_first=False)
+    t_prefill = time.perf_counter() - t0
     n = args.requests * args.tokens
     print(device_line())
     print(f"preset {args.preset}, {args.requests} requests x {args.tokens} tokens (prompt {args.prompt}), "
@@ -64,7 +69,9 @@ def main():
     print(f"plain generation:       {t_gen:8.2f} s  ({n / t_gen:9.1f} tokens/s)")
     print(f"teacher-forced replay:  {t_replay:8.2f} s  ({n / t_replay:9.1f} tokens/s), "
           f"{report.counts().get('bitwise', 0)} of {n} steps bitwise")
-    print(f"ratio replay / generation: {t_replay / t_gen:.2f}")
+    print(f"  prefill-shaped:       {t_prefill:8.2f} s  ({n / t_prefill:9.1f} tokens/s), "
+          f"{report_p.counts().get('bitwise', 0)} of {n} steps bitwise (chunks of {args.chunk})")
+    print(f"ratio replay / generation: {t_replay / t_gen:.2f} decode-shaped, {t_prefill / t_gen:.2f} prefill-shaped")
 
 
 if __name__ == "__main__":

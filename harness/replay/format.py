@@ -181,6 +181,8 @@ def _assemble(path: Path, recs: list[dict]) -> Trace:
             raise TraceError(f"{path}: request record {i} carries index {req.get('index')!r}")
         if [s.get("step") for s in steps[i]] != list(range(len(steps[i]))):
             raise TraceError(f"{path}: request {i}'s steps are not numbered 0, 1, ...")
+        if [r.get("round") for r in rounds[i]] != list(range(1, len(rounds[i]) + 1)):
+            raise TraceError(f"{path}: request {i}'s verify rounds are not numbered 1, 2, ...")
         if len(steps[i]) != req.get("tokens"):
             raise TraceError(f"{path}: request {i} lists {req.get('tokens')} tokens, the file holds "
                              f"{len(steps[i])} steps")

@@ -32,7 +32,7 @@ from harness.replay.observe import StepLog
 from harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, params_of, run
 
 MODES = ("free-run", "teacher-forced")
-OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order")
+OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order", "forced_shape")
 NEAR_TIE = 1e-3           # default margin (top-1 minus top-2 logit) under which a token flip is a near-tie
 
 
@@ -200,6 +200,9 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
            locate_first: bool = True) -> ReplayReport:
     if mode not in MODES:
         raise TraceError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "free-run" and trace.manifest.get("source") != "lockstep":
+        raise TraceError(f"a trace imported from {trace.manifest.get('source')} can only be teacher-forced: its "
+                         f"sampling used the peer's own RNG (use `lockstep import-peer`, or --mode teacher-forced)")
     setup = replay_setup(trace, overrides or {})
     check_identity(trace, setup)
     requests = requests_of(trace)

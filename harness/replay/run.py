@@ -34,10 +34,12 @@ class Setup:
     speculative: dict | None = None                    # SpecParams fields
     order: list[int] | None = None                     # the batch composition: request indices, in run order
     device: str = "cpu"
+    forced_shape: str = "decode"                       # teacher forcing: "decode" (generate, one token a step)
+                                                       # or "prefill" (every recorded token in chunked forwards)
 
     def settings(self) -> dict:
         d = asdict(self)
-        d.pop("checkpoint"), d.pop("draft"), d.pop("speculative"), d.pop("order")
+        d.pop("checkpoint"), d.pop("draft"), d.pop("speculative"), d.pop("order"), d.pop("forced_shape")
         return {**d, "topology": [self.tp, self.ep], "graphs": False}
 
 
@@ -88,7 +90,12 @@ def run(setup: Setup, requests: list[Request], log: StepLog | None = None, force
     forced_o = [forced[i] for i in order] if forced is not None else None
     sub = StepLog([len(r.prompt) for r in reqs], logits=log.want_logits) if log is not None else engine_trace
     speculative = setup.speculative is not None and forced is None
-    if setup.tp * setup.ep == 1:
+    if forced is not None and setup.forced_shape == "prefill":
+        if setup.tp * setup.ep != 1:
+            raise ValueError("prefill-shaped teacher forcing runs on one device (tp = ep = 1)")
+        results = teacher_force_prefill(target_model(setup), reqs, forced_o, setup.prefill_chunk or 256,
+                                        setup.max_batch, sub)
+    elif setup.tp * setup.ep == 1:
         results = _one_device(setup, reqs, sub, forced_o, speculative)
     else:
         results = _topology(setup, reqs, sub, forced_o, speculative)
@@ -145,3 +152,58 @@ def forced_requests(requests: list[Request], tokens: list[list[int]]) -> list[Re
     tokens, and no stop id (the recorded tokens decide where it ends)."""
     return [Request(prompt=r.prompt, params=SamplingParams(greedy=True, max_new_tokens=len(t), stop_token_ids=()),
                     seed=None) for r, t in zip(requests, tokens)]
+
+
+@dataclass
+class ForcedResult:
+    tokens: list[int]
+    logprobs: object                 # [len(tokens)] float32, as engine.generate's Result
+    finish_reason: str = "length"
+
+
+def teacher_force_prefill(model, reqs: list[Request], forced: list[list[int]], chunk: int, group: int,
+                          trace=None) -> list[ForcedResult]:
+    """Teacher forcing shaped as a prefill: each request's prompt and recorded tokens go through the
+    model's forward in chunks of `chunk` positions (`group` requests per forward), and token k's
+    logprob is read from the logits of position prompt + k - 1. D3 makes these the bits of the
+    decode steps; the tests hold it. `trace` (a StepLog or engine Trace) is told each row's
+    request and step as engine.generate tells it."""
+    before, model.trace = model.trace, trace
+    try:
+        return _prefill_shaped(model, reqs, forced, chunk, group, trace)
+    finally:
+        model.trace = before
+
+
+def _prefill_shaped(model, reqs, forced, chunk: int, group: int, trace):
+    import torch
+
+    from engine.sampling import chosen_logprob
+
+    seqs = [list(r.prompt) + list(t[:-1]) for r, t in zip(reqs, forced)]
+    out = [[None] * len(t) for t in forced]
+    for g0 in range(0, len(reqs), group):
+        members = list(range(g0, min(g0 + group, len(reqs))))
+        cache = model.new_cache(len(members), max(len(seqs[i]) for i in members))
+        for start in range(0, max(len(seqs[i]) for i in members), chunk):
+            tok, pos, slot, owners, steps, logit_rows, wanted = [], [], [], [], [], [], []
+            for s_, i in enumerate(members):
+                p0 = len(reqs[i].prompt) - 1
+                for p in range(start, min(start + chunk, len(seqs[i]))):
+                    if p >= p0:
+                        logit_rows.append(len(tok))
+                        wanted.append((i, p - p0))
+                    tok.append(seqs[i][p])
+                    pos.append(p)
+                    slot.append(s_)
+                    owners.append(i)
+                    steps.append(max(0, p - p0))
+            if not tok:
+                continue
+            if trace is not None:
+                trace.rows(owners, steps)
+            res = model.forward(torch.tensor(tok), torch.tensor(pos), torch.tensor(slot), cache,
+                                logit_rows=torch.tensor(logit_rows, dtype=torch.int64))
+            for j, (i, k) in enumerate(wanted):
+                out[i][k] = chosen_logprob(res.logits[j], forced[i][k])
+    return [ForcedResult(list(t), torch.stack(lp).to("cpu", torch.float32)) for t, lp in zip(forced, out)]

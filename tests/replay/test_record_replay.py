@@ -91,3 +91,13 @@ def test_a_token_flip_is_a_verdict_not_a_crash(traces, monkeypatch):
     assert report.first is not None and report.first.step == 1
     assert report.first.status in ("bits", "token", "near-tie")
     assert {v.request for v in report.verdicts} == {0, 1, 2}
+
+
+@pytest.mark.parametrize("name", ["plain", "tree"])
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_prefill_shaped_teacher_forcing_gives_the_decode_bits(traces, name, chunk):
+    """Every recorded token in chunked forwards (the RL trainer's shape) gives the bits, logits
+    digests and routed experts the run recorded one token a step (D3)."""
+    report = replay(read_trace(traces[name]), "teacher-forced",
+                    {"forced_shape": "prefill", "prefill_chunk": chunk, "order": [1, 2, 0], "max_batch": 2})
+    assert report.bitwise, report.text()
