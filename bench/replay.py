@@ -32,6 +32,7 @@ from harness.replay.run import Setup, run  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--checkpoint", help="a checkpoint folder instead of a preset (e.g. the real gpt-oss-20b)")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--prompt", type=int, default=32, help="prompt length")
@@ -40,7 +41,9 @@ def main():
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--backend", choices=["torch", "triton"], default="torch")
     args = ap.parse_args()
-    setup = Setup({"preset": args.preset, "seed": 0, "format": "bf16"}, dtype=args.dtype, backend=args.backend,
+    ckpt = {"path": str(Path(args.checkpoint).resolve())} if args.checkpoint else \
+        {"preset": args.preset, "seed": 0, "format": "bf16"}
+    setup = Setup(ckpt, dtype=args.dtype, backend=args.backend,
                   max_batch=args.max_batch, device=DEVICE.type)
     params = SamplingParams(greedy=True, max_new_tokens=args.tokens, stop_token_ids=())
     reqs = [Request([(7 * i + 3 * j) % 500 for j in range(args.prompt)], params) for i in range(args.requests)]
@@ -64,7 +67,7 @@ def main():
     t_prefill = time.perf_counter() - t0
     n = args.requests * args.tokens
     print(device_line())
-    print(f"preset {args.preset}, {args.requests} requests x {args.tokens} tokens (prompt {args.prompt}), "
+    print(f"{args.checkpoint or 'preset ' + args.preset}, {args.requests} requests x {args.tokens} tokens (prompt {args.prompt}), "
           f"max_batch {args.max_batch}, {args.dtype}, {args.backend}")
     print(f"plain generation:       {t_gen:8.2f} s  ({n / t_gen:9.1f} tokens/s)")
     print(f"teacher-forced replay:  {t_replay:8.2f} s  ({n / t_replay:9.1f} tokens/s), "
