@@ -64,6 +64,8 @@ def add_commands(sub) -> None:
     p.add_argument("--order", type=_ints, help="the batch composition: request indices in run order, e.g. 2,0,1")
     p.add_argument("--forced-shape", choices=["decode", "prefill"], default=None,
                    help="teacher-forced: one token a step (generate), or every token in chunked forwards")
+    p.add_argument("--checkpoint", help="the checkpoint folder here, when the trace's path does not hold it "
+                                        "(its weight digests must match the trace's)")
     p.add_argument("--near-tie", type=float, default=None, help="margin under which a token flip is a near-tie")
     p.add_argument("--no-locate", action="store_true", help="do not re-run the first divergence with ops traced")
     p.add_argument("--json", action="store_true")
@@ -171,6 +173,8 @@ def cmd_replay(args) -> int:
         trace = read_trace(args.trace)
         overrides = {k: getattr(args, k) for k in ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order",
                                                     "forced_shape")}
+        if args.checkpoint:
+            overrides["checkpoint"] = _checkpoint_ref(args.checkpoint)
         report = replay(trace, args.mode, overrides, near_tie=args.near_tie if args.near_tie is not None else NEAR_TIE,
                         locate_first=not args.no_locate)
     except (TraceError, CheckpointError, ValueError, OSError) as e:

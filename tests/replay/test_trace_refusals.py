@@ -134,3 +134,13 @@ def test_record_refuses_an_unseeded_sampled_request(tmp_path, capsys):
     refused(capsys, ["record", str(tmp_path / "t.jsonl"), "--checkpoint", "models/tiny-target", "--requests", str(reqs)],
             "request 0: sampled without a seed")
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_replay_checkpoint_option_is_checked_by_digest(tmp_path, trace_file, capsys):
+    """--checkpoint names the folder here; a copy of the same weights is accepted, another refused."""
+    import shutil
+    copy = tmp_path / "copy-of-tiny-target"
+    shutil.copytree("models/tiny-target", copy)
+    assert main(["replay", str(trace_file), "--checkpoint", str(copy), "--no-locate"]) == 0
+    capsys.readouterr()
+    refused(capsys, ["replay", str(trace_file), "--checkpoint", "models/tiny-eagle3"], "another checkpoint")
