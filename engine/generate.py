@@ -88,8 +88,12 @@ def _bucket(n: int, max_batch: int) -> int:
 
 def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequence[int] = (),
              max_batch: int = 8, prefill_chunk: int | None = None,
-             generator: torch.Generator | None = None, max_context: int | None = None) -> list[Result]:
-    """Run `requests` to completion; results in request order (see the module docstring)."""
+             generator: torch.Generator | None = None, max_context: int | None = None,
+             forced: Sequence[Sequence[int]] | None = None, prefix_cache=None) -> list[Result]:
+    """Run `requests` to completion; results in request order (see the module docstring).
+    Optional hooks for harness.replay: `forced[i]` teacher-forces request i (its k-th token is
+    forced[i][k] instead of a sample; the logprob is still the chosen token's); `prefix_cache`
+    (an engine.prefix_cache.PrefixCache) reuses cached prompt-prefix KV before the prefill."""
     cfg = model.config
     if max_batch < 1:
         raise ValueError(f"generate: max_batch must be >= 1, got {max_batch}")
@@ -98,6 +102,11 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
     max_context = max_context or cfg.max_position_embeddings
     for i, req in enumerate(requests):
         validate_request(req, model, i, max_context)
+    if forced is not None and (len(forced) != len(requests) or any(
+            len(f) < r.params.max_new_tokens for f, r in zip(forced, requests))):
+        raise ValueError("generate: forced needs one token list per request, each at least max_new_tokens long")
+    if prefix_cache is not None and capture:
+        raise ValueError("generate: capture and prefix_cache cannot be combined (a hit computes no states)")
     if not requests:
         return []
     if generator is None and any(r.seed is None and not r.params.is_greedy for r in requests):
@@ -119,7 +128,7 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
     def take(i: int, logits_row: torch.Tensor, pos: int) -> None:
         """Sample request i's next token from the logits of its input at `pos`."""
         req = requests[i]
-        tok = sample(logits_row, req.params, req.seed, pos, generator)
+        tok = forced[i][len(tokens[i])] if forced is not None else sample(logits_row, req.params, req.seed, pos, generator)
         if trace is not None:                              # step = the index of the token sampled
             trace.event(i, len(tokens[i]), "sampling.token", tok)
             trace.event(i, len(tokens[i]), "sampling.logprob", chosen_logprob(logits_row, tok))
@@ -133,11 +142,15 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
     # ---- prefill: chunk j of every prompt goes into one forward call
     longest = max(len(r.prompt) for r in requests)
     chunk = prefill_chunk or longest
+    cached = [prefix_cache.lookup(r.prompt, cache, i) if prefix_cache is not None else 0
+              for i, r in enumerate(requests)]               # positions whose KV a cache hit supplied
     for start in range(0, longest, chunk):
         rows_tok, rows_pos, rows_slot, owners, last_rows = [], [], [], [], []
         for i, req in enumerate(requests):
             piece = req.prompt[start:start + chunk]
             for j, t in enumerate(piece):
+                if start + j < cached[i]:
+                    continue
                 if start + j == len(req.prompt) - 1:
                     last_rows.append((i, len(rows_tok)))
                 rows_tok.append(t)
@@ -155,6 +168,10 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
                 captured[i].append(out.captured[row])
         for k, (i, _) in enumerate(last_rows):
             take(i, out.logits[k], len(requests[i].prompt) - 1)
+
+    if prefix_cache is not None:
+        for i, req in enumerate(requests):
+            prefix_cache.store(req.prompt, cache, i)
 
     # ---- decode
     while True:

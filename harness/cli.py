@@ -12,6 +12,7 @@
     lockstep make-checkpoint --preset NAME --seed S --format bf16|mxfp4 OUT
     lockstep generate --checkpoint DIR --prompt-ids 1,2,3 [...] [--json]
     lockstep --version
+    lockstep record OUT / replay TRACE / import-peer PEER / promote TRACE SPEC_ID   (harness/replay)
 
 Patterns are globs over spec ids (`'coins/*'`). Exit codes of `check` and `diff`:
 0 every spec matches its golden, 1 a mismatch (or a failed expectation, a crash, a corrupt
@@ -738,6 +739,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _debug(p)
     p.set_defaults(func=cmd_generate)
+    from harness.replay.commands import add_commands      # record, replay, import-peer, promote
+    add_commands(sub)
     return parser
 
 

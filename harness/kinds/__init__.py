@@ -10,7 +10,7 @@ A kind module defines
     check(spec, result) → list[str], one message per failed expectation
 """
 
-from harness.kinds import coins, distribution, draft, generate, kernel, layer_ids, mxfp4, primitive, verify
+from harness.kinds import coins, distribution, draft, generate, kernel, layer_ids, mxfp4, prefix_cache, primitive, verify
 
 KINDS = {module.NAME: module for module in (coins, layer_ids, generate, kernel, verify, distribution, mxfp4,
-                                            draft, primitive)}
+                                            draft, primitive, prefix_cache)}

@@ -1,0 +1,156 @@
+"""Spec kind `prefix-cache`: a prefix-cache hit gives the bits of a cold prefill (DESIGN §2, D3).
+
+    kind: prefix-cache
+    description: …
+    inputs:
+      checkpoint: {preset: tiny, seed: 0, format: bf16}
+      prompt: {hashed: {count: 80, seed: 3, below: 500}}   # the base sequence every case cuts from
+      query: 70                     # the query prompt: the base's first 70 tokens
+      splits: [1, 15, 16, 17, 31, 32, 33]   # warm the cache with the base's first s tokens, then query
+      diverge: [20, 40]             # warm with the whole query, then query base[:d] + other tokens
+      chains: [[16, 40, 60]]        # warm s1, query s2 (a hit of s1), query s3 (a hit of s2), ...
+      block: 16                     # the cache's block size (engine.prefix_cache)
+      prefill_chunk: 16             # optional: chunked prefills in every run
+      sampling: {greedy: true, max_new_tokens: 6}
+      seed: 5                       # optional, for sampled requests
+    expect:
+      min_hits: 10                  # at least this many lookups must have reused KV (default: every case
+                                    # that predicts a hit)
+
+For every case, a query runs twice: cold (no cache) and warm (after the case's warm-up prompts
+went through the same cache), one request each. The warm run must give the cold run's tokens and
+logprob bits, and its lookup must have reused exactly the positions the case predicts (the
+common prefix, at most the prompt minus its last token): a cache that never hits cannot pass.
+Splits at and around multiples of the block (partial-block hits), the attention tile (KV_TILE =
+32) and the prefill chunk are the cases where a cache that recomputes or misaligns a block would
+show. The golden holds each case's cold tokens and logprobs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.checkpoints import CHECKPOINT, checkpoint_config, checkpoint_problems, model_for
+from harness.intseq import IntSeq, length, materialize, max_value
+from harness.kinds.generate import SAMPLING, _params, project_root
+from harness.limits import MAX_REQUEST_TOKENS
+from harness.result import Result
+from harness.schema import Field, Int, List, Map, Problem
+from engine.generate import Request, generate
+from engine.prefix_cache import PrefixCache
+
+NAME = "prefix-cache"
+MAX_CASES = 64
+
+INPUTS = Map({
+    "checkpoint": Field(CHECKPOINT, required=True),
+    "prompt": Field(IntSeq(min_value=0, max_len=MAX_REQUEST_TOKENS), required=True),
+    "query": Field(Int(min=2), required=True, doc="the query prompt: the base's first `query` tokens"),
+    "splits": Field(List(Int(min=1), max_len=MAX_CASES), default=list),
+    "diverge": Field(List(Int(min=0), max_len=MAX_CASES), default=list),
+    "chains": Field(List(List(Int(min=1), min_len=2), max_len=MAX_CASES), default=list),
+    "block": Field(Int(min=1), default=16),
+    "prefill_chunk": Field(Int(min=1)),
+    "sampling": Field(SAMPLING, default=dict),
+    "seed": Field(Int(min=-(2**63), max=2**64 - 1)),
+})
+EXPECT = Map({"min_hits": Field(Int(min=1))})
+
+OTHER = 1         # the token id the diverging cases continue with (then OTHER + 1, ...), never the base's
+
+
+def validate(doc: dict, root=None) -> list[Problem]:
+    inp, out = doc["inputs"], []
+    n, q = length(inp["prompt"]), inp["query"]
+    if q > n:
+        out.append(Problem(("inputs", "query"), f"query {q} is longer than the prompt ({n} tokens)"))
+    for key, cases in (("splits", inp["splits"]), ("diverge", inp["diverge"])):
+        for j, s in enumerate(cases):
+            if not 0 <= s < q:
+                out.append(Problem(("inputs", key, j), f"{s} must be below the query length {q}"))
+    for j, chain in enumerate(inp["chains"]):
+        if chain != sorted(set(chain)) or chain[-1] > n:
+            out.append(Problem(("inputs", "chains", j), f"a chain's lengths must increase and stay within the "
+                                                        f"prompt ({n} tokens), got {chain}"))
+    if not (inp["splits"] or inp["diverge"] or inp["chains"]):
+        out.append(Problem(("inputs",), "no case: give splits, diverge or chains"))
+    try:
+        params = _params({**SAMPLING.check({}, (), []), **(inp["sampling"] or {})})
+        if inp["seed"] is None and not params.is_greedy:
+            out.append(Problem(("inputs", "seed"), "a sampled request needs a seed to be reproducible"))
+    except ValueError as e:
+        out.append(Problem(("inputs", "sampling"), str(e)))
+    config, problems = checkpoint_config(inp["checkpoint"], root, ("inputs", "checkpoint"))
+    out += problems + checkpoint_problems(inp["checkpoint"], ("inputs", "checkpoint"), check_preset=False)
+    if config is not None and max_value(inp["prompt"]) >= config.vocab_size:
+        out.append(Problem(("inputs", "prompt"), f"token ids must be below the vocabulary ({config.vocab_size})"))
+    return out
+
+
+def golden_platform(spec, ctx) -> str:
+    return ctx.engine_platform
+
+
+def cases(spec) -> list[tuple[str, list[list[int]], list[int], int]]:
+    """(name, warm-up prompts, query prompt, positions the query's hit must reuse) per case; a
+    chain gives one case per link, each warmed by the links before it in one shared cache."""
+    inp = spec.inputs
+    base = materialize(inp["prompt"]).tolist()
+    query = base[:inp["query"]]
+    out = []
+    for s in inp["splits"]:
+        out.append((f"split {s}", [base[:s]], query, s))
+    for d in inp["diverge"]:
+        other = base[:d] + [OTHER + (j % 7) if base[d + j] != OTHER + (j % 7) else OTHER + 8
+                            for j in range(len(query) - d)]
+        out.append((f"diverge at {d}", [query], other, d))
+    for chain in inp["chains"]:
+        for k in range(1, len(chain)):
+            out.append((f"chain {chain} link {k}", [base[:c] for c in chain[:k]], base[:chain[k]],
+                        min(chain[k - 1], chain[k] - 1)))
+    return out
+
+
+def run(spec, ctx) -> Result:
+    inp = spec.inputs
+    model = model_for(inp["checkpoint"], ctx.backend, project_root(spec), ctx.device, ctx.platform.dtype)
+    params = _params({**SAMPLING.check({}, (), []), **(inp["sampling"] or {})})
+    kw = {"prefill_chunk": inp["prefill_chunk"]}
+    tensors, names, differing, hits, reused = {}, [], [], 0, []
+    caches: dict[str, PrefixCache] = {}
+    colds: dict[tuple, object] = {}                     # the splits share one query: one cold run
+    for i, (name, warm, query, expected) in enumerate(cases(spec)):
+        req = Request(query, params, inp["seed"])
+        cold = colds.get(tuple(query))
+        if cold is None:
+            cold = colds[tuple(query)] = generate(model, [req], **kw)[0]
+        key = name.split(" link ")[0] if " link " in name else f"case {i}"
+        cache = caches.get(key)
+        if cache is None:                              # a chain's links share one cache, warmed once
+            cache = caches[key] = PrefixCache(inp["block"])
+            for w in warm:
+                generate(model, [Request(w, params, inp["seed"])], prefix_cache=cache, **kw)
+        before = (cache.hits, cache.hit_tokens)
+        warm_res = generate(model, [req], prefix_cache=cache, **kw)[0]
+        got = cache.hit_tokens - before[1]
+        hits += cache.hits - before[0]
+        reused.append(got)
+        same = cold.tokens == warm_res.tokens and torch.equal(cold.logprobs.view(torch.int32),
+                                                              warm_res.logprobs.view(torch.int32))
+        if not same or got != expected:
+            differing.append(f"{name}: " + (f"the hit reused {got} positions, the case predicts {expected}"
+                                            if got != expected else "the warm run's tokens or logprob bits differ "
+                                                                    "from the cold prefill's"))
+        tensors[f"tokens_{i}"] = torch.tensor(cold.tokens, dtype=torch.int64)
+        tensors[f"logprobs_{i}"] = cold.logprobs
+        names.append(name)
+    data = {"cases": names, "reused_positions": reused, "hits": hits}
+    return Result(tensors=tensors, data=data, facts={"differing": differing, "hits": hits})
+
+
+def check(spec, result: Result) -> list[str]:
+    fails = list(result.facts["differing"])
+    want = (spec.expect or {}).get("min_hits") or sum(1 for c in cases(spec) if c[3] > 0)
+    if result.facts["hits"] < want:
+        fails.append(f"{result.facts['hits']} prefix-cache hits, the spec needs at least {want}")
+    return fails

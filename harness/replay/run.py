@@ -1,0 +1,209 @@
+"""Running requests the way a trace says (or a replay overrides): one device or a tp × ep topology
+over torch.distributed, plain or speculative, free-running or teacher-forced.
+
+Everything goes through the engine's public entry points: harness.checkpoints for the models,
+engine.generate.generate / engine.speculative.speculative_generate on one device, and
+engine.parallel.generate_at / speculative_generate_at on a topology (gloo on the CPU).
+Teacher forcing is plain generation with `forced=` tokens (engine.generate), at any topology:
+D3 makes the logits of position t the same whether t was decoded, verified or prefilled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from engine.generate import Request
+from engine.sampling import SamplingParams
+from harness.replay.observe import StepLog
+
+ROOT = Path(__file__).resolve().parent.parent.parent        # the project root (holds specs/, models/)
+
+
+@dataclass
+class Setup:
+    """How a run is run: everything a replay may change except the checkpoint and the platform."""
+    checkpoint: dict                                   # a spec's checkpoint form: {path: ...} or {preset, seed, format}
+    dtype: str = "fp32"
+    backend: str = "torch"
+    tp: int = 1
+    ep: int = 1
+    max_batch: int = 8
+    prefill_chunk: int | None = None
+    draft: dict | None = None                          # a spec's draft form ({path, convention} or synthetic)
+    speculative: dict | None = None                    # SpecParams fields
+    order: list[int] | None = None                     # the batch composition: request indices, in run order
+    device: str = "cpu"
+    forced_shape: str = "decode"                       # teacher forcing: "decode" (generate, one token a step)
+                                                       # or "prefill" (every recorded token in chunked forwards)
+
+    def settings(self) -> dict:
+        d = asdict(self)
+        d.pop("checkpoint"), d.pop("draft"), d.pop("speculative"), d.pop("order"), d.pop("forced_shape")
+        return {**d, "topology": [self.tp, self.ep], "graphs": False}
+
+
+def params_of(sampling: dict) -> SamplingParams:
+    s = dict(sampling)
+    if s.get("stop_token_ids") is not None:
+        s["stop_token_ids"] = tuple(s["stop_token_ids"])
+    return SamplingParams(**s)
+
+
+def sampling_dict(p: SamplingParams) -> dict:
+    d = asdict(p)
+    d["stop_token_ids"] = None if p.stop_token_ids is None else list(p.stop_token_ids)
+    return d
+
+
+def checkpoint_folder(setup: Setup) -> Path:
+    """The target's folder: a spec form, or an absolute path given on the command line."""
+    from harness.checkpoints import target_dir
+    if "path" in setup.checkpoint and Path(setup.checkpoint["path"]).is_absolute():
+        return Path(setup.checkpoint["path"])
+    return target_dir(setup.checkpoint, ROOT)
+
+
+def target_model(setup: Setup):
+    from harness.checkpoints import model_for
+    if "path" in setup.checkpoint and Path(setup.checkpoint["path"]).is_absolute():
+        from engine.model import GptOssModel
+        return GptOssModel.from_checkpoint(setup.checkpoint["path"], backend=setup.backend, device=setup.device,
+                                           dtype=setup.dtype)
+    return model_for(setup.checkpoint, setup.backend, ROOT, device=setup.device, dtype=setup.dtype)
+
+
+def draft_folder(setup: Setup) -> Path:
+    from harness.checkpoints import draft_dir
+    return draft_dir(setup.draft, setup.checkpoint, ROOT)
+
+
+def run(setup: Setup, requests: list[Request], log: StepLog | None = None, forced: list[list[int]] | None = None,
+        engine_trace=None):
+    """-> results in request order (engine Result / SpecResult). `forced`: teacher-force plain
+    generation with these tokens (the speculative settings are then ignored). `setup.order`
+    runs the batch in another composition; results and the log come back in request order.
+    `engine_trace`: an engine.trace.Trace to attach as it is (its request index is the one in
+    run order), for harness.locate's re-runs."""
+    order = setup.order or list(range(len(requests)))
+    reqs = [requests[i] for i in order]
+    forced_o = [forced[i] for i in order] if forced is not None else None
+    sub = StepLog([len(r.prompt) for r in reqs], logits=log.want_logits) if log is not None else engine_trace
+    speculative = setup.speculative is not None and forced is None
+    if forced is not None and setup.forced_shape == "prefill":
+        if setup.tp * setup.ep != 1:
+            raise ValueError("prefill-shaped teacher forcing runs on one device (tp = ep = 1)")
+        results = teacher_force_prefill(target_model(setup), reqs, forced_o, setup.prefill_chunk or 256,
+                                        setup.max_batch, sub)
+    elif setup.tp * setup.ep == 1:
+        results = _one_device(setup, reqs, sub, forced_o, speculative)
+    else:
+        results = _topology(setup, reqs, sub, forced_o, speculative)
+    back = {j: i for j, i in enumerate(order)}
+    if log is not None:
+        log.events = {(back[j], s): v for (j, s), v in sub.events.items()}
+        log.logits = {(back[j], s): v for (j, s), v in sub.logits.items()}
+        log.experts = {(back[j], s): v for (j, s), v in sub.experts.items()}
+    out = [None] * len(requests)
+    for j, i in enumerate(order):
+        out[i] = results[j]
+    return out
+
+
+def _generate_kwargs(setup: Setup, forced) -> dict:
+    kw = {"max_batch": setup.max_batch, "prefill_chunk": setup.prefill_chunk}
+    if forced is not None:
+        kw["forced"] = forced
+    return kw
+
+
+def _one_device(setup: Setup, reqs, log, forced, speculative: bool):
+    from engine.generate import generate
+    from harness.checkpoints import draft_for
+
+    model = target_model(setup)
+    before = model.trace
+    model.trace = log
+    try:
+        if speculative:
+            from engine.speculative import SpecParams, speculative_generate
+            draft = draft_for(setup.draft, setup.checkpoint, model, ROOT)
+            return speculative_generate(model, draft, reqs, SpecParams(**setup.speculative))
+        return generate(model, reqs, **_generate_kwargs(setup, forced))
+    finally:
+        model.trace = before
+
+
+def _topology(setup: Setup, reqs, log, forced, speculative: bool):
+    from engine.parallel import generate_at, speculative_generate_at
+
+    ckpt = checkpoint_folder(setup)
+    if speculative:
+        from engine.speculative import SpecParams
+        return speculative_generate_at(ckpt, setup.tp, setup.ep, reqs, draft=draft_folder(setup),
+                                       convention=setup.draft["convention"], spec=SpecParams(**setup.speculative),
+                                       backend=setup.backend, device=setup.device, dtype=setup.dtype, trace=log)
+    return generate_at(ckpt, setup.tp, setup.ep, reqs, backend=setup.backend, device=setup.device, dtype=setup.dtype,
+                       trace=log, **_generate_kwargs(setup, forced))
+
+
+def forced_requests(requests: list[Request], tokens: list[list[int]]) -> list[Request]:
+    """The requests of a teacher-forced run: greedy (no coin is drawn), exactly len(tokens) new
+    tokens, and no stop id (the recorded tokens decide where it ends)."""
+    return [Request(prompt=r.prompt, params=SamplingParams(greedy=True, max_new_tokens=len(t), stop_token_ids=()),
+                    seed=None) for r, t in zip(requests, tokens)]
+
+
+@dataclass
+class ForcedResult:
+    tokens: list[int]
+    logprobs: object                 # [len(tokens)] float32, as engine.generate's Result
+    finish_reason: str = "length"
+
+
+def teacher_force_prefill(model, reqs: list[Request], forced: list[list[int]], chunk: int, group: int,
+                          trace=None) -> list[ForcedResult]:
+    """Teacher forcing shaped as a prefill: each request's prompt and recorded tokens go through the
+    model's forward in chunks of `chunk` positions (`group` requests per forward), and token k's
+    logprob is read from the logits of position prompt + k - 1. D3 makes these the bits of the
+    decode steps; the tests hold it. `trace` (a StepLog or engine Trace) is told each row's
+    request and step as engine.generate tells it."""
+    before, model.trace = model.trace, trace
+    try:
+        return _prefill_shaped(model, reqs, forced, chunk, group, trace)
+    finally:
+        model.trace = before
+
+
+def _prefill_shaped(model, reqs, forced, chunk: int, group: int, trace):
+    import torch
+
+    from engine.sampling import chosen_logprob
+
+    seqs = [list(r.prompt) + list(t[:-1]) for r, t in zip(reqs, forced)]
+    out = [[None] * len(t) for t in forced]
+    for g0 in range(0, len(reqs), group):
+        members = list(range(g0, min(g0 + group, len(reqs))))
+        cache = model.new_cache(len(members), max(len(seqs[i]) for i in members))
+        for start in range(0, max(len(seqs[i]) for i in members), chunk):
+            tok, pos, slot, owners, steps, logit_rows, wanted = [], [], [], [], [], [], []
+            for s_, i in enumerate(members):
+                p0 = len(reqs[i].prompt) - 1
+                for p in range(start, min(start + chunk, len(seqs[i]))):
+                    if p >= p0:
+                        logit_rows.append(len(tok))
+                        wanted.append((i, p - p0))
+                    tok.append(seqs[i][p])
+                    pos.append(p)
+                    slot.append(s_)
+                    owners.append(i)
+                    steps.append(max(0, p - p0))
+            if not tok:
+                continue
+            if trace is not None:
+                trace.rows(owners, steps)
+            res = model.forward(torch.tensor(tok), torch.tensor(pos), torch.tensor(slot), cache,
+                                logit_rows=torch.tensor(logit_rows, dtype=torch.int64))
+            for j, (i, k) in enumerate(wanted):
+                out[i][k] = chosen_logprob(res.logits[j], forced[i][k])
+    return [ForcedResult(list(t), torch.stack(lp).to("cpu", torch.float32)) for t, lp in zip(forced, out)]
