@@ -222,3 +222,18 @@ def test_a_bug_of_an_interpreted_engine_kernel_alone_turns_plain_check_red(capsy
     got = statuses(report)
     assert got.pop("cpu-fp32-triton") in ("mismatch", "failed", "crash")
     assert set(got.values()) == {"pass"} and {"cpu-fp32", "cpu-bf16"} <= set(got)
+
+
+def test_the_in_kernel_mxfp4_decode_without_its_nan_scale_turns_plain_check_red(capsys, monkeypatch, tmp_path):
+    """The tile decode the grouped-expert and matmul kernels share, with scale 255 decoded as an
+    ordinary exponent (2^128: inf for nonzero codes, 0 for code 0) instead of NaN."""
+    import kernels.matmul
+
+    buggy = module_with(kernels.matmul, {'    return tl.where(scale == 255, float("nan"), value)': "    return value"},
+                        tmp_path)
+    monkeypatch.setattr(kernels.matmul, "_mxfp4_decode_kernel", buggy._mxfp4_decode_kernel)
+    report = check_json(capsys, monkeypatch, "mxfp4/scale-255-nan")
+    assert report["exit_code"] == 1
+    got = statuses(report)
+    assert got["shared"] == "pass" and got["cpu-fp32-triton"] in ("mismatch", "failed")
+    assert "expectation failed: block 1 (scale 255), element 0" in report["specs"][1]["messages"][0]
