@@ -49,6 +49,18 @@ class UsageError(Exception):
 
 
 # --------------------------------------------------------------------------- argument types
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {v}")
+        return v
+    return parse
+
+
 def _int_list(text: str) -> list[int]:
     """Comma-separated integers; an empty item (`1,,2`, a trailing comma) is an error, not skipped."""
     items = text.split(",")
@@ -483,6 +495,27 @@ def cmd_generate(args) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(args) -> int:
+    """Run the IEEE oracle on this CPU: which primitives of the reference are not IEEE here."""
+    import torch
+
+    from harness import oracle
+    from harness.platform import cpu_description
+
+    print(f"cpu: {cpu_description()}; torch {torch.__version__} (capability "
+          f"{torch.backends.cpu.get_cpu_capability()})")
+    findings = oracle.check_all(args.inputs)
+    wrong = [f for f in findings if not f.ok]
+    for f in wrong:
+        print(f"NOT IEEE  {f.op}: {f.wrong} of {f.checked} results differ {f.example}")
+    for dtype in (torch.float32, torch.float64):        # what the reference avoids, for the record
+        f = oracle.check_torch_sqrt(args.inputs, dtype)
+        print(f"info      {f.op}: {f.wrong} of {f.checked} results are not correctly rounded here")
+    print(f"{len(findings) - len(wrong)} of {len(findings)} primitive checks are IEEE on this CPU "
+          f"({args.inputs} inputs each)")
+    return EXIT_OK if not wrong else EXIT_MISMATCH
+
+
 # --------------------------------------------------------------------------- entry point
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockstep", description="Deterministic-replay conformance harness "
@@ -521,6 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     _target(p, many=True)
     p.add_argument("--out", default="docs/conformance.md", help="Markdown path; the JSON goes beside it")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("doctor", help="check that every primitive of the CPU reference is IEEE on this machine")
+    p.add_argument("--inputs", type=_int_at_least(1024), default=65536, help="inputs per op (default 65536)")
+    _debug(p)
+    p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
     p.add_argument("--seed", type=int, default=0)

@@ -5,8 +5,10 @@ Results that only integer arithmetic and correctly rounded IEEE operations produ
 same on every platform; their goldens live under the one platform name `shared`.
 
 A platform key names only what the bits depend on (DESIGN §2, D0). The CPU reference is
-portable by construction (kernels/portable.py), so `cpu-fp32` depends on nothing else: not the
-CPU model, its instruction set or the thread count. What the other golden folders still
+built to be portable (kernels/portable.py), so `cpu-fp32` should depend on nothing else: not the
+CPU model, its instruction set or the thread count. That is proven, not presumed, by
+tests/test_primitive_oracle.py and tests/test_cross_cpu.py, and `lockstep doctor` checks it on
+any machine. What the other golden folders still
 depend on is recorded in each manifest (`bit_dependencies`), and `lockstep check` names the
 recorded items that differ from this machine when a golden mismatches:
     cpu-*-triton   Triton's interpreter and numpy (their reductions run our kernels' sums)
@@ -111,14 +113,29 @@ def _cuda_driver() -> str:
         return "unknown"
 
 
+def cpu_description() -> str:
+    """'AMD EPYC (AVX-512, AVX512-BF16)': the CPU's name and the vector extensions that steer
+    libraries' dispatch (from /proc/cpuinfo; 'unknown CPU' where there is none)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return _py_platform.processor() or "unknown CPU"
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "unknown CPU")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    ext = [label for flag, label in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("avx2", "AVX2"))
+           if flag in flags]
+    return f"{name} ({', '.join(ext) or 'no AVX2'})"
+
+
 def dependency_report(recorded: dict | None, golden_platform: str) -> str:
     """One line for a mismatch: which recorded dependencies differ from this machine's."""
     if recorded is None:
         return "this golden does not record what its bits depend on (recorded before lockstep did)"
     here = bit_dependencies(golden_platform)
     if not recorded and not here:
-        return (f"{golden_platform} bits depend on nothing but Lockstep's code (portable by construction), "
-                f"so this is a change in results, not a foreign golden")
+        return (f"{golden_platform} bits should depend on nothing but Lockstep's code: either the code changed, "
+                f"or an operation that follows the CPU slipped into the reference "
+                f"(`lockstep doctor` says which ops are not IEEE on this machine)")
     differ = sorted(k for k in set(recorded) | set(here) if recorded.get(k) != here.get(k))
     if not differ:
         listed = ", ".join(f"{k} {v}" for k, v in sorted(here.items()))

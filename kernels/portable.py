@@ -6,11 +6,15 @@ scalar `default` path), and `exp`, `log`, `sin`, `cos`, `sigmoid`, `pow` and `ra
 SLEEF's vector code on one CPU and libm on another; the bits differ (set
 `ATEN_CPU_CAPABILITY=default` to see it on any machine). Everything here is built only from
 
-    single IEEE-754 operations   +  -  *  /  sqrt   (each one rounding, the same on every CPU)
+    single IEEE-754 operations   +  -  *  /       (each one rounding, the same on every CPU)
     exact operations             max, min, comparisons, where, gather, integer and bit ops
 
 applied elementwise, each its own torch call (so no compiler can fuse a multiply and an add
-into an FMA). A vectorised body and a scalar tail compute such an op identically, so the
+into an FMA). Square roots are not on that list: torch's CPU `sqrt` goes through MKL's vector
+math, which is not correctly rounded and picks its code by CPU vendor and instruction set, so
+`sqrt` below is built from the list (Newton steps, then an exact correction to the nearest
+value). tests/test_primitive_oracle.py checks every op of the list against Python's own IEEE
+arithmetic, and that the engine's portable path calls nothing else. A vectorised body and a scalar tail compute such an op identically, so the
 result cannot depend on the instruction set, the thread count, or on which other rows share
 the tensor. The same code gives the same bits on a CUDA device too.
 
@@ -176,6 +180,74 @@ def sincos64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(bad, math.nan, sin), torch.where(bad, math.nan, cos)
 
 
+# --------------------------------------------------------------------------- square root
+# Correctly rounded, from + - * / and integer ops only. For X in [1, 4) and y in [1, 2) with
+# y = M * 2^-52 (M the 53-bit integer mantissa), y is the nearest double to sqrt(X) iff X lies
+# between (y - h)^2 and (y + h)^2, h = 2^-53. Dekker's product gives y^2 = p + err exactly, and
+# (X - p) is exact (Sterbenz), so R = (X - y^2) * 2^104 is an exact int64; then
+#   X > (y + h)^2  <=>  R - M - 1/4 > 0  <=>  R > M          (y too small)
+#   X < (y - h)^2  <=>  R + M - 1/4 < 0  <=>  R + M <= 0     (y too large; only when y > 1)
+# (a square root is never exactly halfway between two doubles, so no tie can occur).
+
+_SPLIT = 134217729.0                   # 2^27 + 1: Veltkamp's split of a double into 26 + 27 bits
+_TWO_104 = 2.0 ** 104
+_BELOW_TWO = 1.9999999999999998        # the largest double below 2
+
+
+def _newton_sqrt(X: torch.Tensor) -> torch.Tensor:
+    """sqrt(X) for X in [1, 4) to about an ulp: five Newton steps from a line through (1, 1)
+    and (4, 2), whose relative error (< 6 %) squares each step."""
+    y = torch.div(torch.add(X, 2.0), 3.0)
+    for _ in range(5):
+        y = torch.mul(torch.add(y, torch.div(X, y)), 0.5)
+    return y.clamp(1.0, _BELOW_TWO)
+
+
+def _nearest_sqrt(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Move y (within a few ulps of sqrt(X), both as in the comment above) to the nearest."""
+    for _ in range(3):
+        p = torch.mul(y, y)
+        c = torch.mul(y, _SPLIT)
+        hi = torch.sub(c, torch.sub(c, y))
+        lo = torch.sub(y, hi)
+        err = torch.sub(torch.mul(lo, lo),
+                        torch.sub(torch.sub(torch.sub(p, torch.mul(hi, hi)), torch.mul(lo, hi)), torch.mul(hi, lo)))
+        r = (torch.mul(torch.sub(X, p), _TWO_104).to(torch.int64)
+             - torch.mul(err, _TWO_104).to(torch.int64))             # (X - y^2) * 2^104, exact
+        m = (y.view(torch.int64) & _MANTISSA) | (1 << 52)
+        up = torch.nextafter(y, torch.full_like(y, 2.0))
+        down = torch.nextafter(y, torch.ones_like(y))
+        y = torch.where(r > m, up, torch.where((r + m <= 0) & (y > 1.0), down, y))
+    return y
+
+
+def sqrt64(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded square root of float64 x (IEEE 754: sqrt(-0) = -0, sqrt(+inf) = +inf,
+    NaN for x < 0 and for NaN). x = X * 2^(2k) with X in [1, 4), sqrt(x) = sqrt(X) * 2^k."""
+    x = x.to(torch.float64)
+    tiny = (x > 0) & (x < 2.2250738585072014e-308)                # subnormal: * 2^108, exact
+    bits = torch.where(tiny, torch.mul(x, 2.0 ** 108), x).view(torch.int64)
+    e = ((bits >> 52) & 0x7FF) - 1023 - torch.where(tiny, 108, 0)
+    odd = e & 1
+    X = ((bits & _MANTISSA) | ((1023 + odd) << 52)).view(torch.float64)   # [1, 2) or [2, 4)
+    y = _nearest_sqrt(X, _newton_sqrt(X))
+    k = (e - odd) >> 1                                            # exact halving of an even e
+    y = (y.view(torch.int64) + (k << 52)).view(torch.float64)    # y * 2^k, exact
+    y = torch.where(x == 0, x, y)                                 # keeps the sign of zero
+    y = torch.where(x == math.inf, x, y)
+    return torch.where((x < 0) | torch.isnan(x), math.nan, y)
+
+
+def sqrt(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded square root in x's dtype (float32 or float64). float32 goes through the
+    float64 root: rounding twice is harmless for a square root when 53 >= 2 * 24 + 2."""
+    if x.dtype == torch.float64:
+        return sqrt64(x)
+    if x.dtype != torch.float32:
+        raise TypeError(f"portable.sqrt: float32 or float64, got {x.dtype}")
+    return sqrt64(x.to(torch.float64)).to(torch.float32)
+
+
 # ----------------------------------------------------------------------- fp32 and friends
 
 
@@ -212,7 +284,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., H] -> (x * (1 / sqrt(tree_sum(x * x) / H + eps))) * weight, in fp32."""
     x = x.to(torch.float32)
     mean_sq = torch.div(tree_sum(torch.mul(x, x), -1, keepdim=True), x.shape[-1])
-    inv = torch.div(1.0, torch.sqrt(torch.add(mean_sq, eps)))
+    inv = torch.div(1.0, sqrt(torch.add(mean_sq, eps)))
     return torch.mul(torch.mul(x, inv), weight.to(torch.float32))
 
 
@@ -235,7 +307,7 @@ def normal(shape, generator: torch.Generator, dtype: torch.dtype = torch.float32
         count = min(n - start, 2 * _NORMAL_CHUNK)
         u = torch.rand(2 * ((count + 1) // 2), generator=generator, dtype=torch.float64)
         u1, u2 = u[0::2], u[1::2]
-        radius = torch.sqrt(torch.mul(log64(torch.sub(1.0, u1)), -2.0))     # 1 - u1 in (0, 1]
+        radius = sqrt64(torch.mul(log64(torch.sub(1.0, u1)), -2.0))         # 1 - u1 in (0, 1]
         sin, cos = sincos64(torch.mul(u2, 2.0 * math.pi))
         out[start:start + count] = torch.cat([torch.mul(radius, cos), torch.mul(radius, sin)])[:count].to(dtype)
     return out.reshape(shape)

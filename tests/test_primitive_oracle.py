@@ -1,0 +1,96 @@
+"""D0, first proof: every torch op the CPU reference calls is a correctly rounded IEEE operation
+(or an exact one) on this CPU, checked on 10^6 inputs per op against harness.oracle's
+machine-independent arithmetic; and the reference calls no op outside that checked list."""
+
+import math
+
+import pytest
+import torch
+
+from harness import fingerprint, oracle
+from kernels import portable
+
+N = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def findings():
+    return oracle.check_all(N)
+
+
+def test_every_primitive_is_ieee_on_this_cpu(findings):
+    wrong = [f for f in findings if not f.ok]
+    assert not wrong, "not IEEE on this CPU:\n" + "\n".join(
+        f"  {f.op}: {f.wrong} of {f.checked} wrong {f.example}" for f in wrong)
+    assert all(f.checked >= N for f in findings if "scalar" not in f.op and "amax" not in f.op
+               and "argmax" not in f.op and "sort" not in f.op)
+
+
+def test_the_oracle_covers_every_checked_op(findings):
+    named = " ".join(f.op for f in findings)
+    aliases = {"add_": "add", "_to_copy": "cast", "to": "cast", "copy_": "cast", "nan_to_num": "where"}
+    missing = [op for op in oracle.CHECKED_OPS if aliases.get(op, op) not in named]
+    assert not missing, f"ops claimed checked but with no oracle check: {missing}"
+
+
+@pytest.fixture(scope="module")
+def reference_ops():
+    return fingerprint.ops_called(fingerprint.fingerprint())
+
+
+def test_the_reference_calls_only_checked_ops(reference_ops):
+    outside = sorted(reference_ops - oracle.REFERENCE_OPS)
+    assert not outside, (f"the CPU reference calls torch ops that are not checked against IEEE: {outside} "
+                         "(check them in harness/oracle.py, or replace them with kernels.portable code)")
+    assert {"add", "mul", "div", "_to_copy"} <= reference_ops          # the census saw the model run
+
+
+def test_torch_sqrt_put_back_is_caught(monkeypatch):
+    """Planted: RMSNorm and Box-Muller back on torch.sqrt (MKL's, not correctly rounded)."""
+    monkeypatch.setattr(portable, "sqrt", torch.sqrt)
+    monkeypatch.setattr(portable, "sqrt64", torch.sqrt)
+    seen = fingerprint.ops_called(fingerprint.fingerprint(("forward",)))
+    assert "sqrt" in seen and "sqrt" not in oracle.REFERENCE_OPS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_portable_sqrt_special_values(dtype):
+    x = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, -1.0, 4.0, 2.0], dtype=dtype)
+    y = portable.sqrt(x)
+    assert y[0].item() == 0 and math.copysign(1, y[0].item()) == 1
+    assert y[1].item() == 0 and math.copysign(1, y[1].item()) == -1
+    assert y[2].item() == math.inf and all(math.isnan(v) for v in y[3:6].tolist())
+    assert y[6].item() == 2.0 and y[7].item() == float(torch.tensor(math.sqrt(2.0), dtype=dtype))
+
+
+def test_portable_sqrt_on_every_float32_exponent_and_neighbours():
+    """Exhaustive over exponents: each float32 exponent's first, last and middle mantissas and
+    their neighbours (including every subnormal power of two)."""
+    bits = []
+    for e in range(256):
+        for m in (0, 1, 2, (1 << 22) - 1, 1 << 22, (1 << 22) + 1, (1 << 23) - 2, (1 << 23) - 1):
+            bits.append((e << 23) | m)
+    x = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    want = oracle.round_to_f32(torch.tensor([math.sqrt(v) for v in x.double().tolist()], dtype=torch.float64).numpy())
+    got = portable.sqrt(x).double().numpy()
+    ok = (got == want) | ((got != got) & (want != want))
+    assert ok.all(), x[torch.from_numpy(~ok)][:5].tolist()
+
+
+def test_doctor_runs_the_oracle_and_names_what_it_found():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "harness", "doctor", "--inputs", "2048"], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "primitive checks are IEEE on this CPU" in r.stdout and "torch.sqrt f32 (not used)" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "harness", "doctor", "--inputs", "5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "at least 1024" in bad.stderr
+
+
+def test_a_portable_golden_that_mismatches_is_not_called_a_sure_change_in_results():
+    from harness.platform import dependency_report
+
+    line = dependency_report({}, "cpu-fp32")
+    assert "either the code changed" in line and "lockstep doctor" in line
