@@ -14,6 +14,9 @@
     lockstep --version
     lockstep record OUT / replay TRACE / import-peer PEER / promote TRACE SPEC_ID   (harness/replay)
 
+Without --dtype / --backend, check, diff and regen run each spec under every (dtype policy,
+backend) pair it has goldens for here (regen: every pair it supports), one row each: harness/pairs.py.
+
 Patterns are globs over spec ids (`'coins/*'`). Exit codes of `check` and `diff`:
 0 every spec matches its golden, 1 a mismatch (or a failed expectation, a crash, a corrupt
 golden, or with --strict a stale golden), 2 a spec or usage error, 3 a missing golden.
@@ -167,8 +170,9 @@ def _checkpoint_mapping(text: str):
 
 def _running(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype policy (default fp32)")
-    p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="engine kernel backend")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], help="dtype policy (default: every pair with goldens "
+                                                             "here; regen: every pair the spec supports)")
+    p.add_argument("--backend", choices=["torch", "triton"], help="engine kernel backend (default: as --dtype)")
     p.add_argument("--world-size", type=_world_sizes, default=[], metavar="W[,W...]",
                    help="also run generate specs at tensor parallel tp=W and expert parallel ep=W, W in "
                         f"{{{', '.join(map(str, WORLD_SIZES))}}} (torch.distributed; gloo on CPU, NCCL on GPU) "
@@ -230,10 +234,33 @@ def _context(args):
     from harness.result import RunContext
 
     try:
-        return RunContext(platform=detect(args.device, args.dtype), backend=args.backend,
+        return RunContext(platform=detect(args.device, args.dtype or "fp32"), backend=args.backend or "torch",
                           world_sizes=tuple(args.world_size))
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def _plan(args, specs, ctx, regen: bool = False) -> list[tuple]:
+    """[(spec, RunContext, golden folder)]: each spec under each (dtype, backend) pair it runs here
+    (harness/pairs.py: the pairs with goldens here, all it supports for regen; the options narrow)."""
+    from harness import pairs
+
+    device = ctx.platform.device
+    chosen = pairs.chosen(device, args.golden, args.dtype, args.backend, regen=regen)
+    rows = pairs.plan(specs, chosen, device, ctx.world_sizes, explicit=bool(args.dtype and args.backend))
+    if specs and not rows:
+        raise UsageError(f"no selected spec runs under {pairs.describe(chosen)} on {device} (Triton's interpreter "
+                         f"runs the engine specs tagged {pairs.INTERPRETER_TAG!r}; give both --dtype and --backend "
+                         "to run any spec under one pair)")
+    return rows
+
+
+def _ran_on(rows) -> str:
+    """'cpu-fp32 (torch backend)', or for several pairs 'cpu-fp32 (torch), cpu-bf16 (torch), …'."""
+    seen = list(dict.fromkeys((c.platform.name, c.backend) for _, c, _ in rows))
+    if len(seen) == 1:
+        return f"{seen[0][0]} ({seen[0][1]} backend)"
+    return ", ".join(f"{name} ({backend})" for name, backend in seen)
 
 
 def _golden_ids(store) -> list[str]:
@@ -355,7 +382,7 @@ class StatusTable:
 
 
 def cmd_check(args, explain: bool = False) -> int:
-    from harness import kinds, runner
+    from harness import runner
     from harness.golden import GoldenStore
 
     if getattr(args, "expectations", None) is not None and args.target == "lockstep":
@@ -369,14 +396,15 @@ def cmd_check(args, explain: bool = False) -> int:
         from harness.targets.check import cmd_check_target
         return cmd_check_target(args, specs, errors, ctx, explain, Progress(len(specs), lines=args.json))
     start = time.perf_counter()
-    table = StatusTable([s.id for s in specs], [kinds.KINDS[s.kind].golden_platform(s, ctx) for s in specs])
-    progress = Progress(len(specs), lines=args.json)
-    if specs and not args.json:
+    rows = _plan(args, specs, ctx)
+    table = StatusTable([s.id for s, _, _ in rows], [folder for _, _, folder in rows])
+    progress = Progress(len(rows), lines=args.json)
+    if rows and not args.json:
         print(table.header(), flush=True)
     outcomes = []
-    for i, spec in enumerate(specs, 1):
+    for i, (spec, row_ctx, _) in enumerate(rows, 1):
         progress.show(i, spec.id)
-        outcomes.append(runner.check_spec(spec, ctx, store, strict=args.strict))
+        outcomes.append(runner.check_spec(spec, row_ctx, store, strict=args.strict))
         progress.clear()
         progress.finished(i, table.outcome(outcomes[-1]))
         if not args.json:
@@ -392,6 +420,7 @@ def cmd_check(args, explain: bool = False) -> int:
         from harness.version import version
         print(json.dumps(check_document(
             target=f"lockstep-{version()}", platform=ctx.platform.name, backend=ctx.backend, exit_code=code,
+            pairs=list(dict.fromkeys(o.pair for o in outcomes)),
             seconds=elapsed, golden_folders=sorted({str(args.golden / o.golden_platform) for o in outcomes}),
             summary=counts | {"spec_errors": len(errors), "stale_goldens": len(stale)},
             specs=[o.to_json() for o in outcomes], spec_errors=[str(e) for e in errors],
@@ -417,8 +446,10 @@ def cmd_check(args, explain: bool = False) -> int:
             print(f"  {t}")
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n or s == runner.PASS)
     extra = (f", {len(errors)} spec error(s)" if errors else "") + (f", {len(stale)} stale golden(s)" if stale else "")
-    print(f"\n{len(outcomes)} spec(s): {summary}{extra} in {elapsed:.1f}s, run on {ctx.platform.name} "
-          f"({ctx.backend} backend); goldens: {folders}")
+    checks = f"{len(outcomes)} spec(s)" if len(outcomes) == len(specs) else \
+        f"{len(outcomes)} check(s) of {len(specs)} spec(s)"
+    print(f"\n{checks}: {summary}{extra} in {elapsed:.1f}s, run on {_ran_on(rows) if rows else ctx.platform.name}; "
+          f"goldens: {folders}")
     return code
 
 
@@ -468,12 +499,13 @@ def _stale_temps(store, remove: bool) -> None:
 def _regen(args, specs, errors, ctx, store) -> int:
     from harness import runner
 
-    progress = Progress(len(specs))
+    rows = _plan(args, specs, ctx, regen=True)
+    progress = Progress(len(rows))
     debug = getattr(args, "debug", False)
     outcomes = []
-    for i, spec in enumerate(specs, 1):
+    for i, (spec, row_ctx, _) in enumerate(rows, 1):
         progress.show(i, spec.id)
-        outcomes.append(runner.regen_spec(spec, ctx, store, write=not args.dry_run))
+        outcomes.append(runner.regen_spec(spec, row_ctx, store, write=not args.dry_run))
         progress.clear()
         print(outcomes[-1].report(debug), flush=True)
     for e in errors:
@@ -485,8 +517,10 @@ def _regen(args, specs, errors, ctx, store) -> int:
     verb = "would write" if args.dry_run else "wrote"
     written = [o.golden_platform for o in outcomes if o.status in (runner.NEW, runner.CHANGED)]
     where = f" to {_golden_folders(args.golden, written)}" if written else ""
-    print(f"\n{len(outcomes)} spec(s): " + ", ".join(f"{n} {s}" for s, n in counts.items()) +
-          f"; {verb} {len(written)} golden(s){where}, run on {ctx.platform.name} ({ctx.backend} backend)")
+    checks = f"{len(outcomes)} spec(s)" if len(outcomes) == len(specs) else \
+        f"{len(outcomes)} recording(s) of {len(specs)} spec(s)"
+    print(f"\n{checks}: " + ", ".join(f"{n} {s}" for s, n in counts.items()) +
+          f"; {verb} {len(written)} golden(s){where}, run on {_ran_on(rows) if rows else ctx.platform.name}")
     if errors:
         return EXIT_USAGE
     return EXIT_MISMATCH if counts[runner.REFUSED] else EXIT_OK

@@ -3,12 +3,17 @@
     pytest                         checks every spec against its golden (plus the unit tests)
     pytest -k coins                select by id or tag, as usual
     pytest --lockstep-regen        regenerate goldens through the same safe path as `lockstep regen`
+    pytest --lockstep-dtype bf16   narrow the (dtype, backend) pairs, as `lockstep check --dtype` does
     pytest --lockstep-target sglang    run the specs on another implementation (harness/targets),
                                    judged against its expectations file as `lockstep check --target`
 
 With --lockstep-target, a spec that fails as its expectations file records is xfailed (the reason
 shows its judgement); one that fails differently, fails unexpectedly, or passes although a failure
 is expected, fails; one the target cannot run is skipped as n/a with the target's reason.
+
+Each spec is one item per golden folder it is checked against, as `lockstep check` runs it:
+under every (dtype policy, backend) pair with goldens here (harness/pairs.py), named
+`ID[FOLDER]` (`generate/top-k[cpu-bf16]`) when its folder depends on the pair, else `ID`.
 
 A spec that does not load is one failing item whose text is file:line:column: error. A failing spec
 shows the same report as `lockstep check`, located at its YAML file. Items are collected in
@@ -32,11 +37,13 @@ import pytest
 
 from harness import runner
 from harness.golden import GoldenLocked, GoldenStore
+from harness.pairs import chosen, folders, plan
 from harness.platform import detect
 from harness.result import RunContext
 from harness.specfile import SPEC_SUFFIX, SpecErrors, load_spec_file, spec_files, spec_id_for, stray_error
 
 _TARGET = pytest.StashKey[tuple]()     # (target, its expectations) under --lockstep-target
+_PAIRS = pytest.StashKey[tuple]()      # (device, [Pair], explicit): what each spec is collected under
 
 
 def pytest_addoption(parser):
@@ -45,8 +52,9 @@ def pytest_addoption(parser):
                     help="regenerate goldens of the collected specs (two identical runs, atomic writes)")
     group.addoption("--lockstep-allow-ci", action="store_true", help="allow --lockstep-regen under CI (any truthy CI value)")
     group.addoption("--lockstep-device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
-    group.addoption("--lockstep-dtype", choices=["fp32", "bf16"], default="fp32")
-    group.addoption("--lockstep-backend", choices=["torch", "triton"], default="torch")
+    group.addoption("--lockstep-dtype", choices=["fp32", "bf16"],
+                    help="dtype policy (default: every (dtype, backend) pair with goldens here, see harness/pairs.py)")
+    group.addoption("--lockstep-backend", choices=["torch", "triton"], help="engine backend (default: as --lockstep-dtype)")
     group.addoption("--lockstep-target", metavar="NAME",
                     help="run the specs on this target (sglang, vllm, hf, or one registered under the entry "
                          "point group lockstep.targets), judged against its expectations file; default: "
@@ -217,7 +225,35 @@ class SpecFile(pytest.File):
             yield InvalidSpecItem.from_parent(self, name=spec_id_for(Path(os.path.abspath(self.path)), specs_dir),
                                               errors=e)
             return
-        yield SpecItem.from_parent(self, name=spec.id, spec=spec, golden=golden_dir)
+        if _TARGET in self.config.stash:        # a target runs each spec once, under the options given
+            yield SpecItem.from_parent(self, name=spec.id, spec=spec, ctx=_target_context(self.config),
+                                       golden=golden_dir)
+            return
+        # one item per golden folder the spec is checked against (per (dtype, backend) pair), named
+        # `ID[FOLDER]` when the folder depends on the pair, so JUnit shows the pairs apart
+        device, chosen, explicit = _pairs(self.config, golden_dir)
+        for _, ctx, folder in plan([spec], chosen, device, explicit=explicit):
+            name = f"{spec.id}[{folder}]" if len(folders(spec, device)) > 1 else spec.id
+            yield SpecItem.from_parent(self, name=name, spec=spec, ctx=ctx, golden=golden_dir)
+
+
+def _pairs(config, golden: Path) -> tuple:
+    """(device, the pairs to run, whether both --lockstep-dtype and --lockstep-backend were
+    given) for specs whose goldens are in `golden`; one answer per golden folder and session."""
+    known = config.stash.setdefault(_PAIRS, {})
+    if golden not in known:
+        opt = config.getoption
+        device = detect(opt("--lockstep-device")).device
+        dtype, backend = opt("--lockstep-dtype"), opt("--lockstep-backend")
+        known[golden] = (device, chosen(device, golden, dtype, backend, regen=opt("--lockstep-regen")),
+                         bool(dtype and backend))
+    return known[golden]
+
+
+def _target_context(config) -> RunContext:
+    opt = config.getoption
+    return RunContext(detect(opt("--lockstep-device"), opt("--lockstep-dtype") or "fp32"),
+                      opt("--lockstep-backend") or "torch")
 
 
 class InvalidSpecItem(pytest.Item):
@@ -242,14 +278,13 @@ class SpecFailure(Exception):
 
 
 class SpecItem(pytest.Item):
-    def __init__(self, *, spec, golden: Path, **kwargs):
+    def __init__(self, *, spec, ctx: RunContext, golden: Path, **kwargs):
         super().__init__(**kwargs)
-        self.spec, self.golden = spec, golden
+        self.spec, self.ctx, self.golden = spec, ctx, golden
         self.extra_keyword_matches.update(spec.tags)  # so `-k clamp` selects by tag too
 
     def _context(self) -> RunContext:
-        opt = self.config.getoption
-        return RunContext(detect(opt("--lockstep-device"), opt("--lockstep-dtype")), opt("--lockstep-backend"))
+        return self.ctx
 
     def runtest(self):
         store = GoldenStore(self.golden)

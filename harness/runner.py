@@ -19,6 +19,7 @@ from harness import kinds
 from harness.compare import TensorDiff, diff_data, diff_tensors
 from harness.errors import full_traceback, located
 from harness.golden import CorruptGolden, GoldenStore, json_roundtrip, standard
+from harness.pairs import runs_the_engine
 from harness.platform import bit_dependencies, dependency_report, device_name, lockstep_revision, versions
 from harness.result import Result, RunContext
 from harness.selfcheck import SelfCheckFailed, verify  # noqa: F401 - SelfCheckFailed is re-exported
@@ -33,18 +34,19 @@ STATUSES = (PASS, MISMATCH, FAILED, CRASH, CORRUPT, STALE, MISSING)
 
 
 def repro_command(spec_id: str, ctx: RunContext, verb: str = "diff", specs: Path | None = None,
-                  golden: Path | None = None) -> str:
+                  golden: Path | None = None, pair: bool = False) -> str:
     """The command that reruns one spec as this run did; `specs` / `golden` are named when they
-    are not the defaults (./specs, ./golden)."""
+    are not the defaults (./specs, ./golden); `pair`: name the dtype policy and the backend even
+    when they are the defaults (without both, a spec runs under every pair: harness/pairs)."""
     args = ["lockstep", verb, spec_id]
     for flag, path, default in (("--specs", specs, "specs"), ("--golden", golden, "golden")):
         if path is not None and Path(path).resolve() != Path(default).resolve():
             args += [flag, str(path)]
     if ctx.platform.device != "cpu":
         args += ["--device", "cuda"]
-    if ctx.platform.dtype != "fp32":
+    if pair or ctx.platform.dtype != "fp32":
         args += ["--dtype", ctx.platform.dtype]
-    if ctx.backend != "torch":
+    if pair or ctx.backend != "torch":
         args += ["--backend", ctx.backend]
     if ctx.world_sizes:
         args += ["--world-size", ",".join(map(str, ctx.world_sizes))]
@@ -66,6 +68,7 @@ class Outcome:
     repro: str = ""
     traceback: str = ""  # of a crash: shown with --debug (and by pytest)
     stale_golden: bool = False  # recorded for another version of the spec (its spec_sha256 differs)
+    pair: str = ""  # "fp32/torch": the dtype policy and backend it ran under (harness/pairs)
 
     def report(self, debug: bool = False) -> str:
         """The text a person reads when this spec did not pass (a crash's traceback with `debug`)."""
@@ -99,7 +102,7 @@ class Outcome:
             "diffs": [d.to_json() for d in self.diffs],
             "data_diff": self.data_diff, "warnings": self.warnings, "notes": self.notes, "repro": self.repro,
             "located": [loc.to_json() for loc in self.located],
-            "traceback": self.traceback, "stale_golden": self.stale_golden,
+            "traceback": self.traceback, "stale_golden": self.stale_golden, "pair": self.pair,
         }
 
 
@@ -146,7 +149,9 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore, strict: bool = F
     of the spec fails (STALE) even when its bits match."""
     start = time.perf_counter()
     platform = kinds.KINDS[spec.kind].golden_platform(spec, ctx)
-    out = Outcome(spec, PASS, platform, repro=repro_command(spec.id, ctx, specs=_specs_dir(spec), golden=store.root))
+    out = Outcome(spec, PASS, platform, repro=repro_command(spec.id, ctx, specs=_specs_dir(spec), golden=store.root,
+                                                           pair=runs_the_engine(spec, ctx.platform.device)),
+                  pair=f"{ctx.platform.dtype}/{ctx.backend}")
     result, failed, crash = _run_and_expect(spec, ctx)
     if crash:
         out.status, out.messages, out.traceback = CRASH, [crash.summary], crash.traceback

@@ -342,3 +342,34 @@ def _check(x, weight, bias):
             raise ValueError(f"linear: bias must be [{weight.shape[0]}] on {x.device}, got {tuple(bias.shape)}")
         bias = bias.contiguous()
     return x.contiguous(), weight.contiguous(), bias
+
+
+# --------------------------------------------------------------------------- the in-kernel MXFP4 decode alone
+@triton.jit
+def _mxfp4_decode_kernel(w_ptr, s_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # program (pid_n, pid_k): out[rn, pid_k * BK : (pid_k + 1) * BK] = the weight tile the matmuls load
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    n_ok = rn < N
+    w = _load_w_tile(w_ptr, s_ptr, 0, rn, n_ok, pid_k * BLOCK_K, K, N, K, True, out_ptr.dtype.element_ty,
+                     BLOCK_N, BLOCK_K)                                                # [BN, BK]
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rn[:, None] * K + cols[None, :], w, mask=n_ok[:, None] & (cols < K)[None, :])
+
+
+def mxfp4_decode_triton(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """blocks [N, G, 16] u8, scales [N, G] u8 -> [N, G * 32] in `dtype` (fp32 or bf16): the values
+    the matmul and grouped-expert kernels decode in their tile loads (`_load_w_tile`), written out,
+    so a spec can hold the in-kernel decode to engine/mxfp4.py's answers (scale 255: NaN)."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[-1] != 16 \
+            or scales.shape != blocks.shape[:2] or dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"mxfp4_decode_triton: blocks [N, G, 16] and scales [N, G] u8 to fp32 or bf16, got "
+                         f"{blocks.dtype} {tuple(blocks.shape)}, {scales.dtype} {tuple(scales.shape)}, {dtype}")
+    N, G = scales.shape
+    out = torch.empty((N, G * 32), dtype=dtype, device=blocks.device)
+    if N and G:
+        block_n, block_k = 16, 64        # a K tail whenever G is odd, an N tail below 16 rows
+        _mxfp4_decode_kernel[(triton.cdiv(N, block_n), triton.cdiv(G * 32, block_k))](
+            blocks.contiguous(), scales.contiguous(), out, N, G * 32, BLOCK_N=block_n, BLOCK_K=block_k)
+    return out

@@ -18,7 +18,9 @@
     expect:
       error: ["model.layers.1.mlp.experts.down_proj_scales", "[3, 17, 1]", "255"]   # or loads: true
 
-Decode mode calls `engine.mxfp4.dequantize` on the spec's bytes (on the run's device) and compares
+Decode mode calls `engine.mxfp4.dequantize` on the spec's bytes (on the run's device; on the triton
+backend `kernels.matmul.mxfp4_decode_triton`, the decode the matmul and grouped-expert kernels do in
+their tile loads, golden in `<device>-fp32-triton`: its bf16 NaN is 0x7FC0, torch's 0xFFFF) and compares
 each value with the hand-written one bitwise in the output dtype (so -0.0 is not 0.0); an expected
 NaN accepts any NaN. A failure names the block, its scale, the element, the byte and nibble it came
 from, the code, the decoded value and the expected one. The expectations never come from the code
@@ -147,6 +149,8 @@ def validate(doc: dict, root=None) -> list[Problem]:
 
 
 def golden_platform(spec, ctx) -> str:
+    if spec.inputs["blocks"] is not None and ctx.backend == "triton":
+        return ctx.fixed_platform + "-triton"   # the kernels' decode: a bf16 NaN keeps the fp32 NaN's upper half
     return SHARED
 
 
@@ -168,16 +172,20 @@ def _same(got: torch.Tensor, want: float, dt: torch.dtype) -> bool:
 
 def _decode(spec, ctx) -> Result:
     from engine.mxfp4 import dequantize
+    from kernels.matmul import mxfp4_decode_triton
 
     inp = spec.inputs
     dt = DTYPES[inp["dtype"]]
     n, rows = len(inp["blocks"]), inp["rows"]
     blocks = torch.tensor([b["bytes"] for b in inp["blocks"]], dtype=torch.uint8).reshape(rows, n // rows, 16)
     scales = torch.tensor([b["scale"] for b in inp["blocks"]], dtype=torch.uint8).reshape(rows, n // rows)
-    out = dequantize(blocks.to(ctx.device), scales.to(ctx.device), dt).cpu()      # [rows, G / rows * 32]
+    # the triton backend: the decode the matmul and grouped-expert kernels do in their tile loads
+    decode, name = (mxfp4_decode_triton, "the kernels' tile decode") if ctx.backend == "triton" else \
+        (dequantize, "dequantize")
+    out = decode(blocks.to(ctx.device), scales.to(ctx.device), dt).cpu()      # [rows, G / rows * 32]
     failures = []
     if tuple(out.shape) != (rows, n // rows * 32) or out.dtype != dt:
-        failures.append(f"dequantize returned {out.dtype} {list(out.shape)}, expected {dt} [{rows}, {n // rows * 32}]")
+        failures.append(f"{name} returned {out.dtype} {list(out.shape)}, expected {dt} [{rows}, {n // rows * 32}]")
     else:
         flat = out.reshape(n, 32)
         for b, want_row in enumerate(spec.expect["values"]):
