@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.errors import full_traceback, located
+from harness.errors import UsageError, full_traceback, located
 from harness.limits import WORLD_SIZES
 from harness.specfile import load_headers, load_specs, select, spec_files, spec_id_for
 
@@ -39,10 +39,6 @@ EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
 EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a Unix tool killed by a closed pipe reports
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 MAX_COLUMN = 48  # a column of `list` wider than this is cut with "…", so one long tag cannot push every line
-
-
-class UsageError(Exception):
-    pass
 
 
 # --------------------------------------------------------------------------- argument types

@@ -9,6 +9,10 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 
 
+class UsageError(Exception):
+    """Bad input from the user (exit 2); harness.cli re-exports it."""
+
+
 def located(e: BaseException) -> str:
     """`Type: message (at file:line in function)`: the innermost frame, relative to the project."""
     text = f"{type(e).__name__}: {e}".strip().rstrip(":")

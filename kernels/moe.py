@@ -49,7 +49,8 @@ import triton.language as tl
 
 from kernels import check_backend, portable
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from kernels.matmul import _chunk_acc, bounds_tensor, tiles
+from kernels.matmul import _chunk_acc, bounds_tensor, swiglu_torch, tiles
+from kernels.mxfp4 import dequantize
 from kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
 
 EXPERT_TILES = (128, 128) if INTERPRET else (64, 128)   # (BLOCK_N, BLOCK_K), fixed
@@ -423,11 +424,7 @@ def router_top_k_torch(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
 
 
 def clamped_swiglu_torch(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
-    gate_up = _check_gate_up(gate_up)
-    x = gate_up.to(torch.float32)
-    gate = x[..., 0::2].clamp(max=limit)
-    up = x[..., 1::2].clamp(min=-limit, max=limit)
-    return (gate * torch.sigmoid(alpha * gate) * (up + 1)).to(gate_up.dtype)
+    return swiglu_torch(_check_gate_up(gate_up), alpha, limit)
 
 
 def expert_linear_torch(x, ids, weight, bias, expert_start: int = 0) -> torch.Tensor:
@@ -460,7 +457,6 @@ def moe_torch(x, routing, ids, gate_up_w, gate_up_b, down_w, down_b, alpha=1.702
 def _dense_weight(weight, dtype) -> torch.Tensor:
     """A dense [E_l, N, K] weight, or an MXFP4 (blocks, scales) pair dequantized, in `dtype`."""
     if isinstance(weight, tuple):
-        from engine.mxfp4 import dequantize                   # the format's one definition
         return dequantize(*weight, dtype=dtype)
     return weight
 

@@ -84,7 +84,7 @@ def compare(outcomes, expected: dict, selected_ids: set[str]) -> list[str]:
 
 
 def load_target(name: str) -> Target:
-    from harness.cli import UsageError
+    from harness.errors import UsageError
     from harness.targets import UnknownTarget
 
     try:

@@ -41,8 +41,8 @@ def _run(model, requests, capture=(1,)):
 
 def test_bf16_policy_stores_bf16_and_returns_fp32_logits(tiny_ckpts):
     m = _model(tiny_ckpts["bf16"], "torch", "bf16")
-    assert m.embed.dtype == m.lm_head.dtype == m.blocks[0].qkv_w.dtype == torch.bfloat16
-    assert m.blocks[0].attn_norm.dtype == m.blocks[0].sinks.dtype == torch.float32
+    assert m.embed.dtype == m.lm_head.dtype == m.blocks[0].attn.qkv_w.dtype == torch.bfloat16
+    assert m.blocks[0].attn.norm.dtype == m.blocks[0].attn.sinks.dtype == torch.float32
     assert m.new_cache(1, 8).k[0].dtype == torch.bfloat16
     logits, captured = _run(m, [random_prompt(6, 1)])
     assert logits.dtype == torch.float32 and captured.dtype == torch.bfloat16
@@ -78,8 +78,8 @@ def test_bf16_prefill_equals_decode(tiny_ckpts, backend):
 def test_packed_mxfp4_experts_equal_dequantized_ones(tiny_ckpts, backend, dtype):
     packed = _model(tiny_ckpts["mxfp4"], backend, dtype, packed=True)
     dense = _model(tiny_ckpts["mxfp4"], backend, dtype, packed=False)
-    assert isinstance(packed.blocks[0].gate_up_w, Mxfp4Weight)
-    assert isinstance(dense.blocks[0].gate_up_w, torch.Tensor)
+    assert isinstance(packed.blocks[0].mlp.gate_up_w, Mxfp4Weight)
+    assert isinstance(dense.blocks[0].mlp.gate_up_w, torch.Tensor)
     prompts = [random_prompt(9, 6), random_prompt(4, 7)]
     assert torch.equal(_run(packed, prompts)[0], _run(dense, prompts)[0])
 
