@@ -45,9 +45,11 @@ gpt-fast. engine/parallel.py shards the same blocks.
 
 `model.trace` (None by default) may hold an engine.trace.Trace: every op's output is then
 handed to it at a named point (`self.record("L3.attention", o)`), which records and never
-changes a value; `lockstep diff` uses it to find the first op where two runs part. While a
-trace records, the Triton ops take the unfused ends (the fused kernels have no intermediates
-to hand over); both give the same bits (tests/engine/test_dtype_policy.py).
+changes a value; `lockstep diff` uses it to find the first op where two runs part. A traced
+forward runs the same code as an untraced one, fused ends included: a point that a fused kernel
+forms inside (o_proj's sum, the MoE's down and combination) is recomputed for the trace from
+that kernel's inputs, with the unfused path's operations (the same bits:
+tests/engine/test_dtype_policy.py).
 
 Shapes: T tokens in the step, H hidden, Hq / Hkv query / KV heads, D head_dim, E experts,
 k experts per token, I intermediate size, V vocab.
@@ -112,7 +114,7 @@ class AttentionBlock:
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         """x [T, H] (the residual stream) -> [T, H]."""
         h = self.record(self.name + "attn_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act))
-        if self.ops.fused is not None and not self.record.recording:
+        if self.ops.fused is not None:
             return self.fused(x, h, step)
         return residual(x, self.attend(h, step), self.act)
 
@@ -131,22 +133,35 @@ class AttentionBlock:
             return self.ops.linear(o, self.o_w, self.o_b, torch.float32)
         # row-parallel layer: fixed K chunks + fixed tree, the same bits at any TP (D4)
         parts = self.ops.chunk_partials(o, self.o_w, self.o_bounds)     # [8, T, H] fp32
+        return self.reduce_traced(parts)                                # [T, H] fp32
+
+    def reduce_traced(self, parts: torch.Tensor) -> torch.Tensor:
+        """o_proj's partials [8, T, H] -> tree + bias [T, H] fp32, both handed to the trace."""
         self.record(self.name + "o_proj.partials", parts.transpose(0, 1), gather=self.chunks_whole)
-        return self.record(self.name + "o_proj", self.reduce(parts) + self.o_b)   # [T, H] fp32
+        return self.record(self.name + "o_proj", self.reduce(parts) + self.o_b)
 
     def fused(self, x: torch.Tensor, h: torch.Tensor, step: Step) -> torch.Tensor:
         """x + attend(h), the residual included, in 5 launches: RoPE writes the cache itself
         (kernels/rope.py) and one kernel adds the o_proj tree, the bias and the residual
-        (kernels/residual.py): the same operations and bits as attend's."""
+        (kernels/residual.py): the same operations and bits as attend's. Traced, it records the
+        same points as attend: k and v read back from the cache, and the o_proj sum the end kernel
+        forms inside, recomputed from its inputs by reduce_traced."""
         T, cache, end = h.shape[0], step.cache, self.ops.fused
         qkv = self.ops.linear(h, self.qkv_w, self.qkv_b)                        # [T, (Hq + 2 Hkv) * D]
         q = end.rope_qkv_cache(qkv, step.cos, step.sin, cache.k[self.layer], cache.v[self.layer], step.slots,
                                step.positions, self.q_heads)                    # [T, Hq, D]; k, v cached
+        if self.record.recording:
+            kv = [c[self.layer][step.slots, :, step.positions] for c in (cache.k, cache.v)]   # [T, Hkv, D] each
+            self.record(self.name + "qkv", (q, *kv), gather=self.qkv_whole)
         o = self.ops.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.positions,
-                               self.sinks, self.window, self.scale).reshape(T, self.q_heads * self.head_dim)
+                               self.sinks, self.window, self.scale)             # [T, Hq, D]
+        self.record(self.name + "attention", o, gather=self.heads_whole)
+        o = o.reshape(T, self.q_heads * self.head_dim)
         if self.ops.chunk_partials is None:                                     # fast: cuBLAS o_proj
             return residual(x, self.ops.linear(o, self.o_w, self.o_b, torch.float32), self.act)
         parts = self.ops.chunk_partials(o, self.o_w, self.o_bounds)            # [8, T, H]
+        if self.record.recording:
+            self.reduce_traced(parts)
         return end.row_parallel_residual(x, parts, self.o_b)                    # [T, H] in act
 
     def project_qkv(self, h: torch.Tensor):
@@ -196,20 +211,27 @@ class MoEBlock:
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         """x [T, H] (the residual stream) -> [T, H]."""
         h = self.record(self.name + "mlp_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act))
-        if self.ops.fused is not None and not self.record.recording:
+        if self.ops.fused is not None:
             return self.fused(x, h)
         return residual(x, self.moe(h), self.act)
 
     def moe(self, h: torch.Tensor) -> torch.Tensor:
         """h [T, H] normed -> the sublayer's output [T, H] fp32 (before the residual)."""
-        T, H, k = h.shape[0], h.shape[1], self.k
+        return self.combine(*self.route_experts(h))
+
+    def route_experts(self, h: torch.Tensor):
+        """h [T, H] -> (down partials [8 (or a rank's), T * k, H] fp32, routing [T, k] fp32, top_ids [T, k])."""
         router_logits = self.ops.linear(h, self.router_w, self.router_b, torch.float32)   # [T, E]
         self.record(self.name + "router", router_logits)
-        routing, top_ids = self.ops.route(router_logits, k)                 # [T, k], over the k only
+        routing, top_ids = self.ops.route(router_logits, self.k)            # [T, k], over the k only
         self.record(self.name + "router.top_ids", top_ids)
         self.record(self.name + "routing", routing)
-        parts = self.experts(h, top_ids)                                    # [8 (or a rank's), T * k, H]
-        C = parts.shape[0]
+        return self.experts(h, top_ids), routing, top_ids
+
+    def combine(self, parts: torch.Tensor, routing: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+        """Each (token, slot): the down tree + bias; then each token's k outputs weighted and added
+        in slot order. -> [T, H] fp32."""
+        (T, k), H, C = top_ids.shape, parts.shape[2], parts.shape[0]
         whole = lambda p: self.from_owners(self.chunks_whole(p), top_ids)   # noqa: E731
         self.record(self.name + "experts", parts.view(C, T, k, H).permute(1, 2, 0, 3), gather=whole)
         y = torch.add(self.reduce(parts), self.down_b.index_select(0, top_ids.reshape(-1))).view(T, k, H)
@@ -222,10 +244,12 @@ class MoEBlock:
 
     def fused(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """x + moe(h), the residual included, in 7 launches plus the grouping: one kernel adds the
-        down tree, the bias, the routing weights in slot order and the residual (kernels/residual.py)."""
-        router_logits = self.ops.linear(h, self.router_w, self.router_b, torch.float32)   # [T, E]
-        routing, top_ids = self.ops.route(router_logits, self.k)                        # [T, k]
-        parts = self.experts(h, top_ids)                                                # [8, T * k, H]
+        down tree, the bias, the routing weights in slot order and the residual (kernels/residual.py).
+        Traced, it records the same points as moe: the sums the end kernel forms inside are
+        recomputed from its inputs by combine."""
+        parts, routing, top_ids = self.route_experts(h)                                 # [8, T * k, H]
+        if self.record.recording:
+            self.combine(parts, routing, top_ids)
         return self.ops.fused.moe_residual(x, parts, self.down_b, routing, top_ids)     # [T, H] in act
 
     def experts(self, h: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
