@@ -72,9 +72,9 @@ def expert_tiles(kernel: str, N: int, K: int, dtype: torch.dtype) -> tuple[int, 
     return tiles(N, K, dtype)[1:] if INTERPRET else EXPERT_GPU_TILES[kernel]
 
 
-# The down projection's K chunks: one program per (N tile, block, chunk), or (DOWN_CHUNK_LOOP) one
-# program per (N tile, block) that computes the chunks in turn. The same bits either way.
-DOWN_CHUNK_LOOP = False
+# The down projection's K chunks: one program per (N tile, block, chunk), the default, or
+# (expert_down_partials_triton(..., chunk_loop=True)) one program per (N tile, block) that computes
+# the chunks in turn. The same bits either way.
 
 
 # --------------------------------------------------------------------------- kernels
@@ -388,7 +388,8 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
 
 
 def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
-                                prologue_swiglu: tuple[float, float] | None = None) -> torch.Tensor:
+                                prologue_swiglu: tuple[float, float] | None = None,
+                                chunk_loop: bool = False) -> torch.Tensor:
     """a [R, K] (or the gate_up h [R, 2K] with prologue_swiglu = (alpha, limit)), groups as above,
     weight [E_l, N, K] or MXFP4, bounds C column ranges (lo, hi) of K -> parts [C, R, N] fp32, no
     bias; rows of non-local experts stay 0. One launch, grid (N tiles, blocks, C). Each element:
@@ -408,10 +409,10 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
         return parts
     bn, bk, warps, stages = expert_tiles("down", N, K, a.dtype)
     C = b.shape[0]
-    grid = (triton.cdiv(N, bn), block_expert.shape[0], 1 if DOWN_CHUNK_LOOP else C)
+    grid = (triton.cdiv(N, bn), block_expert.shape[0], 1 if chunk_loop else C)
     _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K, C,
                                float(alpha), float(limit), SWIGLU=prologue_swiglu is not None, MXFP4=s is not w,
-                               USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, CHUNK_LOOP=DOWN_CHUNK_LOOP,
+                               USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, CHUNK_LOOP=chunk_loop,
                                BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     return parts
 
