@@ -115,7 +115,7 @@ def main():
         bn, bk, warps, stages = moe.expert_tiles("down", H, I, dt)
         sweep(f"down T={T} (8 chunks of {I // 8})",
               lambda c: down(a, groups[c[0]], dn_w, bounds, c),
-              (moe.EXPERT_BLOCK_M, bn, bk, warps, stages, moe.DOWN_CHUNK_LOOP),
+              (moe.EXPERT_BLOCK_M, bn, bk, warps, stages, False),   # the engine's: chunk_loop off
               [c + (loop,) for c in CANDIDATES for loop in (False, True)],
               routed * dn_w[0].numel() * dn_w.element_size(),
               timed(lambda: cublas(a, ids, dn_w, None)), args.top)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels import check_backend
 from kernels.portable import exp, tree_sum
 
 KV_TILE = 32   # key positions per tile; the cache capacity is a multiple of it
@@ -34,15 +33,10 @@ KV_TILE = 32   # key positions per tile; the cache capacity is a multiple of it
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               slots: torch.Tensor, positions: torch.Tensor, sinks: torch.Tensor,
-              window: int, scale: float, backend: str = "torch") -> torch.Tensor:
+              window: int, scale: float) -> torch.Tensor:
     """q [T, Hq, D]; k_cache, v_cache [slots, Hkv, S, D]; slots, positions [T] int64;
     sinks [Hq]; window 0 = full causal. -> [T, Hq, D] in q's dtype, computed in fp32.
-    backend "fast" (bench only) takes the Triton kernel on a GPU, this reference on the CPU."""
-    if backend == "fast":
-        backend = "triton" if q.is_cuda else "torch"
-    if check_backend(backend) == "triton":
-        from kernels.attention import attention_triton    # one fixed 64-key split, prefill = decode
-        return attention_triton(q, k_cache, v_cache, slots, positions, sinks, window, scale)
+    (The Triton ops take kernels.attention.attention_triton: one fixed 64-key split.)"""
     T, Hq, D = q.shape
     S = k_cache.shape[2]
     if S % KV_TILE:

@@ -60,8 +60,8 @@ from safetensors.torch import save_file
 from engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
 from engine.checkpoint import CheckpointError, write_folder_atomically
 from engine.config import GptOssConfig, RopeParams, preset
-from engine.linear import linear
-from engine.model import rms_norm
+from engine.ops import ops_for
+from engine.small_ops import rms_norm
 from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
 from kernels import portable
 
@@ -238,9 +238,9 @@ class Eagle3Draft:
                  device: str | torch.device | None = None):
         """`device`: where weights and activations live; default the target embedding's device, else cpu."""
         self.config = cfg
-        self.backend = backend
         self.device = torch.device(device if device is not None else
                                    target_embed.device if target_embed is not None else "cpu")
+        self.ops = ops_for(backend, self.device)      # only its linear: the draft's norms are portable
         self.target_config = target_config
         Ht, L = target_config.hidden_size, target_config.num_hidden_layers
         name = cfg.name
@@ -348,7 +348,7 @@ class Eagle3Draft:
 
     def combine_aux(self, aux: torch.Tensor) -> torch.Tensor:
         """aux [T, A] -> h = fc(fc_input(aux)) [T, H_draft], the first draft step's hidden input."""
-        return linear(self.fc_input(aux), self.fc, None, self.backend)
+        return self.ops.linear(self.fc_input(aux), self.fc)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """One query q [Hq, D] over keys/values [Hkv, n, D] (all visible) -> [Hq, D]; fixed-order
@@ -376,9 +376,9 @@ class Eagle3Draft:
         tokens, positions, slots = tokens.to(self.device), positions.to(self.device), slots.to(self.device)
         emb = self.embed.index_select(0, tokens)
         x = torch.cat([rms_norm(emb, self.input_layernorm, eps), rms_norm(hidden, self.hidden_norm, eps)], dim=-1)
-        q = linear(x, self.q_w, None, self.backend).view(T, cfg.num_attention_heads, D)
-        k = linear(x, self.k_w, None, self.backend).view(T, cfg.num_key_value_heads, D)
-        v = linear(x, self.v_w, None, self.backend).view(T, cfg.num_key_value_heads, D)
+        q = self.ops.linear(x, self.q_w).view(T, cfg.num_attention_heads, D)
+        k = self.ops.linear(x, self.k_w).view(T, cfg.num_key_value_heads, D)
+        v = self.ops.linear(x, self.v_w).view(T, cfg.num_key_value_heads, D)
         cos, sin = rope_cos_sin(positions, self.inv_freq, 1.0)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if commit:
@@ -396,13 +396,13 @@ class Eagle3Draft:
                 keys = torch.cat([kv.k[s, :, :c]] + [a[0][:, None] for a in anc] + [k[t][:, None]], dim=1)
                 values = torch.cat([kv.v[s, :, :c]] + [a[1][:, None] for a in anc] + [v[t][:, None]], dim=1)
             o[t] = self.attend(q[t], keys, values)
-        r = hidden.to(torch.float32) + linear(o.reshape(T, -1), self.o_w, None, self.backend)
+        r = hidden.to(torch.float32) + self.ops.linear(o.reshape(T, -1), self.o_w)
         y = rms_norm(r, self.post_norm, eps)
-        gate = linear(y, self.gate_w, None, self.backend)
+        gate = self.ops.linear(y, self.gate_w)
         silu = torch.mul(gate, portable.sigmoid(gate))                    # SiLU, portable sigmoid
-        mlp = linear(torch.mul(silu, linear(y, self.up_w, None, self.backend)), self.down_w, None, self.backend)
+        mlp = self.ops.linear(torch.mul(silu, self.ops.linear(y, self.up_w)), self.down_w)
         out = r + mlp
-        logits = linear(rms_norm(out, self.norm, eps), self.lm_head, None, self.backend)
+        logits = self.ops.linear(rms_norm(out, self.norm, eps), self.lm_head)
         return DraftStep(logits, out, k, v)
 
 

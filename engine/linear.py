@@ -9,8 +9,8 @@ Fix (DESIGN §2): the torch backend never calls a BLAS. `kernels.portable.matmul
 each product x[m, k] * W[n, k] as one rounded fp32 multiply and adds the K products in one
 fixed pairwise tree. Every output element is then the same sequence of IEEE operations
 whatever M, the row's index, the other rows, the CPU's instruction set or the thread count,
-so a whole batch goes in one call (D0, D2, D3). The Triton backend uses fixed K tiles
-instead (kernels/matmul.py).
+so a whole batch goes in one call (D0, D2, D3). The Triton ops use fixed K tiles instead
+(kernels/matmul.py; engine/ops.py picks one or the other once, when the model is built).
 """
 
 from __future__ import annotations
@@ -18,28 +18,27 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import check_backend
 from kernels.portable import matmul_nt
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           backend: str = "torch", out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M, K], weight [N, K] (fp32 or bf16), bias [N] or None -> [M, N]; every row computed
     the same way. Products and sums in fp32 (a product of two bf16 values is exact in fp32),
-    the bias added in fp32, the result rounded once to out_dtype (default: x's dtype).
-    backend "fast": F.linear (cuBLAS / MKL), no invariance promise (bench/e2e.py only)."""
+    the bias added in fp32, the result rounded once to out_dtype (default: x's dtype)."""
     out_dtype = out_dtype or x.dtype
-    if backend == "fast":
-        y = F.linear(x, weight, None if bias is None else bias.to(x.dtype))
-        return y.to(out_dtype)
-    if check_backend(backend) == "triton":
-        from kernels.matmul import linear_triton          # fixed tiles, no split-K: batch invariant
-        return linear_triton(x, weight, bias, out_dtype=out_dtype)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit [M, K] x [N, K]")
     y = matmul_nt(x.to(torch.float32), weight.to(torch.float32))   # [M, N], fixed-order K sums
     y = y if bias is None else torch.add(y, bias)
     return y.to(out_dtype)
+
+
+def linear_fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """F.linear (cuBLAS / MKL): no invariance promise (the "fast" ops, bench/e2e.py only)."""
+    y = F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+    return y.to(out_dtype or x.dtype)
 
 
 # ---------------------------------------------------------------- row-parallel layers (DESIGN §2, D4)
@@ -59,8 +58,8 @@ def k_chunk_bounds(K: int, chunks: int = K_CHUNKS) -> list[tuple[int, int]]:
     return [(c * K // chunks, (c + 1) * K // chunks) for c in range(chunks)]
 
 
-def k_chunk_partials(x: torch.Tensor, weight: torch.Tensor, bounds, backend: str = "torch",
-                     prologue=None, x_per_k: int = 1) -> list[torch.Tensor]:
+def k_chunk_partials(x: torch.Tensor, weight: torch.Tensor, bounds, prologue=None,
+                     x_per_k: int = 1) -> list[torch.Tensor]:
     """One [M, N] partial product per (lo, hi) in `bounds` (columns of weight), no bias.
 
     The partials are fp32 whatever x's dtype (they are added in fp32 by tree_sum).
@@ -68,12 +67,9 @@ def k_chunk_partials(x: torch.Tensor, weight: torch.Tensor, bounds, backend: str
     the clamped SwiGLU: x_per_k = 2 interleaved gate/up columns per K column; it is elementwise).
     Each chunk is reduced as one call on a fresh contiguous copy of it would reduce it, so the
     bits are the same whether the full K or one rank's slice of it is at hand (every TP degree).
-    Torch backend: a portable matmul per chunk (all at once for equal adjacent chunks); Triton
-    backend: every chunk in one launch (kernels.matmul.linear_chunks_triton)."""
-    check_backend(backend)
+    A portable matmul per chunk (all at once for equal adjacent chunks); the Triton ops' version
+    is kernels.matmul.linear_chunks_triton (every chunk in one launch)."""
     bounds = list(bounds)
-    if backend == "triton":
-        return _triton_partials(x, weight, bounds, prologue, x_per_k)
     if _equal_adjacent(bounds):
         return _partials_at_once(x, weight, bounds, prologue, x_per_k)
     parts = []
@@ -82,21 +78,8 @@ def k_chunk_partials(x: torch.Tensor, weight: torch.Tensor, bounds, backend: str
         if prologue is not None:
             xc = prologue(xc).contiguous()
         wc = weight[:, lo:hi].clone(memory_format=torch.contiguous_format)
-        parts.append(linear(xc, wc, None, backend, out_dtype=torch.float32))
+        parts.append(linear(xc, wc, None, out_dtype=torch.float32))
     return parts
-
-
-def _triton_partials(x, weight, bounds, prologue, x_per_k) -> list[torch.Tensor]:
-    """The Triton backend's partials: every chunk in one launch (kernels.matmul.linear_chunks_triton),
-    each element reduced as linear_triton reduces the chunk's fresh copy, so the bits are those of
-    the chunk-by-chunk calls. The prologue (elementwise) runs once over all of x first."""
-    from kernels.matmul import linear_chunks_triton
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != x_per_k * weight.shape[1]:
-        raise ValueError(f"k_chunk_partials: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit "
-                         f"[M, {x_per_k} * K] x [N, K]")
-    a = prologue(x).contiguous() if prologue is not None else x              # [M, K]
-    parts = linear_chunks_triton(a, weight, bounds)                          # [C, M, N] fp32
-    return list(parts.unbind(0))
 
 
 def _equal_adjacent(bounds) -> bool:
@@ -131,12 +114,12 @@ def tree_sum(parts) -> torch.Tensor:
 
 
 def linear_k_chunked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                     backend: str = "torch", prologue=None, x_per_k: int = 1) -> torch.Tensor:
+                     prologue=None, x_per_k: int = 1) -> torch.Tensor:
     """y = prologue(x) @ W^T + b with the fixed K-chunk tree above: x [M, x_per_k * K],
     weight [N, K] -> [M, N]; the prologue (elementwise) runs per chunk (see k_chunk_partials).
     The one-device path of every row-parallel layer; bits equal those of any TP degree."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != x_per_k * weight.shape[1]:
         raise ValueError(f"linear_k_chunked: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit "
                          f"[M, {x_per_k} * K] x [N, K]")
-    y = tree_sum(k_chunk_partials(x, weight, k_chunk_bounds(weight.shape[1]), backend, prologue, x_per_k))
+    y = tree_sum(k_chunk_partials(x, weight, k_chunk_bounds(weight.shape[1]), prologue, x_per_k))
     return y if bias is None else y + bias

@@ -19,8 +19,8 @@ the SwiGLU's sigmoid, so each row of a batch is computed exactly as it would be 
 and on any CPU (D0). The row-parallel layers (o_proj, experts' down) are `linear_k_chunked`
 spelled out: partial products over 8 fixed K chunks (`k_chunk_partials`) added in one fixed
 tree (`tree_sum`), the order engine/parallel.py keeps at every TP degree (D4). MoE computes each
-(token, slot) row with its expert's gathered weights (the Triton backend groups the tokens by
-expert) and adds each token's k expert outputs in slot order. Everything runs on the model's
+(token, slot) row with its expert's weights (engine/experts.py: gathered per row, or grouped by
+expert on the device) and adds each token's k expert outputs in slot order. Everything runs on the model's
 device ("cpu" or "cuda").
 
 Dtype policies (`dtype=`): "fp32" computes everything in fp32 (the CPU reference). "bf16" keeps
@@ -32,14 +32,24 @@ once to bf16 where they are stored. Logits are fp32 under both. MXFP4 experts (`
 `*_scales` in `weights`) stay packed and are decoded inside the expert matmuls: every decoded
 value is exact in fp32 and bf16, so packed and unpacked experts give the same bits.
 
-Backends: "torch" (the portable reference above), "triton" (kernels/, the same contracts on the
-GPU and in the interpreter) and "fast" (cuBLAS matmuls through F.linear and torch's own ops, no
-invariance promise: bench/e2e.py uses it to measure what determinism costs; the harness never
-records goldens with it).
+Ops: the model is built with one ops table (engine/ops.py), chosen from the backend name once,
+in the constructor: "torch" (the portable reference above), "triton" (kernels/, the same
+contracts on the GPU and in the interpreter, each sublayer's end fused into one kernel) and
+"fast" (cuBLAS matmuls through F.linear and torch's own ops, no invariance promise: bench/e2e.py
+uses it to measure what determinism costs; the harness never records goldens with it). The
+blocks below call the table's entries; nothing after the constructor reads the backend name.
+
+Blocks: `x = block(x, step)`. A TransformerBlock is an AttentionBlock then an MoEBlock; each
+owns its weights, its RMSNorm and its residual add, as in openai's gpt-oss reference and
+gpt-fast. engine/parallel.py shards the same blocks.
 
 `model.trace` (None by default) may hold an engine.trace.Trace: every op's output is then
-handed to it at a named point (`self._record("L3.attention", o)`), which records and never
-changes a value; `lockstep diff` uses it to find the first op where two runs part.
+handed to it at a named point (`self.record("L3.attention", o)`), which records and never
+changes a value; `lockstep diff` uses it to find the first op where two runs part. A traced
+forward runs the same code as an untraced one, fused ends included: a point that a fused kernel
+forms inside (o_proj's sum, the MoE's down and combination) is recomputed for the trace from
+that kernel's inputs, with the unfused path's operations (the same bits:
+tests/engine/test_dtype_policy.py).
 
 Shapes: T tokens in the step, H hidden, Hq / Hkv query / KV heads, D head_dim, E experts,
 k experts per token, I intermediate size, V vocab.
@@ -48,94 +58,223 @@ k experts per token, I intermediate size, V vocab.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Sequence, Union
 
 import torch
 
-from engine.attention import attention
 from engine.boundaries import gather_captured
 from engine.config import GptOssConfig
-from engine.experts import expert_partials
 from engine.kv_cache import KVCache
-from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear, tree_sum
+from engine.linear import k_chunk_bounds, tree_sum
 from engine.mxfp4 import Mxfp4Weight
+from engine.ops import BACKENDS, Ops, ops_for  # noqa: F401  (BACKENDS: read by bench/e2e.py)
 from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
-from kernels import portable
+from engine.trace import Recorder
 
 ExpertWeight = Union[torch.Tensor, Mxfp4Weight]     # dense [E, N, K], or MXFP4 packed
 
-
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}    # dtype policy -> storage dtype
-BACKENDS = ("torch", "triton", "fast")
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "torch",
-             out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight, in fp32 (the mean a fixed tree over H),
-    rounded once to out_dtype."""
-    x = x.to(torch.float32)
-    if backend == "triton":
-        from kernels.rmsnorm import rms_norm_triton          # one program per row, fixed chunks
-        y = rms_norm_triton(x, weight, eps)
-    elif backend == "fast":
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-    else:
-        y = portable.rms_norm(x, weight, eps)
-    return y.to(out_dtype)
+class Step(NamedTuple):
+    """What every block of one forward call reads: the rows' positions and cache slots [T] int64,
+    the KV cache, and the rows' RoPE angles [T, D/2]."""
+    positions: torch.Tensor
+    slots: torch.Tensor
+    cache: KVCache
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
-def routing_weights(top_logits: torch.Tensor, backend: str = "torch") -> torch.Tensor:
-    """top_logits [T, k] fp32 -> softmax over the k selected logits, [T, k] (portable exp, fixed tree)."""
-    if backend == "fast":
-        return torch.softmax(top_logits, dim=-1)
-    return portable.softmax(top_logits, dim=-1)
+def residual(x: torch.Tensor, y: torch.Tensor, act: torch.dtype) -> torch.Tensor:
+    """x + y for the residual stream: y is a sublayer's fp32 output; the sum is formed in fp32 and
+    rounded once to the policy's dtype `act` (under fp32 it is the plain sum)."""
+    return torch.add(x.to(torch.float32), y).to(act)
 
 
-def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float, backend: str = "torch") -> torch.Tensor:
-    """gate_up [T, 2I], interleaved (gate = even columns, up = odd) -> [T, I] in gate_up's dtype:
-    (gate * sigmoid(alpha * gate)) * (up + 1) in fp32, the sigmoid portable (float64, rounded
-    once), the result rounded once to gate_up's dtype."""
-    if backend == "triton":
-        from kernels.moe import clamped_swiglu_triton
-        return clamped_swiglu_triton(gate_up, alpha, limit)
-    x = gate_up.to(torch.float32)
-    gate = x[..., 0::2].clamp(max=limit)
-    up = x[..., 1::2].clamp(min=-limit, max=limit)
-    y = torch.mul(torch.mul(gate, portable.sigmoid(torch.mul(gate, alpha))), torch.add(up, 1.0))
-    return y.to(gate_up.dtype)
+class AttentionBlock:
+    """x + o_proj(attention(rope(qkv(rms_norm(x))))): GQA with sinks, YaRN RoPE, an optional
+    sliding window. Matmul weights in the policy's dtype `act`; norm, biases and sinks fp32."""
+
+    def __init__(self, layer: int, config: GptOssConfig, ops: Ops, act: torch.dtype, record: Recorder, *,
+                 norm, qkv_w, qkv_b, o_w, o_b, sinks, q_heads: int, kv_heads: int, o_bounds):
+        self.layer, self.name = layer, f"L{layer}."
+        self.ops, self.act, self.record = ops, act, record
+        self.eps, self.head_dim = config.rms_norm_eps, config.head_dim
+        self.window, self.scale = config.window(layer), 1.0 / math.sqrt(config.head_dim)
+        self.q_heads, self.kv_heads = q_heads, kv_heads        # this model's (a rank's: its share)
+        self.norm = norm            # [H]
+        self.qkv_w = qkv_w          # [(Hq + 2 Hkv) * D, H]   q_proj, k_proj, v_proj rows stacked
+        self.qkv_b = qkv_b          # [(Hq + 2 Hkv) * D]
+        self.o_w, self.o_b = o_w, o_b   # [H, Hq * D], [H]
+        self.sinks = sinks          # [Hq]
+        self.o_bounds = o_bounds    # o_proj's fixed K chunks (engine/linear.py)
+
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """x [T, H] (the residual stream) -> [T, H]."""
+        h = self.record(self.name + "attn_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act))
+        if self.ops.fused is not None:
+            return self.fused(x, h, step)
+        return residual(x, self.attend(h, step), self.act)
+
+    def attend(self, h: torch.Tensor, step: Step) -> torch.Tensor:
+        """h [T, H] normed -> the sublayer's output [T, H] fp32 (before the residual)."""
+        T, D = h.shape[0], self.head_dim
+        q, k, v = self.project_qkv(h)                                   # [T, Hq | Hkv, D] each
+        q, k = self.rope(q, step), self.rope(k, step)                   # fp32, stored in act
+        step.cache.write(self.layer, step.slots, step.positions, k, v)  # all T keys first,
+        self.record(self.name + "qkv", (q, k, v), gather=self.qkv_whole)        # [T, Hq + 2 Hkv, D]
+        o = self.ops.attention(q, step.cache.k[self.layer], step.cache.v[self.layer], step.slots,
+                               step.positions, self.sinks, self.window, self.scale)   # then each query
+        self.record(self.name + "attention", o, gather=self.heads_whole)        # [T, Hq, D]
+        o = o.reshape(T, self.q_heads * D)
+        if self.ops.chunk_partials is None:                             # fast: one GEMM, no promise
+            return self.ops.linear(o, self.o_w, self.o_b, torch.float32)
+        # row-parallel layer: fixed K chunks + fixed tree, the same bits at any TP (D4)
+        parts = self.ops.chunk_partials(o, self.o_w, self.o_bounds)     # [8, T, H] fp32
+        return self.reduce_traced(parts)                                # [T, H] fp32
+
+    def reduce_traced(self, parts: torch.Tensor) -> torch.Tensor:
+        """o_proj's partials [8, T, H] -> tree + bias [T, H] fp32, both handed to the trace."""
+        self.record(self.name + "o_proj.partials", parts.transpose(0, 1), gather=self.chunks_whole)
+        return self.record(self.name + "o_proj", self.reduce(parts) + self.o_b)
+
+    def fused(self, x: torch.Tensor, h: torch.Tensor, step: Step) -> torch.Tensor:
+        """x + attend(h), the residual included, in 5 launches: RoPE writes the cache itself
+        (kernels/rope.py) and one kernel adds the o_proj tree, the bias and the residual
+        (kernels/residual.py): the same operations and bits as attend's. Traced, it records the
+        same points as attend: k and v read back from the cache, and the o_proj sum the end kernel
+        forms inside, recomputed from its inputs by reduce_traced."""
+        T, cache, end = h.shape[0], step.cache, self.ops.fused
+        qkv = self.ops.linear(h, self.qkv_w, self.qkv_b)                        # [T, (Hq + 2 Hkv) * D]
+        q = end.rope_qkv_cache(qkv, step.cos, step.sin, cache.k[self.layer], cache.v[self.layer], step.slots,
+                               step.positions, self.q_heads)                    # [T, Hq, D]; k, v cached
+        if self.record.recording:
+            kv = [c[self.layer][step.slots, :, step.positions] for c in (cache.k, cache.v)]   # [T, Hkv, D] each
+            self.record(self.name + "qkv", (q, *kv), gather=self.qkv_whole)
+        o = self.ops.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.positions,
+                               self.sinks, self.window, self.scale)             # [T, Hq, D]
+        self.record(self.name + "attention", o, gather=self.heads_whole)
+        o = o.reshape(T, self.q_heads * self.head_dim)
+        if self.ops.chunk_partials is None:                                     # fast: cuBLAS o_proj
+            return residual(x, self.ops.linear(o, self.o_w, self.o_b, torch.float32), self.act)
+        parts = self.ops.chunk_partials(o, self.o_w, self.o_bounds)            # [8, T, H]
+        if self.record.recording:
+            self.reduce_traced(parts)
+        return end.row_parallel_residual(x, parts, self.o_b)                    # [T, H] in act
+
+    def project_qkv(self, h: torch.Tensor):
+        """One matmul for q, k and v: each output column is its own reduction, so stacking the
+        rows changes no bit. -> q [T, Hq, D], k, v [T, Hkv, D]."""
+        T, D, Hq, Hkv = h.shape[0], self.head_dim, self.q_heads, self.kv_heads
+        qkv = self.ops.linear(h, self.qkv_w, self.qkv_b)                # [T, (Hq + 2 Hkv) * D]
+        q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=1)
+        return q.view(T, Hq, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
+
+    def rope(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        return apply_rope(x.to(torch.float32), step.cos, step.sin).to(self.act)
+
+    def reduce(self, parts: torch.Tensor) -> torch.Tensor:
+        """The row-parallel layer's partials [8, T, H] -> their fixed-tree sum [T, H]."""
+        return tree_sum(parts)
+
+    # One device holds every head and chunk: the trace records them as they are (a sharded
+    # block gathers its shards here, engine/parallel.py).
+    def qkv_whole(self, qkv) -> torch.Tensor:
+        return torch.cat(qkv, dim=1)
+
+    heads_whole = chunks_whole = None
 
 
-def top_k_lowest_index(logits: torch.Tensor, k: int, backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k along the last dim; equal values rank by lower index. -> (values, ids) [..., k]."""
-    if backend == "fast":
-        return torch.topk(logits, k, dim=-1)
-    if backend == "triton" and logits.dim() == 2:
-        from kernels.moe import router_top_k_triton
-        ids = router_top_k_triton(logits, k)[1]              # [T, k], same ranking rule
-        return logits.gather(-1, ids), ids
-    values, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
-    return values[..., :k], ids[..., :k]
+class MoEBlock:
+    """x + sum over the top k experts of routing * expert(rms_norm(x)): clamped SwiGLU experts,
+    the down projection row parallel, the k outputs added in slot order."""
+
+    def __init__(self, layer: int, config: GptOssConfig, ops: Ops, act: torch.dtype, record: Recorder, *,
+                 norm, router_w, router_b, gate_up_w, gate_up_b, down_w, down_b, down_bounds,
+                 expert_lo: int = 0, n_local: int | None = None):
+        self.name = f"L{layer}."
+        self.ops, self.act, self.record = ops, act, record
+        self.eps, self.k = config.rms_norm_eps, config.num_experts_per_tok
+        self.alpha, self.limit = config.swiglu_alpha, config.swiglu_limit
+        self.norm = norm                            # [H]
+        self.router_w, self.router_b = router_w, router_b   # [E, H], [E]
+        self.gate_up_w = gate_up_w                  # [E_l, 2I, H]   rows interleaved gate, up, gate, up, ...
+        self.gate_up_b = gate_up_b                  # [E_l, 2I]
+        self.down_w = down_w                        # [E_l, H, I]
+        self.down_b = down_b                        # [E, H]
+        self.down_bounds = down_bounds              # down's fixed K chunks (engine/linear.py)
+        self.expert_lo = expert_lo                  # the experts held here: [expert_lo, + n_local)
+        self.n_local = config.num_local_experts if n_local is None else n_local
+
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """x [T, H] (the residual stream) -> [T, H]."""
+        h = self.record(self.name + "mlp_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act))
+        if self.ops.fused is not None:
+            return self.fused(x, h)
+        return residual(x, self.moe(h), self.act)
+
+    def moe(self, h: torch.Tensor) -> torch.Tensor:
+        """h [T, H] normed -> the sublayer's output [T, H] fp32 (before the residual)."""
+        return self.combine(*self.route_experts(h))
+
+    def route_experts(self, h: torch.Tensor):
+        """h [T, H] -> (down partials [8 (or a rank's), T * k, H] fp32, routing [T, k] fp32, top_ids [T, k])."""
+        router_logits = self.ops.linear(h, self.router_w, self.router_b, torch.float32)   # [T, E]
+        self.record(self.name + "router", router_logits)
+        routing, top_ids = self.ops.route(router_logits, self.k)            # [T, k], over the k only
+        self.record(self.name + "router.top_ids", top_ids)
+        self.record(self.name + "routing", routing)
+        return self.experts(h, top_ids), routing, top_ids
+
+    def combine(self, parts: torch.Tensor, routing: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+        """Each (token, slot): the down tree + bias; then each token's k outputs weighted and added
+        in slot order. -> [T, H] fp32."""
+        (T, k), H, C = top_ids.shape, parts.shape[2], parts.shape[0]
+        whole = lambda p: self.from_owners(self.chunks_whole(p), top_ids)   # noqa: E731
+        self.record(self.name + "experts", parts.view(C, T, k, H).permute(1, 2, 0, 3), gather=whole)
+        y = torch.add(self.reduce(parts), self.down_b.index_select(0, top_ids.reshape(-1))).view(T, k, H)
+        self.record(self.name + "down", y, gather=lambda t: self.from_owners(t, top_ids))   # [T, k, H]
+        weighted = self.from_owners(torch.mul(y, routing[..., None]), top_ids)  # [T, k, H]
+        total = weighted[:, 0]
+        for slot in range(1, k):                                            # slot order
+            total = torch.add(total, weighted[:, slot])
+        return self.record(self.name + "moe", total)
+
+    def fused(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """x + moe(h), the residual included, in 7 launches plus the grouping: one kernel adds the
+        down tree, the bias, the routing weights in slot order and the residual (kernels/residual.py).
+        Traced, it records the same points as moe: the sums the end kernel forms inside are
+        recomputed from its inputs by combine."""
+        parts, routing, top_ids = self.route_experts(h)                                 # [8, T * k, H]
+        if self.record.recording:
+            self.combine(parts, routing, top_ids)
+        return self.ops.fused.moe_residual(x, parts, self.down_b, routing, top_ids)     # [T, H] in act
+
+    def experts(self, h: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+        return self.ops.experts(h, top_ids, self.gate_up_w, self.gate_up_b, self.down_w, self.down_bounds,
+                                self.expert_lo, self.n_local, self.alpha, self.limit)
+
+    def reduce(self, parts: torch.Tensor) -> torch.Tensor:
+        return tree_sum(parts)
+
+    # One device: every chunk and every expert is here (engine/parallel.py gathers them).
+    def from_owners(self, y: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+        return y
+
+    def chunks_whole(self, parts: torch.Tensor) -> torch.Tensor:
+        return parts
 
 
-@dataclass
-class BlockWeights:
-    """One transformer block, in `linear` layout ([out, in]). Matmul weights in the policy's dtype
-    (fp32 or bf16); norms, sinks and biases in fp32."""
-    attn_norm: torch.Tensor     # [H]
-    qkv_w: torch.Tensor         # [(Hq + 2 Hkv) * D, H]   q_proj, k_proj, v_proj rows stacked
-    qkv_b: torch.Tensor         # [(Hq + 2 Hkv) * D]
-    o_w: torch.Tensor           # [H, Hq * D]
-    o_b: torch.Tensor           # [H]
-    sinks: torch.Tensor         # [Hq]
-    mlp_norm: torch.Tensor      # [H]
-    router_w: torch.Tensor      # [E, H]
-    router_b: torch.Tensor      # [E]
-    gate_up_w: ExpertWeight     # [E, 2I, H]   rows interleaved gate, up, gate, up, ...
-    gate_up_b: torch.Tensor     # [E, 2I]
-    down_w: ExpertWeight        # [E, H, I]
-    down_b: torch.Tensor        # [E, H]
+class TransformerBlock:
+    """One block: attention, then MoE, each with its own norm and residual. x = block(x, step)."""
+
+    def __init__(self, attn: AttentionBlock, mlp: MoEBlock):
+        self.attn, self.mlp = attn, mlp
+
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        return self.mlp(self.attn(x, step), step)
 
 
 class ForwardOutput(NamedTuple):
@@ -144,49 +283,60 @@ class ForwardOutput(NamedTuple):
 
 
 class GptOssModel:
-    trace = None    # an engine.trace.Trace to record every op's output into; None: record nothing
-
     def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], backend: str = "torch",
                  device: str | torch.device = "cpu", dtype: str = "fp32"):
         """`weights`: HF tensor names and layout (see engine.checkpoint), any float dtype; experts
         dense or MXFP4 (`*_blocks`, `*_scales`: kept packed). Every weight, the KV cache and every
-        activation live on `device` ("cpu" or "cuda"); `dtype` is the policy (module docstring)."""
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype policy must be one of {tuple(DTYPES)}, got {dtype!r}")
-        self.config = config
-        self.backend = backend
-        self.device = torch.device(device)
-        self.dtype_policy = dtype
-        self.act = DTYPES[dtype]                                           # storage dtype
+        activation live on `device` ("cpu" or "cuda"); `dtype` is the policy (module docstring);
+        `backend` names the ops table (engine/ops.py), read here only."""
+        self._setup(config, backend, device, dtype)
         act = lambda name: weights[name].to(self.device, self.act).contiguous()         # noqa: E731
         f32 = lambda name: weights[name].to(self.device, torch.float32).contiguous()    # noqa: E731
         self.embed = act("model.embed_tokens.weight")                      # [V, H]
         self.norm = f32("model.norm.weight")                               # [H]
         self.lm_head = act("lm_head.weight")                               # [V, H]
+        cfg, ops, rec = config, self.ops, self.record
         self.blocks = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            self.blocks.append(BlockWeights(
-                attn_norm=f32(p + "input_layernorm.weight"),
-                # one matmul for q, k and v: each output column is its own reduction, so
-                # stacking the rows changes no bit
+            attn = AttentionBlock(
+                i, cfg, ops, self.act, rec, norm=f32(p + "input_layernorm.weight"),
                 qkv_w=torch.cat([act(a + f"{n}_proj.weight") for n in "qkv"]),
                 qkv_b=torch.cat([f32(a + f"{n}_proj.bias") for n in "qkv"]),
-                o_w=act(a + "o_proj.weight"), o_b=f32(a + "o_proj.bias"),
-                sinks=f32(a + "sinks"),
-                mlp_norm=f32(p + "post_attention_layernorm.weight"),
+                o_w=act(a + "o_proj.weight"), o_b=f32(a + "o_proj.bias"), sinks=f32(a + "sinks"),
+                q_heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
+                o_bounds=k_chunk_bounds(cfg.q_dim))
+            mlp = MoEBlock(
+                i, cfg, ops, self.act, rec, norm=f32(p + "post_attention_layernorm.weight"),
                 router_w=act(p + "mlp.router.weight"), router_b=f32(p + "mlp.router.bias"),
                 gate_up_w=self._expert_weight(weights, p + "mlp.experts.gate_up_proj"),
                 gate_up_b=f32(p + "mlp.experts.gate_up_proj_bias"),
                 down_w=self._expert_weight(weights, p + "mlp.experts.down_proj"),
-                down_b=f32(p + "mlp.experts.down_proj_bias"),
-            ))
-        self.inv_freq, self.mscale = rope_frequencies(config.head_dim, config.rope)
-        self.inv_freq = self.inv_freq.to(self.device)
-        self.scale = 1.0 / math.sqrt(config.head_dim)
+                down_b=f32(p + "mlp.experts.down_proj_bias"), down_bounds=k_chunk_bounds(cfg.intermediate_size))
+            self.blocks.append(TransformerBlock(attn, mlp))
+
+    def _setup(self, config: GptOssConfig, backend: str, device, dtype: str) -> None:
+        """What every model (one device or one rank) decides before its weights: the ops table,
+        the dtype policy, the device, the recorder and the RoPE frequencies."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype policy must be one of {tuple(DTYPES)}, got {dtype!r}")
+        self.config = config
+        self.device = torch.device(device)
+        self.ops = ops_for(backend, self.device)                           # the one backend choice
+        self.backend = backend                                             # its name, for callers to read
+        self.dtype_policy = dtype
+        self.act = DTYPES[dtype]                                           # storage dtype
+        self.record = Recorder()
+        inv_freq, self.mscale = rope_frequencies(config.head_dim, config.rope)
+        self.inv_freq = inv_freq.to(self.device)
+
+    def use_ops(self, ops: Ops) -> None:
+        """Run this model's blocks with another ops table (a test's variant of one op; the sharding
+        of engine/parallel.py picks its ops before it builds its blocks)."""
+        self.ops = ops
+        for block in self.blocks:
+            block.attn.ops = block.mlp.ops = ops
 
     def _expert_weight(self, weights: dict[str, torch.Tensor], name: str) -> "ExpertWeight":
         """Experts as [E, out, in]: MXFP4 stays packed (HF already stores blocks as [E, out, in/32,
@@ -206,6 +356,20 @@ class GptOssModel:
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
         return KVCache(self.config, num_slots, max_seq_len, dtype=self.act, device=self.device)
 
+    @property
+    def trace(self):
+        """An engine.trace.Trace to record every op's output into; None (the default): nothing."""
+        return self.record.trace
+
+    @trace.setter
+    def trace(self, trace) -> None:
+        self.record.trace = trace
+
+    @property
+    def tracing(self) -> bool:
+        """Whether this forward call's ops are being recorded (engine.trace)."""
+        return self.record.recording
+
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -213,217 +377,36 @@ class GptOssModel:
                 logit_rows: torch.Tensor | None = None) -> ForwardOutput:
         """tokens, positions, slots [T] int64. `capture`: boundaries in [0, L] to return,
         in the order given. `logit_rows`: compute logits only for these rows."""
-        cfg = self.config
-        L = cfg.num_hidden_layers
+        L = self.config.num_hidden_layers
         for b in capture:
             if not 0 <= b <= L:
                 raise ValueError(f"capture boundary {b} is outside [0, {L}]")
         wanted = set(capture)
         states: dict[int, torch.Tensor] = {}
-        dev = self.embed.device
+        dev = self.device
         tokens, positions, slots = tokens.to(dev), positions.to(dev), slots.to(dev)
 
         if self.trace is not None:
             self.trace.begin(positions)
-        x = self._record("boundary.0", self._embed(tokens))            # [T, H]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.mscale)  # [T, D/2] each
+        x = self.record("boundary.0", self.embed_tokens(tokens))       # [T, H]
+        step = Step(positions, slots, cache, *rope_cos_sin(positions, self.inv_freq, self.mscale))   # cos, sin [T, D/2]
         if 0 in wanted:
             states[0] = x
-        for i, blk in enumerate(self.blocks):
-            h = self._record(f"L{i}.attn_norm", self._norm(x, blk.attn_norm))
-            if self._fused:
-                x = self._attention_fused(i, blk, x, h, cos, sin, positions, slots, cache)
-            else:
-                x = self._residual(x, self._attention(i, blk, h, cos, sin, positions, slots, cache))
-            h = self._record(f"L{i}.mlp_norm", self._norm(x, blk.mlp_norm))
-            x = self._moe_fused(i, blk, x, h) if self._fused else self._residual(x, self._moe(i, blk, h))
-            x = self._record(f"boundary.{i + 1}", x)
+        for i, block in enumerate(self.blocks):
+            x = self.record(f"boundary.{i + 1}", block(x, step))
             if i + 1 in wanted:
                 states[i + 1] = x                                       # boundary i + 1
-        h = self._record("final_norm", self._norm(x, self.norm))      # [T, H]
+        h = self.record("final_norm", self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps, self.act))
         if logit_rows is not None:
             logit_rows = logit_rows.to(dev)
             h = h.index_select(0, logit_rows)
-        logits = self._record("lm_head", self._logits(h), rows=logit_rows)   # [T, V]
+        logits = self.record("lm_head", self.logits(h), rows=logit_rows)    # [T, V]
         return ForwardOutput(logits, gather_captured(states, capture, L))   # CaptureError if one is missing
 
-    @property
-    def tracing(self) -> bool:
-        """Whether this forward call's ops are being recorded (engine.trace)."""
-        return self.trace is not None and self.trace.recording
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [T] -> their embedding rows [T, H] (boundary 0)."""
+        return self.embed.index_select(0, tokens)
 
-    def _record(self, name: str, t, rows: torch.Tensor | None = None):
-        """Hand op `name`'s output to the trace, if one is recording; returns t unchanged."""
-        if self.tracing:
-            self.trace.record(name, t, rows)
-        return t
-
-    @property
-    def _fused(self) -> bool:
-        """Triton backend with no trace recording: each sublayer's end is one kernel (the fixed
-        tree of partials, bias, routing and residual: kernels/residual.py) and RoPE writes the
-        cache itself (kernels/rope.py), the same operations and bits as the unfused path, in a
-        tenth of the launches. A trace needs the intermediate ops, so it takes the unfused path."""
-        on_gpu_kernels = self.backend == "triton" or (self.backend == "fast" and self.device.type == "cuda")
-        return on_gpu_kernels and not self.tracing
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm in fp32, stored in the policy's dtype."""
-        if self.backend == "triton" or (self.backend == "fast" and x.is_cuda):
-            from kernels.rmsnorm import rms_norm_triton           # reads x's dtype, rounds once
-            return rms_norm_triton(x, weight, self.config.rms_norm_eps, out_dtype=self.act)
-        return rms_norm(x, weight, self.config.rms_norm_eps, self.backend, out_dtype=self.act)
-
-    def _route(self, router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """router_logits [T, E] fp32 -> (routing [T, k] fp32, top_ids [T, k]): the top k (ties to
-        the lower id) and kernels.portable.softmax over them. On the Triton backend both come from
-        one kernel that computes that softmax op for op (float64 exp, the fixed tree, IEEE
-        division): the same bits as the ~20 torch launches it replaces."""
-        if self.backend == "triton" and k <= 16:
-            from kernels.moe import router_top_k_triton
-            return router_top_k_triton(router_logits, k, portable_softmax=True)
-        top_logits, top_ids = top_k_lowest_index(router_logits, k, self.backend)
-        return routing_weights(top_logits, self.backend), top_ids
-
-    def _residual(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """x + y for the residual stream: y is a block's fp32 output; the sum is formed in fp32
-        and rounded once to the policy's dtype (under fp32 it is the plain sum)."""
-        return torch.add(x.to(torch.float32), y).to(self.act)
-
-    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed.index_select(0, tokens)                       # [T, H]
-
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return linear(h, self.lm_head, None, self.backend, out_dtype=torch.float32)   # [T, V] untied head
-
-    def _attention(self, layer: int, blk: BlockWeights, x: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                   cache: KVCache) -> torch.Tensor:
-        cfg = self.config
-        T, D = x.shape[0], cfg.head_dim
-        Hq, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        qkv = linear(x, blk.qkv_w, blk.qkv_b, self.backend)            # [T, (Hq + 2 Hkv) * D]
-        q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=1)
-        q, k, v = q.view(T, Hq, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
-        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)           # fp32, stored in act
-        cache.write(layer, slots, positions, k, v)                     # all T keys first,
-        if self.tracing:
-            self._record(f"L{layer}.qkv", torch.cat([q, k, v], dim=1))  # [T, Hq + 2 Hkv, D]
-        o = attention(q, cache.k[layer], cache.v[layer], slots, positions,   # then each query
-                      blk.sinks, cfg.window(layer), self.scale, self.backend)  # [T, Hq, D]
-        self._record(f"L{layer}.attention", o)
-        if self.backend == "fast":                                      # one cuBLAS GEMM, no promise
-            return linear(o.reshape(T, cfg.q_dim), blk.o_w, blk.o_b, "fast", out_dtype=torch.float32)
-        # row-parallel layer: fixed K chunks + fixed tree, the same bits at any TP (D4)
-        parts = k_chunk_partials(o.reshape(T, cfg.q_dim), blk.o_w, k_chunk_bounds(cfg.q_dim), self.backend)
-        self._record(f"L{layer}.o_proj.partials", parts)                       # 8 x [T, H] fp32
-        return self._record(f"L{layer}.o_proj", tree_sum(parts) + blk.o_b)     # [T, H] fp32
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return apply_rope(x.to(torch.float32), cos, sin).to(self.act)
-
-    def _moe(self, layer: int, blk: BlockWeights, x: torch.Tensor) -> torch.Tensor:
-        cfg = self.config
-        k = cfg.num_experts_per_tok
-        router_logits = linear(x, blk.router_w, blk.router_b, self.backend, out_dtype=torch.float32)   # [T, E]
-        self._record(f"L{layer}.router", router_logits)
-        routing, top_ids = self._route(router_logits, k)                     # [T, k], over the k only
-        self._record(f"L{layer}.router.top_ids", top_ids)
-        self._record(f"L{layer}.routing", routing)
-        T, H = x.shape
-        per_row = self.backend == "torch" or (self.backend == "fast" and not x.is_cuda)
-        experts = self._experts_per_row if per_row else self._experts_by_group
-        slot_out, slot_parts = experts(blk, x, top_ids)                     # [T, k, H] fp32, traced parts
-        if slot_parts is not None:
-            self._record(f"L{layer}.experts", slot_parts.reshape(T, k, K_CHUNKS, H))
-        self._record(f"L{layer}.down", slot_out)                            # [T, k, H]
-        weighted = torch.mul(slot_out, routing[..., None])                  # [T, k, H]
-        total = weighted[:, 0]
-        for slot in range(1, k):                                             # slot order
-            total = torch.add(total, weighted[:, slot])
-        return self._record(f"L{layer}.moe", total)
-
-    # ------------------------------------------------------------------ fused ends (Triton)
-    def _attention_fused(self, layer: int, blk: BlockWeights, x: torch.Tensor, h: torch.Tensor,
-                         cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                         slots: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """x + attention(h) (the residual included) in 5 launches; see _fused. The fast backend
-        takes cuBLAS for the qkv and o projections."""
-        from kernels.matmul import linear_chunks_triton
-        from kernels.residual import row_parallel_residual_triton
-        from kernels.rope import rope_qkv_cache_triton
-        cfg = self.config
-        T = h.shape[0]
-        qkv = linear(h, blk.qkv_w, blk.qkv_b, self.backend)                       # [T, (Hq + 2 Hkv) * D]
-        q = rope_qkv_cache_triton(qkv, cos, sin, cache.k[layer], cache.v[layer], slots, positions,
-                                  cfg.num_attention_heads)                          # [T, Hq, D]; k, v cached
-        o = attention(q, cache.k[layer], cache.v[layer], slots, positions,
-                      blk.sinks, cfg.window(layer), self.scale, "triton")           # [T, Hq, D]
-        if self.backend == "fast":
-            return self._residual(x, linear(o.reshape(T, cfg.q_dim), blk.o_w, blk.o_b, "fast", torch.float32))
-        parts = linear_chunks_triton(o.reshape(T, cfg.q_dim), blk.o_w, k_chunk_bounds(cfg.q_dim))  # [8, T, H]
-        return row_parallel_residual_triton(x, parts, blk.o_b)                    # [T, H] in act
-
-    def _moe_fused(self, layer: int, blk: BlockWeights, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """x + moe(h) (the residual included) in 7 launches plus the grouping; see _fused."""
-        from kernels.residual import moe_residual_triton
-        cfg = self.config
-        router_logits = linear(h, blk.router_w, blk.router_b, self.backend, out_dtype=torch.float32)   # [T, E]
-        routing, top_ids = self._route(router_logits, cfg.num_experts_per_tok)              # [T, k]
-        parts = expert_partials(h, top_ids, blk.gate_up_w, blk.gate_up_b, blk.down_w,
-                                k_chunk_bounds(cfg.intermediate_size), 0, cfg.num_local_experts,
-                                cfg.swiglu_alpha, cfg.swiglu_limit, "triton")                 # [8, T * k, H]
-        return moe_residual_triton(x, parts, blk.down_b, routing, top_ids)                  # [T, H] in act
-
-    def _experts_per_row(self, blk: BlockWeights, x: torch.Tensor, top_ids: torch.Tensor):
-        """Torch backend: every (token, slot) row with its own expert's weights gathered, so the
-        step reads no tensor value on the host (static shapes). Each row's output is gate_up, the
-        clamped SwiGLU, then down over the fixed K chunks added in the fixed tree: the operations
-        `linear` and `linear_k_chunked` do, element for element (D4).
-        x [T, H], top_ids [T, k] -> (outputs [T, k, H], down partials [T * k, K_CHUNKS, H] if tracing)."""
-        cfg = self.config
-        T, H = x.shape
-        k, I = top_ids.shape[1], cfg.intermediate_size
-        ids = top_ids.reshape(-1)                                            # [T * k], token-major
-        rows_x = x.repeat_interleave(k, dim=0)                               # [T * k, H]
-        f32 = torch.float32
-        out = x.new_empty((T * k, H), dtype=f32)
-        slot_parts = x.new_empty((T * k, K_CHUNKS, H), dtype=f32) if self.tracing else None
-        step = max(1, _EXPERT_ROW_ELEMENTS // (2 * I * H))                   # memory bound only
-        for r0 in range(0, T * k, step):
-            e = ids[r0:r0 + step]                                            # [R] expert ids
-            h = portable.matmul_nt(rows_x[r0:r0 + step, None, :].to(f32), _expert_rows(blk.gate_up_w, e))[:, 0]
-            h = torch.add(h, blk.gate_up_b.index_select(0, e)).to(self.act)  # [R, 2I], stored in act
-            a = clamped_swiglu(h, cfg.swiglu_alpha, cfg.swiglu_limit)        # [R, I], elementwise
-            down_w = _expert_rows(blk.down_w, e)                             # [R, H, I] fp32
-            a = a.to(f32)
-            parts = [portable.matmul_nt(a[:, None, lo:hi], down_w[:, :, lo:hi])[:, 0]
-                     for lo, hi in k_chunk_bounds(I)]                        # K_CHUNKS x [R, H]
-            out[r0:r0 + step] = torch.add(tree_sum(parts), blk.down_b.index_select(0, e))
-            if slot_parts is not None:
-                slot_parts[r0:r0 + step] = torch.stack(parts, dim=1)
-        return out.view(T, k, H), slot_parts
-
-    def _experts_by_group(self, blk: BlockWeights, x: torch.Tensor, top_ids: torch.Tensor):
-        """Triton backend: engine.experts.expert_partials, the rows grouped by expert on the device
-        (one launch per op, no host read, static shapes: a decode step can be a CUDA graph), then
-        the fixed tree and the bias. Same result layout as _experts_per_row."""
-        cfg = self.config
-        T, H = x.shape
-        k = top_ids.shape[1]
-        parts = expert_partials(x, top_ids, blk.gate_up_w, blk.gate_up_b, blk.down_w,
-                                k_chunk_bounds(cfg.intermediate_size), 0, cfg.num_local_experts,
-                                cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)   # [K_CHUNKS, T * k, H]
-        out = torch.add(tree_sum(parts.unbind(0)), blk.down_b.index_select(0, top_ids.reshape(-1)))
-        slot_parts = parts.transpose(0, 1) if self.tracing else None               # [T * k, K_CHUNKS, H]
-        return out.view(T, k, H), slot_parts
-
-
-_EXPERT_ROW_ELEMENTS = 1 << 22      # gathered expert weights built at once
-
-
-def _expert_rows(weight: ExpertWeight, ids: torch.Tensor) -> torch.Tensor:
-    """The fp32 [R, N, K] weights of experts `ids` (MXFP4 decoded: exact)."""
-    if isinstance(weight, Mxfp4Weight):
-        return weight.rows(ids, torch.float32)
-    return weight.index_select(0, ids).to(torch.float32)
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [T, H] final-normed -> logits [T, V] fp32 (the head is untied)."""
+        return self.ops.linear(h, self.lm_head, None, torch.float32)

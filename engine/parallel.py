@@ -31,26 +31,27 @@ Every rank ends a forward with the full logits and captured states (the residual
 replicated), so generate(), sampling and the harness need nothing parallel-specific.
 Unsupported splits raise UnsupportedTopology up front, naming each violated constraint.
 
-The experts are engine.experts.expert_partials, the one-device model's function, given this
-rank's experts and K chunks. On the torch backend it reads the routed expert ids on the host (to
-skip non-local experts); on the Triton backend it groups the rows on the device and reads nothing.
+The blocks are the one-device model's (engine/model.py) with the sharded steps swapped in: q, k
+and v projected separately on this rank's heads, the row-parallel reductions across the TP group,
+each slot's output from its expert's owner; the ops are the model's with the sublayer ends op by op
+(`sharded_ops`). The experts are engine/experts.py's contract given this rank's experts and K
+chunks: on the torch ops the per-expert loop, which reads the routed expert ids on the host (to
+skip non-local experts); on the Triton ops the grouped kernels, which read nothing.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from engine.attention import attention
 from engine.config import GptOssConfig
 from engine.distributed import ParallelContext, Topology, UnsupportedTopology, invariant_sum
-from engine.experts import expert_partials
 from engine.kv_cache import KVCache
-from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear
-from engine.model import DTYPES, GptOssModel
-from engine.rope import rope_frequencies
+from engine.linear import K_CHUNKS, k_chunk_bounds
+from engine.model import AttentionBlock, GptOssModel, MoEBlock, TransformerBlock
+from engine.ops import TORCH, TORCH_SHARDED_EXPERTS, Ops
 
 
 def local_chunks(K: int, tp: int, tp_rank: int) -> tuple[int, int, list[tuple[int, int]]]:
@@ -62,25 +63,95 @@ def local_chunks(K: int, tp: int, tp_rank: int) -> tuple[int, int, list[tuple[in
     return lo, hi, [(a - lo, b - lo) for a, b in bounds]
 
 
-class _Block:
-    pass
+def sharded_ops(ops: Ops) -> Ops:
+    """The ops of one rank: the sublayer ends op by op (the reductions go through the collectives
+    below), and on the torch ops the experts that skip the other EP groups' experts."""
+    if ops.chunk_partials is None:
+        raise ValueError(f"the {ops.name} ops have no row-parallel partials; a sharded model needs the "
+                         f"torch or triton ops")
+    experts = TORCH_SHARDED_EXPERTS if ops is TORCH else ops.experts
+    return replace(ops, fused=None, experts=experts)
+
+
+class ParallelAttentionBlock(AttentionBlock):
+    """AttentionBlock on one rank: its Hq/tp query and Hkv/tp KV heads (column parallel q, k, v),
+    o_proj row parallel over its K chunks, the partials added in the fixed tree across the group."""
+
+    def __init__(self, *args, ctx: ParallelContext, q_w, q_b, k_w, k_b, v_w, v_b, **kwargs):
+        super().__init__(*args, qkv_w=None, qkv_b=None, **kwargs)
+        self.ctx = ctx
+        self.q_w, self.q_b, self.k_w, self.k_b, self.v_w, self.v_b = q_w, q_b, k_w, k_b, v_w, v_b
+
+    def project_qkv(self, h: torch.Tensor):
+        T, D, lin = h.shape[0], self.head_dim, self.ops.linear
+        return (lin(h, self.q_w, self.q_b).view(T, self.q_heads, D), lin(h, self.k_w, self.k_b).view(T, self.kv_heads, D),
+                lin(h, self.v_w, self.v_b).view(T, self.kv_heads, D))
+
+    def reduce(self, parts: torch.Tensor) -> torch.Tensor:
+        return reduce_row_parallel(list(parts.unbind(0)), self.ctx)
+
+    def qkv_whole(self, qkv) -> torch.Tensor:
+        return torch.cat([all_heads(t, self.ctx) for t in qkv], dim=1)
+
+    def heads_whole(self, t: torch.Tensor) -> torch.Tensor:
+        return all_heads(t, self.ctx)
+
+    def chunks_whole(self, t: torch.Tensor) -> torch.Tensor:
+        return all_chunks(t, self.ctx)
+
+
+class ParallelMoEBlock(MoEBlock):
+    """MoEBlock on one rank: its EP group's experts, its TP share of the intermediate dim (gate_up
+    column parallel, down row parallel), every slot's output taken from its expert's owner."""
+
+    def __init__(self, *args, ctx: ParallelContext, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ctx = ctx
+
+    def reduce(self, parts: torch.Tensor) -> torch.Tensor:
+        return reduce_row_parallel(list(parts.unbind(0)), self.ctx)
+
+    def chunks_whole(self, parts: torch.Tensor) -> torch.Tensor:
+        return all_chunks(parts, self.ctx)
+
+    def from_owners(self, y: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+        """[T, k, ...] valid where this EP group owns the slot's expert -> every slot from its owner
+        (all-gathered over the EP group; bytes only)."""
+        if self.ctx.ep == 1:
+            return y
+        every = self.ctx.gather_ep(y)                                         # [ep, T, k, ...]
+        T, k = top_ids.shape
+        owner = top_ids // self.n_local                                       # [T, k]
+        ti = torch.arange(T, device=y.device).unsqueeze(1).expand(T, k)
+        si = torch.arange(k, device=y.device).unsqueeze(0).expand(T, k)
+        return every[owner, ti, si]
+
+
+def all_heads(t: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
+    """[T, heads/tp, D] -> [T, heads, D], heads in rank order (as one device numbers them)."""
+    every = ctx.gather_tp(t)                                                  # [tp, T, h, D]
+    return every.transpose(0, 1).reshape(t.shape[0], -1, t.shape[-1])
+
+
+def all_chunks(t: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
+    """[..., K_CHUNKS/tp, H] partials of this rank's K chunks -> [..., K_CHUNKS, H]."""
+    every = ctx.gather_tp(t)                                                  # [tp, ..., n, H]
+    return every.movedim(0, -3).flatten(-3, -2)
 
 
 class ParallelGptOssModel(GptOssModel):
-    """GptOssModel's forward API on one rank of a TP × EP topology (see the module docstring).
-    `weights`: the full HF-layout dict (each rank keeps only its shard)."""
-
-    _fused = False      # the sublayer ends go through the collectives below, op by op
+    """GptOssModel's forward API on one rank of a TP × EP topology (see the module docstring):
+    the same forward and block code, with sharded weights and blocks, vocab-parallel embedding and
+    head. `weights`: the full HF-layout dict (each rank keeps only its shard)."""
 
     def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], ctx: ParallelContext,
                  backend: str = "torch", dtype: str = "fp32"):
         ctx.topology.check(config)
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype policy must be one of {tuple(DTYPES)}, got {dtype!r}")
-        self.config, self.ctx, self.backend = config, ctx, backend
-        self.dtype_policy, self.act = dtype, DTYPES[dtype]
+        self._setup(config, backend, ctx.device, dtype)
+        self.ops = sharded_ops(self.ops)
+        self.ctx = ctx
         tp, tr, ep, er = ctx.tp, ctx.tp_rank, ctx.ep, ctx.ep_rank
-        dev = self.device = ctx.device
+        dev = self.device
         D = config.head_dim
 
         def f32(name, rows=None, cols=None, dtype=torch.float32):
@@ -102,42 +173,39 @@ class ParallelGptOssModel(GptOssModel):
         self.lm_head = act("lm_head.weight", rows=vr)                           # [V/tp, H]
         self.norm = f32("model.norm.weight")
 
-        self.hq, self.hkv = config.num_attention_heads // tp, config.num_key_value_heads // tp
-        qr = (tr * self.hq * D, (tr + 1) * self.hq * D)
-        kvr = (tr * self.hkv * D, (tr + 1) * self.hkv * D)
-        o_lo, o_hi, self.o_bounds = local_chunks(config.q_dim, tp, tr)
+        hq, hkv = config.num_attention_heads // tp, config.num_key_value_heads // tp
+        qr = (tr * hq * D, (tr + 1) * hq * D)
+        kvr = (tr * hkv * D, (tr + 1) * hkv * D)
+        o_lo, o_hi, o_bounds = local_chunks(config.q_dim, tp, tr)
         assert (o_lo, o_hi) == qr
-        i_lo, i_hi, self.down_bounds = local_chunks(config.intermediate_size, tp, tr)
-        E = config.num_local_experts
-        self.experts_per_rank = E // ep
-        self.expert_lo = er * self.experts_per_rank
-        er_range = (self.expert_lo, self.expert_lo + self.experts_per_rank)
+        i_lo, i_hi, down_bounds = local_chunks(config.intermediate_size, tp, tr)
+        n_local = config.num_local_experts // ep
+        er_range = (er * n_local, (er + 1) * n_local)
 
         self.blocks = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
-            b = _Block()
-            b.attn_norm = f32(p + "input_layernorm.weight")
-            b.q_w, b.q_b = act(p + "self_attn.q_proj.weight", rows=qr), f32(p + "self_attn.q_proj.bias", rows=qr)
-            b.k_w, b.k_b = act(p + "self_attn.k_proj.weight", rows=kvr), f32(p + "self_attn.k_proj.bias", rows=kvr)
-            b.v_w, b.v_b = act(p + "self_attn.v_proj.weight", rows=kvr), f32(p + "self_attn.v_proj.bias", rows=kvr)
-            b.o_w = act(p + "self_attn.o_proj.weight", cols=qr)                   # [H, Hq/tp * D]
-            b.o_b = f32(p + "self_attn.o_proj.bias")
-            b.sinks = f32(p + "self_attn.sinks", rows=(tr * self.hq, (tr + 1) * self.hq))
-            b.mlp_norm = f32(p + "post_attention_layernorm.weight")
-            b.router_w, b.router_b = act(p + "mlp.router.weight"), f32(p + "mlp.router.bias")
+            a = p + "self_attn."
+            attn = ParallelAttentionBlock(
+                i, config, self.ops, self.act, self.record, ctx=ctx, norm=f32(p + "input_layernorm.weight"),
+                q_w=act(a + "q_proj.weight", rows=qr), q_b=f32(a + "q_proj.bias", rows=qr),
+                k_w=act(a + "k_proj.weight", rows=kvr), k_b=f32(a + "k_proj.bias", rows=kvr),
+                v_w=act(a + "v_proj.weight", rows=kvr), v_b=f32(a + "v_proj.bias", rows=kvr),
+                o_w=act(a + "o_proj.weight", cols=qr), o_b=f32(a + "o_proj.bias"),       # [H, Hq/tp * D]
+                sinks=f32(a + "sinks", rows=(tr * hq, (tr + 1) * hq)), q_heads=hq, kv_heads=hkv, o_bounds=o_bounds)
             # HF experts are [E, in, out]; keep local experts, local intermediate range, as [out, in].
             gu = weights[p + "mlp.experts.gate_up_proj"][er_range[0]:er_range[1], :, 2 * i_lo:2 * i_hi]
-            b.gate_up_w = gu.to(self.act).transpose(1, 2).contiguous().to(dev)   # [E/ep, 2I/tp, H]
-            b.gate_up_b = f32(p + "mlp.experts.gate_up_proj_bias", rows=er_range)[:, 2 * i_lo:2 * i_hi].contiguous()
             dn = weights[p + "mlp.experts.down_proj"][er_range[0]:er_range[1], i_lo:i_hi, :]
-            b.down_w = dn.to(self.act).transpose(1, 2).contiguous().to(dev)       # [E/ep, H, I/tp]
-            b.down_b = f32(p + "mlp.experts.down_proj_bias")                            # [E, H], all experts
-            self.blocks.append(b)
-        self.inv_freq, self.mscale = rope_frequencies(D, config.rope)
-        self.inv_freq = self.inv_freq.to(dev)
-        self.scale = 1.0 / math.sqrt(D)
-        self.local_config = config.replace(num_attention_heads=self.hq, num_key_value_heads=self.hkv)
+            mlp = ParallelMoEBlock(
+                i, config, self.ops, self.act, self.record, ctx=ctx, norm=f32(p + "post_attention_layernorm.weight"),
+                router_w=act(p + "mlp.router.weight"), router_b=f32(p + "mlp.router.bias"),
+                gate_up_w=gu.to(self.act).transpose(1, 2).contiguous().to(dev),                # [E/ep, 2I/tp, H]
+                gate_up_b=f32(p + "mlp.experts.gate_up_proj_bias", rows=er_range)[:, 2 * i_lo:2 * i_hi].contiguous(),
+                down_w=dn.to(self.act).transpose(1, 2).contiguous().to(dev),                   # [E/ep, H, I/tp]
+                down_b=f32(p + "mlp.experts.down_proj_bias"),                                  # [E, H], all experts
+                down_bounds=down_bounds, expert_lo=er_range[0], n_local=n_local)
+            self.blocks.append(TransformerBlock(attn, mlp))
+        self.local_config = config.replace(num_attention_heads=hq, num_key_value_heads=hkv)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, ctx: ParallelContext, backend: str = "torch",
@@ -150,14 +218,11 @@ class ParallelGptOssModel(GptOssModel):
         """A cache of this rank's KV heads only."""
         return KVCache(self.local_config, num_slots, max_seq_len, dtype=self.act, device=self.device)
 
-    # forward() is GptOssModel's, unchanged: it calls the per-rank _embed, _attention, _moe,
-    # _logits and _record below.
-
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        local = linear(h, self.lm_head, None, self.backend, out_dtype=torch.float32)   # [T, V/tp]
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        local = self.ops.linear(h, self.lm_head, None, torch.float32)                  # [T, V/tp]
         return self.ctx.gather_tp(local).permute(1, 0, 2).reshape(h.shape[0], self.config.vocab_size)
 
-    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel lookup: each rank looks up the tokens it owns (others get a dummy
         row), the rows are gathered, and each token takes its owner's row. Pure data movement."""
         n = self.vocab_per_rank
@@ -168,77 +233,6 @@ class ParallelGptOssModel(GptOssModel):
         every = self.ctx.gather_tp(mine)                                # [tp, T, H]
         owner = tokens // n
         return every[owner, torch.arange(tokens.shape[0], device=tokens.device)]
-
-    def _attention(self, layer, blk, x, cos, sin, positions, slots, cache) -> torch.Tensor:
-        cfg, T, D = self.config, x.shape[0], self.config.head_dim
-        q = linear(x, blk.q_w, blk.q_b, self.backend).view(T, self.hq, D)
-        k = linear(x, blk.k_w, blk.k_b, self.backend).view(T, self.hkv, D)
-        v = linear(x, blk.v_w, blk.v_b, self.backend).view(T, self.hkv, D)
-        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-        cache.write(layer, slots, positions, k, v)
-        if self.tracing:
-            self._record(f"L{layer}.qkv", torch.cat([self._all_heads(t) for t in (q, k, v)], dim=1))
-        o = attention(q, cache.k[layer], cache.v[layer], slots, positions,
-                      blk.sinks, cfg.window(layer), self.scale, self.backend)   # [T, Hq/tp, D]
-        self._record(f"L{layer}.attention", o, gather=self._all_heads)
-        parts = k_chunk_partials(o.reshape(T, self.hq * D), blk.o_w, self.o_bounds, self.backend)
-        self._record(f"L{layer}.o_proj.partials", parts, gather=lambda ps: self._all_chunks(torch.stack(ps, 1)))
-        return self._record(f"L{layer}.o_proj", reduce_row_parallel(parts, self.ctx) + blk.o_b)
-
-    def _moe(self, layer, blk, x: torch.Tensor) -> torch.Tensor:
-        cfg, ctx = self.config, self.ctx
-        T, H, k = x.shape[0], x.shape[1], cfg.num_experts_per_tok
-        router_logits = linear(x, blk.router_w, blk.router_b, self.backend, out_dtype=torch.float32)   # [T, E]
-        self._record(f"L{layer}.router", router_logits)
-        routing, top_ids = self._route(router_logits, k)                           # [T, k] each
-        self._record(f"L{layer}.router.top_ids", top_ids)
-        self._record(f"L{layer}.routing", routing)
-        parts = expert_partials(x, top_ids, blk.gate_up_w, blk.gate_up_b, blk.down_w, self.down_bounds,
-                                self.expert_lo, self.experts_per_rank, cfg.swiglu_alpha, cfg.swiglu_limit,
-                                self.backend)       # [K_CHUNKS / tp, T * k, H]; non-local rows zero
-        n_local = parts.shape[0]
-        parts = parts.view(n_local, T, k, H)
-        from_owners = lambda y: self._from_owners(y, top_ids)                 # noqa: E731
-        self._record(f"L{layer}.experts", parts, gather=lambda p: from_owners(self._all_chunks(p.permute(1, 2, 0, 3))))
-        y = reduce_row_parallel(list(parts.unbind(0)), ctx)                   # [T, k, H]
-        y = self._record(f"L{layer}.down", y + blk.down_b.index_select(0, top_ids.reshape(-1)).view(T, k, H),
-                         gather=from_owners)
-        y = from_owners(y * routing.unsqueeze(-1))                            # each slot from its owner
-        total = y[:, 0]
-        for slot in range(1, k):                                              # slot order
-            total = torch.add(total, y[:, slot])
-        return self._record(f"L{layer}.moe", total)
-
-    def _from_owners(self, y: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
-        """[T, k, ...] valid where this EP group owns the slot's expert -> every slot from its owner
-        (all-gathered over the EP group; bytes only)."""
-        if self.ctx.ep == 1:
-            return y
-        every = self.ctx.gather_ep(y)                                         # [ep, T, k, ...]
-        T, k = top_ids.shape
-        owner = top_ids // self.experts_per_rank                              # [T, k]
-        ti = torch.arange(T, device=y.device).unsqueeze(1).expand(T, k)
-        si = torch.arange(k, device=y.device).unsqueeze(0).expand(T, k)
-        return every[owner, ti, si]
-
-    # ------------------------------------------------------------------ trace (engine.trace)
-    def _record(self, name, t, rows=None, gather=None):
-        """As GptOssModel._record; `gather` first turns this rank's shard into the one-device
-        tensor (collectives: every rank records the same points, as every rank runs the same
-        steps), so a topology's trace compares element by element with one device's."""
-        if self.tracing:
-            self.trace.record(name, gather(t) if gather is not None else t, rows)
-        return t
-
-    def _all_heads(self, t: torch.Tensor) -> torch.Tensor:
-        """[T, heads/tp, D] -> [T, heads, D], heads in rank order (as one device numbers them)."""
-        every = self.ctx.gather_tp(t)                                         # [tp, T, h, D]
-        return every.transpose(0, 1).reshape(t.shape[0], -1, t.shape[-1])
-
-    def _all_chunks(self, t: torch.Tensor) -> torch.Tensor:
-        """[..., K_CHUNKS/tp, H] partials of this rank's K chunks -> [..., K_CHUNKS, H]."""
-        every = self.ctx.gather_tp(t)                                         # [tp, ..., n, H]
-        return every.movedim(0, -3).flatten(-3, -2)
 
 
 def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -> torch.Tensor:

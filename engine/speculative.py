@@ -50,7 +50,8 @@ import torch
 
 from engine.eagle3 import DraftKV, Eagle3Draft
 from engine.generate import Request, validate_request
-from engine.model import GptOssModel, top_k_lowest_index
+from engine.model import GptOssModel
+from engine.small_ops import top_k_lowest_index
 from engine.sampling import SamplingParams, chosen_logprob, keep_mask, sample, seed_as_int64
 from kernels import portable
 from kernels.coins import COIN_MAX, DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise, verify_coins

@@ -128,3 +128,22 @@ class Trace:
         if other is not self:
             self.positions, self.ops = list(other.positions), dict(other.ops)
             self.row_positions = dict(other.row_positions)
+
+
+class Recorder:
+    """Where a model's ops hand their outputs (`record(name, t)`): to `trace` while it records a
+    forward call's rows, else nowhere. It returns t unchanged, so a trace observes and never
+    alters. `gather` (a sharded model's) first turns a rank's shard into the one-device tensor;
+    it runs only while recording (collectives: every rank records the same points)."""
+
+    def __init__(self):
+        self.trace: Trace | None = None
+
+    @property
+    def recording(self) -> bool:
+        return self.trace is not None and self.trace.recording
+
+    def __call__(self, name: str, t, rows: torch.Tensor | None = None, gather=None):
+        if self.recording:
+            self.trace.record(name, gather(t) if gather is not None else t, rows)
+        return t

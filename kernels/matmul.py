@@ -287,11 +287,19 @@ def linear_chunks_triton(x: torch.Tensor, weight: torch.Tensor, bounds,
 def linear_chunks_torch(x: torch.Tensor, weight: torch.Tensor, bounds,
                         prologue_swiglu: tuple[float, float] | None = None) -> torch.Tensor:
     """The plain-torch reference of linear_chunks_triton (F.linear per chunk; values, not bits)."""
-    from kernels.moe import clamped_swiglu_torch
-    a = x if prologue_swiglu is None else clamped_swiglu_torch(x, *prologue_swiglu)
+    a = x if prologue_swiglu is None else swiglu_torch(x, *prologue_swiglu)
     b = bounds_tensor(bounds, weight.shape[1], torch.device("cpu")).tolist()
     parts = [F.linear(a[:, lo:hi].to(torch.float32), weight[:, lo:hi].to(torch.float32)) for lo, hi in b]
     return torch.stack(parts) if parts else x.new_zeros((0, x.shape[0], weight.shape[0]), dtype=torch.float32)
+
+
+def swiglu_torch(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """The plain-torch clamped SwiGLU of interleaved gate/up columns (values, not bits: torch's
+    sigmoid); kernels.moe.clamped_swiglu_torch is it with the input checks."""
+    x = gate_up.to(torch.float32)
+    gate = x[..., 0::2].clamp(max=limit)
+    up = x[..., 1::2].clamp(min=-limit, max=limit)
+    return (gate * torch.sigmoid(alpha * gate) * (up + 1)).to(gate_up.dtype)
 
 
 _BOUNDS: dict = {}

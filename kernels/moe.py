@@ -49,7 +49,8 @@ import triton.language as tl
 
 from kernels import check_backend, portable
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from kernels.matmul import _chunk_acc, bounds_tensor, tiles
+from kernels.matmul import _chunk_acc, bounds_tensor, swiglu_torch, tiles
+from kernels.mxfp4 import dequantize
 from kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
 
 EXPERT_TILES = (128, 128) if INTERPRET else (64, 128)   # (BLOCK_N, BLOCK_K), fixed
@@ -71,9 +72,9 @@ def expert_tiles(kernel: str, N: int, K: int, dtype: torch.dtype) -> tuple[int, 
     return tiles(N, K, dtype)[1:] if INTERPRET else EXPERT_GPU_TILES[kernel]
 
 
-# The down projection's K chunks: one program per (N tile, block, chunk), or (DOWN_CHUNK_LOOP) one
-# program per (N tile, block) that computes the chunks in turn. The same bits either way.
-DOWN_CHUNK_LOOP = False
+# The down projection's K chunks: one program per (N tile, block, chunk), the default, or
+# (expert_down_partials_triton(..., chunk_loop=True)) one program per (N tile, block) that computes
+# the chunks in turn. The same bits either way.
 
 
 # --------------------------------------------------------------------------- kernels
@@ -387,7 +388,8 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
 
 
 def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
-                                prologue_swiglu: tuple[float, float] | None = None) -> torch.Tensor:
+                                prologue_swiglu: tuple[float, float] | None = None,
+                                chunk_loop: bool = False) -> torch.Tensor:
     """a [R, K] (or the gate_up h [R, 2K] with prologue_swiglu = (alpha, limit)), groups as above,
     weight [E_l, N, K] or MXFP4, bounds C column ranges (lo, hi) of K -> parts [C, R, N] fp32, no
     bias; rows of non-local experts stay 0. One launch, grid (N tiles, blocks, C). Each element:
@@ -407,10 +409,10 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
         return parts
     bn, bk, warps, stages = expert_tiles("down", N, K, a.dtype)
     C = b.shape[0]
-    grid = (triton.cdiv(N, bn), block_expert.shape[0], 1 if DOWN_CHUNK_LOOP else C)
+    grid = (triton.cdiv(N, bn), block_expert.shape[0], 1 if chunk_loop else C)
     _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K, C,
                                float(alpha), float(limit), SWIGLU=prologue_swiglu is not None, MXFP4=s is not w,
-                               USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, CHUNK_LOOP=DOWN_CHUNK_LOOP,
+                               USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, CHUNK_LOOP=chunk_loop,
                                BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     return parts
 
@@ -423,11 +425,7 @@ def router_top_k_torch(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
 
 
 def clamped_swiglu_torch(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
-    gate_up = _check_gate_up(gate_up)
-    x = gate_up.to(torch.float32)
-    gate = x[..., 0::2].clamp(max=limit)
-    up = x[..., 1::2].clamp(min=-limit, max=limit)
-    return (gate * torch.sigmoid(alpha * gate) * (up + 1)).to(gate_up.dtype)
+    return swiglu_torch(_check_gate_up(gate_up), alpha, limit)
 
 
 def expert_linear_torch(x, ids, weight, bias, expert_start: int = 0) -> torch.Tensor:
@@ -460,7 +458,6 @@ def moe_torch(x, routing, ids, gate_up_w, gate_up_b, down_w, down_b, alpha=1.702
 def _dense_weight(weight, dtype) -> torch.Tensor:
     """A dense [E_l, N, K] weight, or an MXFP4 (blocks, scales) pair dequantized, in `dtype`."""
     if isinstance(weight, tuple):
-        from engine.mxfp4 import dequantize                   # the format's one definition
         return dequantize(*weight, dtype=dtype)
     return weight
 

@@ -11,7 +11,8 @@ import torch
 import engine.boundaries
 import kernels.coins
 from engine.boundaries import gather_captured
-from engine.model import ForwardOutput, GptOssModel, rms_norm
+from engine.model import ForwardOutput, GptOssModel, Step
+from engine.small_ops import rms_norm
 from engine.rope import rope_cos_sin
 from harness import runner
 from harness.golden import GoldenStore
@@ -56,12 +57,11 @@ def capture_before_block(self, tokens, positions, slots, cache, capture=(), logi
     and only the states seen are concatenated."""
     cfg, wanted, states = self.config, set(capture), {}
     x = self.embed.index_select(0, tokens)
-    cos, sin = __import__("engine.rope", fromlist=["rope_cos_sin"]).rope_cos_sin(positions, self.inv_freq, self.mscale)
-    for i, blk in enumerate(self.blocks):
+    step = Step(positions, slots, cache, *rope_cos_sin(positions, self.inv_freq, self.mscale))
+    for i, block in enumerate(self.blocks):
         if i in wanted:
             states[i] = x
-        x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps), cos, sin, positions, slots, cache)
-        x = x + self._moe(i, blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps))
+        x = block(x, step)
     h = rms_norm(x, self.norm, cfg.rms_norm_eps)
     logits = h @ self.lm_head.T
     return ForwardOutput(logits, torch.cat([states[b] for b in capture if b in states], dim=-1))
@@ -83,18 +83,16 @@ def capture_loop_before_block(self, tokens, positions, slots, cache, capture=(),
     engine.boundaries.gather_captured, which must name the boundary that was never captured."""
     cfg, wanted, states = self.config, set(capture), {}
     tokens, positions, slots = tokens.to(self.device), positions.to(self.device), slots.to(self.device)
-    x = self._embed(tokens)
-    cos, sin = rope_cos_sin(positions, self.inv_freq, self.mscale)
-    for i, blk in enumerate(self.blocks):
+    x = self.embed_tokens(tokens)
+    step = Step(positions, slots, cache, *rope_cos_sin(positions, self.inv_freq, self.mscale))
+    for i, block in enumerate(self.blocks):
         if i in wanted:
             states[i] = x                                          # the bug: before block i
-        x = x + self._attention(i, blk, rms_norm(x, blk.attn_norm, cfg.rms_norm_eps, self.backend),
-                                cos, sin, positions, slots, cache)
-        x = x + self._moe(i, blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps, self.backend))
-    h = rms_norm(x, self.norm, cfg.rms_norm_eps, self.backend)
+        x = block(x, step)
+    h = self.ops.rms_norm(x, self.norm, cfg.rms_norm_eps, self.act)
     if logit_rows is not None:
         h = h.index_select(0, logit_rows.to(self.device))
-    return ForwardOutput(self._logits(h), gather_captured(states, capture, cfg.num_hidden_layers))
+    return ForwardOutput(self.logits(h), gather_captured(states, capture, cfg.num_hidden_layers))
 
 
 def test_capture_before_the_block_is_reported_not_crashed(monkeypatch):

@@ -3,7 +3,7 @@
     kind: kernel
     description: …
     inputs:
-      kernel: attention        # matmul | attention | rmsnorm | rope | router_top_k | swiglu | moe | sampling
+      kernel: attention        # matmul | attention | rmsnorm | rope | router_top_k | swiglu | moe | experts | sampling
       shape: {T: 4, Hq: 8, Hkv: 1, D: 64, S: 576, window: 128}    # the dims the kernel needs (below)
       positions: [190, 191, 255, 519]   # attention: query positions (IntSeq; slot 0, T = count)
       dtype: fp32              # fp32 | bf16 (float inputs; sampling is always float64)
@@ -14,6 +14,8 @@
       rows:                    # sampling: one key per row, and optionally the row's only finite logits
         - {seed: 12, position: 6003106, logits: {'6': 0.0}}   # other ids -inf (masked)
       col_base: 0              # sampling: hash column of vocab id 0 (default SAMPLE_COLUMNS = 2^31)
+      experts_used: 3          # experts: every token's k experts drawn from the first 3 (the rest get no row)
+      mxfp4: true              # experts: the weights MXFP4 packed (H and I multiples of 32)
     expect:
       finite: true             # no NaN / inf in the Triton output
       tolerance: 2.0e-5        # max |triton - torch| (as float64) allowed
@@ -22,7 +24,10 @@
       reproducible: true       # a second run gives the same bits
 
 Shapes: matmul M, K, N | attention T (or positions), Hq, Hkv, D, S, window | rmsnorm M, N |
-rope T, H, D | router_top_k T, E, k | swiglu M, I | moe T, H, I, E, k | sampling R, V.
+rope T, H, D | router_top_k T, E, k | swiglu M, I | moe T, H, I, E, k | experts T, H, I, E, k |
+sampling R, V. `experts` is the engine's grouped expert path as it runs (engine.experts.experts_grouped:
+group_by_expert, the grouped gate_up, the SwiGLU, the grouped down over the 8 fixed K chunks), its
+output each (token, slot)'s down partials [T, k * 8 * H]; `moe` is the per-row MoE kernel pair.
 The golden holds the Triton output (tensor `out`), stored per platform as
 `<platform>-triton`. Failures name the kernel and the shape.
 """
@@ -40,11 +45,11 @@ from harness.result import Result
 from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
 
 NAME = "kernel"
-KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "moe", "sampling")
+KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "moe", "experts", "sampling")
 DIMS = {
     "matmul": ("M", "K", "N"), "attention": ("Hq", "Hkv", "D", "S", "window"), "rmsnorm": ("M", "N"),
     "rope": ("T", "H", "D"), "router_top_k": ("T", "E", "k"), "swiglu": ("M", "I"),
-    "moe": ("T", "H", "I", "E", "k"), "sampling": ("R", "V"),
+    "moe": ("T", "H", "I", "E", "k"), "experts": ("T", "H", "I", "E", "k"), "sampling": ("R", "V"),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -65,6 +70,8 @@ INPUTS = Map({
         "logits": Field(Any_(), doc="{vocab id: logit}: the row's only finite logits (the rest masked)"),
     }), min_len=1), doc="sampling: each row's key (and logits)"),
     "col_base": Field(Int(min=0, max=2**32 - 1), doc="sampling: the hash column of vocab id 0"),
+    "experts_used": Field(Int(min=1), doc="experts: the tokens' experts drawn from the first n"),
+    "mxfp4": Field(Bool(), default=False, doc="experts: MXFP4-packed weights"),
 })
 EXPECT = Map({
     "finite": Field(Bool(), default=False),
@@ -98,14 +105,20 @@ def validate(doc: dict, root=None) -> list[Problem]:
         out.append(Problem(("inputs", "shape"), f"Hq = {shape['Hq']} is not a multiple of Hkv = {shape['Hkv']}"))
     if kernel == "attention" and inp["positions"] is not None and shape.get("T") not in (None, length(inp["positions"])):
         out.append(Problem(("inputs", "shape", "T"), "T must equal the number of positions"))
-    if kernel in ("router_top_k", "moe") and shape["k"] > shape["E"]:
+    if kernel in ("router_top_k", "moe", "experts") and shape["k"] > shape["E"]:
         out.append(Problem(("inputs", "shape", "k"), f"k = {shape['k']} exceeds E = {shape['E']}"))
+    if kernel == "experts" and inp["experts_used"] is not None and not shape["k"] <= inp["experts_used"] <= shape["E"]:
+        out.append(Problem(("inputs", "experts_used"), f"must be in [k, E] = [{shape['k']}, {shape['E']}]"))
+    if kernel == "experts" and inp["mxfp4"] and (shape["H"] % 32 or shape["I"] % 32):
+        out.append(Problem(("inputs", "mxfp4"), "MXFP4 blocks need H and I to be multiples of 32"))
     if kernel == "rope" and shape["D"] % 2:
         out.append(Problem(("inputs", "shape", "D"), "D must be even"))
+    if inp["mxfp4"] and kernel != "experts":
+        out.append(Problem(("inputs", "mxfp4"), "only for kernel experts", at_key=True))
     if exp.get("prefill_decode") and kernel != "attention":
         out.append(Problem(("expect", "prefill_decode"), "only the attention kernel has prefill and decode", at_key=True))
     for name, allowed in (("sink", "attention"), ("positions", "attention"), ("ties", "router_top_k"),
-                          ("rows", "sampling"), ("col_base", "sampling")):
+                          ("rows", "sampling"), ("col_base", "sampling"), ("experts_used", "experts")):
         if inp[name] is not None and kernel != allowed:
             out.append(Problem(("inputs", name), f"only for kernel {allowed}", at_key=True))
     if kernel == "sampling" and inp["rows"] is not None:
@@ -139,9 +152,10 @@ def elements(kernel: str, s: dict) -> int:
         return 2 * s["T"] * s["E"] + 4 * s["T"] * s["k"]
     if kernel == "swiglu":
         return 5 * s["M"] * s["I"]
-    if kernel == "moe":
+    if kernel in ("moe", "experts"):
         T, H, I, E, k = s["T"], s["H"], s["I"], s["E"], s["k"]
-        return 2 * T * H + 4 * E * H * I + 3 * E * I + E * H + T * E + T * k * (3 * I + 3 * H)
+        return 2 * T * H + 4 * E * H * I + 3 * E * I + E * H + T * E + T * k * (3 * I + 3 * H) \
+            + (2 * 8 * T * k * H if kernel == "experts" else 0)
     if kernel == "sampling":
         return 3 * s["R"] * s["V"]
     raise ValueError(f"unknown kernel {kernel!r}")
@@ -210,6 +224,8 @@ def _inputs(spec, device):
         W = (rnd(E, 2 * I, H, scale=H ** -0.5), rnd(E, 2 * I), rnd(E, H, I, scale=I ** -0.5), rnd(E, H))
         routing, ids = router_top_k(rnd(T, E, dtype=torch.float32), kk)
         return (lambda be, r=slice(None): moe(x[r], routing[r], ids[r], *W, backend=be)), T
+    if k == "experts":
+        return _experts_call(inp, s, rnd, g)
     if k == "sampling":
         from kernels.sampling import gumbel_argmax
         t = kernel_inputs(spec, device)
@@ -224,6 +240,36 @@ def _inputs(spec, device):
         return (lambda be, r=slice(None): attention(q[r], kc, vc, slots[r], pos[r], sinks, W, t["scale"],
                                                     backend=be)), T
     raise ValueError(f"unknown kernel {k!r}")
+
+
+def _experts_call(inp, s, rnd, g):
+    """The grouped expert path the engine runs (Triton) against the per-row torch references.
+    -> (call, T); call's output [rows, k * 8 * H]: each (token, slot)'s down partials, chunk-major."""
+    from engine.experts import experts_grouped
+    from engine.linear import k_chunk_bounds
+    from kernels.moe import clamped_swiglu_torch, expert_down_partials_torch, expert_gate_up_torch
+    from kernels.mxfp4 import quantize
+    T, H, I, E, kk = s["T"], s["H"], s["I"], s["E"], s["k"]
+    alpha, limit = 1.702, 7.0
+    x = rnd(T, H, scale=inp["scale"])
+    gu_w, dn_w = rnd(E, 2 * I, H, scale=H ** -0.5), rnd(E, H, I, scale=I ** -0.5)
+    gu_b = rnd(E, 2 * I, dtype=torch.float32)
+    if inp["mxfp4"]:                                     # packed: the kernels decode in their tile loads
+        gu_w, dn_w = (tuple(t.to(x.device) for t in quantize(w.cpu())) for w in (gu_w, dn_w))
+    used = inp["experts_used"] or E
+    ids = torch.stack([torch.randperm(used, generator=g)[:kk] for _ in range(T)]).to(x.device)   # [T, k] distinct
+    bounds = k_chunk_bounds(I)
+
+    def call(be, r=slice(None)):
+        xr, idr = x[r], ids[r]
+        if be == "triton":
+            parts = experts_grouped(xr, idr, gu_w, gu_b, dn_w, bounds, 0, E, alpha, limit)   # [8, rows * k, H]
+        else:
+            flat = idr.reshape(-1)
+            h = expert_gate_up_torch(xr, kk, flat, gu_w, gu_b)
+            parts = expert_down_partials_torch(clamped_swiglu_torch(h, alpha, limit), flat, dn_w, bounds)
+        return parts.view(len(bounds), xr.shape[0], kk, H).permute(1, 2, 0, 3).reshape(xr.shape[0], -1)
+    return call, T
 
 
 def kernel_inputs(spec, device) -> dict:

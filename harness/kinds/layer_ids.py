@@ -38,6 +38,7 @@ from harness.result import Result
 from harness.schema import Any_, Field, Int, List, Map, Problem, Str, describe
 from engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
 from engine.config import preset
+from engine.model import Step
 from engine.rope import rope_cos_sin
 
 NAME = "layer_ids"
@@ -115,20 +116,19 @@ def _resolve(spec) -> tuple[list[int], int]:
     return boundaries, len(boundaries) * cfg.hidden_size
 
 
+@torch.inference_mode()
 def walk_boundaries(model, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """Every boundary state of one prompt, by running the blocks one at a time (no capture code)."""
+    """Every boundary state of one prompt, by calling the model's blocks one at a time, x =
+    block(x, step) (no capture code: each block owns its norms and residual adds)."""
     T = tokens.shape[0]
     positions = torch.arange(T, device=model.device)
     slots = torch.zeros(T, dtype=torch.int64, device=model.device)
     tokens = tokens.to(model.device)
-    cache = model.new_cache(1, T)
-    cos, sin = rope_cos_sin(positions, model.inv_freq, model.mscale)
-    x = model.embed.index_select(0, tokens)
+    step = Step(positions, slots, model.new_cache(1, T), *rope_cos_sin(positions, model.inv_freq, model.mscale))
+    x = model.embed_tokens(tokens)
     states = [x]                                                       # boundary 0
-    for i, blk in enumerate(model.blocks):                             # the model's norms and residual
-        x = model._residual(x, model._attention(i, blk, model._norm(x, blk.attn_norm), cos, sin, positions, slots,
-                                                cache))                # adds, under its dtype policy
-        x = model._residual(x, model._moe(i, blk, model._norm(x, blk.mlp_norm)))
+    for block in model.blocks:
+        x = block(x, step)
         states.append(x)                                               # boundary i + 1
     return states
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import engine.attention
-import engine.model
 
 PLANTED_TILE = 4        # key positions per tile in one-row forward calls (the engine's is KV_TILE = 32)
 
@@ -11,17 +10,18 @@ PLANTED_TILE = 4        # key positions per tile in one-row forward calls (the e
 def different_tile_when_alone(monkeypatch) -> None:
     """A forward of one row (a decode step of a request decoding alone) walks the keys in tiles of
     PLANTED_TILE instead of engine.attention.KV_TILE: the tile sums are added in another order,
-    so that step's attention output changes in its low bits, and only there (D2 broken)."""
-    attention = engine.model.attention
+    so that step's attention output changes in its low bits, and only there (D2 broken). Planted
+    in the torch ops' attention (engine.attention._attend, which reads KV_TILE per call)."""
+    attend = engine.attention._attend
 
     def planted(q, *args, **kwargs):
         if q.shape[0] != 1:
-            return attention(q, *args, **kwargs)
+            return attend(q, *args, **kwargs)
         tile = engine.attention.KV_TILE
         engine.attention.KV_TILE = PLANTED_TILE
         try:
-            return attention(q, *args, **kwargs)
+            return attend(q, *args, **kwargs)
         finally:
             engine.attention.KV_TILE = tile
 
-    monkeypatch.setattr(engine.model, "attention", planted)
+    monkeypatch.setattr(engine.attention, "_attend", planted)

@@ -41,8 +41,8 @@ def _run(model, requests, capture=(1,)):
 
 def test_bf16_policy_stores_bf16_and_returns_fp32_logits(tiny_ckpts):
     m = _model(tiny_ckpts["bf16"], "torch", "bf16")
-    assert m.embed.dtype == m.lm_head.dtype == m.blocks[0].qkv_w.dtype == torch.bfloat16
-    assert m.blocks[0].attn_norm.dtype == m.blocks[0].sinks.dtype == torch.float32
+    assert m.embed.dtype == m.lm_head.dtype == m.blocks[0].attn.qkv_w.dtype == torch.bfloat16
+    assert m.blocks[0].attn.norm.dtype == m.blocks[0].attn.sinks.dtype == torch.float32
     assert m.new_cache(1, 8).k[0].dtype == torch.bfloat16
     logits, captured = _run(m, [random_prompt(6, 1)])
     assert logits.dtype == torch.float32 and captured.dtype == torch.bfloat16
@@ -78,8 +78,8 @@ def test_bf16_prefill_equals_decode(tiny_ckpts, backend):
 def test_packed_mxfp4_experts_equal_dequantized_ones(tiny_ckpts, backend, dtype):
     packed = _model(tiny_ckpts["mxfp4"], backend, dtype, packed=True)
     dense = _model(tiny_ckpts["mxfp4"], backend, dtype, packed=False)
-    assert isinstance(packed.blocks[0].gate_up_w, Mxfp4Weight)
-    assert isinstance(dense.blocks[0].gate_up_w, torch.Tensor)
+    assert isinstance(packed.blocks[0].mlp.gate_up_w, Mxfp4Weight)
+    assert isinstance(dense.blocks[0].mlp.gate_up_w, torch.Tensor)
     prompts = [random_prompt(9, 6), random_prompt(4, 7)]
     assert torch.equal(_run(packed, prompts)[0], _run(dense, prompts)[0])
 
@@ -93,16 +93,37 @@ def test_bad_policy_or_backend_is_refused(tiny_ckpts):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_triton_fused_sublayer_ends_equal_the_traced_unfused_ops(tiny_ckpts, dtype):
-    """Without a trace the Triton forward ends each sublayer in one kernel (GptOssModel._fused);
-    a recording trace takes the op-by-op path. Both must give the same bits."""
+def test_triton_fused_sublayer_ends_equal_the_unfused_ops(tiny_ckpts, dtype):
+    """The Triton forward ends each sublayer in one kernel (the ops table's `fused`); the same ops
+    without them go op by op. Both give the same bits, untraced and traced, and a traced forward
+    runs the fused kernels too (the trace records the same points, every one bitwise equal)."""
+    from dataclasses import replace
+
+    from engine.ops import TRITON, FusedEnds
     from engine.trace import Trace
     m = _model(tiny_ckpts["mxfp4"], "triton", dtype)
     prompts = [random_prompt(6, 8), random_prompt(3, 9)]
+    calls = []
+    counted = FusedEnds(*[(lambda f: lambda *a: calls.append(f) or f(*a))(f)
+                          for f in (TRITON.fused.rope_qkv_cache, TRITON.fused.row_parallel_residual,
+                                    TRITON.fused.moe_residual)])
+
+    def traced(ops):
+        m.use_ops(ops)
+        m.trace = Trace()
+        try:
+            return _run(m, prompts, capture=(1, 4)), m.trace
+        finally:
+            m.trace = None
+            m.use_ops(TRITON)
+
     fused = _run(m, prompts, capture=(1, 4))
-    m.trace = Trace()
-    try:
-        unfused = _run(m, prompts, capture=(1, 4))
-    finally:
-        m.trace = None
-    assert torch.equal(fused[0], unfused[0]) and torch.equal(fused[1], unfused[1])
+    (fused_traced, fused_trace) = traced(replace(TRITON, fused=counted))
+    assert len(calls) == 3 * m.config.num_hidden_layers                # the traced forward ran every fused end
+    (unfused, unfused_trace) = traced(replace(TRITON, fused=None))
+    for a, b in ((fused, unfused), (fused_traced, unfused)):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert list(fused_trace.ops) == list(unfused_trace.ops) and "L0.o_proj" in fused_trace.ops
+    for name, b in unfused_trace.ops.items():
+        a = fused_trace.ops[name]
+        assert a.dtype == b.dtype and a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8)), name

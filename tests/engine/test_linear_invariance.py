@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.linear import linear
-from engine.model import clamped_swiglu, rms_norm, top_k_lowest_index
+from engine.small_ops import clamped_swiglu, rms_norm, top_k_lowest_index
 from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
 from engine.config import preset
 from kernels import portable

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from engine.linear import linear
-from engine.model import GptOssModel, rms_norm
+from engine.model import GptOssModel, Step
+from engine.small_ops import rms_norm
 from engine.rope import rope_cos_sin
 
 from tests.engine.helpers import prefill, random_prompt
@@ -81,15 +82,14 @@ def test_capture_matches_blocks_run_by_hand(tiny_model):
     assert out.captured.shape == (30, len(order) * cfg.hidden_size)
     assert out.logits.equal(prefill(m, prompt).logits)                # capture changes nothing
 
-    cache = m.new_cache(1, 30)
-    cos, sin = rope_cos_sin(pos, m.inv_freq, m.mscale)
+    step = Step(pos, slots, m.new_cache(1, 30), *rope_cos_sin(pos, m.inv_freq, m.mscale))
     x = m.embed[tokens]
     by_hand = [x]
-    for i, blk in enumerate(m.blocks):
-        h = rms_norm(x, blk.attn_norm, cfg.rms_norm_eps)
-        x = x + m._attention(i, blk, h, cos, sin, pos, slots, cache)
-        x = x + m._moe(i, blk, rms_norm(x, blk.mlp_norm, cfg.rms_norm_eps))
-        by_hand.append(x)
+    with torch.inference_mode():
+        for blk in m.blocks:                                          # each sublayer: x + f(rms_norm(x))
+            x = x + blk.attn.attend(rms_norm(x, blk.attn.norm, cfg.rms_norm_eps), step)
+            x = x + blk.mlp.moe(rms_norm(x, blk.mlp.norm, cfg.rms_norm_eps))
+            by_hand.append(x)
     H = cfg.hidden_size
     for j, b in enumerate(order):
         assert out.captured[:, j * H:(j + 1) * H].equal(by_hand[b]), b

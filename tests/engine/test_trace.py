@@ -68,7 +68,7 @@ def test_a_trace_keeps_its_request_and_step_op_by_op(tiny_model):
     # the traced parts add up as the engine adds them: the fixed tree, then the bias
     from engine.linear import tree_sum
     partials = trace.ops["L0.o_proj.partials"]
-    assert torch.equal(tree_sum(list(partials.unbind(1))) + tiny_model.blocks[0].o_b, trace.ops["L0.o_proj"])
+    assert torch.equal(tree_sum(list(partials.unbind(1))) + tiny_model.blocks[0].attn.o_b, trace.ops["L0.o_proj"])
 
 
 def test_the_prefill_is_step_0_over_every_chunk(tiny_model):

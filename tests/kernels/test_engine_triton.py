@@ -6,11 +6,14 @@ reference on the CPU. Bitwise checks compare triton runs with each other, all on
 import pytest
 import torch
 
-import engine.model
-from engine.linear import K_CHUNKS, k_chunk_bounds, linear, tree_sum
-from engine.model import GptOssModel, clamped_swiglu
+from dataclasses import replace
+
+from engine.model import GptOssModel
+from engine.ops import TRITON
 from engine.trace import Trace
 from tests.engine.helpers import random_prompt
+from kernels.matmul import linear_triton
+from kernels.moe import clamped_swiglu_triton
 from tests.kernels.conftest import DEVICE
 
 T = 10
@@ -53,43 +56,39 @@ def test_triton_engine_is_deterministic_and_close_to_torch(models):
 
 
 # ------------------------------------------------------------------ the grouped experts keep the bits
-def _per_chunk_partials(x, weight, bounds, backend, prologue=None, x_per_k=1):
-    """engine.linear.k_chunk_partials on the Triton backend before linear_chunks_triton: one
-    linear per chunk on a fresh contiguous copy."""
+def _per_chunk_partials(x, weight, bounds, prologue=None, x_per_k=1):
+    """The Triton ops' chunk partials before linear_chunks_triton: one linear_triton per chunk on a
+    fresh contiguous copy. -> [C, M, N] fp32."""
     parts = []
     for lo, hi in bounds:
         xc = x[:, x_per_k * lo:x_per_k * hi].clone(memory_format=torch.contiguous_format)
         if prologue is not None:
             xc = prologue(xc).contiguous()
-        parts.append(linear(xc, weight[:, lo:hi].clone(memory_format=torch.contiguous_format), None, backend))
-    return parts
+        parts.append(linear_triton(xc, weight[:, lo:hi].clone(memory_format=torch.contiguous_format), None,
+                                   out_dtype=torch.float32))
+    return torch.stack(parts)
 
 
-def _experts_per_expert(self, blk, x, top_ids):
-    """GptOssModel._experts_by_group before grouping on the device: for each expert its rows
-    (found on the host), linear_triton for gate_up, then per K chunk the SwiGLU and down."""
-    cfg = self.config
+def _experts_per_expert(x, top_ids, gate_up_w, gate_up_b, down_w, bounds, expert_lo, n_local, alpha, limit):
+    """The Triton ops' experts before grouping on the device: for each expert its rows (found on the
+    host), linear_triton for gate_up, then per K chunk the SwiGLU and down."""
     T, H = x.shape
     k = top_ids.shape[1]
-    slot_out = x.new_empty((T, k, H))
-    slot_parts = x.new_empty((T * k, K_CHUNKS, H)) if self.tracing else None
-    act = lambda g: clamped_swiglu(g, cfg.swiglu_alpha, cfg.swiglu_limit, self.backend)  # noqa: E731
+    out = x.new_zeros((len(bounds), T * k, H), dtype=torch.float32)
+    act = lambda g: clamped_swiglu_triton(g, alpha, limit)  # noqa: E731
     flat_ids = top_ids.reshape(-1)
-    for e in range(cfg.num_local_experts):
-        rows = (flat_ids == e).nonzero()[:, 0]
+    for e in range(n_local):
+        rows = (flat_ids == e + expert_lo).nonzero()[:, 0]
         if rows.numel() == 0:
             continue
         xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))
-        h = linear(xe, blk.gate_up_w[e], blk.gate_up_b[e], self.backend)
-        parts = _per_chunk_partials(h, blk.down_w[e], k_chunk_bounds(cfg.intermediate_size), self.backend,
-                                    prologue=act, x_per_k=2)
-        slot_out.view(T * k, H).index_copy_(0, rows, tree_sum(parts) + blk.down_b[e])
-        if slot_parts is not None:
-            slot_parts.index_copy_(0, rows, torch.stack(parts, dim=1))
-    return slot_out, slot_parts
+        h = linear_triton(xe, gate_up_w[e], gate_up_b[e])
+        parts = _per_chunk_partials(h, down_w[e], bounds, prologue=act, x_per_k=2)
+        out.index_copy_(1, rows, parts)
+    return out
 
 
-def test_grouped_experts_and_chunk_launches_keep_the_per_expert_bits(models, monkeypatch):
+def test_grouped_experts_and_chunk_launches_keep_the_per_expert_bits(models):
     """The Triton forward (experts grouped on the device, every K chunk in one launch) gives the
     bits of the per-expert, per-chunk path it replaced: logits and every traced op, for a prefill
     with a second request and decode steps. On a GPU this is the check of the compiled kernels."""
@@ -107,10 +106,11 @@ def test_grouped_experts_and_chunk_launches_keep_the_per_expert_bits(models, mon
             mt.trace = None
 
     new_logits, new_trace = traced()
-    with monkeypatch.context() as m:
-        m.setattr(GptOssModel, "_experts_by_group", _experts_per_expert)
-        m.setattr(engine.model, "k_chunk_partials", _per_chunk_partials)
+    mt.use_ops(replace(TRITON, experts=_experts_per_expert, chunk_partials=_per_chunk_partials))
+    try:
         old_logits, old_trace = traced()
+    finally:
+        mt.use_ops(TRITON)
     assert new_logits.view(torch.int32).equal(old_logits.view(torch.int32))
     assert list(new_trace.ops) == list(old_trace.ops) and "L0.experts" in new_trace.ops
     for name, b in old_trace.ops.items():

@@ -1,5 +1,5 @@
 """Grouped experts (kernels.moe): group_by_expert, expert_gate_up_triton, expert_down_partials_triton
-and engine.experts.expert_partials.
+and engine.experts (experts_grouped, experts_per_expert).
 
 Bitwise: the grouped launches give the bits of the per-expert path they replaced (for each expert,
 linear_triton on its rows; per fixed K chunk a fresh copy, clamped_swiglu_triton, linear_triton),
@@ -9,8 +9,7 @@ on the batch or the experts around it. Grouping: equal to a plain-Python referen
 import pytest
 import torch
 
-import engine.experts
-from engine.experts import expert_partials
+from engine.experts import experts_grouped, experts_per_expert
 from engine.linear import k_chunk_bounds
 from engine.mxfp4 import dequantize, quantize
 from kernels.matmul import linear_triton
@@ -140,10 +139,10 @@ def test_grouped_equals_the_per_expert_path(T, k, E, H, I, expert_lo, E_ids):
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_expert_partials_tp_slice_equals_the_per_expert_path(monkeypatch, fused):
-    """engine.experts.expert_partials on a TP rank's intermediate range (gate_up columns and down
-    K chunks [lo, hi) of I, bounds relative to it) and an EP slice, both backends' row layout."""
-    monkeypatch.setattr(engine.experts, "FUSED_SWIGLU", fused)
+def test_expert_partials_tp_slice_equals_the_per_expert_path(fused):
+    """engine.experts' grouped and per-expert implementations on a TP rank's intermediate range
+    (gate_up columns and down K chunks [lo, hi) of I, bounds relative to it) and an EP slice, both
+    row layouts; the SwiGLU in its own launch or fused into the down kernel."""
     E, H, I, k = 4, 96, 80, 2
     gu_w, gu_b, dn_w = experts(E, H, I, torch.float32, seed=11, scale=3.0)
     x, ids = tokens(9, H, k, 8, torch.float32, seed=12)
@@ -153,10 +152,10 @@ def test_expert_partials_tp_slice_equals_the_per_expert_path(monkeypatch, fused)
     gu_w, gu_b, dn_w = gu_w[:, 2 * i_lo:2 * i_hi].contiguous(), gu_b[:, 2 * i_lo:2 * i_hi].contiguous(), \
         dn_w[:, :, i_lo:i_hi].contiguous()
     _, parts_ref = per_expert_path(x, ids, gu_w, gu_b, dn_w, local, expert_lo=4)
-    parts = expert_partials(x, ids, gu_w, gu_b, dn_w, local, 4, E, ALPHA, LIMIT, "triton")
+    parts = experts_grouped(x, ids, gu_w, gu_b, dn_w, local, 4, E, ALPHA, LIMIT, fused_swiglu=fused)
     assert parts.shape == (2, 9 * k, H) and bits(parts).equal(bits(parts_ref))
-    torch_parts = expert_partials(x.cpu(), ids.cpu(), gu_w.cpu(), gu_b.cpu(), dn_w.cpu(), local, 4, E,
-                                  ALPHA, LIMIT, "torch")
+    torch_parts = experts_per_expert(x.cpu(), ids.cpu(), gu_w.cpu(), gu_b.cpu(), dn_w.cpu(), local, 4, E,
+                                     ALPHA, LIMIT)
     torch.testing.assert_close(parts.cpu(), torch_parts, rtol=0, atol=1e-4)
     assert (torch_parts[:, ids.reshape(-1).cpu() < 4] == 0).all() and (parts[:, ids.reshape(-1) < 4] == 0).all()
 

@@ -43,7 +43,8 @@ def test_there_are_enough_specs(kernel_specs):
 
 FAST = ["kernels/attention-empty-tiles-window-128", "kernels/attention-no-sink", "kernels/matmul-n127-k129",
         "kernels/rmsnorm-n2881", "kernels/router-top4-ties", "kernels/moe-tails", "kernels/sampling-vocab-1025",
-        "kernels/rope-bf16-odd-heads", "kernels/swiglu-clamps", "kernels/attention-all-masked"]
+        "kernels/rope-bf16-odd-heads", "kernels/swiglu-clamps", "kernels/attention-all-masked",
+        "kernels/experts-block-tails"]
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered")
@@ -74,3 +75,20 @@ def test_a_tail_bug_turns_specs_red(kernel_specs, monkeypatch):
     monkeypatch.setattr(M, "linear_triton", no_tail)
     fails = check(kernel_specs["kernels/matmul-n127-k129"])
     assert fails and fails[0].startswith("kernel matmul [M=17, K=129, N=127] fp32: max |triton - torch|")
+
+
+def test_a_grouping_bug_turns_the_grouped_expert_specs_red(kernel_specs, monkeypatch):
+    """The engine's grouped experts with a grouping that loses the last expert's last row (a block
+    tail dropped) must fail the block-tail spec, named by kernel and shape."""
+    import engine.experts as X
+    real = X.group_by_expert
+
+    def drops_a_tail_row(flat_ids, *args):
+        rows, blocks = real(flat_ids, *args)
+        rows = rows.clone()
+        rows[(rows >= 0).nonzero()[-1]] = -1
+        return rows, blocks
+
+    monkeypatch.setattr(X, "group_by_expert", drops_a_tail_row)
+    fails = check(kernel_specs["kernels/experts-block-tails"])
+    assert fails and fails[0].startswith("kernel experts [T=7, H=72, E=4, k=3, I=40] fp32: max |triton - torch|")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine.distributed import COLUMN_ALIGN, invariant_sum
 from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear, linear_k_chunked, tree_sum
-from engine.model import clamped_swiglu
+from engine.small_ops import clamped_swiglu
 from engine.parallel import local_chunks
 
 

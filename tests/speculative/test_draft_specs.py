@@ -6,7 +6,7 @@ import torch
 
 import engine.speculative
 from engine.eagle3 import Eagle3Draft
-from engine.model import rms_norm
+from engine.small_ops import rms_norm
 from tests.planted import Planted
 
 NORMS = ["draft/plain", "draft/norm-before-fc", "draft/fc-norm", "draft/both", "draft/plain-no-d2t",

@@ -11,7 +11,7 @@ from engine.checkpoint import CheckpointError, checkpoint_digest
 from engine.config import preset
 from engine.eagle3 import DraftKV, Eagle3Config, Eagle3Draft, load_draft, make_draft_checkpoint
 from engine.linear import linear
-from engine.model import rms_norm
+from engine.small_ops import rms_norm
 
 TINY = preset("tiny")
 IDS = [1, 2, 4]            # max == L = 4: boundaries [1, 2, 4] under sglang and boundary

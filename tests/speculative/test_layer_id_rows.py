@@ -7,7 +7,7 @@ from engine.boundaries import LayerIdError
 from engine.eagle3 import Eagle3Draft, load_draft, make_draft_checkpoint
 from engine.generate import Request, generate
 from engine.linear import linear
-from engine.model import rms_norm
+from engine.small_ops import rms_norm
 from engine.sampling import SamplingParams
 from engine.speculative import SpecParams, speculative_generate
 

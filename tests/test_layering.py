@@ -1,0 +1,119 @@
+"""Layering (issue 22): the packages import downward only, kernels <- engine <- harness, and no
+module imports itself back through others. Every import counts, the ones inside functions too
+(a function-level import is how a cycle hides)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOORS = {"kernels": 0, "engine": 1, "harness": 2}     # a package may import its floor and the ones below
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(source: str, me: str, is_package: bool, known: set[str]) -> set[str]:
+    """The project modules that module `me` (its source text) imports, wherever the import
+    statement is, resolved to the modules that exist: `from engine.linear import tree_sum` ->
+    engine.linear, `from engine import mxfp4` -> engine.mxfp4, `import kernels.moe as moe` ->
+    kernels.moe."""
+    package = me if is_package else me.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(source, me)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != me:
+                out.add(name)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    files = [p for pkg in FLOORS for p in (ROOT / pkg).rglob("*.py")]
+    known = {module_name(p) for p in files}
+    return {module_name(p): imports_of(p.read_text(encoding="utf-8"), module_name(p), p.name == "__init__.py", known)
+            for p in files}
+
+
+def floor(module: str) -> int:
+    return FLOORS[module.split(".")[0]]
+
+
+def test_no_import_goes_up_a_floor():
+    upward = sorted(f"{m} imports {d}" for m, deps in graph().items() for d in deps if floor(d) > floor(m))
+    assert not upward, "kernels <- engine <- harness: " + "; ".join(upward)
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm), but
+    ignoring a package's __init__ importing its own submodules' names (that is re-exporting)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    g = graph()
+    for m in g:                       # a package __init__ may name its submodules; they may import it
+        if "." not in m:
+            g[m] = {d for d in g[m] if not d.startswith(m + ".")}
+    found = cycles(g)
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("from engine.model import GptOssModel\n", "kernels.planted imports engine.model"),
+    ("def f():\n    from harness import runner\n", "kernels.planted imports harness.runner"),
+])
+def test_the_checks_catch_an_upward_import(bad, why):
+    """Planted: the same walk over a kernels module that imports upward (at module level, or
+    hidden in a function) reports it."""
+    known = set(graph()) | {"kernels.planted"}
+    deps = imports_of(bad, "kernels.planted", False, known)
+    assert any(floor(d) > floor("kernels.planted") and why.endswith(d) for d in deps), deps
+
+
+def test_the_cycle_finder_finds_a_hidden_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
