@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import signal
@@ -37,6 +36,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load, save as st_save
 
+from harness.digest import sha256, standard, tensor_sha256  # noqa: F401 - also harness.golden's
 from harness.specfile import check_spec_id
 
 FORMAT = 1
@@ -58,21 +58,6 @@ class Golden:
     tensors: dict[str, torch.Tensor]
     data: dict
     manifest: dict
-
-
-def sha256(b: bytes) -> str:
-    return hashlib.sha256(b).hexdigest()
-
-
-def standard(t: torch.Tensor) -> torch.Tensor:
-    """A CPU copy with standard strides: `.contiguous()` keeps odd strides of size-1 dimensions,
-    which a byte view refuses."""
-    return t.detach().cpu().clone(memory_format=torch.contiguous_format)
-
-
-def tensor_sha256(t: torch.Tensor) -> str:
-    t = standard(t)
-    return sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
 
 
 def tensor_entry(t: torch.Tensor) -> dict:

@@ -39,7 +39,7 @@ from fractions import Fraction
 
 import torch
 
-from harness.golden import tensor_sha256
+from harness.digest import tensor_sha256
 from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Bool, Field, Int, Map, Problem, Str
