@@ -149,7 +149,8 @@ def power_of_two_softmax(top_logits, backend="torch"):
 
 
 def test_router_top_k_not_a_power_of_two(engine_specs, monkeypatch):
-    monkeypatch.setattr(engine.model, "routing_weights", power_of_two_softmax)
+    import engine.small_ops
+    monkeypatch.setattr(engine.small_ops, "routing_weights", power_of_two_softmax)   # the torch ops' route
     assert "tensor 'logprobs_0'" in engine_specs.red("generate/router-top3")
     engine_specs.green("generate/greedy-tiny-bf16")       # top-2 of 4: the same bits
 
@@ -159,7 +160,7 @@ def test_embedding_by_one_hot_matmul(engine_specs, monkeypatch):
     def one_hot_embed(self, tokens):
         one_hot = torch.nn.functional.one_hot(tokens, self.embed.shape[0]).to(self.embed.dtype)
         return portable.matmul_nt(one_hot, self.embed.t().contiguous())
-    monkeypatch.setattr(engine.model.GptOssModel, "_embed", one_hot_embed)
+    monkeypatch.setattr(engine.model.GptOssModel, "embed_tokens", one_hot_embed)
     report = engine_specs.red("generate/special-values")
     assert "tensor 'captured_0'" in report and "-0.0 (0x80000000), got 0.0 (0x00000000)" in report, report
 
@@ -167,11 +168,15 @@ def test_embedding_by_one_hot_matmul(engine_specs, monkeypatch):
 def test_experts_computed_densely(engine_specs, monkeypatch):
     """Every expert computed for every token and weighted by its routing weight (0 where not routed):
     the unreachable expert's NaN and inf survive the zero weight."""
-    real = engine.model.GptOssModel._experts_per_row
+    import engine.ops
+    real = engine.ops.TORCH.experts
 
-    def dense(self, blk, x, top_ids):
-        out, parts = real(self, blk, x, top_ids)                                  # [T, k, H]
-        expert_0, _ = real(self, blk, x, torch.zeros_like(top_ids[:, :1]))       # [T, 1, H], never routed
-        return out + 0.0 * expert_0, parts
-    monkeypatch.setattr(engine.model.GptOssModel, "_experts_per_row", dense)
-    engine_specs.red("generate/special-values")
+    def dense(x, top_ids, *weights_and_shape):
+        parts = real(x, top_ids, *weights_and_shape)                              # [C, T * k, H]
+        expert_0 = real(x, torch.zeros_like(top_ids), *weights_and_shape)         # every slot on expert 0
+        return parts + 0.0 * expert_0
+    object.__setattr__(engine.ops.TORCH, "experts", dense)       # the ops table is frozen on purpose
+    try:
+        engine_specs.red("generate/special-values")
+    finally:
+        object.__setattr__(engine.ops.TORCH, "experts", real)

@@ -110,7 +110,8 @@ def test_engine_empty_tile(engine_specs, monkeypatch):
     second request (30-token prompt) decodes past it and its logits turn NaN (argmax: token 0);
     the first (8 + 24 positions) never meets an empty tile, so its tokens stay (the sink merged
     last rounds differently, so its logprob bits move by a few ULPs)."""
-    monkeypatch.setattr(engine.model, "attention", attention_running_max_from_minus_inf)
+    import engine.attention
+    monkeypatch.setattr(engine.attention, "_attend", attention_running_max_from_minus_inf)   # the torch ops' attention
     report = engine_specs.red("generate/greedy-tiny-bf16")
     assert "tensor 'tokens_1'" in report and "got 0" in report, report
     assert "tensor 'tokens_0'" not in report
