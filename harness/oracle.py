@@ -90,9 +90,12 @@ def round_to_f32(x: np.ndarray) -> np.ndarray:
 
 
 def bf16_bits(f32_bits: np.ndarray) -> np.ndarray:
-    """float32 bit patterns -> bf16 bit patterns, round to nearest even (NaNs: any NaN)."""
+    """float32 bit patterns -> bf16 bit patterns, round to nearest even; a NaN keeps its sign
+    and top payload bits, made quiet (rounding would carry it into the sign or an infinity)."""
     b = f32_bits.astype(np.uint64)
-    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint32)
+    rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+    nan = ((b & 0x7F800000) == 0x7F800000) & ((b & 0x7FFFFF) != 0)
+    return np.where(nan, (b >> 16) | 0x40, rounded).astype(np.uint32)
 
 
 # ------------------------------------------------------------------------------- inputs
