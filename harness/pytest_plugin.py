@@ -243,7 +243,10 @@ def _pairs(config, golden: Path) -> tuple:
     known = config.stash.setdefault(_PAIRS, {})
     if golden not in known:
         opt = config.getoption
-        device = detect(opt("--lockstep-device")).device
+        try:
+            device = detect(opt("--lockstep-device")).device
+        except ValueError as e:                   # --lockstep-device cuda without a GPU
+            raise pytest.UsageError(f"--lockstep-device: {e}") from None
         dtype, backend = opt("--lockstep-dtype"), opt("--lockstep-backend")
         known[golden] = (device, chosen(device, golden, dtype, backend, regen=opt("--lockstep-regen")),
                          bool(dtype and backend))
@@ -370,10 +373,10 @@ def _check_settings(config) -> None:
     only outside --lockstep-regen, which creates it). Left at their defaults in a project without
     specs/, they say nothing: the plugin is active in every pytest run once installed."""
     regen = config.getoption("--lockstep-regen")
-    specs_used = "lockstep_specs" in config.inicfg or any(p.is_dir() for _, p in _ini_paths(config, "lockstep_specs"))
+    specs_used = "lockstep_specs" in config.inicfg or any(d.is_dir() for d, _ in _suites(config))
     if specs_used:            # `--lockstep-device cuda` without a GPU: once here, not once per spec
         try:
-            detect(config.getoption("--lockstep-device"), config.getoption("--lockstep-dtype"))
+            detect(config.getoption("--lockstep-device"), config.getoption("--lockstep-dtype") or "fp32")
         except ValueError as e:
             raise pytest.UsageError(f"--lockstep-device: {e}") from None
     where = f" (in {os.path.relpath(config.inipath, config.rootpath)})" if config.inipath else ""

@@ -130,12 +130,12 @@ def usage_error(result, fragment):
 def test_plugin_regen_into_a_golden_folder_that_is_a_file(scratch):
     scratch.makeini("[pytest]\ntestpaths = specs\nlockstep_golden = golden.txt\n")
     (scratch.path / "golden.txt").write_text("not a folder")
-    usage_error(scratch.runpytest("--lockstep-regen"), "lockstep_golden = golden.txt")
+    usage_error(scratch.runpytest("--lockstep-regen"), "golden.txt")
 
 
 @pytest.mark.parametrize("ini,fragment", [
-    ("lockstep_specs = no-such-specs", "lockstep_specs = no-such-specs"),
-    ("lockstep_golden = no-such-golden", "lockstep_golden = no-such-golden"),
+    ("lockstep_specs = no-such-specs", "no-such-specs (in tox.ini)"),       # resolved against the ini file
+    ("lockstep_golden = no-such-golden", "no-such-golden (in tox.ini)"),
     ("lockstep_specs = specs/coins/known-answers.yaml", "is not a folder"),
 ])
 def test_plugin_names_a_wrong_ini_value(scratch, ini, fragment):

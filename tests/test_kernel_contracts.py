@@ -11,7 +11,7 @@ runs by default turns red.
     N / K tails      kernels/matmul.py (K loop, N store mask)       kernels/matmul-n127-k129, -tail-2880, -n1-k1
                      kernels/rmsnorm.py (sum of squares)            kernels/rmsnorm-n127, -n2881
                      kernels/moe.py expert GEMM (K loop)            kernels/moe-tails
-    top-k ties       engine/model.py router top-k (torch backend)   generate/router-ties
+    top-k ties       engine/small_ops.py router top-k (torch ops)    generate/router-ties
                      engine/parallel.py router top-k (TP/EP ranks)  generate/router-ties, its TP 2 / EP 2 runs
                                                                     (checked by editing the file: ranks are
                                                                     fresh processes a monkeypatch cannot reach)
@@ -212,7 +212,8 @@ def torch_topk(logits, k, backend="torch"):
 def test_engine_router_top_k_ties(engine_specs, kernel_specs, monkeypatch, bug):
     """The top-k the torch backend runs in every MoE layer. The kernel spec of kernels/moe.py does
     not see it (a different function): generate/router-ties is the spec that does."""
-    monkeypatch.setattr(engine.model, "top_k_lowest_index", bug)
+    import engine.small_ops
+    monkeypatch.setattr(engine.small_ops, "top_k_lowest_index", bug)    # the torch ops' route calls it
     engine_specs.red("generate/router-ties")
     kernel_specs.green("kernels/router-top4-ties")
 

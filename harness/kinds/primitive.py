@@ -421,9 +421,16 @@ def run(spec, ctx) -> Result:
         else:
             outs["y" + suffix] = y
     failures, notes = [], []
+    from kernels._common import PORTABLE_MATH
+    oracles = impl == "torch" or PORTABLE_MATH       # compiled Triton: the GPU's own functions
+    if not oracles:
+        notes.append(f"{fn}: compiled Triton uses the GPU's own functions (FMA, approximate sqrt): pinned by "
+                     f"this platform's golden, not held to the oracle")
     for key, x in xs.items():
         suffix = key[1:]
         y = outs.get("y" + suffix)
+        if not oracles:
+            continue
         if exp.get("oracle") == "exact":
             want = scan_oracle(fn, x) if fn in SCANS else exact_oracle(fn, x)
             got = _bits_of(y.reshape(-1))
