@@ -65,9 +65,11 @@ def workflow_step(step_id: str) -> str:
 
 @pytest.fixture
 def repo(tmp_path):
-    """The engine's repository: its pytest.ini and tests/, nothing of Lockstep."""
+    """The engine's repository: its pytest.ini, tests/ and the folders its ini names for the team's
+    own specs and goldens (empty here), nothing of Lockstep."""
     repo = tmp_path / "repo"
-    (repo / "tests").mkdir(parents=True)
+    for folder in ("tests", "lockstep/specs", "lockstep/golden"):
+        (repo / folder).mkdir(parents=True)
     shutil.copy(EXAMPLE / "pytest.ini", repo / "pytest.ini")
     return repo
 
