@@ -197,13 +197,13 @@ def _decode(spec, ctx) -> Result:
 
 
 # --------------------------------------------------------------------------- checkpoint mode
-def _load(spec) -> Result:
-    from engine.checkpoint import CheckpointError, load_checkpoint
+def edited_checkpoint(spec):
+    """The spec's MXFP4 preset checkpoint with its `set_scales` edits written in (a cached copy);
+    the folder a loader is asked to load (the kind's own loader, or a target's)."""
     from harness.checkpoints import checkpoint_dir, edited_copy
 
     inp = spec.inputs
     ck = inp["checkpoint"]
-    base = checkpoint_dir(ck["preset"], ck["seed"], "mxfp4")
     edits: dict[str, list[dict]] = {}
     for s in inp["set_scales"]:
         edits.setdefault(s["tensor"], []).append(s)
@@ -216,7 +216,13 @@ def _load(spec) -> Result:
             t[tuple(s["index"])] = s["value"]
         return t
 
-    path = edited_copy(base, f"mxfp4-{spec.id.replace('/', '_')}", edit)
+    return edited_copy(checkpoint_dir(ck["preset"], ck["seed"], "mxfp4"), f"mxfp4-{spec.id.replace('/', '_')}", edit)
+
+
+def _load(spec) -> Result:
+    from engine.checkpoint import CheckpointError, load_checkpoint
+
+    path = edited_checkpoint(spec)
     try:
         load_checkpoint(path)
     except CheckpointError as e:

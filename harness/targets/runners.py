@@ -411,21 +411,7 @@ def _mxfp4(spec, ctx, t: Target):
     inp = spec.inputs
     if inp["blocks"] is None:
         load = t.op("load_checkpoint", str(ctx.device))
-        from harness.checkpoints import checkpoint_dir, edited_copy
-
-        ck = inp["checkpoint"]
-        edits: dict[str, list[dict]] = {}
-        for e in inp["set_scales"]:
-            edits.setdefault(e["tensor"], []).append(e)
-
-        def edit(name, x):
-            if name not in edits:
-                return None
-            x = x.clone()
-            for e in edits[name]:
-                x[tuple(e["index"])] = e["value"]
-            return x
-        path = edited_copy(checkpoint_dir(ck["preset"], ck["seed"], "mxfp4"), f"mxfp4-{spec.id.replace('/', '_')}", edit)
+        path = M.edited_checkpoint(spec)
         try:
             load(path)
         except (Refused, ValueError, *t.refusals) as e:
