@@ -12,6 +12,11 @@ CPU the portable "torch" backend, since Triton there is an interpreter; fast: ba
                in the cache; tok/s = B / step time. Through engine.graphs.DecodeGraph (a CUDA
                graph) unless --no-graph.
   prefill P    one request's P-token prompt (--prefill) into an empty cache, in seconds.
+  generate b=B engine.generate.generate as a user calls it: B requests of --context prompt tokens,
+               --new-tokens new tokens each, seeded sampling (temperature 1, no stop ids), wall
+               clock of the whole call (prefill, every decode step, the host reads) after one
+               warm-up call (which captures the graphs); tok/s = B * new tokens / seconds. The
+               line under the table gives it against the decode-step rate at the same batch.
 Against:
   HF eager     transformers' GptOssForCausalLM, eager attention, bf16 (fp32 on the CPU), on the
                SAME tensors (it is built on the meta device and given them with
@@ -132,6 +137,16 @@ def engine_decoder(model, cache, batch, use_graph):
     except (NotAvailable, AttributeError) as e:
         raise NotAvailable(f"engine.graphs.DecodeGraph ({e}); --no-graph times eager decode") from None
     return DecodeGraph(model, cache, batch)
+
+
+def engine_generate(model, prompts, new_tokens):
+    """-> a no-argument call of engine.generate.generate on `prompts` (lists of ids), seeded
+    sampling at temperature 1, `new_tokens` each (no stop ids), all in one batch."""
+    gen = local_module("engine.generate")
+    SamplingParams = local_module("engine.sampling").SamplingParams
+    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=())
+    requests = [gen.Request(prompt=list(p), params=params, seed=1000 + i) for i, p in enumerate(prompts)]
+    return lambda: gen.generate(model, requests, max_batch=len(requests))
 
 
 def engine_routed_experts(model, cache, tokens, positions, slots):
@@ -357,7 +372,8 @@ class Workload:
         self.warmup = 2
         self.steps = self.warmup + self.repeat
         self.batches = args.batches
-        B = max(self.batches)
+        self.generate_batches, self.new_tokens = args.generate_batches, args.new_tokens
+        B = max(self.batches + self.generate_batches)
         self.context_tokens = torch.randint(0, V, (B, self.context), generator=g).to(device)
         self.decode_tokens = torch.randint(0, V, (self.steps, B), generator=g).to(device)
         self.prompt = torch.randint(0, V, (max(self.prefill, 1),), generator=g).to(device)
@@ -400,6 +416,21 @@ def measure_engine(model, work, use_graph, routed_by_batch):
             return time_per_call(lambda i: engine_forward(model, work.prompt, positions, slots, cache, rows=last),
                                  dev, max(1, work.repeat // 5), warmup=1)
         out[f"prefill {work.prefill}"] = attempt(prefill)
+        free_memory(dev)
+    for B in work.generate_batches if work.new_tokens else ():
+        def generate(B=B):
+            call = engine_generate(model, work.context_tokens[:B].tolist(), work.new_tokens)
+            call()                                                   # warm-up: compiles, captures
+            times = []
+            for _ in range(2):
+                sync(dev)
+                t0 = time.perf_counter()
+                results = call()                                     # ends with its host read
+                times.append(time.perf_counter() - t0)
+                if sum(len(r.tokens) for r in results) != B * work.new_tokens:
+                    raise RuntimeError("generate stopped early")
+            return B * work.new_tokens / min(times)
+        out[f"generate b={B}"] = attempt(generate)
         free_memory(dev)
     return out
 
@@ -516,6 +547,8 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--context", type=int, default=128, help="tokens in each request's cache before decode")
     ap.add_argument("--prefill", type=int, default=2048, help="prompt length of the prefill figure (0: none)")
+    ap.add_argument("--new-tokens", type=int, default=256, help="new tokens per request of the generate figure (0: none)")
+    ap.add_argument("--generate-batches", default="1,32", help="batches of the generate figure")
     ap.add_argument("--repeat", type=int, default=20, help="timed decode steps (prefill: repeat // 5)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF transformers")
     ap.add_argument("--no-graph", action="store_true", help="decode eagerly instead of through DecodeGraph")
@@ -529,6 +562,7 @@ def main(argv=None):
     args.compute = args.compute or ("bf16" if on_cuda else "fp32")
     args.hf_dtype = args.hf_dtype or ("bf16" if on_cuda else "fp32")
     args.batches = [int(b) for b in args.batches.split(",") if b]
+    args.generate_batches = [int(b) for b in args.generate_batches.split(",") if b]
     dtypes = [d for v in (args.dtype or ["all"]) for d in v.split(",") if d]
     dtypes = list(DTYPES) if "all" in dtypes else dtypes
     for d in dtypes:
@@ -637,6 +671,7 @@ def main(argv=None):
 
     # ------------------------------------------------------------------ the table
     figures = [f"decode b={B}" for B in args.batches] + ([f"prefill {args.prefill}"] if args.prefill else [])
+    figures += [f"generate b={B}" for B in args.generate_batches] if args.new_tokens else []
     roofline, roofline_notes = {}, []                    # (policy, batch) -> tok/s
     for B in args.batches:
         routed = routed_by_batch.get(B)
@@ -657,8 +692,8 @@ def main(argv=None):
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for policy in dtypes:
         for fig in figures:
-            unit = "tok/s" if fig.startswith("decode") else "s"
-            roof = roofline.get((policy, int(fig.split("=")[1]))) if unit == "tok/s" else None
+            unit = "s" if fig.startswith("prefill") else "tok/s"
+            roof = roofline.get((policy, int(fig.split("=")[1]))) if fig.startswith("decode") else None
             hf = hf_figures.get(fig, hf_skip or "n/a")
             det, fast = results.get((policy, "deterministic"), {}), results.get((policy, "fast"), {})
             for mode in modes:
@@ -666,7 +701,7 @@ def main(argv=None):
                 ours = r.get(fig, r.get("*", "n/a"))
                 vs_fast = (cells.speed_ratio(det.get(fig, det.get("*", "n/a")), fast.get(fig, fast.get("*", "n/a")), unit)
                            if mode == "deterministic" else "—")
-                roof_cell = cells.value(roof, "tok/s") if roof else "— (compute-bound)"
+                roof_cell = cells.value(roof, "tok/s") if roof else "— (compute-bound)" if unit == "s" else "—"
                 frac = f"{ours / roof:.1%}" if roof and not isinstance(ours, str) else "—"
                 print(f"| {fig} | {policy} | {mode} | {cells.value(ours, unit)} | {cells.value(hf, unit)} | "
                       f"{cells.speed_ratio(ours, hf, unit)} | {roof_cell} | {frac} | {vs_fast} |")
@@ -675,6 +710,12 @@ def main(argv=None):
         print(f"[{k}] {note}")
     print("ours vs HF, deterministic vs fast: how many times faster the first is (> 1: faster). "
           "HF eager runs the dense bf16 experts for both dtype rows.")
+    for (policy, mode), r in results.items():
+        for B in args.generate_batches if args.new_tokens else ():
+            g, d = r.get(f"generate b={B}"), r.get(f"decode b={B}")
+            if isinstance(g, float) and isinstance(d, float):
+                print(f"generate vs decode step, b={B}, {policy} {mode}: {g / d:.3f}x "
+                      f"(generate {g:,.0f} tok/s end to end, decode step {d:,.0f} tok/s)")
     print(f"roofline = batch x copy bandwidth / weight bytes per step (KV cache not counted); "
           + "; ".join(roofline_notes))
     if not mapping_ok:

@@ -12,6 +12,13 @@ The loop:
   4. a request stops when it samples one of its stop ids (the EOS list by default; the stop
      token is kept in the output) or reaches max_new_tokens.
 
+The step is the product's fast path: on a GPU each decode step replays one captured CUDA graph
+per bucket (engine.graphs.decode_steps; the eager forward when states are captured or a trace
+records, and on the CPU), its inputs go to the device in one copy without a sync, the whole
+group is sampled on the device at once (engine.sampling.sample_rows: row for row the bits of
+`sample`), and the step's one host read is the sampled tokens, from which the stop flags
+follow. Logprobs stay on the device until the end (tests/engine/test_generate_host_reads.py).
+
 Because every row of the model is computed by the same operations whatever its batch
 (engine/model.py, kernels/portable.py), a request's tokens,
 logprobs and captured states do not depend on the other requests, their order, the batch
@@ -29,8 +36,9 @@ from typing import Sequence
 
 import torch
 
+from engine.graphs import decode_steps
 from engine.model import GptOssModel
-from engine.sampling import SamplingParams, chosen_logprob, sample, seed_as_int64
+from engine.sampling import SamplingParams, chosen_logprobs, host_to, sample_rows, seed_as_int64
 
 
 @dataclass
@@ -115,29 +123,39 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
 
     n = len(requests)
     scratch = n                                            # slot for bucket padding rows
-    cache = model.new_cache(n + 1, max(len(r.prompt) + r.params.max_new_tokens for r in requests))
+    trace = getattr(model, "trace", None)                  # engine.trace, or None: nothing recorded
+    eager = bool(capture) or trace is not None or not _capturable(model)
+    steps = decode_steps(model, n + 1, max(len(r.prompt) + r.params.max_new_tokens for r in requests))
+    cache = steps.cache
     stop_ids = [set(r.params.stop_token_ids if r.params.stop_token_ids is not None else cfg.eos_token_id)
                 for r in requests]
     tokens: list[list[int]] = [[] for _ in requests]
-    logprobs: list[list[torch.Tensor]] = [[] for _ in requests]
+    logprobs: list[torch.Tensor] = []                      # per sampling call: [R] fp32, on the device
+    logprob_at: list[list[tuple[int, int]]] = [[] for _ in requests]   # (call, row) of each token
     captured: list[list[torch.Tensor]] = [[] for _ in requests]
     finish: list[str | None] = [None] * n
 
-    trace = getattr(model, "trace", None)                  # engine.trace, or None: nothing recorded
-
-    def take(i: int, logits_row: torch.Tensor, pos: int) -> None:
-        """Sample request i's next token from the logits of its input at `pos`."""
-        req = requests[i]
-        tok = forced[i][len(tokens[i])] if forced is not None else sample(logits_row, req.params, req.seed, pos, generator)
-        if trace is not None:                              # step = the index of the token sampled
-            trace.event(i, len(tokens[i]), "sampling.token", tok)
-            trace.event(i, len(tokens[i]), "sampling.logprob", chosen_logprob(logits_row, tok))
-        tokens[i].append(tok)
-        logprobs[i].append(chosen_logprob(logits_row, tok))
-        if tok in stop_ids[i]:
-            finish[i] = "stop"
-        elif len(tokens[i]) >= req.params.max_new_tokens:
-            finish[i] = "length"
+    def take(owners: list[int], logits: torch.Tensor, positions: list[int]) -> None:
+        """Row k of logits [R, V] is request owners[k]'s input at positions[k]: sample every
+        row at once on the device, then read the tokens back: the call's one host read."""
+        params = [requests[i].params for i in owners]
+        if forced is not None:
+            chosen = host_to(logits.device, [forced[i][len(tokens[i])] for i in owners])
+        else:
+            chosen = sample_rows(logits, params, [requests[i].seed for i in owners], positions, generator)
+        lps = chosen_logprobs(logits, chosen)
+        chosen_host = chosen.tolist()                      # the host read
+        for k, (i, tok) in enumerate(zip(owners, chosen_host)):
+            if trace is not None:                          # step = the index of the token sampled
+                trace.event(i, len(tokens[i]), "sampling.token", tok)
+                trace.event(i, len(tokens[i]), "sampling.logprob", lps[k])
+            tokens[i].append(tok)
+            logprob_at[i].append((len(logprobs), k))
+            if tok in stop_ids[i]:
+                finish[i] = "stop"
+            elif len(tokens[i]) >= params[k].max_new_tokens:
+                finish[i] = "length"
+        logprobs.append(lps)
 
     # ---- prefill: chunk j of every prompt goes into one forward call
     longest = max(len(r.prompt) for r in requests)
@@ -161,19 +179,20 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
             continue
         if trace is not None:
             trace.rows(owners, [0] * len(owners))           # the prefill is step 0
-        out = model.forward(torch.tensor(rows_tok), torch.tensor(rows_pos), torch.tensor(rows_slot), cache,
-                            capture=capture, logit_rows=torch.tensor([r for _, r in last_rows], dtype=torch.int64))
+        dev = model.device
+        out = model.forward(host_to(dev, rows_tok), host_to(dev, rows_pos), host_to(dev, rows_slot), cache,
+                            capture=capture, logit_rows=host_to(dev, [r for _, r in last_rows]))
         if capture:
             for row, i in enumerate(owners):
                 captured[i].append(out.captured[row])
-        for k, (i, _) in enumerate(last_rows):
-            take(i, out.logits[k], len(requests[i].prompt) - 1)
+        if last_rows:
+            take([i for i, _ in last_rows], out.logits, [len(requests[i].prompt) - 1 for i, _ in last_rows])
 
     if prefix_cache is not None:
         for i, req in enumerate(requests):
             prefix_cache.store(req.prompt, cache, i)
 
-    # ---- decode
+    # ---- decode: one step per group, through a captured graph on a GPU (engine.graphs)
     while True:
         active = [i for i in range(n) if finish[i] is None]
         if not active:
@@ -185,16 +204,30 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
             pos = [len(requests[i].prompt) + len(tokens[i]) - 1 for i in group]
             if trace is not None:                          # decode step s samples token s
                 trace.rows(group + [-1] * pad, [len(tokens[i]) for i in group] + [-1] * pad)
-            out = model.forward(torch.tensor([tokens[i][-1] for i in group] + [0] * pad),
-                                torch.tensor(pos + [0] * pad),
-                                torch.tensor(group + [scratch] * pad), cache, capture=capture)
-            for row, i in enumerate(group):
+            inputs = host_to(model.device, [[tokens[i][-1] for i in group] + [0] * pad, pos + [0] * pad,
+                                            group + [scratch] * pad])            # one copy, no sync
+            if eager:
+                out = model.forward(inputs[0], inputs[1], inputs[2], cache, capture=capture)
+                logits = out.logits
                 if capture:
-                    captured[i].append(out.captured[row])
-                take(i, out.logits[row], pos[row])
+                    for row, i in enumerate(group):
+                        captured[i].append(out.captured[row])
+            else:
+                logits = steps(inputs[0], inputs[1], inputs[2])
+            take(group, logits[:len(group)], pos)
 
+    lp_host = torch.cat(logprobs).to("cpu", torch.float32) if logprobs else None
+    starts = [0]
+    for lps in logprobs:
+        starts.append(starts[-1] + lps.shape[0])
     return [Result(tokens=tokens[i],
-                   logprobs=torch.stack(logprobs[i]).to("cpu", torch.float32),
+                   logprobs=lp_host[torch.tensor([starts[c] + k for c, k in logprob_at[i]], dtype=torch.int64)],
                    finish_reason=finish[i],
                    captured=torch.stack(captured[i]).cpu() if capture else None)
             for i in range(n)]
+
+
+def _capturable(model) -> bool:
+    """Decode steps replay a CUDA graph on a GPU, except on a sharded model (its expert-parallel
+    torch path reads routed ids on the host, and collectives are not captured here)."""
+    return model.device.type == "cuda" and getattr(model, "ctx", None) is None

@@ -12,9 +12,16 @@ tests/engine/test_graphs.py).
     logits = step(tokens, positions, slots)      # [8] int64 each -> [8, V] fp32 (a view: copy to keep)
 
 On the CPU (no CUDA graphs) the same object runs the eager forward, so callers need no branch.
+
+`decode_steps(model, slots, capacity)` is what engine.generate uses: a fresh KV cache and one
+DecodeGraph per batch bucket over it. On a GPU the last one per model is kept and handed to the
+next generate() of the same cache shape with its cache zeroed (the state of a new cache, so
+the same bits), so graphs are captured once per shape, not once per call.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -64,3 +71,39 @@ class DecodeGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.logits = self._forward()
+
+
+class DecodeSteps:
+    """A KV cache and one DecodeGraph per batch size over it: `steps(tokens, positions, slots)`."""
+
+    def __init__(self, model, num_slots: int, capacity: int):
+        self.model, self.shape = model, (num_slots, capacity)
+        self.cache = model.new_cache(num_slots, capacity)
+        self.graphs: dict[int, DecodeGraph] = {}
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        B = tokens.shape[0]
+        if B not in self.graphs:
+            self.graphs[B] = DecodeGraph(self.model, self.cache, B)
+        return self.graphs[B](tokens, positions, slots)
+
+    def reset(self) -> None:
+        for buf in self.cache.k + self.cache.v:
+            buf.zero_()
+
+
+_KEPT: "weakref.WeakKeyDictionary[object, DecodeSteps]" = weakref.WeakKeyDictionary()
+
+
+def decode_steps(model, num_slots: int, capacity: int) -> DecodeSteps:
+    """DecodeSteps over a zeroed cache of `num_slots` x `capacity`; on a GPU the model's last
+    ones are reused when the shape matches (module docstring)."""
+    if model.device.type != "cuda":
+        return DecodeSteps(model, num_slots, capacity)
+    kept = _KEPT.get(model)
+    if kept is not None and kept.shape == (num_slots, capacity):
+        kept.reset()
+        return kept
+    _KEPT.pop(model, None)                     # free the old cache and graphs before allocating
+    kept = _KEPT[model] = DecodeSteps(model, num_slots, capacity)
+    return kept

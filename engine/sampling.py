@@ -20,6 +20,13 @@ temperature, no masks) at that token, in float32.
 
 Every softmax, log_softmax and running sum here is kernels.portable's (fixed trees and a
 fixed scan, float64 exp / log of our own), so a draw is the same on every CPU (D0).
+
+`sample_rows` does the same for a whole batch [R, V] in one launch sequence on the logits'
+device: every step above is elementwise or a reduction along the vocabulary, so row r gets
+exactly the bits `sample(logits[r], ...)` gives (tests/engine/test_sampling_rows.py). Only the
+temperature division is done per distinct temperature, with the temperature a Python float as
+in `sample`: a tensor divisor would be a different operation on some devices (CUDA multiplies
+by a scalar divisor's reciprocal).
 """
 
 from __future__ import annotations
@@ -107,6 +114,41 @@ def keep_mask(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.
     return keep
 
 
+def host_to(device: torch.device, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A small host list as a tensor on `device`, without a host sync on a GPU (pinned memory,
+    non-blocking copy): generate()'s step inputs and sample_rows' per-row settings."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def keep_mask_rows(z: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:
+    """`keep_mask` for every row of z [R, V] at once, row r with its own filters -> bool [R, V].
+    A filter that is off in a row (top_k 0, top_p 1, min_p 0) is not applied to it, as in keep_mask."""
+    R, V = z.shape
+    dev = z.device
+    probs = portable.softmax(z, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = torch.ones((R, V), dtype=torch.bool, device=dev)
+    ranks = torch.arange(V, device=dev)
+    if any(k > 0 for k in top_k):
+        k = host_to(dev, [k if k > 0 else V for k in top_k])
+        keep_sorted &= ranks[None, :] < k[:, None]
+    if any(p < 1.0 for p in top_p):
+        exclusive = torch.cat([sorted_p.new_zeros(R, 1), portable.prefix_sum(sorted_p, dim=-1)[:, :-1]], dim=-1)
+        p = host_to(dev, top_p, torch.float64)
+        on = host_to(dev, [q < 1.0 for q in top_p], torch.bool)
+        keep_sorted &= (exclusive < p[:, None]) | ~on[:, None]
+    keep = torch.empty((R, V), dtype=torch.bool, device=dev)
+    keep[torch.arange(R, device=dev)[:, None], order] = keep_sorted
+    if any(m > 0.0 for m in min_p):
+        m = host_to(dev, min_p, torch.float64)
+        on = host_to(dev, [q > 0.0 for q in min_p], torch.bool)
+        keep &= (probs >= m[:, None] * sorted_p[:, :1]) | ~on[:, None]
+    return keep
+
+
 def chosen_logprob(logits: torch.Tensor, token: int) -> torch.Tensor:
     """log_softmax of the raw fp32 logits [V] at `token`, float32 0-dim."""
     return portable.log_softmax(logits.to(torch.float32), dim=-1)[token]
@@ -140,3 +182,50 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int | None, pos: 
         h = torch.randint(0, 1 << 32, (V,), dtype=torch.int64, generator=generator)
         g = gumbel_from_hash(h.to(logits.device))
     return int(torch.argmax(logp + g))                       # -inf where masked; first maximum
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int | None],
+                positions: list[int], generator: torch.Generator | None = None) -> torch.Tensor:
+    """Row r of logits [R, V] (fp32) sampled as `sample(logits[r], params[r], seeds[r],
+    positions[r], generator)`, for all rows in one launch sequence on the logits' device:
+    -> token ids [R] int64 there. Reads nothing back to the host. Rows without a seed draw
+    from `generator` in row order, V integers each, exactly as `sample` would one after another."""
+    R, V = logits.shape
+    dev = logits.device
+    tokens = torch.argmax(logits, dim=-1)                       # greedy rows: the first maximum
+    rows = [r for r in range(R) if not params[r].is_greedy]
+    if not rows:
+        return tokens
+    idx = host_to(dev, rows)
+    z = logits.index_select(0, idx).to(torch.float64)           # [S, V]
+    temps = [params[r].temperature for r in rows]
+    for t in dict.fromkeys(temps):                              # one division per distinct temperature
+        same = host_to(dev, [i for i, u in enumerate(temps) if u == t])
+        z[same] = z.index_select(0, same) / t
+    ps = [params[r] for r in rows]
+    if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in ps):
+        keep = keep_mask_rows(z, [p.top_k for p in ps], [p.top_p for p in ps], [p.min_p for p in ps])
+        z = torch.where(keep, z, float("-inf"))
+    logp = portable.log_softmax(z, dim=-1)
+    noise = torch.empty_like(logp)
+    seeded = [i for i, r in enumerate(rows) if seeds[r] is not None]
+    if seeded:
+        at = host_to(dev, seeded)
+        s = host_to(dev, [seed_as_int64(seeds[rows[i]]) for i in seeded])
+        p = host_to(dev, [positions[rows[i]] for i in seeded])
+        cols = SAMPLE_COLUMNS + torch.arange(V, dtype=torch.int64, device=dev)
+        noise[at] = gumbel_noise(s, p, cols)                    # [seeded, V] float64
+    for i, r in enumerate(rows):
+        if seeds[r] is None:
+            if generator is None:
+                raise ValueError("sample: a request without a seed needs an explicit torch.Generator")
+            h = torch.randint(0, 1 << 32, (V,), dtype=torch.int64, generator=generator)
+            noise[i] = gumbel_from_hash(h.to(dev))
+    tokens[idx] = torch.argmax(logp + noise, dim=-1)            # -inf where masked; first maximum
+    return tokens
+
+
+def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """`chosen_logprob` of every row: logits [R, V], tokens [R] int64 -> [R] float32."""
+    lp = portable.log_softmax(logits.to(torch.float32), dim=-1)
+    return lp.gather(-1, tokens[:, None])[:, 0]
