@@ -16,8 +16,9 @@ The step is the product's fast path: on a GPU each decode step replays one captu
 per bucket (engine.graphs.decode_steps; the eager forward when states are captured or a trace
 records, and on the CPU), its inputs go to the device in one copy without a sync, the whole
 group is sampled on the device at once (engine.sampling.sample_rows: row for row the bits of
-`sample`), and the step's one host read is the sampled tokens, from which the stop flags
-follow. Logprobs stay on the device until the end (tests/engine/test_generate_host_reads.py).
+`sample`; on a GPU replayed from a captured engine.graphs.SampleGraph unless a row draws from
+the host generator), and the step's one host read is the sampled tokens, from which the stop
+flags follow. Logprobs stay on the device until the end (tests/engine/test_generate_host_reads.py).
 
 Because every row of the model is computed by the same operations whatever its batch
 (engine/model.py, kernels/portable.py), a request's tokens,
@@ -135,15 +136,21 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
     captured: list[list[torch.Tensor]] = [[] for _ in requests]
     finish: list[str | None] = [None] * n
 
-    def take(owners: list[int], logits: torch.Tensor, positions: list[int]) -> None:
+    def take(owners: list[int], logits: torch.Tensor, positions: list[int], sampler=None,
+             positions_dev: torch.Tensor | None = None) -> None:
         """Row k of logits [R, V] is request owners[k]'s input at positions[k]: sample every
-        row at once on the device, then read the tokens back: the call's one host read."""
+        row at once on the device (through `sampler`, a captured engine.graphs.SampleGraph,
+        when given), then read the tokens back: the call's one host read."""
         params = [requests[i].params for i in owners]
         if forced is not None:
             chosen = host_to(logits.device, [forced[i][len(tokens[i])] for i in owners])
+            lps = chosen_logprobs(logits, chosen)
+        elif sampler is not None:
+            chosen, lps = sampler(logits, positions_dev)
+            lps = lps.clone()                              # the graph's buffer is reused next step
         else:
             chosen = sample_rows(logits, params, [requests[i].seed for i in owners], positions, generator)
-        lps = chosen_logprobs(logits, chosen)
+            lps = chosen_logprobs(logits, chosen)
         chosen_host = chosen.tolist()                      # the host read
         for k, (i, tok) in enumerate(zip(owners, chosen_host)):
             if trace is not None:                          # step = the index of the token sampled
@@ -212,9 +219,15 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
                 if capture:
                     for row, i in enumerate(group):
                         captured[i].append(out.captured[row])
-            else:
-                logits = steps(inputs[0], inputs[1], inputs[2])
-            take(group, logits[:len(group)], pos)
+                take(group, logits[:len(group)], pos)
+                continue
+            logits = steps(inputs[0], inputs[1], inputs[2])
+            seeds = [requests[i].seed for i in group]
+            params = [requests[i].params for i in group]
+            sampler = None
+            if forced is None and all(s is not None or p.is_greedy for s, p in zip(seeds, params)):
+                sampler = steps.sampler(params, seeds)     # unseeded rows draw on the host: eager
+            take(group, logits[:len(group)], pos, sampler, inputs[1][:len(group)])
 
     lp_host = torch.cat(logprobs).to("cpu", torch.float32) if logprobs else None
     starts = [0]

@@ -13,8 +13,8 @@ tests/engine/test_graphs.py).
 
 On the CPU (no CUDA graphs) the same object runs the eager forward, so callers need no branch.
 
-`decode_steps(model, slots, capacity)` is what engine.generate uses: a fresh KV cache and one
-DecodeGraph per batch bucket over it. On a GPU the last one per model is kept and handed to the
+`decode_steps(model, slots, capacity)` is what engine.generate uses: a fresh KV cache, one
+DecodeGraph per batch bucket over it, and a SampleGraph per group composition (its sampling). On a GPU the last one per model is kept and handed to the
 next generate() of the same cache shape with its cache zeroed (the state of a new cache, so
 the same bits), so graphs are captured once per shape, not once per call.
 """
@@ -22,10 +22,14 @@ the same bits), so graphs are captured once per shape, not once per call.
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 
 import torch
 
 from engine.kv_cache import KVCache
+from engine.sampling import chosen_logprobs, row_settings, sample_with
+
+KEPT_SAMPLERS = 4          # a group's composition changes as requests finish: keep the last few
 
 
 class DecodeGraph:
@@ -73,6 +77,46 @@ class DecodeGraph:
             self.logits = self._forward()
 
 
+class SampleGraph:
+    """engine.sampling.sample_with and chosen_logprobs for one batch's RowSettings, captured
+    once on a GPU and replayed each step: ~200 small launches (the portable float64 log-softmax,
+    hash and Gumbel transform) become one. Same kernels, same arguments: the eager bits.
+
+        sampler = SampleGraph(settings, rows=B, vocab=V, device=dev)
+        tokens, logprobs = sampler(logits, positions)     # [B, V] fp32, [B] int64 -> [B], [B]
+    """
+
+    def __init__(self, settings, rows: int, vocab: int, device):
+        if not settings.capturable:
+            raise ValueError("SampleGraph: rows without a seed draw from a host generator: not capturable")
+        self.settings = settings
+        self.logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out = None
+
+    def __call__(self, logits: torch.Tensor, positions: torch.Tensor):
+        self.logits.copy_(logits)
+        self.positions.copy_(positions)
+        if self.logits.device.type != "cuda":
+            return self._sample()
+        if self.graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._sample()                              # warm-up: allocator, lazy inits
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self._sample()
+        self.graph.replay()
+        return self.out
+
+    def _sample(self):
+        tokens = sample_with(self.logits, self.settings, self.positions)
+        return tokens, chosen_logprobs(self.logits, tokens)
+
+
 class DecodeSteps:
     """A KV cache and one DecodeGraph per batch size over it: `steps(tokens, positions, slots)`."""
 
@@ -80,12 +124,25 @@ class DecodeSteps:
         self.model, self.shape = model, (num_slots, capacity)
         self.cache = model.new_cache(num_slots, capacity)
         self.graphs: dict[int, DecodeGraph] = {}
+        self.samplers: OrderedDict[tuple, SampleGraph] = OrderedDict()   # by the rows' (params, seeds)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         B = tokens.shape[0]
         if B not in self.graphs:
             self.graphs[B] = DecodeGraph(self.model, self.cache, B)
         return self.graphs[B](tokens, positions, slots)
+
+    def sampler(self, params: list, seeds: list) -> SampleGraph:
+        """The SampleGraph of a group whose row r has params[r] and seeds[r] (kept for reuse)."""
+        key = (tuple(params), tuple(seeds))
+        if key not in self.samplers:
+            dev = self.model.device
+            self.samplers[key] = SampleGraph(row_settings(params, seeds, dev), len(params),
+                                             self.model.config.vocab_size, dev)
+            while len(self.samplers) > KEPT_SAMPLERS:
+                self.samplers.popitem(last=False)
+        self.samplers.move_to_end(key)
+        return self.samplers[key]
 
     def reset(self) -> None:
         for buf in self.cache.k + self.cache.v:

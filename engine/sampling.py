@@ -123,29 +123,26 @@ def host_to(device: torch.device, values: list, dtype: torch.dtype = torch.int64
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def keep_mask_rows(z: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:
-    """`keep_mask` for every row of z [R, V] at once, row r with its own filters -> bool [R, V].
-    A filter that is off in a row (top_k 0, top_p 1, min_p 0) is not applied to it, as in keep_mask."""
+def keep_mask_rows(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                   min_p: torch.Tensor | None) -> torch.Tensor:
+    """`keep_mask` for every row of z [R, V] at once -> bool [R, V]. Each filter is on z's device,
+    or None where no row uses it: top_k [R] (a row with it off holds 2^62, more than any rank);
+    top_p and min_p [2, R] float64, row 0 the values, row 1 1.0 where the row has the filter off,
+    which keeps all of that row as keep_mask does by skipping it (even a NaN)."""
     R, V = z.shape
     dev = z.device
     probs = portable.softmax(z, dim=-1)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     keep_sorted = torch.ones((R, V), dtype=torch.bool, device=dev)
-    ranks = torch.arange(V, device=dev)
-    if any(k > 0 for k in top_k):
-        k = host_to(dev, [k if k > 0 else V for k in top_k])
-        keep_sorted &= ranks[None, :] < k[:, None]
-    if any(p < 1.0 for p in top_p):
+    if top_k is not None:
+        keep_sorted &= torch.arange(V, device=dev)[None, :] < top_k[:, None]
+    if top_p is not None:
         exclusive = torch.cat([sorted_p.new_zeros(R, 1), portable.prefix_sum(sorted_p, dim=-1)[:, :-1]], dim=-1)
-        p = host_to(dev, top_p, torch.float64)
-        on = host_to(dev, [q < 1.0 for q in top_p], torch.bool)
-        keep_sorted &= (exclusive < p[:, None]) | ~on[:, None]
+        keep_sorted &= (exclusive < top_p[0, :, None]) | (top_p[1, :, None] == 1.0)
     keep = torch.empty((R, V), dtype=torch.bool, device=dev)
     keep[torch.arange(R, device=dev)[:, None], order] = keep_sorted
-    if any(m > 0.0 for m in min_p):
-        m = host_to(dev, min_p, torch.float64)
-        on = host_to(dev, [q > 0.0 for q in min_p], torch.bool)
-        keep &= (probs >= m[:, None] * sorted_p[:, :1]) | ~on[:, None]
+    if min_p is not None:
+        keep &= (probs >= min_p[0, :, None] * sorted_p[:, :1]) | (min_p[1, :, None] == 1.0)
     return keep
 
 
@@ -184,45 +181,83 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int | None, pos: 
     return int(torch.argmax(logp + g))                       # -inf where masked; first maximum
 
 
+@dataclass
+class RowSettings:
+    """How each row of a batch is sampled, as device tensors built once (`row_settings`), so the
+    sampling itself (`sample_with`) is a fixed launch sequence: a CUDA graph can replay it."""
+    rows: torch.Tensor | None           # [S] the rows that are not greedy (None: all greedy)
+    temperatures: list                  # [(t, [k] indices into rows)] one division per distinct t
+    top_k: torch.Tensor | None          # [S] ) keep_mask_rows' filters,
+    top_p: torch.Tensor | None          # [2, S] ) None if no row uses one
+    min_p: torch.Tensor | None          # [2, S] )
+    seeded: torch.Tensor | None         # [s] indices into rows of the seeded ones
+    seeded_rows: torch.Tensor | None    # [s] the same rows as indices into the batch
+    seeds: torch.Tensor | None          # [s] int64
+    unseeded: list[int]                 # indices into rows that draw from the generator
+
+    @property
+    def capturable(self) -> bool:
+        return not self.unseeded
+
+
+def row_settings(params: list[SamplingParams], seeds: list[int | None], device) -> RowSettings:
+    """The RowSettings of a batch whose row r has params[r] and seeds[r] (no host sync)."""
+    rows = [r for r in range(len(params)) if not params[r].is_greedy]
+    if not rows:
+        return RowSettings(None, [], None, None, None, None, None, None, [])
+    ps = [params[r] for r in rows]
+    temps = [p.temperature for p in ps]
+    temperatures = [(t, host_to(device, [i for i, u in enumerate(temps) if u == t])) for t in dict.fromkeys(temps)]
+    top_k = host_to(device, [p.top_k or (1 << 62) for p in ps]) if any(p.top_k > 0 for p in ps) else None
+    top_p = host_to(device, [[p.top_p for p in ps], [float(p.top_p == 1.0) for p in ps]], torch.float64) \
+        if any(p.top_p < 1.0 for p in ps) else None
+    min_p = host_to(device, [[p.min_p for p in ps], [float(p.min_p == 0.0) for p in ps]], torch.float64) \
+        if any(p.min_p > 0.0 for p in ps) else None
+    seeded = [i for i, r in enumerate(rows) if seeds[r] is not None]
+    return RowSettings(
+        rows=host_to(device, rows), temperatures=temperatures, top_k=top_k, top_p=top_p, min_p=min_p,
+        seeded=host_to(device, seeded) if seeded else None,
+        seeded_rows=host_to(device, [rows[i] for i in seeded]) if seeded else None,
+        seeds=host_to(device, [seed_as_int64(seeds[rows[i]]) for i in seeded]) if seeded else None,
+        unseeded=[i for i, r in enumerate(rows) if seeds[r] is None])
+
+
+def sample_with(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits [R, V] fp32, positions [R] int64 (both on one device) -> token ids [R] int64 there,
+    row r as `sample(logits[r], params[r], seeds[r], positions[r])` (module docstring)."""
+    tokens = torch.argmax(logits, dim=-1)                       # greedy rows: the first maximum
+    if settings.rows is None:
+        return tokens
+    V, dev = logits.shape[1], logits.device
+    z = logits.index_select(0, settings.rows).to(torch.float64)            # [S, V]
+    for t, same in settings.temperatures:                       # the temperature as a Python float
+        z[same] = z.index_select(0, same) / t
+    if settings.top_k is not None or settings.top_p is not None or settings.min_p is not None:
+        keep = keep_mask_rows(z, settings.top_k, settings.top_p, settings.min_p)
+        z = torch.where(keep, z, float("-inf"))
+    logp = portable.log_softmax(z, dim=-1)
+    noise = torch.empty_like(logp)
+    if settings.seeded is not None:
+        cols = SAMPLE_COLUMNS + torch.arange(V, dtype=torch.int64, device=dev)
+        noise[settings.seeded] = gumbel_noise(settings.seeds, positions.index_select(0, settings.seeded_rows), cols)
+    for i in settings.unseeded:
+        if generator is None:
+            raise ValueError("sample: a request without a seed needs an explicit torch.Generator")
+        h = torch.randint(0, 1 << 32, (V,), dtype=torch.int64, generator=generator)
+        noise[i] = gumbel_from_hash(h.to(dev))
+    tokens[settings.rows] = torch.argmax(logp + noise, dim=-1)  # -inf where masked; first maximum
+    return tokens
+
+
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int | None],
                 positions: list[int], generator: torch.Generator | None = None) -> torch.Tensor:
     """Row r of logits [R, V] (fp32) sampled as `sample(logits[r], params[r], seeds[r],
     positions[r], generator)`, for all rows in one launch sequence on the logits' device:
     -> token ids [R] int64 there. Reads nothing back to the host. Rows without a seed draw
     from `generator` in row order, V integers each, exactly as `sample` would one after another."""
-    R, V = logits.shape
     dev = logits.device
-    tokens = torch.argmax(logits, dim=-1)                       # greedy rows: the first maximum
-    rows = [r for r in range(R) if not params[r].is_greedy]
-    if not rows:
-        return tokens
-    idx = host_to(dev, rows)
-    z = logits.index_select(0, idx).to(torch.float64)           # [S, V]
-    temps = [params[r].temperature for r in rows]
-    for t in dict.fromkeys(temps):                              # one division per distinct temperature
-        same = host_to(dev, [i for i, u in enumerate(temps) if u == t])
-        z[same] = z.index_select(0, same) / t
-    ps = [params[r] for r in rows]
-    if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in ps):
-        keep = keep_mask_rows(z, [p.top_k for p in ps], [p.top_p for p in ps], [p.min_p for p in ps])
-        z = torch.where(keep, z, float("-inf"))
-    logp = portable.log_softmax(z, dim=-1)
-    noise = torch.empty_like(logp)
-    seeded = [i for i, r in enumerate(rows) if seeds[r] is not None]
-    if seeded:
-        at = host_to(dev, seeded)
-        s = host_to(dev, [seed_as_int64(seeds[rows[i]]) for i in seeded])
-        p = host_to(dev, [positions[rows[i]] for i in seeded])
-        cols = SAMPLE_COLUMNS + torch.arange(V, dtype=torch.int64, device=dev)
-        noise[at] = gumbel_noise(s, p, cols)                    # [seeded, V] float64
-    for i, r in enumerate(rows):
-        if seeds[r] is None:
-            if generator is None:
-                raise ValueError("sample: a request without a seed needs an explicit torch.Generator")
-            h = torch.randint(0, 1 << 32, (V,), dtype=torch.int64, generator=generator)
-            noise[i] = gumbel_from_hash(h.to(dev))
-    tokens[idx] = torch.argmax(logp + noise, dim=-1)            # -inf where masked; first maximum
-    return tokens
+    return sample_with(logits, row_settings(params, seeds, dev), host_to(dev, positions), generator)
 
 
 def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import sys
 from tests.conftest import REPO
 
 COMMAND = ["bench/e2e.py", "--shape", "tiny", "--device", "cpu", "--batches", "1,2", "--prefill", "16",
-           "--repeat", "1"]
+           "--repeat", "1", "--new-tokens", "4", "--generate-batches", "2"]
 
 
 def test_e2e_bench_runs_on_tiny_cpu():
@@ -22,13 +22,16 @@ def test_e2e_bench_runs_on_tiny_cpu():
     assert proc.returncode == 0, out + proc.stderr
     assert "command: python3 bench/e2e.py --shape tiny" in out and "copy bandwidth" in out
     assert "| figure | dtype | mode | ours | HF eager |" in out
-    for figure in ("decode b=1", "decode b=2", "prefill 16"):
+    for figure in ("decode b=1", "decode b=2", "prefill 16", "generate b=2"):
         for dtype in ("bf16", "mxfp4"):
             for mode in ("deterministic", "fast"):
                 assert f"| {figure} | {dtype} | {mode} |" in out, (figure, dtype, mode, out)
     # the portable engine exists today: its prefill figure is a number, not an n/a
     assert any(line.startswith("| prefill 16 | bf16 | deterministic |") and " s |" in line
                for line in out.splitlines()), out
+    assert any(line.startswith("| generate b=2 | bf16 | deterministic |") and " tok/s |" in line
+               for line in out.splitlines()), out
+    assert "generate vs decode step, b=2, bf16 deterministic:" in out
     if importlib.util.find_spec("transformers") is not None:
         mapped = [line for line in out.splitlines() if line.startswith("weights mapped (bf16, deterministic")]
         assert mapped and "max |logit diff|" in mapped[0] and ": OK" in mapped[0], out

@@ -27,6 +27,8 @@ def _logits(R: int, V: int, gen: torch.Generator) -> torch.Tensor:
     if R > 1:
         x[1, :V // 2] = float("-inf")            # masked-out half
         x[1, V - 4:V - 1] = x[1, V - 1]          # ties inside the sorted masks
+    if R > 2:
+        x[2, 0] = float("nan")                   # a NaN row: the filters it has off must keep it all
     return x
 
 
@@ -45,10 +47,47 @@ def test_rows_equal_one_at_a_time(case):
     assert together.tolist() == alone, (params, seeds)
     lps = chosen_logprobs(logits, together)
     for r in range(R):
-        assert torch.equal(lps[r], chosen_logprob(logits[r], alone[r]))
+        assert lps[r].view(torch.int32) == chosen_logprob(logits[r], alone[r]).view(torch.int32)   # bits, NaN too
     assert torch.equal(one_gen.get_state(), rows_gen.get_state())   # the same draws were taken
 
 
 def test_unseeded_row_without_generator_is_refused():
     with pytest.raises(ValueError, match="explicit torch.Generator"):
         sample_rows(torch.zeros(1, 4), [SamplingParams()], [None], [0])
+
+
+def test_filter_masks_equal_keep_mask_row_by_row():
+    """The masks themselves, on rows where the filters decide: a mass that rounds to exactly 1.0
+    before the tail (top_p = 1 must keep the tail all the same), ties at every cut."""
+    from engine.sampling import keep_mask, row_settings, keep_mask_rows
+    V = 50
+    z = torch.randn(6, V, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    z[0] = -40.0
+    z[0, 7] = 0.0                                # p = 1.0 exactly, then a tail of ~4e-18 each
+    z[1, 10:20] = 2.5                            # ties across the top-k and top-p cuts
+    params = [SamplingParams(top_p=1.0, min_p=0.0), SamplingParams(top_k=12, top_p=0.6),
+              SamplingParams(min_p=0.3), SamplingParams(top_k=1), SamplingParams(top_p=0.999, min_p=0.01),
+              SamplingParams()]
+    st = row_settings(params, [1] * 6, "cpu")
+    together = keep_mask_rows(z, st.top_k, st.top_p, st.min_p)
+    for r, p in enumerate(params):
+        assert torch.equal(together[r], keep_mask(z[r], p.top_k, p.top_p, p.min_p)), r
+    assert together[0].all()
+
+
+def test_sample_graph_equals_sample_rows():
+    """engine.graphs.SampleGraph (eager on the CPU, the same calls it captures on a GPU)."""
+    from engine.graphs import SampleGraph
+    from engine.sampling import row_settings
+    rng = random.Random(5)
+    logits = _logits(6, 301, torch.Generator().manual_seed(5))
+    params = [_params(rng) for _ in range(6)]
+    seeds = [rng.randrange(2**64) for _ in range(6)]
+    sampler = SampleGraph(row_settings(params, seeds, "cpu"), 6, 301, "cpu")
+    for positions in ([3, 9, 27, 81, 243, 729], [4, 10, 28, 82, 244, 730]):
+        tokens, lps = sampler(logits, torch.tensor(positions))
+        expected = sample_rows(logits, params, seeds, positions)
+        assert torch.equal(tokens, expected)
+        assert torch.equal(lps.view(torch.int32), chosen_logprobs(logits, expected).view(torch.int32))
+    with pytest.raises(ValueError, match="not capturable"):
+        SampleGraph(row_settings([SamplingParams()], [None], "cpu"), 1, 301, "cpu")
