@@ -18,11 +18,14 @@ smoke run goes through split-K too; the ratios mean little there.
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from _util import DEVICE, HBM_BYTES_PER_S, ON_GPU, device_line, timed
-from kernels.attention import SPLIT, attention_torch, attention_triton
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # this checkout, not an installed copy
+from _util import DEVICE, HBM_BYTES_PER_S, ON_GPU, device_line, timed  # noqa: E402
+from kernels.attention import SPLIT, attention_torch, attention_triton  # noqa: E402
 
 WALK = 1 << 30      # a split larger than any cache: the one-split walk
 
