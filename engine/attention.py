@@ -36,7 +36,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               window: int, scale: float) -> torch.Tensor:
     """q [T, Hq, D]; k_cache, v_cache [slots, Hkv, S, D]; slots, positions [T] int64;
     sinks [Hq]; window 0 = full causal. -> [T, Hq, D] in q's dtype, computed in fp32.
-    (The Triton ops take kernels.attention.attention_triton: one fixed 64-key split.)"""
+    (The Triton ops take kernels.attention.attention_triton: 64-key tiles in fixed 1024-key splits.)"""
     T, Hq, D = q.shape
     S = k_cache.shape[2]
     if S % KV_TILE:

@@ -11,21 +11,48 @@ s = slots[t] sees keys j of slot s with j <= p, and j >= p - window + 1 if windo
 The layout is engine.attention's (the cache is written before attention runs, so a token of
 a prefill sees the keys of the whole prompt in its slot and masks the future ones).
 
-One kernel serves prefill, chunked prefill, decode and verify: one program per (token, KV
-head) holds the G query heads of that KV head as the rows of its tile and walks the keys in
-fixed, absolutely aligned BLOCK_KV = 64 tiles, first to last, with the online-softmax merge.
-Which tiles it visits depends only on p and the window (full: tiles 0 … p // 64; sliding:
-the N_WIN = (window - 1) // 64 + 2 tiles ending at p's tile, starting no lower than tile 0),
-and key/value loads are masked to the visible keys, so a position's bits do not depend on
-the batch (D2) or on how the prompt was chunked (D3).
+One set of kernels serves prefill, chunked prefill, decode and verify. Keys are walked in fixed,
+absolutely aligned BLOCK_KV = 64 tiles, and the tiles are grouped into fixed, absolutely aligned
+splits of SPLIT = 1024 keys (16 tiles; split k holds keys k*1024 … k*1024 + 1023, the last split
+of the cache's capacity also every tile past it). For one (token, KV head), holding the G query
+heads of that KV head as the rows of its tile:
+
+  1. each split the token can see walks its tiles first to last from an empty state with the
+     online-softmax merge, giving (m, l, acc) in fp32: the running max, the sum of exp(s - m)
+     and the sum of exp(s - m) * v;
+  2. the splits' states are merged first to last with the same guarded merge (the first split's
+     state is taken as it is), then the sink is merged and acc is divided by l.
+
+Which tiles and splits a token uses depends only on p and the window (full: tiles 0 … p // 64;
+sliding: the N_WIN = (window - 1) // 64 + 2 tiles ending at p's tile, starting no lower than
+tile 0; the splits are those from the first visible key's to p's, and a tile of the walk before
+the first of them, wholly before the window, is not walked), and key/value loads are masked to
+the visible keys, so a position's bits do not depend on the batch (D2) or on how the prompt was
+chunked (D3). A position below SPLIT (every position of every golden recorded before splits
+existed) has one split, and then the operations are exactly those of the single 64-key walk.
+
+Two launches compute the same operations, so they give the same bits; which one runs is a speed
+choice made from shapes only (never from the positions, so no host read and a decode step can be
+a CUDA graph):
+  - one program per (token, KV head) walks its splits one after the other and merges as it goes
+    (prefill, where T * Hkv programs already fill the GPU, windowed layers, and short caches);
+  - split-K (flash-decoding style) for decode and verify with a long walk: phase 1 runs one
+    program per (token, KV head, split index), each storing its split's (m, l, acc) (G x D + 2G
+    floats) to a scratch buffer; phase 2 runs one program per (token, KV head) that reads the
+    token's splits back in order, merges them and the sink and stores the output. The grid's
+    third dimension is the most splits any token of this cache and window can use; a program
+    whose index is past its own token's last split walks nothing and stores nothing, and phase 2
+    reads only the token's own splits, so such a program cannot touch a result.
 
 Empty tiles (DESIGN §8): with window 128, every position p >= 191 with p = 63 mod 64 visits a
 tile wholly before its window (p = 191: tiles 0, 1, 2 and the window starts at 64), so any
-prompt of 192+ tokens has one. Its logits are all -inf; the
-merge uses m_use = 0 where the running max is still -inf, so exp(m - m_use) = 0 and
-p = exp(-inf) = 0: the tile contributes nothing and never NaN. (The seed bug used m_new
-itself: exp(-inf - (-inf)) = NaN.) The sink is merged after the last tile the same way, and a
-row with neither keys nor a finite sink comes out 0 (a NaN from the inputs still shows).
+prompt of 192+ tokens has one. Its logits are all -inf; the merge uses m_use = 0 where the
+running max is still -inf, so exp(m - m_use) = 0 and p = exp(-inf) = 0: the tile contributes
+nothing and never NaN. (The seed bug used m_new itself: exp(-inf - (-inf)) = NaN; tests pass
+_guard=False to put it back.) After such a tile the state is exactly the empty one (-inf, +0,
++0), which is why leaving it out when it lies in an earlier split changes no bit. The splits'
+merge and the sink's use the same guard, and a row with neither keys nor a finite sink comes
+out 0 (a NaN from the inputs still shows).
 """
 
 from __future__ import annotations
@@ -34,32 +61,19 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import check_backend
 from kernels._common import PORTABLE_MATH, USE_DOT, check_float, next_pow2
 from kernels.portable_tl import cast_rne, exp_f32
 
-BLOCK_KV = 64          # the fixed KV split size, for prefill and decode alike
-_GUARD_EMPTY_TILES = True   # only tests turn this off, to show the specs catch the seed bug
+BLOCK_KV = 64            # keys per tile, for prefill and decode alike
+SPLIT = 1024             # keys per split: fixed, a multiple of BLOCK_KV (tests pass a smaller _split)
+TWO_PHASE_BELOW = 1024   # split-K launch when T * Hkv programs are fewer than this (speed only)
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
-                      Hq, Hkv, S, D, WINDOW, N_WIN, scale,
-                      G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                      BLOCK_KV: tl.constexpr, SLIDING: tl.constexpr,
-                      USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)                   # token
-    h = tl.program_id(1).to(tl.int64)                   # KV head
-    slot = tl.load(slot_ptr + t)
-    pos = tl.load(pos_ptr + t)
-    g = tl.arange(0, G_PAD)                             # query head h * G + g
-    d = tl.arange(0, D_PAD)
-    g_ok = g < G
-    d_ok = d < D
-    q_rows = q_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
-    q = tl.load(q_rows, mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # [G_PAD, D_PAD]
-    kv_base = (slot * Hkv + h) * S * D
-
+def _split_range(pos, WINDOW, N_WIN, N_CAP, SLIDING: tl.constexpr, BLOCK_KV: tl.constexpr,
+                 TPS: tl.constexpr):
+    """-> (lo, tile_lo, tile_hi, split_lo, split_hi) of the token at pos: its first visible key
+    (window), the tiles of its walk and its first and last split (TPS tiles per split)."""
     tile_hi = pos // BLOCK_KV
     if SLIDING:
         lo = pos - WINDOW + 1
@@ -67,10 +81,29 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
     else:
         lo = pos * 0
         tile_lo = pos * 0
+    first = tl.maximum(lo, 0) // BLOCK_KV                # the tile of the first visible key
+    split_lo = tl.minimum(first // TPS, N_CAP - 1)
+    split_hi = tl.minimum(tile_hi // TPS, N_CAP - 1)     # the capacity's last split takes the rest
+    return lo, tile_lo, tile_hi, split_lo, split_hi
+
+
+@triton.jit
+def _split_tiles(s, tile_lo, tile_hi, N_CAP, TPS: tl.constexpr):
+    """-> (first, last) tile of the walk inside split s (last < first: none)."""
+    first = tl.maximum(tile_lo, s * TPS)
+    last = tl.where(s == N_CAP - 1, tile_hi, tl.minimum(tile_hi, s * TPS + TPS - 1))
+    return first, last
+
+
+@triton.jit
+def _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, pos, lo, tile_first, tile_last, S, D, scale,
+          G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_KV: tl.constexpr,
+          USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
+    """Online softmax over tiles tile_first … tile_last from the empty state -> (m, l, acc)."""
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((G_PAD,), dtype=tl.float32)
     acc = tl.zeros((G_PAD, D_PAD), dtype=tl.float32)
-    for tile in range(tile_lo, tile_hi + 1):
+    for tile in range(tile_first, tile_last + 1):
         j = tile * BLOCK_KV + tl.arange(0, BLOCK_KV)    # [BLOCK_KV] key positions
         vis = (j >= lo) & (j <= pos) & (j < S)
         kv_off = kv_base + j[:, None] * D + d[None, :]
@@ -96,25 +129,158 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
             pv = tl.sum(p[:, :, None] * vt[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    return m_i, l_i, acc
 
-    sink = tl.load(sink_ptr + h * G + g, mask=g_ok, other=float("-inf")).to(tl.float32)
+
+@triton.jit
+def _merge(m_a, l_a, acc_a, m_b, l_b, acc_b, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
+    """State a, then split b after it: the tile merge's guard, with b's sums in place of a tile's."""
+    m_new = tl.maximum(m_a, m_b)
+    if GUARD:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    alpha = exp_f32(m_a - m_use, PORTABLE)
+    beta = exp_f32(m_b - m_use, PORTABLE)
+    return m_new, l_a * alpha + l_b * beta, acc_a * alpha[:, None] + acc_b * beta[:, None]
+
+
+@triton.jit
+def _finish(m_i, l_i, acc, sink, PORTABLE: tl.constexpr):
+    """Merge the sink column, then acc / l (a row with no key and no finite sink: 0)."""
     m_f = tl.maximum(m_i, sink)
     m_fu = tl.where(m_f == float("-inf"), 0.0, m_f)
     alpha = exp_f32(m_i - m_fu, PORTABLE)
     l_i = l_i * alpha + exp_f32(sink - m_fu, PORTABLE)
     acc = acc * alpha[:, None]
     empty = l_i == 0.0                                  # no key and no finite sink: 0, not 0/0
-    out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])  # NaN stays NaN
+    return tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])  # NaN stays NaN
+
+
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
+                      Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, scale,
+                      G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
+                      BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
+                      USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
+    """One program per (token, KV head): the token's splits one after the other."""
+    t = tl.program_id(0).to(tl.int64)                   # token
+    h = tl.program_id(1).to(tl.int64)                   # KV head
+    slot = tl.load(slot_ptr + t)
+    pos = tl.load(pos_ptr + t)
+    g = tl.arange(0, G_PAD)                             # query head h * G + g
+    d = tl.arange(0, D_PAD)
+    g_ok = g < G
+    d_ok = d < D
+    q_rows = q_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
+    q = tl.load(q_rows, mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # [G_PAD, D_PAD]
+    kv_base = (slot * Hkv + h) * S * D
+    lo, tile_lo, tile_hi, split_lo, split_hi = _split_range(pos, WINDOW, N_WIN, N_CAP, SLIDING, BLOCK_KV, TPS)
+
+    first, last = _split_tiles(split_lo, tile_lo, tile_hi, N_CAP, TPS)
+    m_i, l_i, acc = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, pos, lo, first, last, S, D, scale,
+                          G_PAD, D_PAD, BLOCK_KV, USE_DOT, GUARD, PORTABLE)
+    for sp in range(split_lo + 1, split_hi + 1):
+        first, last = _split_tiles(sp, tile_lo, tile_hi, N_CAP, TPS)
+        m_b, l_b, acc_b = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, pos, lo, first, last, S, D, scale,
+                                G_PAD, D_PAD, BLOCK_KV, USE_DOT, GUARD, PORTABLE)
+        m_i, l_i, acc = _merge(m_i, l_i, acc, m_b, l_b, acc_b, GUARD, PORTABLE)
+
+    sink = tl.load(sink_ptr + h * G + g, mask=g_ok, other=float("-inf")).to(tl.float32)
+    out = _finish(m_i, l_i, acc, sink, PORTABLE)
     o_rows = o_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
     tl.store(o_rows, cast_rne(out, o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _attention_split_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
+                            Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, NG, scale,
+                            G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
+                            BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
+                            USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
+    """Phase 1, one program per (token, KV head, z): split split_lo + z of the token, if it has one,
+    -> its (m, l, acc) at [t, h, z] of the scratch buffers ([T, Hkv, NG, G] and [.., G, D])."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    z = tl.program_id(2).to(tl.int64)
+    slot = tl.load(slot_ptr + t)
+    pos = tl.load(pos_ptr + t)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    g_ok = g < G
+    d_ok = d < D
+    q_rows = q_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
+    q = tl.load(q_rows, mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    kv_base = (slot * Hkv + h) * S * D
+    lo, tile_lo, tile_hi, split_lo, split_hi = _split_range(pos, WINDOW, N_WIN, N_CAP, SLIDING, BLOCK_KV, TPS)
+    sp = split_lo + z
+    mine = sp <= split_hi                               # else: past this token's last split
+    first, last = _split_tiles(sp, tile_lo, tile_hi, N_CAP, TPS)
+    last = tl.where(mine, last, first - 1)              # walk nothing
+    m_i, l_i, acc = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, pos, lo, first, last, S, D, scale,
+                          G_PAD, D_PAD, BLOCK_KV, USE_DOT, GUARD, PORTABLE)
+    row = ((t * Hkv + h) * NG + z) * G + g              # [G_PAD]
+    ok = g_ok & (sp + g * 0 <= split_hi)                # and store nothing
+    tl.store(m_ptr + row, m_i, mask=ok)
+    tl.store(l_ptr + row, l_i, mask=ok)
+    tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _attention_merge_kernel(pos_ptr, sink_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
+                            Hq, Hkv, D, WINDOW, N_WIN, N_CAP, NG,
+                            G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
+                            BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
+                            GUARD: tl.constexpr, PORTABLE: tl.constexpr):
+    """Phase 2, one program per (token, KV head): its splits' states first to last, then the sink."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    pos = tl.load(pos_ptr + t)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    g_ok = g < G
+    d_ok = d < D
+    acc_mask = g_ok[:, None] & d_ok[None, :]
+    _, _, _, split_lo, split_hi = _split_range(pos, WINDOW, N_WIN, N_CAP, SLIDING, BLOCK_KV, TPS)
+    row = (t * Hkv + h) * NG * G + g                    # split index 0 of this (token, KV head)
+    m_i = tl.load(m_ptr + row, mask=g_ok, other=float("-inf"))
+    l_i = tl.load(l_ptr + row, mask=g_ok, other=0.0)
+    acc = tl.load(acc_ptr + row[:, None] * D + d[None, :], mask=acc_mask, other=0.0)
+    for z in range(1, split_hi - split_lo + 1):
+        rz = row + z * G
+        m_b = tl.load(m_ptr + rz, mask=g_ok, other=float("-inf"))
+        l_b = tl.load(l_ptr + rz, mask=g_ok, other=0.0)
+        acc_b = tl.load(acc_ptr + rz[:, None] * D + d[None, :], mask=acc_mask, other=0.0)
+        m_i, l_i, acc = _merge(m_i, l_i, acc, m_b, l_b, acc_b, GUARD, PORTABLE)
+
+    sink = tl.load(sink_ptr + h * G + g, mask=g_ok, other=float("-inf")).to(tl.float32)
+    out = _finish(m_i, l_i, acc, sink, PORTABLE)
+    o_rows = o_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
+    tl.store(o_rows, cast_rne(out, o_ptr.dtype.element_ty), mask=acc_mask)
 
 
 def _window_tiles(window: int) -> int:
     return (window - 1) // BLOCK_KV + 2 if window > 0 else 0
 
 
-def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, scale: float) -> torch.Tensor:
+def split_grid(S: int, window: int, split: int = SPLIT) -> int:
+    """The most splits one token can use in a cache of capacity S with this window (the split-K
+    grid's third dimension): every split of the capacity for full attention; for a window, the
+    splits its window keys can touch, (window - 1) // split + 2, and no more than the capacity's."""
+    n_cap = max(1, -(-S // split))
+    return n_cap if window == 0 else min(n_cap, (window - 1) // split + 2)
+
+
+def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, scale: float, *,
+                     _guard: bool = True, _split: int = SPLIT, _two_phase: bool | None = None) -> torch.Tensor:
+    """The Triton kernels (module docstring). Keywords for tests and benchmarks only: _guard=False
+    puts the seed bug back (the unguarded empty-tile merge); _split (a multiple of 64) replaces
+    SPLIT so that tests reach several splits with short caches, and a huge one is the single walk
+    of old; _two_phase forces the split-K launch (True) or the one-program walk (False) — both give
+    the same bits, None picks by shape."""
     q, k_cache, v_cache, slots, positions, sinks = _check(q, k_cache, v_cache, slots, positions, sinks, window)
+    if isinstance(_split, bool) or not isinstance(_split, int) or _split <= 0 or _split % BLOCK_KV:
+        raise ValueError(f"attention: _split must be a positive multiple of {BLOCK_KV}, got {_split!r}")
     T, Hq, D = q.shape
     _, Hkv, S, _ = k_cache.shape
     G = Hq // Hkv
@@ -123,11 +289,25 @@ def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, 
         return out
     g_pad = max(16, next_pow2(G)) if USE_DOT else next_pow2(G)
     d_pad = max(16, next_pow2(D))
-    _attention_kernel[(T, Hkv)](q, k_cache, v_cache, slots, positions, sinks, out,
-                                Hq, Hkv, S, D, int(window), _window_tiles(window), float(scale),
-                                G=G, G_PAD=g_pad, D_PAD=d_pad, BLOCK_KV=BLOCK_KV, SLIDING=window > 0,
-                                USE_DOT=USE_DOT, GUARD=_GUARD_EMPTY_TILES, PORTABLE=PORTABLE_MATH,
-                                num_warps=4, num_stages=1)
+    tps = _split // BLOCK_KV
+    n_cap = max(1, -(-S // _split))
+    ng = split_grid(S, window, _split)
+    walk = -(-S // BLOCK_KV) if window == 0 else min(_window_tiles(window), -(-S // BLOCK_KV))
+    two_phase = (ng > 1 and walk > tps and T * Hkv < TWO_PHASE_BELOW) if _two_phase is None else bool(_two_phase)
+    shape = dict(G=G, G_PAD=g_pad, D_PAD=d_pad, BLOCK_KV=BLOCK_KV, TPS=tps, SLIDING=window > 0,
+                 GUARD=bool(_guard), PORTABLE=PORTABLE_MATH, num_warps=4, num_stages=1)
+    args = (Hq, Hkv, S, D, int(window), _window_tiles(window), n_cap)
+    if not two_phase:
+        _attention_kernel[(T, Hkv)](q, k_cache, v_cache, slots, positions, sinks, out, *args, float(scale),
+                                    USE_DOT=USE_DOT, **shape)
+        return out
+    m = torch.empty((T, Hkv, ng, G), dtype=torch.float32, device=q.device)   # split states
+    l = torch.empty_like(m)
+    acc = torch.empty((T, Hkv, ng, G, D), dtype=torch.float32, device=q.device)
+    _attention_split_kernel[(T, Hkv, ng)](q, k_cache, v_cache, slots, positions, m, l, acc, *args, ng,
+                                          float(scale), USE_DOT=USE_DOT, **shape)
+    _attention_merge_kernel[(T, Hkv)](positions, sinks, m, l, acc, out, Hq, Hkv, D, int(window),
+                                      _window_tiles(window), n_cap, ng, **shape)
     return out
 
 
@@ -155,16 +335,6 @@ def attention_torch(q, k_cache, v_cache, slots, positions, sinks, window: int, s
     probs = torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(e))
     out = torch.einsum("thgs,thsd->thgd", probs[..., :S], v)                   # sink dropped
     return out.reshape(T, Hq, D).to(q.dtype)
-
-
-def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-              positions: torch.Tensor, sinks: torch.Tensor, window: int, scale: float,
-              backend: str = "torch") -> torch.Tensor:
-    """q [T, Hq, D]; k_cache, v_cache [slots, Hkv, S, D]; slots, positions [T] int64;
-    sinks [Hq]; window 0 = full causal -> [T, Hq, D] in q's dtype (fp32 math)."""
-    if check_backend(backend) == "triton":
-        return attention_triton(q, k_cache, v_cache, slots, positions, sinks, window, scale)
-    return attention_torch(q, k_cache, v_cache, slots, positions, sinks, window, scale)
 
 
 def _check(q, k_cache, v_cache, slots, positions, sinks, window):

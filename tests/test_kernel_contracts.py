@@ -5,7 +5,8 @@ runs by default turns red.
     edge case        where                                          spec that turns red
     empty tile       engine/attention.py (engine, torch backend)    generate/greedy-tiny-bf16
                      kernels/attention.py Triton kernel             kernels/attention-empty-tiles-window-128,
-                                                                    kernels/attention-prefill-256-window-128
+                                                                    kernels/attention-prefill-256-window-128,
+                                                                    kernels/attention-splits-window-128
                      kernels/attention.py torch reference           kernels/attention-all-masked-no-sink (new)
                      kernels/attention.py sink merge (Triton)       kernels/attention-all-masked-no-sink (new)
     N / K tails      kernels/matmul.py (K loop, N store mask)       kernels/matmul-n127-k129, -tail-2880, -n1-k1
@@ -119,10 +120,11 @@ def test_engine_empty_tile(engine_specs, monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow encountered")
 @pytest.mark.parametrize("spec_id", ["kernels/attention-empty-tiles-window-128",
-                                     "kernels/attention-prefill-256-window-128"])
+                                     "kernels/attention-prefill-256-window-128",
+                                     "kernels/attention-splits-window-128"])
 def test_triton_attention_empty_tile(kernel_specs, plant, spec_id):
     plant(kernels.attention, {"m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)   # empty so far: no NaN":
-                              "m_use = m_new"}, "_attention_kernel")
+                              "m_use = m_new"}, "_attention_kernel", "_attention_split_kernel")
     assert "non-finite values in the Triton output" in kernel_specs.red(spec_id)
 
 

@@ -232,13 +232,13 @@ def _inputs(spec, device):
         logp, seeds, pos = t["logp"], t["seeds"], t["positions"]
         return (lambda be, r=slice(None): gumbel_argmax(logp[r], seeds[r], pos[r], t["col_base"], backend=be)), s["R"]
     if k == "attention":
-        from kernels.attention import attention
+        from kernels.attention import attention_torch, attention_triton
         t = kernel_inputs(spec, device)
         q, pos, sinks, W, T = t["q"], t["positions"], t["sinks"], t["window"], t["q"].shape[0]
         kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]      # [1, Hkv, S, D] caches
         slots = torch.zeros(T, dtype=torch.int64, device=device)
-        return (lambda be, r=slice(None): attention(q[r], kc, vc, slots[r], pos[r], sinks, W, t["scale"],
-                                                    backend=be)), T
+        impl = {"triton": attention_triton, "torch": attention_torch}
+        return (lambda be, r=slice(None): impl[be](q[r], kc, vc, slots[r], pos[r], sinks, W, t["scale"])), T
     raise ValueError(f"unknown kernel {k!r}")
 
 
@@ -323,11 +323,11 @@ def reference(spec, t: dict) -> torch.Tensor:
     if k == "sampling":
         from kernels.sampling import gumbel_argmax
         return gumbel_argmax(t["logp"], t["seeds"], t["positions"], backend="torch")
-    from kernels.attention import attention
+    from kernels.attention import attention_torch
     q = t["q"]
     kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]
-    return attention(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device), t["positions"],
-                     t["sinks"], t["window"], t["scale"], backend="torch")
+    return attention_torch(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device), t["positions"],
+                           t["sinks"], t["window"], t["scale"])
 
 
 def _first(mask: torch.Tensor) -> list[int]:

@@ -122,10 +122,10 @@ def _spec(name):
 
 
 def _attention(q, k, v, positions, sinks, window, scale):
-    from kernels.attention import attention
+    from kernels.attention import attention_triton
     kc, vc = k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous()
     slots = torch.zeros(q.shape[0], dtype=torch.int64, device=q.device)
-    return attention(q, kc, vc, slots, positions, sinks, window, scale, backend="triton")
+    return attention_triton(q, kc, vc, slots, positions, sinks, window, scale)
 
 
 def _rmsnorm(x, w, eps):

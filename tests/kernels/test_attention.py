@@ -1,4 +1,4 @@
-"""kernels.attention: sinks, sliding window, GQA; empty tiles; prefill == decode bitwise."""
+"""kernels.attention: sinks, sliding window, GQA; empty tiles; splits; prefill == decode bitwise."""
 
 import math
 
@@ -6,8 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-import kernels.attention as A
-from kernels.attention import BLOCK_KV, attention
+from kernels.attention import BLOCK_KV, SPLIT, attention_torch, attention_triton, split_grid
 from tests.kernels.conftest import DEVICE
 
 # Stated tolerance against the plain torch reference (whole-row softmax): fp32 2e-5 absolute
@@ -34,10 +33,10 @@ def zeros(n):
     return torch.zeros(n, dtype=torch.int64, device=DEVICE)
 
 
-def both(q, k, v, slots, pos, sinks, window, scale=0.125):
-    """Triton kernel and torch reference on the same (DEVICE) inputs."""
-    out = attention(q, k, v, slots, pos, sinks, window, scale, backend="triton")
-    ref = attention(q, k, v, slots, pos, sinks, window, scale)
+def both(q, k, v, slots, pos, sinks, window, scale=0.125, **kw):
+    """Triton kernel (kw: its test keywords) and torch reference on the same (DEVICE) inputs."""
+    out = attention_triton(q, k, v, slots, pos, sinks, window, scale, **kw)
+    ref = attention_torch(q, k, v, slots, pos, sinks, window, scale)
     return out, ref
 
 
@@ -47,14 +46,15 @@ def bits(t):
 
 @settings(max_examples=10, deadline=None)
 @given(Hkv=st.sampled_from([1, 2]), G=st.sampled_from([1, 2, 8]), D=st.sampled_from([16, 64]),
-       window=st.sampled_from([0, 1, 3, 64, 128]), T=st.integers(1, 6), seed=st.integers(0, 1000))
-def test_property_agrees_with_reference(Hkv, G, D, window, T, seed):
+       window=st.sampled_from([0, 1, 3, 64, 128]), T=st.integers(1, 6), seed=st.integers(0, 1000),
+       split=st.sampled_from([64, SPLIT]), two_phase=st.sampled_from([None, True]))
+def test_property_agrees_with_reference(Hkv, G, D, window, T, seed, split, two_phase):
     S = 160
     q, k, v, sinks = setup(Hq=Hkv * G, Hkv=Hkv, D=D, S=S, slots=2, seed=seed)
     g = torch.Generator().manual_seed(seed)
     pos = torch.randint(0, S, (T,), generator=g).to(DEVICE)
     slots = torch.randint(0, 2, (T,), generator=g).to(DEVICE)
-    out, ref = both(q[:T], k, v, slots, pos, sinks, window, 1 / math.sqrt(D))
+    out, ref = both(q[:T], k, v, slots, pos, sinks, window, 1 / math.sqrt(D), _split=split, _two_phase=two_phase)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, rtol=0, atol=ATOL[torch.float32])
 
@@ -73,18 +73,21 @@ def test_empty_tiles_long_prompts_window_128():
     assert not out.isnan().any()
     torch.testing.assert_close(out, ref, rtol=0, atol=ATOL[torch.float32])
     for i in range(len(pos)):       # each as a decode step: bitwise the same
-        alone = attention(q[i:i + 1], k, v, slots[:1], pos[i:i + 1], sinks, 128, 0.125, backend="triton")
+        alone = attention_triton(q[i:i + 1], k, v, slots[:1], pos[i:i + 1], sinks, 128, 0.125)
         assert bits(alone).equal(bits(out[i:i + 1])), PROMPT_LENGTHS[i]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
-def test_the_empty_tile_bug_is_caught(monkeypatch):
-    """Putting the seed bug back (m_use = m_new) must turn the check above red."""
-    monkeypatch.setattr(A, "_GUARD_EMPTY_TILES", False)
+@pytest.mark.parametrize("last, launch", [(255, {}), (319, {"_split": 128, "_two_phase": True})],
+                         ids=["one-split", "split-k"])
+def test_the_empty_tile_bug_is_caught(last, launch):
+    """Putting the seed bug back (m_use = m_new) must turn the check above red, also split-K.
+    (With 128-key splits the empty tile of 191 and 319, tiles 0 and 2, opens their first split;
+    that of 255, tile 1, lies in the split before its window and is not walked.)"""
     S = 320
     q, k, v, sinks = setup(Hq=2, Hkv=1, D=16, S=S, seed=2)
-    pos = ints(150, 190, 191, 255)               # p = 63 mod 64, p >= 191: an empty first tile
-    out, ref = both(q[:4], k, v, zeros(4), pos, sinks, 128)
+    pos = ints(150, 190, 191, last)              # p = 63 mod 64, p >= 191: an empty first tile
+    out, ref = both(q[:4], k, v, zeros(4), pos, sinks, 128, _guard=False, **launch)
     assert torch.allclose(out[:2], ref[:2], atol=2e-5)          # no empty tile yet
     assert out[2:].isnan().all()                                 # poisoned
 
@@ -97,12 +100,12 @@ def test_prefill_chunked_and_decode_are_bitwise_equal():
     pos = torch.arange(T, device=DEVICE)
     slots = zeros(T)
     for window in (128, 0):
-        full = attention(q, k, v, slots, pos, sinks, window, 0.2, backend="triton")
-        chunked = torch.cat([attention(q[i:i + 37], k, v, slots[i:i + 37], pos[i:i + 37], sinks, window, 0.2,
-                                       backend="triton") for i in range(0, T, 37)])
+        full = attention_triton(q, k, v, slots, pos, sinks, window, 0.2)
+        chunked = torch.cat([attention_triton(q[i:i + 37], k, v, slots[i:i + 37], pos[i:i + 37], sinks, window, 0.2)
+                             for i in range(0, T, 37)])
         assert bits(full).equal(bits(chunked))
         for t in (0, 63, 64, 127, 128, 190, 191, 192, 199):
-            one = attention(q[t:t + 1], k, v, slots[:1], pos[t:t + 1], sinks, window, 0.2, backend="triton")
+            one = attention_triton(q[t:t + 1], k, v, slots[:1], pos[t:t + 1], sinks, window, 0.2)
             assert bits(one).equal(bits(full[t:t + 1])), (window, t)
 
 
@@ -115,8 +118,8 @@ def test_decode_does_not_see_the_future_cache():
     p = ints(70)
     s = zeros(1)
     for window in (0, 8):
-        a = attention(q[:1], k, v, s, p, sinks, window, 0.25, backend="triton")
-        b = attention(q[:1], k2, v2, s, p, sinks, window, 0.25, backend="triton")
+        a = attention_triton(q[:1], k, v, s, p, sinks, window, 0.25)
+        b = attention_triton(q[:1], k2, v2, s, p, sinks, window, 0.25)
         assert bits(a).equal(bits(b))
 
 
@@ -125,9 +128,9 @@ def test_batch_mates_do_not_change_a_row():
     q, k, v, sinks = setup(Hq=4, Hkv=2, D=32, S=192, slots=3, seed=5)
     pos = ints(5, 130, 64, 191, 0, 77)
     slots = ints(0, 1, 2, 0, 1, 2)
-    batch = attention(q[:6], k, v, slots, pos, sinks, 128, 0.17, backend="triton")
+    batch = attention_triton(q[:6], k, v, slots, pos, sinks, 128, 0.17)
     for i in range(6):
-        alone = attention(q[i:i + 1], k, v, slots[i:i + 1], pos[i:i + 1], sinks, 128, 0.17, backend="triton")
+        alone = attention_triton(q[i:i + 1], k, v, slots[i:i + 1], pos[i:i + 1], sinks, 128, 0.17)
         assert bits(alone).equal(bits(batch[i:i + 1]))
 
 
@@ -174,5 +177,82 @@ def test_bf16_inputs():
     torch.testing.assert_close(out.float(), ref.float(), rtol=0, atol=ATOL[torch.bfloat16])
 
 
-def test_tile_size_is_fixed():
+def test_tile_and_split_sizes_are_fixed():
     assert BLOCK_KV == 64
+    assert SPLIT == 1024 and SPLIT % BLOCK_KV == 0
+
+
+# Splits. Tests pass _split=128 (two tiles per split) so that short caches have several; the
+# product's SPLIT stays 1024. Positions cross the split boundaries 128 and 256.
+SPLIT_TEST = 128
+SPLIT_POSITIONS = [0, 63, 64, 127, 128, 129, 191, 200, 255, 256, 300, 319]
+
+
+@pytest.mark.parametrize("window", [0, 100])
+def test_splits_prefill_chunked_and_decode_are_bitwise_equal(window):
+    """D3 across splits: the one-program walk (prefill), split-K (decode), chunks of 5 and each
+    position alone give the same bits, within the tolerance of the whole-row reference. Window 100
+    crosses the split boundaries (positions 128..227 and 256..355 use two splits)."""
+    q, k, v, sinks = setup(Hq=2, Hkv=1, D=16, S=320, seed=10)
+    pos = ints(*SPLIT_POSITIONS)
+    T = len(pos)
+    q, slots = q[:T], zeros(T)
+    kw = dict(_split=SPLIT_TEST)
+    walk, ref = both(q, k, v, slots, pos, sinks, window, 0.25, _two_phase=False, **kw)
+    torch.testing.assert_close(walk, ref, rtol=0, atol=ATOL[torch.float32])
+    split_k = attention_triton(q, k, v, slots, pos, sinks, window, 0.25, _two_phase=True, **kw)
+    assert bits(split_k).equal(bits(walk))
+    chunked = torch.cat([attention_triton(q[i:i + 5], k, v, slots[i:i + 5], pos[i:i + 5], sinks, window, 0.25, **kw)
+                         for i in range(0, T, 5)])
+    assert bits(chunked).equal(bits(walk))
+    for i in (3, 4, 8, 9, 11):                      # 127, 128, 255, 256, 319: decode steps
+        one = attention_triton(q[i:i + 1], k, v, slots[:1], pos[i:i + 1], sinks, window, 0.25, **kw)
+        assert bits(one).equal(bits(walk[i:i + 1])), SPLIT_POSITIONS[i]
+
+
+def test_one_split_is_the_single_walk():
+    """A position whose visible keys lie in one split runs exactly the single 64-key walk: the same
+    bits with 128-key splits (split-K) as with one split for the whole cache, and in a cache of
+    one split's capacity as in one of three. Position 227 with window 100 starts its window at key
+    128: its walk's first tile (keys 64..127, wholly before the window) lies in the split before
+    and is not walked, which changes no bit (an empty tile leaves the state exactly empty)."""
+    q, k, v, sinks = setup(Hq=2, Hkv=1, D=16, S=320, seed=11)
+    for window, positions in ((0, (0, 5, 63, 64, 127)), (100, (127, 227, 240, 255))):
+        pos = ints(*positions)
+        T = len(pos)
+        single = attention_triton(q[:T], k, v, zeros(T), pos, sinks, window, 0.25)           # S <= SPLIT
+        split_k = attention_triton(q[:T], k, v, zeros(T), pos, sinks, window, 0.25, _split=SPLIT_TEST,
+                                   _two_phase=True)
+        assert bits(split_k).equal(bits(single)), window
+    small = attention_triton(q[:3], k[:, :, :128].contiguous(), v[:, :, :128].contiguous(), zeros(3), ints(0, 64, 127),
+                             sinks, 0, 0.25, _split=SPLIT_TEST)                            # capacity: one split
+    assert bits(small).equal(bits(attention_triton(q[:3], k, v, zeros(3), ints(0, 64, 127), sinks, 0, 0.25,
+                                                   _split=SPLIT_TEST, _two_phase=True)))
+
+
+def test_empty_splits_change_nothing():
+    """Split-K's grid is the most splits any token can use; a token with fewer (position 5 beside
+    position 319: one split of three) walks and stores nothing in the others, so its row equals
+    the row alone (D2). A token with no visible key at all (window 4 at position 400 of a 320-key
+    cache: the capacity's last split) comes out 0: the sink's weight times no value."""
+    q, k, v, sinks = setup(Hq=2, Hkv=1, D=16, S=320, slots=2, seed=12)
+    pos, slots = ints(319, 5, 200, 130), ints(0, 1, 1, 0)
+    for window in (0, 100):
+        batch = attention_triton(q[:4], k, v, slots, pos, sinks, window, 0.25, _split=SPLIT_TEST, _two_phase=True)
+        for i in range(4):
+            alone = attention_triton(q[i:i + 1], k, v, slots[i:i + 1], pos[i:i + 1], sinks, window, 0.25,
+                                     _split=SPLIT_TEST, _two_phase=True)
+            assert bits(alone).equal(bits(batch[i:i + 1])), (window, i)
+    for two_phase in (False, True):                 # 400 is past the capacity: its split is the last
+        out, ref = both(q[:2], k, v, zeros(2), ints(400, 3), sinks, 4, 0.25, _split=SPLIT_TEST, _two_phase=two_phase)
+        assert out[0].eq(0).all() and torch.isfinite(out).all()
+        torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
+
+
+def test_split_grid_and_bad_split():
+    assert split_grid(320, 0, 128) == 3 and split_grid(320, 100, 128) == 2 and split_grid(320, 1, 128) == 2
+    assert split_grid(128, 0, 128) == 1 and split_grid(131072, 128) == 2 and split_grid(131072, 0) == 128
+    q, k, v, sinks = setup(Hq=2, Hkv=1, D=16, S=64, seed=13)
+    for bad in (0, 100, -64, True, 64.0):
+        with pytest.raises(ValueError, match="_split must be a positive multiple of 64"):
+            attention_triton(q[:1], k, v, zeros(1), ints(0), sinks, 0, 0.25, _split=bad)
