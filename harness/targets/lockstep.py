@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from harness.targets.base import CPU, CUDA, INTERPRETER, GenOutput, Op, Target
+from harness.targets.base import CPU, CUDA, INTERPRETER, RNG_COINS, GenOutput, Op, Target
 
 
 def _hash(seed, pos, col):
@@ -146,6 +146,7 @@ def load() -> Target:
         name="lockstep", version=version(),
         description="Lockstep's own kernels (Triton) and reference engine: the default target",
         conventions=("boundary", "sglang", "output-index"),
+        rng=RNG_COINS,
         ops={
             "hash": Op(_hash, every, "kernels.coins.murmur_hash32"),
             "verify_coins": Op(_verify_coins, every, "kernels.coins.verify_coins"),
