@@ -54,13 +54,16 @@ def outside():
 def claims_coins():
     return Target("claims", "1", ops={"generate": _op(_generate)}, rng="lockstep-coins-1")
 
+def norng():
+    return Target("norng", "1", ops={"generate": _op(_generate)})
+
 def nothing():
     return Target("nothing", "1", ops={}, missing={"generate": "the nothing engine generates nothing"})
 
 def broken():
     raise ImportError("No module named 'toy_runtime'")
 '''
-NAMES = ("toy", "shifted", "crashy", "outside", "claims_coins", "nothing", "broken")
+NAMES = ("toy", "shifted", "crashy", "outside", "claims_coins", "norng", "nothing", "broken")
 
 
 @pytest.fixture
@@ -176,6 +179,7 @@ def test_lockstep_through_its_target_adapter_replays_bitwise(tmp_path, capsys):
                               "toy_record_adapter.py:"]),
     (["--target", "outside"], ["step 1: token 99999 is outside the vocabulary"]),
     (["--target", "claims-coins"], ["declares lockstep-coins-1", "'stateless' or 'stateful'"]),
+    (["--target", "norng"], ["declares no RNG model", "only greedy requests"]),
     (["--target", "toy", "--tp", "2"], ["--tp set(s) Lockstep's own engine"]),
     (["--target", "toy", "--draft", "models/tiny-eagle3"], ["--draft"]),
 ])
