@@ -203,12 +203,13 @@ def _speculative_control(trace: Trace, i: int, result, log: StepLog) -> StepVerd
 
 def _forced_verdicts(trace: Trace, i: int, result, flog: StepLog) -> list[StepVerdict]:
     out = []
+    lps = result.logprobs.tolist() if hasattr(result.logprobs, "tolist") else list(result.logprobs)  # one copy
     for k, s in enumerate(trace.steps[i]):
-        bits = f32_bits(float(result.logprobs[k]))
+        bits = f32_bits(float(lps[k]))
         got = flog.logits.get((i, k), {})
         experts = [v for _, v in sorted(flog.experts.get((i, k), {}).items())]
         if bits != s["logprob_bits"]:
-            d = abs(float(result.logprobs[k]) - f32_from_bits(s["logprob_bits"]))
+            d = abs(float(lps[k]) - f32_from_bits(s["logprob_bits"]))
             u = ulp_distance(bits, s["logprob_bits"])
             out.append(StepVerdict(i, k, "bits", f"logprob {bits} vs the trace's {s['logprob_bits']} "
                                                  f"(|Δ| {d:.3g}, {u} ULP)", d, u))
