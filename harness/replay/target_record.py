@@ -3,8 +3,10 @@
     trace = record_target("hf", Setup({"path": "models/tiny-target"}), requests)
 
 The target (harness/targets/: a built-in adapter or an outside engine's entry point) generates
-through its `generate` operation (seeded sampling, batches, chunked prefill, as its Op.features
-say) or, for greedy requests without chunking, its `greedy_generate`. What it gives back is what
+through its `generate` operation (batches and chunked prefill as its Op.features say; seeded
+requests with its own seeded sampling, so they need its declared RNG model, `Target.rng`, not the
+`sampling` feature of the coin contract) or, for greedy requests without chunking, its
+`greedy_generate`. What it gives back is what
 the target interface carries: per request the token ids, each chosen token's logprob and the
 finish reason. The trace is in the same format as `lockstep record`'s, with
 
