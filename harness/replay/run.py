@@ -205,9 +205,9 @@ def _prefill_shaped(model, reqs, forced, chunk: int, group: int, trace):
                                 torch.tensor(slot, device=dev), cache,
                                 logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=dev))
             chosen = chosen_logprobs(res.logits, torch.tensor([forced[i][k] for i, k in wanted], device=dev))
-            for j, (i, k) in enumerate(wanted):
-                out[i][k] = chosen[j]
-    return [ForcedResult(list(t), torch.stack(lp).to("cpu", torch.float32)) for t, lp in zip(forced, out)]
+            for (i, k), x in zip(wanted, chosen.tolist()):       # float32 values, exact as Python floats
+                out[i][k] = x
+    return [ForcedResult(list(t), torch.tensor(lp, dtype=torch.float32)) for t, lp in zip(forced, out)]
 
 
 ROWS_AT_ONCE = 1024        # logits rows per log_softmax: bounds its float64 temporaries (~1.6 GB at V = 201k)
