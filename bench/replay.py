@@ -24,7 +24,8 @@ are). Token ids are random (teacher forcing takes any tokens: a rollout's, a pee
 experts, logits digests and margins are not observed (host-side work per row that `lockstep replay`
 adds on top; the CPU figures above include it). The issue's figure (target <= 4 s):
 
-    python3 bench/replay.py --shape 20b                     # on one H200: 64 x 1024, bf16, MXFP4 experts
+    python3 bench/replay.py --shape 20b                     # on one H200: 64 x 1024, bf16, dense bf16 experts
+    python3 bench/replay.py --shape 20b --experts mxfp4 --repeat 1   # packed experts (slower prefills)
     python3 bench/replay.py --shape tiny --device cpu --requests 4 --tokens 32 --chunk 16 --max-batch 2
 """
 
@@ -61,8 +62,9 @@ def main():
     ap.add_argument("--shape", help="in memory: 20b, 120b or an engine.config preset, random weights built on "
                                     "--device (no checkpoint file)")
     ap.add_argument("--device", default=DEVICE.type, help="with --shape: cuda or cpu")
-    ap.add_argument("--experts", choices=["mxfp4", "bf16"], default="mxfp4",
-                    help="with --shape: packed MXFP4 experts, or their exact bf16 dequantization")
+    ap.add_argument("--experts", choices=["mxfp4", "bf16"], default="bf16",
+                    help="with --shape: the experts dense in bf16 (default), or packed MXFP4 (the same values; "
+                         "about 3x slower prefills, docs/benchmarks.md)")
     ap.add_argument("--repeat", type=int, default=3, help="with --shape: timed runs of each figure (the median)")
     args = ap.parse_args()
     if args.shape:
