@@ -131,8 +131,8 @@ def test_outside_target_recorded_with_its_rng_model_and_replayed(outside_targets
                  requests_file(tmp_path), "--prefill-chunk", "5", "--max-batch", "1"]) == 0
     capsys.readouterr()
     t = read_trace(out)
-    assert t.manifest["engine"] | {} == {"name": "toy", "version": "2.1", "description": "", "operation": "generate",
-                                         "rng": "stateless"}
+    assert t.manifest["engine"] == {"name": "toy", "version": "2.1", "description": "", "operation": "generate",
+                                    "rng": "stateless"}
     assert t.manifest["target"]["prefill_chunk"] == 5 and t.manifest["target"]["max_batch"] == 1
     assert [r["rng"] for r in t.requests] == ["none (greedy)", "target:toy stateless (seed, position)"]
     code, doc = replay_json(capsys, out, "--order", "1,0")
