@@ -116,33 +116,49 @@ def run(spec, ctx) -> Result:
     model = model_for(inp["checkpoint"], ctx.backend, project_root(spec), ctx.device, ctx.platform.dtype)
     params = _params({**SAMPLING.check({}, (), []), **(inp["sampling"] or {})})
     kw = {"prefill_chunk": inp["prefill_chunk"]}
+
+    def gen(prompt, cache=None):
+        return generate(model, [Request(prompt, params, inp["seed"])], prefix_cache=cache, **kw)[0]
+    return run_cases(spec, cold=gen, new_cache=lambda: PrefixCache(inp["block"]), warm=lambda c, p: gen(p, c),
+                     counters=lambda c: (c.hits, c.hit_tokens))
+
+
+def run_cases(spec, cold, new_cache, warm, counters) -> Result:
+    """The kind's cases on one implementation: `cold(prompt)` runs a prompt without a cache,
+    `new_cache()` makes an empty cache, `warm(cache, prompt)` runs a prompt through it, and
+    `counters(cache)` -> (lookups that reused KV, positions reused). Each returns what
+    generate() does (.tokens, .logprobs float32). Lockstep's engine runs it here; a target's
+    prefix-cache capability through harness/targets/runners.py."""
+    inp = spec.inputs
     tensors, names, differing, hits, reused = {}, [], [], 0, []
-    caches: dict[str, PrefixCache] = {}
+    caches: dict[str, object] = {}
     colds: dict[tuple, object] = {}                     # the splits share one query: one cold run
-    for i, (name, warm, query, expected) in enumerate(cases(spec)):
-        req = Request(query, params, inp["seed"])
-        cold = colds.get(tuple(query))
-        if cold is None:
-            cold = colds[tuple(query)] = generate(model, [req], **kw)[0]
+    for i, (name, warm_up, query, expected) in enumerate(cases(spec)):
+        cold_res = colds.get(tuple(query))
+        if cold_res is None:
+            cold_res = colds[tuple(query)] = cold(query)
         key = name.split(" link ")[0] if " link " in name else f"case {i}"
         cache = caches.get(key)
         if cache is None:                              # a chain's links share one cache, warmed once
-            cache = caches[key] = PrefixCache(inp["block"])
-            for w in warm:
-                generate(model, [Request(w, params, inp["seed"])], prefix_cache=cache, **kw)
-        before = (cache.hits, cache.hit_tokens)
-        warm_res = generate(model, [req], prefix_cache=cache, **kw)[0]
-        got = cache.hit_tokens - before[1]
-        hits += cache.hits - before[0]
+            cache = caches[key] = new_cache()
+            for w in warm_up:
+                warm(cache, w)
+        before = counters(cache)
+        warm_res = warm(cache, query)
+        after = counters(cache)
+        got = after[1] - before[1]
+        hits += after[0] - before[0]
         reused.append(got)
-        same = cold.tokens == warm_res.tokens and torch.equal(cold.logprobs.view(torch.int32),
-                                                              warm_res.logprobs.view(torch.int32))
+        cold_lp = torch.as_tensor(cold_res.logprobs, dtype=torch.float32)
+        warm_lp = torch.as_tensor(warm_res.logprobs, dtype=torch.float32)
+        same = list(cold_res.tokens) == list(warm_res.tokens) and cold_lp.shape == warm_lp.shape and \
+            torch.equal(cold_lp.view(torch.int32), warm_lp.view(torch.int32))
         if not same or got != expected:
             differing.append(f"{name}: " + (f"the hit reused {got} positions, the case predicts {expected}"
                                             if got != expected else "the warm run's tokens or logprob bits differ "
                                                                     "from the cold prefill's"))
-        tensors[f"tokens_{i}"] = torch.tensor(cold.tokens, dtype=torch.int64)
-        tensors[f"logprobs_{i}"] = cold.logprobs
+        tensors[f"tokens_{i}"] = torch.tensor(list(cold_res.tokens), dtype=torch.int64)
+        tensors[f"logprobs_{i}"] = cold_lp.cpu()
         names.append(name)
     data = {"cases": names, "reused_positions": reused, "hits": hits}
     return Result(tensors=tensors, data=data, facts={"differing": differing, "hits": hits})

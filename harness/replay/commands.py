@@ -2,6 +2,8 @@
 
     lockstep record OUT --checkpoint models/tiny-target --requests reqs.jsonl [--dtype --backend --tp --ep
                         --max-batch --prefill-chunk] [--draft models/tiny-eagle3 --convention sglang --topk 2 ...]
+    lockstep record OUT --target hf --checkpoint models/tiny-target --requests reqs.jsonl [--max-batch
+                        --prefill-chunk]      (through a target adapter: harness/replay/target_record.py)
     lockstep replay TRACE [--mode free-run|teacher-forced] [--tp --ep --backend --max-batch --prefill-chunk
                           --order 1,0] [--near-tie 1e-3] [--json]
     lockstep import-peer PEER.json --format vllm|sglang|rollouts|hf --checkpoint DIR [--threshold 1e-3] [--json]
@@ -9,7 +11,8 @@
 
 A request file has one JSON object a line: {"prompt": [ids], "seed": 7, "sampling": {"temperature":
 0.8, "max_new_tokens": 16, ...}} (engine.sampling.SamplingParams' fields). Exit codes: 0 bitwise
-(replay) or written, 1 a divergence, 2 a bad trace or bad input (one located line, never a traceback).
+(replay; another engine's trace: every step within --threshold) or written, 1 a divergence, 2 a bad
+trace, bad input or a target that cannot run here (one located line, never a traceback).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def add_commands(sub) -> None:
     p.add_argument("--topk", type=int, default=1)
     p.add_argument("--draft-token-num", type=int, default=4)
     p.add_argument("--verify", choices=["greedy", "target-only", "rejection"], default="target-only")
+    p.add_argument("--target", help="record through this target adapter (sglang, vllm, hf, lockstep, or an outside "
+                                    "engine's entry point) instead of Lockstep's engine")
     p.set_defaults(func=cmd_record)
 
     p = sub.add_parser("replay", help="replay a trace and judge it step by step (free-run or teacher-forced)")
@@ -67,6 +72,9 @@ def add_commands(sub) -> None:
     p.add_argument("--checkpoint", help="the checkpoint folder here, when the trace's path does not hold it "
                                         "(its weight digests must match the trace's)")
     p.add_argument("--near-tie", type=float, default=None, help="margin under which a token flip is a near-tie")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="another engine's trace (import-peer, record --target): the |Δlogprob| a step may "
+                        "differ by (default 1e-3)")
     p.add_argument("--no-locate", action="store_true", help="do not re-run the first divergence with ops traced")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_replay)
@@ -153,21 +161,38 @@ def cmd_record(args) -> int:
             draft = {**_checkpoint_ref(args.draft), "convention": args.convention}
             spec = {"num_steps": args.num_steps, "topk": args.topk, "draft_token_num": args.draft_token_num,
                     "verify": args.verify}
+        if args.target is not None:
+            _target_options(args)
         setup = Setup(ckpt, dtype=args.dtype, backend=args.backend, tp=args.tp, ep=args.ep, max_batch=args.max_batch,
                       prefill_chunk=args.prefill_chunk, draft=draft, speculative=spec)
-        trace = record(setup, _requests(args))
+        if args.target is not None:
+            from harness.replay.target_record import record_target
+            trace = record_target(args.target, setup, _requests(args))
+        else:
+            trace = record(setup, _requests(args))
         write_trace(trace, args.out)
     except (TraceError, CheckpointError, ValueError, OSError) as e:
         return _fail(str(e))
     n = sum(len(s) for s in trace.steps)
-    print(f"recorded {len(trace.requests)} requests, {n} steps to {args.out}")
+    via = f" from target {trace.manifest['engine']['name']}-{trace.manifest['engine']['version']}" if args.target else ""
+    print(f"recorded {len(trace.requests)} requests, {n} steps{via} to {args.out}")
     return EXIT_OK
+
+
+def _target_options(args) -> None:
+    """What a target recording cannot take: the engine's own settings (the target runs as it runs)."""
+    engine_only = [flag for flag, on in (("--draft", args.draft), ("--tp", args.tp != 1), ("--ep", args.ep != 1),
+                                         ("--dtype", args.dtype != "fp32"), ("--backend", args.backend != "torch"))
+                   if on]
+    if engine_only:
+        raise ValueError(f"--target {args.target}: {', '.join(engine_only)} set(s) Lockstep's own engine; a target "
+                         f"runs as its adapter runs it (only --max-batch and --prefill-chunk reach it)")
 
 
 def cmd_replay(args) -> int:
     from engine.checkpoint import CheckpointError
     from harness.replay.format import TraceError, read_trace
-    from harness.replay.replay import NEAR_TIE, replay
+    from harness.replay.replay import NEAR_TIE, THRESHOLD, replay
 
     try:
         trace = read_trace(args.trace)
@@ -176,11 +201,12 @@ def cmd_replay(args) -> int:
         if args.checkpoint:
             overrides["checkpoint"] = _checkpoint_ref(args.checkpoint)
         report = replay(trace, args.mode, overrides, near_tie=args.near_tie if args.near_tie is not None else NEAR_TIE,
-                        locate_first=not args.no_locate)
+                        locate_first=not args.no_locate,
+                        threshold=args.threshold if args.threshold is not None else THRESHOLD)
     except (TraceError, CheckpointError, ValueError, OSError) as e:
         return _fail(f"{args.trace}: {e}" if not str(e).startswith(str(args.trace)) else str(e))
     print(json.dumps(report.to_json(), indent=2) if args.json else report.text())
-    return EXIT_OK if report.bitwise else EXIT_DIVERGED
+    return EXIT_OK if report.ok else EXIT_DIVERGED
 
 
 def cmd_import_peer(args) -> int:

@@ -18,6 +18,15 @@ A step's verdict (STATUSES): `bitwise`; `bits` (same token, other bits: |Δlogpr
 stopped). The first step that is not bitwise is handed to harness.locate, which re-runs that
 step of that request on both sides (the recorded setup and the replay's) with every op traced
 and names the layer and op where they part.
+
+A trace of another engine (an imported peer run, or a `record --target` run of any target
+but `lockstep`) is judged across implementations, never by a claim of
+bitwise equality (DESIGN §10): the verdicts are the same, but a `bits` step whose |Δlogprob| is
+within `threshold` (default 1e-3, import-peer's) is accepted, the report carries the per-token
+statistics (p50 / p95 / p99 / max |Δ|, the share over the threshold; the mean only beside them),
+and the first step over the threshold is the divergence. Nothing is located: the trace's side
+cannot be re-run here. Free-run applies only when every request is greedy or was sampled under
+Lockstep's coin contract; a seed of another RNG model is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_re
 MODES = ("free-run", "teacher-forced")
 OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order", "forced_shape")
 NEAR_TIE = 1e-3           # default margin (top-1 minus top-2 logit) under which a token flip is a near-tie
+THRESHOLD = 1e-3          # another engine's trace: |Δlogprob| accepted per step (import-peer's default)
+REPLAYABLE_RNG = ("lockstep-coins-1", "none (greedy)")     # the RNG models free-run can draw again
 
 
 @dataclass
@@ -53,9 +64,16 @@ class ReplayReport:
     verdicts: list[StepVerdict] = field(default_factory=list)   # every step of every request
     first: StepVerdict | None = None
     located: object | None = None                               # harness.locate.Located
+    threshold: float | None = None      # another engine's trace: the |Δlogprob| a step may differ by
+    stats: dict | None = None           # and the per-token statistics of |Δlogprob|
 
     @property
     def bitwise(self) -> bool:
+        return all(v.status == "bitwise" for v in self.verdicts)
+
+    @property
+    def ok(self) -> bool:
+        """Every step bitwise or, for another engine's trace, within the threshold."""
         return self.first is None
 
     def counts(self) -> dict:
@@ -68,8 +86,16 @@ class ReplayReport:
         c = self.counts()
         lines = [f"replay ({self.mode}; {', '.join(f'{k} {v}' for k, v in sorted(self.setup.items()))}): "
                  f"{len(self.verdicts)} steps, " + ", ".join(f"{n} {k}" for k, n in sorted(c.items()))]
+        if self.stats:
+            st = self.stats
+            lines.append(f"another engine's trace: |Δlogprob| p50 {st['p50']:.3g}, p95 {st['p95']:.3g}, "
+                         f"p99 {st['p99']:.3g}, max {st['max']:.3g} (mean {st['mean']:.3g}); "
+                         f"{100 * st['share_over_threshold']:.1f}% over {self.threshold:g}; "
+                         f"{st['bitwise_equal']} of {st['tokens']} bitwise equal")
         if self.first is None:
-            lines.append("every step is bitwise equal to the trace")
+            lines.append("every step is bitwise equal to the trace" if self.bitwise else
+                         f"every step is within |Δlogprob| <= {self.threshold:g} of the trace (not bitwise: "
+                         f"another implementation)")
         else:
             f = self.first
             lines.append(f"first divergence: request {f.request}, step {f.step}: {f.status}: {f.detail}")
@@ -78,7 +104,8 @@ class ReplayReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"mode": self.mode, "setup": self.setup, "bitwise": self.bitwise, "counts": self.counts(),
+        return {"mode": self.mode, "setup": self.setup, "bitwise": self.bitwise, "ok": self.ok,
+                "threshold": self.threshold, "stats": self.stats, "counts": self.counts(),
                 "first": None if self.first is None else vars(self.first),
                 "located": None if self.located is None else self.located.to_json(),
                 "divergent": [vars(v) for v in self.verdicts if v.status != "bitwise"][:200]}
@@ -176,12 +203,13 @@ def _speculative_control(trace: Trace, i: int, result, log: StepLog) -> StepVerd
 
 def _forced_verdicts(trace: Trace, i: int, result, flog: StepLog) -> list[StepVerdict]:
     out = []
+    lps = result.logprobs.tolist() if hasattr(result.logprobs, "tolist") else list(result.logprobs)  # one copy
     for k, s in enumerate(trace.steps[i]):
-        bits = f32_bits(float(result.logprobs[k]))
+        bits = f32_bits(float(lps[k]))
         got = flog.logits.get((i, k), {})
         experts = [v for _, v in sorted(flog.experts.get((i, k), {}).items())]
         if bits != s["logprob_bits"]:
-            d = abs(float(result.logprobs[k]) - f32_from_bits(s["logprob_bits"]))
+            d = abs(float(lps[k]) - f32_from_bits(s["logprob_bits"]))
             u = ulp_distance(bits, s["logprob_bits"])
             out.append(StepVerdict(i, k, "bits", f"logprob {bits} vs the trace's {s['logprob_bits']} "
                                                  f"(|Δ| {d:.3g}, {u} ULP)", d, u))
@@ -196,13 +224,24 @@ def _forced_verdicts(trace: Trace, i: int, result, flog: StepLog) -> list[StepVe
     return out
 
 
+def foreign(trace: Trace) -> bool:
+    """A trace of another engine (a peer's import, a target's recording): judged with a tolerance.
+    Lockstep's own engine recorded through its target adapter is not another engine."""
+    return trace.manifest.get("source") not in ("lockstep", "target:lockstep")
+
+
 def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, *, near_tie: float = NEAR_TIE,
-           locate_first: bool = True) -> ReplayReport:
+           locate_first: bool = True, threshold: float = THRESHOLD) -> ReplayReport:
     if mode not in MODES:
         raise TraceError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode == "free-run" and trace.manifest.get("source") != "lockstep":
-        raise TraceError(f"a trace imported from {trace.manifest.get('source')} can only be teacher-forced: its "
-                         f"sampling used the peer's own RNG (use `lockstep import-peer`, or --mode teacher-forced)")
+    if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
+        raise TraceError(f"threshold must be a finite number > 0, got {threshold!r}")
+    if mode == "free-run":
+        other = next((r for r in trace.requests if r.get("rng") not in REPLAYABLE_RNG), None)
+        if other is not None:
+            raise TraceError(f"request {other.get('index')} of this {trace.manifest.get('source')} trace was sampled "
+                             f"with RNG {other.get('rng')!r}, not Lockstep's coin contract: it can only be "
+                             f"teacher-forced (--mode teacher-forced)")
     setup = replay_setup(trace, overrides or {})
     check_identity(trace, setup)
     requests = requests_of(trace)
@@ -228,11 +267,30 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
         for i, res in enumerate(results):
             report.verdicts += _forced_verdicts(trace, i, res, flog)
     bad = [v for v in report.verdicts if v.status != "bitwise"]
+    if foreign(trace):
+        report.threshold = threshold
+        report.stats = _stats(trace, results, threshold)
+        bad = [v for v in bad if not (v.status == "bits" and v.dlogprob <= threshold)]
+        locate_first = False                       # the trace's side is another engine: nothing to re-run
     if bad:
         report.first = min(bad, key=lambda v: (v.step, v.request))
         if locate_first:
             report.located = _locate(trace, setup, requests, tokens, results, report.first, mode)
     return report
+
+
+def _stats(trace: Trace, results, threshold: float) -> dict:
+    """Per-token |Δlogprob| of the replay against the trace (the steps both have), as import-peer's."""
+    from harness.replay.peer import PeerReport
+
+    rep = PeerReport(trace.manifest.get("source", "?"), threshold)
+    for steps, res in zip(trace.steps, results):
+        for k, s in enumerate(steps[:len(res.logprobs)]):
+            ours, theirs = float(res.logprobs[k]), f32_from_bits(s["logprob_bits"])
+            d = abs(ours - theirs)
+            rep.deltas.append(d if math.isfinite(d) else (0.0 if ours == theirs else math.inf))
+            rep.bitwise += f32_bits(ours) == s["logprob_bits"]
+    return rep.stats()
 
 
 def _locate(trace, setup: Setup, requests, tokens, results, first: StepVerdict, mode: str):

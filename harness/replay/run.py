@@ -178,8 +178,6 @@ def teacher_force_prefill(model, reqs: list[Request], forced: list[list[int]], c
 def _prefill_shaped(model, reqs, forced, chunk: int, group: int, trace):
     import torch
 
-    from engine.sampling import chosen_logprob
-
     seqs = [list(r.prompt) + list(t[:-1]) for r, t in zip(reqs, forced)]
     out = [[None] * len(t) for t in forced]
     for g0 in range(0, len(reqs), group):
@@ -202,8 +200,31 @@ def _prefill_shaped(model, reqs, forced, chunk: int, group: int, trace):
                 continue
             if trace is not None:
                 trace.rows(owners, steps)
-            res = model.forward(torch.tensor(tok), torch.tensor(pos), torch.tensor(slot), cache,
-                                logit_rows=torch.tensor(logit_rows, dtype=torch.int64))
-            for j, (i, k) in enumerate(wanted):
-                out[i][k] = chosen_logprob(res.logits[j], forced[i][k])
-    return [ForcedResult(list(t), torch.stack(lp).to("cpu", torch.float32)) for t, lp in zip(forced, out)]
+            dev = model.device
+            res = model.forward(torch.tensor(tok, device=dev), torch.tensor(pos, device=dev),
+                                torch.tensor(slot, device=dev), cache,
+                                logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=dev))
+            chosen = chosen_logprobs(res.logits, torch.tensor([forced[i][k] for i, k in wanted], device=dev))
+            for (i, k), x in zip(wanted, chosen.tolist()):       # float32 values, exact as Python floats
+                out[i][k] = x
+    return [ForcedResult(list(t), torch.tensor(lp, dtype=torch.float32)) for t, lp in zip(forced, out)]
+
+
+ROWS_AT_ONCE = 1024        # logits rows per log_softmax: bounds its float64 temporaries (~1.6 GB at V = 201k)
+
+
+def chosen_logprobs(logits, tokens):
+    """engine.sampling.chosen_logprob of every row [R, V] at its token [R] -> [R] float32, a block
+    of rows at a time. The same bits as row by row: that log_softmax is elementwise functions and a
+    fixed-order tree sum within each row (kernels/portable.py), so no row sees another; the
+    prefill-shaped replay tests hold it to the decode steps' bits. One call per block instead of
+    one per row is what keeps a 64 x 1024 replay from being launch-bound on a GPU."""
+    import torch
+
+    from kernels import portable
+
+    out = []
+    for r0 in range(0, logits.shape[0], ROWS_AT_ONCE):
+        lp = portable.log_softmax(logits[r0:r0 + ROWS_AT_ONCE].to(torch.float32), dim=-1)
+        out.append(lp.gather(1, tokens[r0:r0 + ROWS_AT_ONCE, None].to(torch.int64))[:, 0])
+    return torch.cat(out) if out else logits.new_empty(0, dtype=torch.float32)

@@ -37,6 +37,15 @@ operations, with the default target `harness/targets/lockstep.py` implementing e
               internals (DESIGN §4) for R rows as one committed draft step: fc_input [R, A],
               fc_output [R, Hd], hidden [R, Hd], logits [R, Vd], top_logprobs [R, k] f64,
               top_draft_ids [R, k], top_target_ids [R, k]. Its draft proposals: the top-k.
+    prefix_cache(checkpoint_dir, block) -> a fresh, empty prefix cache of the target's engine on that
+              checkpoint (the optional prefix-cache capability), an object with
+                generate(requests: list[GenRequest], prefill_chunk=None) -> list[GenOutput]
+                                 generation through this cache (a lookup before each prefill
+                                 reuses cached prompt KV, the prompt's KV is stored after it)
+                hits, hit_tokens lookups that reused at least one position, positions reused
+              The prefix-cache kind drives it: a hit must give the cold run's bits, and the
+              counters must show the predicted reuse. Op.features: "sampling" (seeded requests
+              under the coin contract), "prefill_chunk".
     mxfp4_decode(blocks [rows, G, 16] u8, scales [rows, G] u8, dtype) -> [rows, G * 32] of dtype
               MXFP4 (DESIGN §7): E2M1 nibbles (low nibble = even element) times 2^(scale - 127);
               scale 255 gives NaN for its block
@@ -49,6 +58,13 @@ operations, with the default target `harness/targets/lockstep.py` implementing e
               scale) -> [T, Hq, D]       query t sees keys max(0, pos - window + 1) … pos
     rmsnorm(x [M, N], weight [N], eps) -> [M, N]
     sampling(logp [R, V] f64, seeds [R], positions [R]) -> [R] int64   seeded Gumbel-max
+
+`Target.rng` names the RNG model of the target's seeded sampling (`generate` with seeded requests),
+as `lockstep record --target` writes it into a trace: "lockstep-coins-1" (DESIGN §5's coin
+contract: only Lockstep's own target), "stateless" (a draw depends only on the request's seed and
+the token's position, whatever else is batched or drawn), "stateful" (a generator seeded once per
+request whose state advances with every draw, so a draw depends on every draw before it). None:
+the target declares none, and only greedy requests can be recorded from it.
 
 `Op.where` says where the operation runs: `cpu` (plain torch), `cpu-interpreter` (Triton kernels
 through TRITON_INTERPRET=1) or `cuda`; an operation whose `where` excludes the current device is
@@ -71,6 +87,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 CPU, INTERPRETER, CUDA = "cpu", "cpu-interpreter", "cuda"
+RNG_COINS = "lockstep-coins-1"
+RNG_MODELS = {RNG_COINS: "DESIGN §5's coin contract (murmur3(seed, position, column) Gumbel-max)",
+              "stateless": "stateless: a draw depends only on the request's seed and the token position",
+              "stateful": "stateful: a generator seeded once per request, advancing with every draw"}
 
 
 class NotApplicable(Exception):
@@ -127,6 +147,7 @@ class Target:
     notes: dict[str, str] = field(default_factory=dict)      # spec id or kind -> remark shown in reports
     expectations: str | None = None                          # a plugin's own expectations file
     refusals: tuple[type, ...] = ()                          # its engine's own clean-refusal exception types
+    rng: str | None = None                                   # its seeded sampling's RNG model (RNG_MODELS)
 
     def op(self, name: str, device: str = CPU, needs: tuple[str, ...] = ()) -> Callable:
         """The operation's callable, or NotApplicable with the target's reason (also when the

@@ -67,5 +67,7 @@ def load() -> Target:
             "generate": "HF's generate samples from torch's RNG, not under the coin contract; only greedy_generate "
                         "(greedy, one request at a time, no capture or chunked prefill) is driven",
             "speculative_generate": "HF transformers has no EAGLE3 speculative decoding",
-            "draft_stages": "HF transformers has no EAGLE3 draft head"})
+            "draft_stages": "HF transformers has no EAGLE3 draft head",
+            "prefix_cache": "HF transformers has no prefix cache: generate() reuses only a past_key_values the "
+                            "caller passes in, with no lookup or hit counter"})
 

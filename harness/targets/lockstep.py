@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from harness.targets.base import CPU, CUDA, INTERPRETER, GenOutput, Op, Target
+from harness.targets.base import CPU, CUDA, INTERPRETER, RNG_COINS, GenOutput, Op, Target
 
 
 def _hash(seed, pos, col):
@@ -95,6 +95,27 @@ def _speculative_generate(checkpoint, draft_dir, convention, requests, speculati
     return [GenOutput(r.tokens, r.logprobs, r.finish_reason, accept_lengths=list(r.accept_lengths)) for r in results]
 
 
+class _PrefixSession:
+    """One engine.prefix_cache.PrefixCache on the checkpoint's model (the prefix_cache capability)."""
+
+    def __init__(self, checkpoint, block):
+        from engine.prefix_cache import PrefixCache
+        self.model, self.cache = _model(str(checkpoint)), PrefixCache(block)
+
+    def generate(self, requests, prefill_chunk=None):
+        from engine.generate import generate
+        results = generate(self.model, _engine_requests(requests), prefix_cache=self.cache, prefill_chunk=prefill_chunk)
+        return [GenOutput(r.tokens, r.logprobs, r.finish_reason) for r in results]
+
+    @property
+    def hits(self):
+        return self.cache.hits
+
+    @property
+    def hit_tokens(self):
+        return self.cache.hit_tokens
+
+
 def _draft_stages(checkpoint, draft_dir, convention, aux, tokens, top_k):
     """The draft's stages through Lockstep's own draft head (the same code as the draft kind)."""
     from harness.kinds.draft import _stages
@@ -146,6 +167,7 @@ def load() -> Target:
         name="lockstep", version=version(),
         description="Lockstep's own kernels (Triton) and reference engine: the default target",
         conventions=("boundary", "sglang", "output-index"),
+        rng=RNG_COINS,
         ops={
             "hash": Op(_hash, every, "kernels.coins.murmur_hash32"),
             "verify_coins": Op(_verify_coins, every, "kernels.coins.verify_coins"),
@@ -158,6 +180,8 @@ def load() -> Target:
             "speculative_generate": Op(_speculative_generate, every, "engine.speculative.speculative_generate",
                                        frozenset({"sampling", "batch", "greedy", "target-only", "rejection",
                                                   "tree"})),
+            "prefix_cache": Op(_PrefixSession, every, "engine.prefix_cache.PrefixCache through engine.generate.generate",
+                               frozenset({"sampling", "prefill_chunk"})),
             "mxfp4_decode": Op(_mxfp4_decode, every, "engine.mxfp4.dequantize"),
             "load_checkpoint": Op(_load_checkpoint, every, "engine.checkpoint.load_checkpoint"),
             "draft_stages": Op(_draft_stages, every, "engine.eagle3.Eagle3Draft (the draft kind's stages)"),

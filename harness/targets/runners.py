@@ -10,6 +10,7 @@
 | draft | `draft_stages` on the aux rows of Lockstep's own target forward | every stage within CROSS_TOL, and the kind's independent checks |
 | mxfp4 | `mxfp4_decode` on the spec's bytes; checkpoint mode: `load_checkpoint` of the edited checkpoint | values bitwise (hand-written and the golden); a refusal by its facts (tensor, index, scale) |
 | distribution | `speculative_generate` (features: sampling, batch, the verify mode, tree) on one request per seed | the kind's chi-square test of the target's tokens against the exact law of Lockstep's forward, and its acceptance bounds (no golden) |
+| prefix-cache | `prefix_cache` (the optional capability; features: sampling, prefill_chunk): cold = a fresh cache's run, warm = after the case's warm-up prompts through one cache | warm against cold bitwise within the target, the reused positions and hit count exactly (the kind's check); the cold runs within CROSS_TOL of the golden |
 
 Anything a target cannot run is `n/a` with the reason, never skipped or passed.
 """
@@ -481,9 +482,55 @@ def _distribution(spec, ctx, t: Target):
     return Result(tensors={"counts": counts, "expected": law}, data=data), CHI_SQUARE, None
 
 
+# --------------------------------------------------------------------------- prefix-cache
+def _prefix_cache_call(spec, t: Target, device: str):
+    from harness.kinds.generate import SAMPLING, _params
+
+    inp = spec.inputs
+    params = _params({**SAMPLING.check({}, (), []), **(inp["sampling"] or {})})
+    needs = (("sampling",) if not params.is_greedy else ()) + (("prefill_chunk",) if inp["prefill_chunk"] else ())
+    return t.op("prefix_cache", device, needs), params
+
+
+def _prefix_cache(spec, ctx, t: Target):
+    """The kind's cases through the target's own prefix cache: every cold run is a fresh, empty
+    cache's run (which must reuse nothing), every warm run goes through the case's cache; a hit
+    must give the cold bits of the same target, and its counters the predicted reuse."""
+    from harness.checkpoints import target_dir
+    from harness.kinds import prefix_cache as P
+    from harness.kinds.generate import project_root
+
+    inp = spec.inputs
+    new_cache, p = _prefix_cache_call(spec, t, str(ctx.device))
+    ckpt = target_dir(inp["checkpoint"], project_root(spec))
+    kw = {"prefill_chunk": inp["prefill_chunk"]} if inp["prefill_chunk"] else {}
+    cold_reuse = []
+
+    def run(cache, prompt):
+        req = GenRequest(prompt=list(prompt), seed=inp["seed"], temperature=p.temperature, top_k=p.top_k,
+                         top_p=p.top_p, min_p=p.min_p, max_new_tokens=p.max_new_tokens, greedy=p.is_greedy,
+                         stop_token_ids=p.stop_token_ids)
+        out = list(cache.generate([req], **kw))
+        if len(out) != 1:
+            raise ValueError(f"{t.name}'s prefix cache returned {len(out)} results for 1 request")
+        return out[0]
+
+    def cold(prompt):
+        cache = new_cache(ckpt, inp["block"])
+        out = run(cache, prompt)
+        if cache.hit_tokens:
+            cold_reuse.append(f"a fresh cache reused {cache.hit_tokens} positions of the cold run of "
+                              f"{len(prompt)} tokens")
+        return out
+    result = P.run_cases(spec, cold=cold, new_cache=lambda: new_cache(ckpt, inp["block"]), warm=run,
+                         counters=lambda c: (int(c.hits), int(c.hit_tokens)))
+    result.facts["differing"] = cold_reuse + result.facts["differing"]
+    return result, TOLERANCE, P.golden_platform(spec, ctx)
+
+
 KIND_RUNNERS = {
     "coins": _coins, "layer_ids": _layer_ids, "verify": _verify, "kernel": _kernel, "generate": _generate,
-    "draft": _draft, "distribution": _distribution, "mxfp4": _mxfp4,
+    "draft": _draft, "distribution": _distribution, "mxfp4": _mxfp4, "prefix-cache": _prefix_cache,
 }
 
 
@@ -626,6 +673,9 @@ def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]
         if spec.kind == "distribution":
             _distribution_call(spec, t, device)
             return CHI_SQUARE, ""
+        if spec.kind == "prefix-cache":
+            _prefix_cache_call(spec, t, device)
+            return TOLERANCE, ""
         raise NotApplicable(f"kind {spec.kind}")
     except NotApplicable as e:
         return NA, str(e)

@@ -240,6 +240,9 @@ def load(edits: dict | None = None) -> Target:
                                   "(sglang/kernels/ops/speculative/sampling.py): CUDA only",
             "capture": "a whole-model forward needs SGLang's ModelRunner and server stack",
             "greedy_generate": "generation needs SGLang's server stack",
+            "prefix_cache": "SGLang's prefix cache (the RadixCache of sglang.srt.mem_cache.radix_cache) lives in its "
+                            "scheduler and is read only by its ModelRunner's prefills: without the server stack "
+                            "there is no generation to compare a hit with",
             "rmsnorm": "SGLang's RMSNorm is a CUDA/JIT kernel (sgl_kernel); no Triton path on the CPU",
             "sampling": "multinomial_with_seed is inside the server's sampler module (torch.compile, runtime imports)",
         })

@@ -100,4 +100,6 @@ def load(edits: dict | None = None) -> Target:
                          "not driven yet",
             "capture": "a whole-model forward needs vLLM's engine",
             "greedy_generate": "generation needs vLLM's engine",
+            "prefix_cache": "vLLM's prefix caching (vllm.v1.core.kv_cache_manager's block hashes) runs inside its "
+                            "engine core: without vLLM's engine there is no generation to compare a hit with",
         })
