@@ -15,6 +15,7 @@ from pathlib import Path
 
 from engine.generate import Request
 from engine.sampling import SamplingParams
+from engine.sampling import chosen_logprobs as engine_chosen_logprobs
 from harness.replay.observe import StepLog
 
 ROOT = Path(__file__).resolve().parent.parent.parent        # the project root (holds specs/, models/)
@@ -214,17 +215,11 @@ ROWS_AT_ONCE = 1024        # logits rows per log_softmax: bounds its float64 tem
 
 
 def chosen_logprobs(logits, tokens):
-    """engine.sampling.chosen_logprob of every row [R, V] at its token [R] -> [R] float32, a block
-    of rows at a time. The same bits as row by row: that log_softmax is elementwise functions and a
-    fixed-order tree sum within each row (kernels/portable.py), so no row sees another; the
-    prefill-shaped replay tests hold it to the decode steps' bits. One call per block instead of
-    one per row is what keeps a 64 x 1024 replay from being launch-bound on a GPU."""
+    """engine.sampling.chosen_logprobs [R, V], [R] -> [R] float32, a block of rows at a time (the
+    same bits: no row of it sees another). One call per block instead of one per row is what
+    keeps a 64 x 1024 replay from being launch-bound on a GPU."""
     import torch
 
-    from kernels import portable
-
-    out = []
-    for r0 in range(0, logits.shape[0], ROWS_AT_ONCE):
-        lp = portable.log_softmax(logits[r0:r0 + ROWS_AT_ONCE].to(torch.float32), dim=-1)
-        out.append(lp.gather(1, tokens[r0:r0 + ROWS_AT_ONCE, None].to(torch.int64))[:, 0])
+    out = [engine_chosen_logprobs(logits[r0:r0 + ROWS_AT_ONCE], tokens[r0:r0 + ROWS_AT_ONCE].to(torch.int64))
+           for r0 in range(0, logits.shape[0], ROWS_AT_ONCE)]
     return torch.cat(out) if out else logits.new_empty(0, dtype=torch.float32)
