@@ -13,6 +13,9 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
+# The kernel modules export each kernel (`*_triton`) beside its torch reference (`*_torch`); the
+# caller picks one (engine/ops.py, once, for the engine). check_backend is left only for
+# kernels/attention.py's dispatcher, which is being reworked separately; remove both with it.
 BACKENDS = ("torch", "triton")
 
 
