@@ -57,7 +57,7 @@ from engine.distributed import ParallelContext, Topology, UnsupportedTopology, i
 from engine.linear import K_CHUNKS, k_chunk_bounds
 from engine.model import ONE_DEVICE, GptOssModel
 from engine.mxfp4 import Mxfp4Weight
-from engine.ops import TORCH, TORCH_SHARDED_EXPERTS, Ops
+from engine.ops import Ops
 
 
 def local_chunks(K: int, tp: int, tp_rank: int) -> tuple[int, int, list[tuple[int, int]]]:
@@ -75,8 +75,7 @@ def sharded_ops(ops: Ops) -> Ops:
     if ops.chunk_partials is None:
         raise ValueError(f"the {ops.name} ops have no row-parallel partials; a sharded model needs the "
                          f"torch or triton ops")
-    experts = TORCH_SHARDED_EXPERTS if ops is TORCH else ops.experts
-    return replace(ops, fused=None, experts=experts)
+    return replace(ops, fused=None, experts=ops.sharded_experts or ops.experts)
 
 
 class RankCollectives:

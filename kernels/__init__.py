@@ -10,6 +10,8 @@ import os
 
 import torch
 
+# Here, not in the entry points: @triton.jit reads it as each kernel is decorated, and engine/kernels
+# are imported as a library (bench/, users' scripts, spawned ranks) with no CLI or conftest before them.
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
