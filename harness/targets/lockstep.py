@@ -147,7 +147,7 @@ def load() -> Target:
         description="Lockstep's own kernels (Triton) and reference engine: the default target",
         conventions=("boundary", "sglang", "output-index"),
         ops={
-            "hash": Op(_hash, every, "kernels.coins.murmur_hash32"),
+            "hash": Op(_hash, every, "kernels.coins.murmur_hash32_torch"),
             "verify_coins": Op(_verify_coins, every, "kernels.coins.verify_coins"),
             "gumbel": Op(_gumbel, every, "kernels.coins.gumbel_noise"),
             "eagle3_layers": Op(_eagle3_layers, every, "engine.boundaries.resolve_boundaries"),
