@@ -17,7 +17,7 @@ import time
 import torch
 
 from _util import DEVICE, ON_GPU, device_line, timed
-from kernels.coins import murmur_hash32, verify_coins
+from kernels.coins import murmur_hash32_torch, murmur_hash32_triton, verify_coins
 
 
 def main():
@@ -43,9 +43,9 @@ def main():
     print(f"{device_line()}, {rows} x {args.cols} = {n} values")
     print(f"{'what':<34} {'values/s':>12} {'ours / torch.rand':>18}")
     print(f"{'torch.rand (float32, baseline)':<34} {n / t_rand:12.3e} {1.0:18.3f}")
-    for backend in ("triton", "torch"):
-        t_hash = timed(lambda: murmur_hash32(seeds, lens, cols, backend), repeat)
-        t_coin = timed(lambda: verify_coins(seeds, lens, args.cols - 1, backend), repeat)
+    for backend, murmur in (("triton", murmur_hash32_triton), ("torch", murmur_hash32_torch)):
+        t_hash = timed(lambda: murmur(seeds, lens, cols), repeat)
+        t_coin = timed(lambda: verify_coins(seeds, lens, args.cols - 1, murmur), repeat)
         print(f"{'murmur_hash32 ' + backend:<34} {n / t_hash:12.3e} {t_hash / t_rand:18.3f}")
         print(f"{'verify_coins ' + backend:<34} {n / t_coin:12.3e} {t_coin / t_rand:18.3f}")
 

@@ -1,6 +1,6 @@
-"""Triton MoE (router top-k, per-row expert GEMV kernels, SwiGLU, slot-ordered sum) vs the
-torch reference (one F.linear per token and slot, as the engine's torch backend does), then the
-grouped expert kernels the engine runs (kernels.moe expert_gate_up_triton and
+"""Triton MoE (router top-k, SwiGLU, the grouped experts up to the down partials) vs their torch
+references (the experts: one matmul per (token, slot) row, chunk by chunk), then the grouped
+expert kernels the engine runs (kernels.moe expert_gate_up_triton and
 expert_down_partials_triton over group_by_expert's groups) with MXFP4 packed weights against
 dense bf16 weights holding the same values, bf16 activations, both measured here.
 
@@ -21,28 +21,42 @@ import torch  # noqa: E402
 from _util import DEVICE, ON_GPU, device_line, timed  # noqa: E402
 from engine.linear import k_chunk_bounds  # noqa: E402
 from engine.mxfp4 import dequantize  # noqa: E402
-from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu, clamped_swiglu_triton,  # noqa: E402
-                         expert_down_partials_triton, expert_gate_up_triton, group_by_expert, moe, router_top_k)
+from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_torch, clamped_swiglu_triton,  # noqa: E402
+                         expert_down_partials_torch, expert_down_partials_triton, expert_gate_up_torch,
+                         expert_gate_up_triton, group_by_expert, router_top_k_torch, router_top_k_triton)
 
 
 def reference_table(args):
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     g = torch.Generator().manual_seed(0)
     H, I, E, k = args.H, args.I, args.E, args.k
-    W = [(torch.randn(*s, generator=g) * sc).to(dt).to(DEVICE) for s, sc in
-         (((E, 2 * I, H), H ** -0.5), ((E, 2 * I), 1.0), ((E, H, I), I ** -0.5), ((E, H), 1.0))]
+    gu_w, gu_b, dn_w = [(torch.randn(*s, generator=g) * sc).to(dt).to(DEVICE) for s, sc in
+                        (((E, 2 * I, H), H ** -0.5), ((E, 2 * I), 1.0), ((E, H, I), I ** -0.5))]
+    bounds = k_chunk_bounds(I)
+
+    def experts_triton(x, ids):                      # engine.experts.experts_grouped's launches
+        groups = group_by_expert(ids.reshape(-1), 0, E, EXPERT_BLOCK_M)
+        a = clamped_swiglu_triton(expert_gate_up_triton(x, k, groups, gu_w, gu_b))
+        return expert_down_partials_triton(a, groups, dn_w, bounds)
+
+    def experts_torch(x, ids):
+        flat = ids.reshape(-1)
+        a = clamped_swiglu_torch(expert_gate_up_torch(x, k, flat, gu_w, gu_b))
+        return expert_down_partials_torch(a, flat, dn_w, bounds)
+
     print(f"{'op':<14}{'T':>6}{'triton ms':>11}{'torch ms':>10}{'ratio':>8}{'weight GB/s':>13}")
     for T in args.T:
         x = torch.randn(T, H, generator=g).to(dt).to(DEVICE)
         logits = torch.randn(T, E, generator=g).to(DEVICE)
-        routing, ids = router_top_k(logits, k)
-        for op, f in (("router_top_k", lambda be: router_top_k(logits, k, backend=be)),
-                      ("swiglu", lambda be: clamped_swiglu(x.repeat(1, 2 * I // H + 1)[:, :2 * I].contiguous(), backend=be)),
-                      ("moe", lambda be: moe(x, routing, ids, *W, backend=be))):
-            t_tri = timed(lambda: f("triton"))
-            t_ref = timed(lambda: f("torch"), repeat=3 if op == "moe" else None)
+        _, ids = router_top_k_torch(logits, k)
+        gate_up = x.repeat(1, 2 * I // H + 1)[:, :2 * I].contiguous()
+        for op, tri, ref in (("router_top_k", lambda: router_top_k_triton(logits, k), lambda: router_top_k_torch(logits, k)),
+                             ("swiglu", lambda: clamped_swiglu_triton(gate_up), lambda: clamped_swiglu_torch(gate_up)),
+                             ("experts", lambda: experts_triton(x, ids), lambda: experts_torch(x, ids))):
+            t_tri = timed(tri)
+            t_ref = timed(ref, repeat=3 if op == "experts" else None)
             extra = ""
-            if op == "moe":
+            if op == "experts":
                 used = ids.unique().numel()
                 extra = f"{used * 3 * H * I * torch.finfo(dt).bits / 8 / t_tri / 1e9:>13.1f}"
             print(f"{op:<14}{T:>6}{t_tri * 1e3:>11.3f}{t_ref * 1e3:>10.3f}{t_tri / t_ref:>8.2f}{extra}")
@@ -71,7 +85,7 @@ def grouped_table(args):
           f"{'bf16 GB/s':>11}{'mxfp4 GB/s':>12}  same bits")
     for T in args.grouped_T:
         x = torch.randn(T, H, generator=g, device=DEVICE).to(bf16)
-        _, ids = router_top_k(torch.randn(T, E, generator=g, device=DEVICE), k)
+        _, ids = router_top_k_torch(torch.randn(T, E, generator=g, device=DEVICE), k)
         groups = group_by_expert(ids.reshape(-1), 0, E, EXPERT_BLOCK_M)
         a = clamped_swiglu_triton(expert_gate_up_triton(x, k, groups, weights["gate_up"][0], gu_b))   # [T * k, I]
         used = ids.unique().numel()

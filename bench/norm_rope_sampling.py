@@ -8,9 +8,9 @@ import argparse
 import torch
 
 from _util import DEVICE, ON_GPU, device_line, timed
-from kernels.rmsnorm import rms_norm
-from kernels.rope import apply_rope
-from kernels.sampling import gumbel_argmax
+from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
+from kernels.rope import apply_rope_torch, apply_rope_triton
+from kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
 
 
 def main():
@@ -29,16 +29,17 @@ def main():
         q = torch.randn(M, 64, 64, generator=g).to(DEVICE)
         ang = torch.randn(M, 32, generator=g).to(DEVICE)
         cos, sin = ang.cos(), ang.sin()
-        for op, f, nbytes in (("rmsnorm", lambda be: rms_norm(x, w, 1e-5, backend=be), 2 * x.numel() * 4),
-                              ("rope", lambda be: apply_rope(q, cos, sin, backend=be), 2 * q.numel() * 4)):
-            t_tri, t_ref = timed(lambda: f("triton")), timed(lambda: f("torch"))
+        for op, tri, ref, nbytes in (
+                ("rmsnorm", lambda: rms_norm_triton(x, w, 1e-5), lambda: rms_norm_torch(x, w, 1e-5), 2 * x.numel() * 4),
+                ("rope", lambda: apply_rope_triton(q, cos, sin), lambda: apply_rope_torch(q, cos, sin), 2 * q.numel() * 4)):
+            t_tri, t_ref = timed(tri), timed(ref)
             print(f"{op:<10}{M:>6}{t_tri * 1e3:>11.3f}{t_ref * 1e3:>10.3f}{t_tri / t_ref:>8.2f}{nbytes / t_tri / 1e9:>9.1f}")
     for R in args.rows:
         logp = torch.log_softmax(torch.randn(R, args.V, generator=g, dtype=torch.float64), -1).to(DEVICE)
         seeds = torch.arange(R, dtype=torch.int64, device=DEVICE)
         pos = torch.full((R,), 1000, dtype=torch.int64, device=DEVICE)
-        t_tri = timed(lambda: gumbel_argmax(logp, seeds, pos, backend="triton"))
-        t_ref = timed(lambda: gumbel_argmax(logp, seeds, pos))
+        t_tri = timed(lambda: gumbel_argmax_triton(logp, seeds, pos))
+        t_ref = timed(lambda: gumbel_argmax_torch(logp, seeds, pos))
         print(f"{'sampling':<10}{R:>6}{t_tri * 1e3:>11.3f}{t_ref * 1e3:>10.3f}{t_tri / t_ref:>8.2f}{logp.numel() * 8 / t_tri / 1e9:>9.1f}")
 
 

@@ -16,6 +16,6 @@ Read in this order:
   eagle3.py      EAGLE3 draft head: config, checkpoint I/O (SpecForge layout), forward, make_draft_checkpoint
   speculative.py speculative_generate: chain/tree drafting, greedy/target-only/rejection verify
   distributed.py Topology (tp × ep), ParallelContext, all-gather + fixed-tree invariant_sum (D4)
-  parallel.py    ParallelGptOssModel: TP/EP forward, bitwise equal to one device; generate_at
+  parallel.py    shard(model, ctx): a GptOssModel made one TP/EP rank, bitwise equal to one device; generate_at
   launch.py      launch(fn, world_size): local ranks over gloo/NCCL, dead or hung ranks named
 """

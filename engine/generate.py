@@ -38,7 +38,7 @@ from typing import Sequence
 import torch
 
 from engine.graphs import decode_steps
-from engine.model import GptOssModel
+from engine.model import ONE_DEVICE, GptOssModel
 from engine.sampling import SamplingParams, chosen_logprobs, host_to, sample_rows, seed_as_int64
 
 
@@ -243,4 +243,4 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
 def _capturable(model) -> bool:
     """Decode steps replay a CUDA graph on a GPU, except on a sharded model (its expert-parallel
     torch path reads routed ids on the host, and collectives are not captured here)."""
-    return model.device.type == "cuda" and getattr(model, "ctx", None) is None
+    return model.device.type == "cuda" and model.comm is ONE_DEVICE

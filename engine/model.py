@@ -41,7 +41,10 @@ blocks below call the table's entries; nothing after the constructor reads the b
 
 Blocks: `x = block(x, step)`. A TransformerBlock is an AttentionBlock then an MoEBlock; each
 owns its weights, its RMSNorm and its residual add, as in openai's gpt-oss reference and
-gpt-fast. engine/parallel.py shards the same blocks.
+gpt-fast. `engine.parallel.shard(model, ctx)` makes a model one rank of a TP × EP topology in
+place: it keeps the rank's share of each weight and swaps in the collectives (`comm`: the one-device
+`OneDevice` here) that complete the row-parallel sums, the vocab-parallel embedding and head, and
+the traced shards; the class, the forward and the blocks stay these.
 
 `model.trace` (None by default) may hold an engine.trace.Trace: every op's output is then
 handed to it at a named point (`self.record("L3.attention", o)`), which records and never
@@ -87,6 +90,39 @@ class Step(NamedTuple):
     sin: torch.Tensor
 
 
+class OneDevice:
+    """Where the model's shards are: all here. The blocks and the model hand it what a sharded
+    model completes across ranks (engine/parallel.py's RankCollectives, swapped in by `shard`);
+    on one device every head, K chunk, expert and vocab row is at hand."""
+
+    def reduce(self, parts: torch.Tensor) -> torch.Tensor:
+        """A row-parallel layer's partials [8, T, H] -> their fixed-tree sum [T, H]."""
+        return tree_sum(parts)
+
+    def heads(self, t: torch.Tensor) -> torch.Tensor:
+        """[T, heads held, D] -> [T, every head, D] (for the trace)."""
+        return t
+
+    def chunks(self, t: torch.Tensor) -> torch.Tensor:
+        """[..., K chunks held, H] partials -> [..., all 8, H] (for the trace)."""
+        return t
+
+    def from_owners(self, y: torch.Tensor, top_ids: torch.Tensor, n_local: int) -> torch.Tensor:
+        """[T, k, ...] valid where the slot's expert is held here -> every slot's (its owner's)."""
+        return y
+
+    def embed(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The embedding rows [T, H] of `tokens` [T] from `table` (the vocab rows held here)."""
+        return table.index_select(0, tokens)
+
+    def logits(self, local: torch.Tensor) -> torch.Tensor:
+        """[T, vocab held] fp32 -> [T, V]."""
+        return local
+
+
+ONE_DEVICE = OneDevice()
+
+
 def residual(x: torch.Tensor, y: torch.Tensor, act: torch.dtype) -> torch.Tensor:
     """x + y for the residual stream: y is a sublayer's fp32 output; the sum is formed in fp32 and
     rounded once to the policy's dtype `act` (under fp32 it is the plain sum)."""
@@ -110,6 +146,7 @@ class AttentionBlock:
         self.o_w, self.o_b = o_w, o_b   # [H, Hq * D], [H]
         self.sinks = sinks          # [Hq]
         self.o_bounds = o_bounds    # o_proj's fixed K chunks (engine/linear.py)
+        self.comm = ONE_DEVICE      # completes the row-parallel sum and the traced shards
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         """x [T, H] (the residual stream) -> [T, H]."""
@@ -127,7 +164,7 @@ class AttentionBlock:
         self.record(self.name + "qkv", (q, k, v), gather=self.qkv_whole)        # [T, Hq + 2 Hkv, D]
         o = self.ops.attention(q, step.cache.k[self.layer], step.cache.v[self.layer], step.slots,
                                step.positions, self.sinks, self.window, self.scale)   # then each query
-        self.record(self.name + "attention", o, gather=self.heads_whole)        # [T, Hq, D]
+        self.record(self.name + "attention", o, gather=self.comm.heads)         # [T, Hq, D]
         o = o.reshape(T, self.q_heads * D)
         if self.ops.chunk_partials is None:                             # fast: one GEMM, no promise
             return self.ops.linear(o, self.o_w, self.o_b, torch.float32)
@@ -137,8 +174,8 @@ class AttentionBlock:
 
     def reduce_traced(self, parts: torch.Tensor) -> torch.Tensor:
         """o_proj's partials [8, T, H] -> tree + bias [T, H] fp32, both handed to the trace."""
-        self.record(self.name + "o_proj.partials", parts.transpose(0, 1), gather=self.chunks_whole)
-        return self.record(self.name + "o_proj", self.reduce(parts) + self.o_b)
+        self.record(self.name + "o_proj.partials", parts.transpose(0, 1), gather=self.comm.chunks)
+        return self.record(self.name + "o_proj", self.comm.reduce(parts) + self.o_b)
 
     def fused(self, x: torch.Tensor, h: torch.Tensor, step: Step) -> torch.Tensor:
         """x + attend(h), the residual included, in 5 launches: RoPE writes the cache itself
@@ -155,7 +192,7 @@ class AttentionBlock:
             self.record(self.name + "qkv", (q, *kv), gather=self.qkv_whole)
         o = self.ops.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.positions,
                                self.sinks, self.window, self.scale)             # [T, Hq, D]
-        self.record(self.name + "attention", o, gather=self.heads_whole)
+        self.record(self.name + "attention", o, gather=self.comm.heads)
         o = o.reshape(T, self.q_heads * self.head_dim)
         if self.ops.chunk_partials is None:                                     # fast: cuBLAS o_proj
             return residual(x, self.ops.linear(o, self.o_w, self.o_b, torch.float32), self.act)
@@ -175,16 +212,9 @@ class AttentionBlock:
     def rope(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         return apply_rope(x.to(torch.float32), step.cos, step.sin).to(self.act)
 
-    def reduce(self, parts: torch.Tensor) -> torch.Tensor:
-        """The row-parallel layer's partials [8, T, H] -> their fixed-tree sum [T, H]."""
-        return tree_sum(parts)
-
-    # One device holds every head and chunk: the trace records them as they are (a sharded
-    # block gathers its shards here, engine/parallel.py).
     def qkv_whole(self, qkv) -> torch.Tensor:
-        return torch.cat(qkv, dim=1)
-
-    heads_whole = chunks_whole = None
+        """(q, k, v) of the heads held here -> [T, Hq + 2 Hkv, D] of every head (for the trace)."""
+        return torch.cat([self.comm.heads(t) for t in qkv], dim=1)
 
 
 class MoEBlock:
@@ -207,6 +237,7 @@ class MoEBlock:
         self.down_bounds = down_bounds              # down's fixed K chunks (engine/linear.py)
         self.expert_lo = expert_lo                  # the experts held here: [expert_lo, + n_local)
         self.n_local = config.num_local_experts if n_local is None else n_local
+        self.comm = ONE_DEVICE                      # completes the down sum, each slot from its owner
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         """x [T, H] (the residual stream) -> [T, H]."""
@@ -232,11 +263,12 @@ class MoEBlock:
         """Each (token, slot): the down tree + bias; then each token's k outputs weighted and added
         in slot order. -> [T, H] fp32."""
         (T, k), H, C = top_ids.shape, parts.shape[2], parts.shape[0]
-        whole = lambda p: self.from_owners(self.chunks_whole(p), top_ids)   # noqa: E731
-        self.record(self.name + "experts", parts.view(C, T, k, H).permute(1, 2, 0, 3), gather=whole)
-        y = torch.add(self.reduce(parts), self.down_b.index_select(0, top_ids.reshape(-1))).view(T, k, H)
-        self.record(self.name + "down", y, gather=lambda t: self.from_owners(t, top_ids))   # [T, k, H]
-        weighted = self.from_owners(torch.mul(y, routing[..., None]), top_ids)  # [T, k, H]
+        owners = lambda t: self.comm.from_owners(t, top_ids, self.n_local)    # noqa: E731
+        self.record(self.name + "experts", parts.view(C, T, k, H).permute(1, 2, 0, 3),
+                    gather=lambda p: owners(self.comm.chunks(p)))
+        y = torch.add(self.comm.reduce(parts), self.down_b.index_select(0, top_ids.reshape(-1))).view(T, k, H)
+        self.record(self.name + "down", y, gather=owners)                  # [T, k, H]
+        weighted = owners(torch.mul(y, routing[..., None]))                 # [T, k, H]
         total = weighted[:, 0]
         for slot in range(1, k):                                            # slot order
             total = torch.add(total, weighted[:, slot])
@@ -255,16 +287,6 @@ class MoEBlock:
     def experts(self, h: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
         return self.ops.experts(h, top_ids, self.gate_up_w, self.gate_up_b, self.down_w, self.down_bounds,
                                 self.expert_lo, self.n_local, self.alpha, self.limit)
-
-    def reduce(self, parts: torch.Tensor) -> torch.Tensor:
-        return tree_sum(parts)
-
-    # One device: every chunk and every expert is here (engine/parallel.py gathers them).
-    def from_owners(self, y: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
-        return y
-
-    def chunks_whole(self, parts: torch.Tensor) -> torch.Tensor:
-        return parts
 
 
 class TransformerBlock:
@@ -289,7 +311,19 @@ class GptOssModel:
         dense or MXFP4 (`*_blocks`, `*_scales`: kept packed). Every weight, the KV cache and every
         activation live on `device` ("cpu" or "cuda"); `dtype` is the policy (module docstring);
         `backend` names the ops table (engine/ops.py), read here only."""
-        self._setup(config, backend, device, dtype)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype policy must be one of {tuple(DTYPES)}, got {dtype!r}")
+        self.config = config
+        self.local_config = config          # the heads held here (a rank's share once sharded)
+        self.device = torch.device(device)
+        self.ops = ops_for(backend, self.device)                           # the one backend choice
+        self.backend = backend                                             # its name, for callers to read
+        self.dtype_policy = dtype
+        self.act = DTYPES[dtype]                                           # storage dtype
+        self.record = Recorder()
+        self.comm = ONE_DEVICE              # vocab-parallel embedding and head once sharded
+        inv_freq, self.mscale = rope_frequencies(config.head_dim, config.rope)
+        self.inv_freq = inv_freq.to(self.device)
         act = lambda name: weights[name].to(self.device, self.act).contiguous()         # noqa: E731
         f32 = lambda name: weights[name].to(self.device, torch.float32).contiguous()    # noqa: E731
         self.embed = act("model.embed_tokens.weight")                      # [V, H]
@@ -316,24 +350,9 @@ class GptOssModel:
                 down_b=f32(p + "mlp.experts.down_proj_bias"), down_bounds=k_chunk_bounds(cfg.intermediate_size))
             self.blocks.append(TransformerBlock(attn, mlp))
 
-    def _setup(self, config: GptOssConfig, backend: str, device, dtype: str) -> None:
-        """What every model (one device or one rank) decides before its weights: the ops table,
-        the dtype policy, the device, the recorder and the RoPE frequencies."""
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype policy must be one of {tuple(DTYPES)}, got {dtype!r}")
-        self.config = config
-        self.device = torch.device(device)
-        self.ops = ops_for(backend, self.device)                           # the one backend choice
-        self.backend = backend                                             # its name, for callers to read
-        self.dtype_policy = dtype
-        self.act = DTYPES[dtype]                                           # storage dtype
-        self.record = Recorder()
-        inv_freq, self.mscale = rope_frequencies(config.head_dim, config.rope)
-        self.inv_freq = inv_freq.to(self.device)
-
     def use_ops(self, ops: Ops) -> None:
         """Run this model's blocks with another ops table (a test's variant of one op; the sharding
-        of engine/parallel.py picks its ops before it builds its blocks)."""
+        of engine/parallel.py: the sublayer ends op by op)."""
         self.ops = ops
         for block in self.blocks:
             block.attn.ops = block.mlp.ops = ops
@@ -354,7 +373,8 @@ class GptOssModel:
         return cls(config, weights, backend=backend, device=device, dtype=dtype)
 
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
-        return KVCache(self.config, num_slots, max_seq_len, dtype=self.act, device=self.device)
+        """A cache of the KV heads held here."""
+        return KVCache(self.local_config, num_slots, max_seq_len, dtype=self.act, device=self.device)
 
     @property
     def trace(self):
@@ -405,8 +425,8 @@ class GptOssModel:
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] -> their embedding rows [T, H] (boundary 0)."""
-        return self.embed.index_select(0, tokens)
+        return self.comm.embed(self.embed, tokens)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [T, H] final-normed -> logits [T, V] fp32 (the head is untied)."""
-        return self.ops.linear(h, self.lm_head, None, torch.float32)
+        return self.comm.logits(self.ops.linear(h, self.lm_head, None, torch.float32))

@@ -61,6 +61,8 @@ class Ops:
     attention: Callable         # (q, k_cache, v_cache, slots, positions, sinks, window, scale) -> [T, Hq, D]
     experts: Callable           # engine/experts.py's contract -> down partials [C, T * k, H] fp32
     fused: FusedEnds | None     # the sublayer ends in one kernel each, or None: op by op
+    sharded_experts: Callable | None = None   # what a sharded model (engine/parallel.py) runs as `experts`
+    #                                           on a share of the experts; None: `experts` itself
 
 
 def _stacked_partials(x, weight, bounds) -> torch.Tensor:
@@ -94,14 +96,12 @@ def _rms_norm_triton(x, weight, eps, out_dtype):
 _FUSED = FusedEnds(rope_qkv_cache=rope_qkv_cache_triton, row_parallel_residual=row_parallel_residual_triton,
                    moe_residual=moe_residual_triton)
 
+# experts_per_row needs every expert; a rank's share of them takes the loop that skips the others.
 TORCH = Ops(name="torch", linear=linear, chunk_partials=_stacked_partials, rms_norm=rms_norm, route=route,
-            attention=attention_torch, experts=experts_per_row, fused=None)
+            attention=attention_torch, experts=experts_per_row, fused=None, sharded_experts=experts_per_expert)
 
 TRITON = Ops(name="triton", linear=linear_triton, chunk_partials=linear_chunks_triton, rms_norm=_rms_norm_triton,
              route=_route_triton, attention=attention_triton, experts=experts_grouped, fused=_FUSED)
-
-# The sharded model's experts skip the experts another EP group owns (engine/parallel.py).
-TORCH_SHARDED_EXPERTS = experts_per_expert
 
 FAST_CUDA = Ops(name="fast", linear=linear_fast, chunk_partials=None, rms_norm=_rms_norm_triton, route=_route_fast,
                 attention=attention_triton, experts=experts_grouped, fused=_FUSED)

@@ -1,19 +1,27 @@
 """Tensor- and expert-parallel gpt-oss, bitwise equal to one device (DESIGN §2, D4).
 
-    model = ParallelGptOssModel(config, weights, ParallelContext(Topology(tp=2, ep=2)))
-    results = engine.generate.generate(model, requests)        # unchanged: same forward API
+    model = shard(GptOssModel(config, weights), ParallelContext(Topology(tp=2, ep=2)))
+    results = engine.generate.generate(model, requests)        # unchanged: same model, same forward
 
     # the same, run on tp × ep local processes (rank 0's results; every rank's must agree):
     results = generate_at(ckpt, tp, ep, requests)
     results = speculative_generate_at(ckpt, tp, ep, requests, draft=draft_dir, convention="sglang",
                                       spec=SpecParams(topk=2, num_steps=3, draft_token_num=6))
 
+Parallelism is a transform, as gpt-fast's apply_tp: `shard(model, ctx)` takes an ordinary one-device
+GptOssModel and, in place, keeps only this rank's share of each weight (moved to the context's
+device), sets the ops to the sublayer ends op by op (`sharded_ops`: the fused ends add all 8 K
+chunks in one kernel, a rank holds 8/tp of them) and swaps in `RankCollectives`, which completes
+across the ranks what the one-device `engine.model.OneDevice` completes locally. The class, its
+forward and its blocks are engine/model.py's, unchanged.
+
 Layout and groups: engine/distributed.py (world = tp × ep). What each rank holds and does:
 
     embedding   vocab rows [tp_rank * V/tp, ...); a token's row comes from its owner rank by an
                 all-gather and an index (never a float sum: -0.0 + 0.0 would change bits)
-    q, k, v     column parallel: Hq/tp query heads and Hkv/tp KV heads; the KV cache holds
-                only this rank's KV heads
+    q, k, v     column parallel: Hq/tp query heads and Hkv/tp KV heads, their rows stacked as on
+                one device (each output column is its own reduction); the KV cache holds only
+                this rank's KV heads
     o_proj      row parallel: the rank's heads are K chunks [tp_rank*8/tp, ...) of the fixed
                 8 (engine.linear.K_CHUNKS); partials all-gathered, all 8 added in the fixed
                 tree on every rank, then the bias: the one-device linear_k_chunked, bit for bit
@@ -31,12 +39,10 @@ Every rank ends a forward with the full logits and captured states (the residual
 replicated), so generate(), sampling and the harness need nothing parallel-specific.
 Unsupported splits raise UnsupportedTopology up front, naming each violated constraint.
 
-The blocks are the one-device model's (engine/model.py) with the sharded steps swapped in: q, k
-and v projected separately on this rank's heads, the row-parallel reductions across the TP group,
-each slot's output from its expert's owner; the ops are the model's with the sublayer ends op by op
-(`sharded_ops`). The experts are engine/experts.py's contract given this rank's experts and K
-chunks: on the torch ops the per-expert loop, which reads the routed expert ids on the host (to
-skip non-local experts); on the Triton ops the grouped kernels, which read nothing.
+The experts are engine/experts.py's contract given this rank's experts and K chunks: on the
+torch ops the per-expert loop, which reads the routed expert ids on the host (to skip non-local
+experts); on the Triton ops the grouped kernels, which read nothing. Sharded experts are dense
+(MXFP4 experts are decoded, exactly, when the model is sharded).
 """
 
 from __future__ import annotations
@@ -46,12 +52,12 @@ from pathlib import Path
 
 import torch
 
-from engine.config import GptOssConfig
+from engine.checkpoint import load_checkpoint
 from engine.distributed import ParallelContext, Topology, UnsupportedTopology, invariant_sum
-from engine.kv_cache import KVCache
 from engine.linear import K_CHUNKS, k_chunk_bounds
-from engine.model import AttentionBlock, GptOssModel, MoEBlock, TransformerBlock
-from engine.ops import TORCH, TORCH_SHARDED_EXPERTS, Ops
+from engine.model import ONE_DEVICE, GptOssModel
+from engine.mxfp4 import Mxfp4Weight
+from engine.ops import Ops
 
 
 def local_chunks(K: int, tp: int, tp_rank: int) -> tuple[int, int, list[tuple[int, int]]]:
@@ -69,62 +75,54 @@ def sharded_ops(ops: Ops) -> Ops:
     if ops.chunk_partials is None:
         raise ValueError(f"the {ops.name} ops have no row-parallel partials; a sharded model needs the "
                          f"torch or triton ops")
-    experts = TORCH_SHARDED_EXPERTS if ops is TORCH else ops.experts
-    return replace(ops, fused=None, experts=experts)
+    return replace(ops, fused=None, experts=ops.sharded_experts or ops.experts)
 
 
-class ParallelAttentionBlock(AttentionBlock):
-    """AttentionBlock on one rank: its Hq/tp query and Hkv/tp KV heads (column parallel q, k, v),
-    o_proj row parallel over its K chunks, the partials added in the fixed tree across the group."""
+class RankCollectives:
+    """engine.model.OneDevice's questions answered for one rank of a TP × EP topology: the
+    row-parallel partials added in the fixed tree across the TP group, the shards of the trace
+    gathered to their one-device layout, each slot's output from its expert's owner, the
+    vocab-parallel embedding and head. Every collective moves bytes; no float is summed in one."""
 
-    def __init__(self, *args, ctx: ParallelContext, q_w, q_b, k_w, k_b, v_w, v_b, **kwargs):
-        super().__init__(*args, qkv_w=None, qkv_b=None, **kwargs)
+    def __init__(self, ctx: ParallelContext, vocab_per_rank: int):
         self.ctx = ctx
-        self.q_w, self.q_b, self.k_w, self.k_b, self.v_w, self.v_b = q_w, q_b, k_w, k_b, v_w, v_b
-
-    def project_qkv(self, h: torch.Tensor):
-        T, D, lin = h.shape[0], self.head_dim, self.ops.linear
-        return (lin(h, self.q_w, self.q_b).view(T, self.q_heads, D), lin(h, self.k_w, self.k_b).view(T, self.kv_heads, D),
-                lin(h, self.v_w, self.v_b).view(T, self.kv_heads, D))
+        self.vocab_per_rank = vocab_per_rank
+        self.vocab_lo = ctx.tp_rank * vocab_per_rank
 
     def reduce(self, parts: torch.Tensor) -> torch.Tensor:
-        return reduce_row_parallel(list(parts.unbind(0)), self.ctx)
+        return reduce_row_parallel(list(parts.unbind(0)), self.ctx)    # looked up per call (tests swap it)
 
-    def qkv_whole(self, qkv) -> torch.Tensor:
-        return torch.cat([all_heads(t, self.ctx) for t in qkv], dim=1)
-
-    def heads_whole(self, t: torch.Tensor) -> torch.Tensor:
+    def heads(self, t: torch.Tensor) -> torch.Tensor:
         return all_heads(t, self.ctx)
 
-    def chunks_whole(self, t: torch.Tensor) -> torch.Tensor:
+    def chunks(self, t: torch.Tensor) -> torch.Tensor:
         return all_chunks(t, self.ctx)
 
-
-class ParallelMoEBlock(MoEBlock):
-    """MoEBlock on one rank: its EP group's experts, its TP share of the intermediate dim (gate_up
-    column parallel, down row parallel), every slot's output taken from its expert's owner."""
-
-    def __init__(self, *args, ctx: ParallelContext, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.ctx = ctx
-
-    def reduce(self, parts: torch.Tensor) -> torch.Tensor:
-        return reduce_row_parallel(list(parts.unbind(0)), self.ctx)
-
-    def chunks_whole(self, parts: torch.Tensor) -> torch.Tensor:
-        return all_chunks(parts, self.ctx)
-
-    def from_owners(self, y: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+    def from_owners(self, y: torch.Tensor, top_ids: torch.Tensor, n_local: int) -> torch.Tensor:
         """[T, k, ...] valid where this EP group owns the slot's expert -> every slot from its owner
         (all-gathered over the EP group; bytes only)."""
         if self.ctx.ep == 1:
             return y
         every = self.ctx.gather_ep(y)                                         # [ep, T, k, ...]
         T, k = top_ids.shape
-        owner = top_ids // self.n_local                                       # [T, k]
+        owner = top_ids // n_local                                            # [T, k]
         ti = torch.arange(T, device=y.device).unsqueeze(1).expand(T, k)
         si = torch.arange(k, device=y.device).unsqueeze(0).expand(T, k)
         return every[owner, ti, si]
+
+    def embed(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel lookup: each rank looks up the tokens it owns (others get a dummy
+        row), the rows are gathered, and each token takes its owner's row. Pure data movement."""
+        n = self.vocab_per_rank
+        mine = table.index_select(0, (tokens - self.vocab_lo).clamp(0, n - 1))   # [T, H], valid where owned
+        if self.ctx.tp == 1:
+            return mine
+        every = self.ctx.gather_tp(mine)                                # [tp, T, H]
+        return every[tokens // n, torch.arange(tokens.shape[0], device=tokens.device)]
+
+    def logits(self, local: torch.Tensor) -> torch.Tensor:
+        """[T, V/tp] -> [T, V], the ranks' column blocks in rank order."""
+        return self.ctx.gather_tp(local).permute(1, 0, 2).reshape(local.shape[0], self.ctx.tp * local.shape[1])
 
 
 def all_heads(t: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
@@ -139,100 +137,72 @@ def all_chunks(t: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
     return every.movedim(0, -3).flatten(-3, -2)
 
 
-class ParallelGptOssModel(GptOssModel):
-    """GptOssModel's forward API on one rank of a TP × EP topology (see the module docstring):
-    the same forward and block code, with sharded weights and blocks, vocab-parallel embedding and
-    head. `weights`: the full HF-layout dict (each rank keeps only its shard)."""
+def shard(model: GptOssModel, ctx: ParallelContext) -> GptOssModel:
+    """Make the one-device `model` rank ctx's share of a TP × EP topology, in place (module
+    docstring) -> model. Its tensors go to ctx.device (build the model on the CPU: only the shard
+    reaches the rank's GPU). Refuses, before any change, a topology the config cannot take, the
+    fast ops and a model already sharded."""
+    config = model.config
+    ctx.topology.check(config)
+    ops = sharded_ops(model.ops)
+    if model.comm is not ONE_DEVICE:
+        raise ValueError("shard: the model is already sharded")
+    tp, tr, ep, er, dev = ctx.tp, ctx.tp_rank, ctx.ep, ctx.ep_rank, ctx.device
 
-    def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], ctx: ParallelContext,
-                 backend: str = "torch", dtype: str = "fp32"):
-        ctx.topology.check(config)
-        self._setup(config, backend, ctx.device, dtype)
-        self.ops = sharded_ops(self.ops)
-        self.ctx = ctx
-        tp, tr, ep, er = ctx.tp, ctx.tp_rank, ctx.ep, ctx.ep_rank
-        dev = self.device
-        D = config.head_dim
+    def part(t: torch.Tensor, rows=None, cols=None) -> torch.Tensor:
+        t = t if rows is None else t[rows[0]:rows[1]]
+        t = t if cols is None else t[:, cols[0]:cols[1]]
+        return t.contiguous().to(dev)
 
-        def f32(name, rows=None, cols=None, dtype=torch.float32):
-            t = weights[name]
-            if rows is not None:
-                t = t[rows[0]:rows[1]]
-            if cols is not None:
-                t = t[:, cols[0]:cols[1]]
-            return t.to(dtype).contiguous().to(dev)
+    V, D = config.vocab_size, config.head_dim
+    vr = (tr * V // tp, (tr + 1) * V // tp)
+    model.embed, model.lm_head, model.norm = part(model.embed, vr), part(model.lm_head, vr), part(model.norm)
+    hq, hkv = config.num_attention_heads // tp, config.num_key_value_heads // tp
+    qr, kvr = (tr * hq * D, (tr + 1) * hq * D), (tr * hkv * D, (tr + 1) * hkv * D)
+    q_dim, kv_dim = config.q_dim, config.kv_dim
+    o_lo, o_hi, o_bounds = local_chunks(q_dim, tp, tr)
+    assert (o_lo, o_hi) == qr
+    i_lo, i_hi, down_bounds = local_chunks(config.intermediate_size, tp, tr)
+    n_local = config.num_local_experts // ep
+    er_range = (er * n_local, (er + 1) * n_local)
+    comm = RankCollectives(ctx, V // tp)
+    for block in model.blocks:
+        a, m = block.attn, block.mlp
+        # q, k, v rows stacked as on one device: this rank's query heads, then its KV heads of k, of v
+        rows = [(q_dim + kv_dim * j + kvr[0], q_dim + kv_dim * j + kvr[1]) for j in (0, 1)]
+        a.qkv_w = torch.cat([part(a.qkv_w, r) for r in (qr, *rows)])              # [(Hq + 2 Hkv)/tp * D, H]
+        a.qkv_b = torch.cat([part(a.qkv_b, r) for r in (qr, *rows)])
+        a.o_w, a.o_b, a.norm = part(a.o_w, cols=qr), part(a.o_b), part(a.norm)     # [H, Hq/tp * D]
+        a.sinks = part(a.sinks, (tr * hq, (tr + 1) * hq))
+        a.q_heads, a.kv_heads, a.o_bounds = hq, hkv, o_bounds
+        # experts [E, out, in]: this EP group's experts, this rank's intermediate range
+        m.gate_up_w = part(_dense(m.gate_up_w, model.act)[er_range[0]:er_range[1], 2 * i_lo:2 * i_hi])  # [E/ep, 2I/tp, H]
+        m.gate_up_b = part(m.gate_up_b[er_range[0]:er_range[1], 2 * i_lo:2 * i_hi])
+        m.down_w = part(_dense(m.down_w, model.act)[er_range[0]:er_range[1], :, i_lo:i_hi])             # [E/ep, H, I/tp]
+        m.down_b, m.norm = part(m.down_b), part(m.norm)                                                # [E, H]: all experts
+        m.router_w, m.router_b = part(m.router_w), part(m.router_b)
+        m.down_bounds, m.expert_lo, m.n_local = down_bounds, er_range[0], n_local
+        a.comm = m.comm = comm
+    model.comm = comm
+    model.use_ops(ops)
+    model.local_config = config.replace(num_attention_heads=hq, num_key_value_heads=hkv)
+    model.device = torch.device(dev)
+    model.inv_freq = model.inv_freq.to(dev)
+    return model
 
-        def act(name, rows=None, cols=None):            # matmul weights: the policy's dtype
-            return f32(name, rows, cols, self.act)
 
-        V = config.vocab_size
-        self.vocab_per_rank = V // tp
-        vr = (tr * self.vocab_per_rank, (tr + 1) * self.vocab_per_rank)
-        self.vocab_lo = vr[0]
-        self.embed = act("model.embed_tokens.weight", rows=vr)                  # [V/tp, H]
-        self.lm_head = act("lm_head.weight", rows=vr)                           # [V/tp, H]
-        self.norm = f32("model.norm.weight")
+def _dense(weight, dtype: torch.dtype) -> torch.Tensor:
+    """Experts [E, N, K] as a dense tensor: MXFP4 decoded (exact in fp32 and bf16)."""
+    if isinstance(weight, Mxfp4Weight):
+        return weight.rows(torch.arange(weight.shape[0], device=weight.blocks.device), dtype)
+    return weight
 
-        hq, hkv = config.num_attention_heads // tp, config.num_key_value_heads // tp
-        qr = (tr * hq * D, (tr + 1) * hq * D)
-        kvr = (tr * hkv * D, (tr + 1) * hkv * D)
-        o_lo, o_hi, o_bounds = local_chunks(config.q_dim, tp, tr)
-        assert (o_lo, o_hi) == qr
-        i_lo, i_hi, down_bounds = local_chunks(config.intermediate_size, tp, tr)
-        n_local = config.num_local_experts // ep
-        er_range = (er * n_local, (er + 1) * n_local)
 
-        self.blocks = []
-        for i in range(config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            attn = ParallelAttentionBlock(
-                i, config, self.ops, self.act, self.record, ctx=ctx, norm=f32(p + "input_layernorm.weight"),
-                q_w=act(a + "q_proj.weight", rows=qr), q_b=f32(a + "q_proj.bias", rows=qr),
-                k_w=act(a + "k_proj.weight", rows=kvr), k_b=f32(a + "k_proj.bias", rows=kvr),
-                v_w=act(a + "v_proj.weight", rows=kvr), v_b=f32(a + "v_proj.bias", rows=kvr),
-                o_w=act(a + "o_proj.weight", cols=qr), o_b=f32(a + "o_proj.bias"),       # [H, Hq/tp * D]
-                sinks=f32(a + "sinks", rows=(tr * hq, (tr + 1) * hq)), q_heads=hq, kv_heads=hkv, o_bounds=o_bounds)
-            # HF experts are [E, in, out]; keep local experts, local intermediate range, as [out, in].
-            gu = weights[p + "mlp.experts.gate_up_proj"][er_range[0]:er_range[1], :, 2 * i_lo:2 * i_hi]
-            dn = weights[p + "mlp.experts.down_proj"][er_range[0]:er_range[1], i_lo:i_hi, :]
-            mlp = ParallelMoEBlock(
-                i, config, self.ops, self.act, self.record, ctx=ctx, norm=f32(p + "post_attention_layernorm.weight"),
-                router_w=act(p + "mlp.router.weight"), router_b=f32(p + "mlp.router.bias"),
-                gate_up_w=gu.to(self.act).transpose(1, 2).contiguous().to(dev),                # [E/ep, 2I/tp, H]
-                gate_up_b=f32(p + "mlp.experts.gate_up_proj_bias", rows=er_range)[:, 2 * i_lo:2 * i_hi].contiguous(),
-                down_w=dn.to(self.act).transpose(1, 2).contiguous().to(dev),                   # [E/ep, H, I/tp]
-                down_b=f32(p + "mlp.experts.down_proj_bias"),                                  # [E, H], all experts
-                down_bounds=down_bounds, expert_lo=er_range[0], n_local=n_local)
-            self.blocks.append(TransformerBlock(attn, mlp))
-        self.local_config = config.replace(num_attention_heads=hq, num_key_value_heads=hkv)
-
-    @classmethod
-    def from_checkpoint(cls, path: str | Path, ctx: ParallelContext, backend: str = "torch",
-                        dtype: str = "fp32") -> "ParallelGptOssModel":
-        from engine.checkpoint import load_checkpoint
-        config, weights = load_checkpoint(path)
-        return cls(config, weights, ctx, backend=backend, dtype=dtype)
-
-    def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
-        """A cache of this rank's KV heads only."""
-        return KVCache(self.local_config, num_slots, max_seq_len, dtype=self.act, device=self.device)
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        local = self.ops.linear(h, self.lm_head, None, torch.float32)                  # [T, V/tp]
-        return self.ctx.gather_tp(local).permute(1, 0, 2).reshape(h.shape[0], self.config.vocab_size)
-
-    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Vocab-parallel lookup: each rank looks up the tokens it owns (others get a dummy
-        row), the rows are gathered, and each token takes its owner's row. Pure data movement."""
-        n = self.vocab_per_rank
-        local_ids = (tokens - self.vocab_lo).clamp(0, n - 1)
-        mine = self.embed.index_select(0, local_ids)                    # [T, H], valid where owned
-        if self.ctx.tp == 1:
-            return mine
-        every = self.ctx.gather_tp(mine)                                # [tp, T, H]
-        owner = tokens // n
-        return every[owner, torch.arange(tokens.shape[0], device=tokens.device)]
+def from_checkpoint(path: str | Path, ctx: ParallelContext, backend: str = "torch",
+                    dtype: str = "fp32") -> GptOssModel:
+    """shard(GptOssModel(checkpoint at `path`, built on the CPU), ctx)."""
+    config, weights = load_checkpoint(path)
+    return shard(GptOssModel(config, weights, backend=backend, dtype=dtype), ctx)
 
 
 def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -> torch.Tensor:
@@ -285,7 +255,7 @@ def _on_rank(fn, topology: Topology, args: tuple):
 def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, generate_kwargs: dict,
                    dtype: str = "fp32", trace=None):
     from engine.generate import generate
-    model = ParallelGptOssModel.from_checkpoint(ckpt, ctx, backend=backend, dtype=dtype)
+    model = from_checkpoint(ckpt, ctx, backend=backend, dtype=dtype)
     model.trace = trace
     results = generate(model, requests, **generate_kwargs)
     return results if trace is None else (results, trace)
@@ -327,15 +297,14 @@ def _rank_0_if_all_agree(per_rank: list, what: str) -> list:
 def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, convention: str, spec,
                       backend: str = "torch", dtype: str = "fp32", trace=None):
     """engine.speculative.speculative_generate, unchanged, on this rank: the target is this rank's
-    ParallelGptOssModel (its forward gathers full logits and captured states on every rank), the
+    sharded GptOssModel (its forward gathers full logits and captured states on every rank), the
     draft is a full replica (it is small), so every rank drafts, verifies and samples the same
     trees. A draft without its own embed_tokens reads the target's embedding, of which this rank
     holds only a vocab shard: it gets the checkpoint's full table (the one-device model's values)."""
-    from engine.checkpoint import load_checkpoint
     from engine.eagle3 import load_draft
     from engine.speculative import speculative_generate
     config, weights = load_checkpoint(ckpt)
-    target = ParallelGptOssModel(config, weights, ctx, backend=backend, dtype=dtype)
+    target = shard(GptOssModel(config, weights, backend=backend, dtype=dtype), ctx)
     drafter = load_draft(draft, target, convention=convention, backend=backend,
                          target_embed=weights["model.embed_tokens.weight"])
     del weights                                 # from here on only this rank's shard and the draft

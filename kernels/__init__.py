@@ -10,13 +10,10 @@ import os
 
 import torch
 
+# Here, not in the entry points: @triton.jit reads it as each kernel is decorated, and engine/kernels
+# are imported as a library (bench/, users' scripts, spawned ranks) with no CLI or conftest before them.
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-BACKENDS = ("torch", "triton")
-
-
-def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return backend
+# The kernel modules export each kernel (`*_triton`) beside its torch reference (`*_torch`); the
+# caller picks one (engine/ops.py, once, for the engine): no backend names down here.

@@ -28,7 +28,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import check_backend
 from kernels.portable import log64
 
 SAMPLE_COLUMNS = 1 << 31
@@ -145,14 +144,6 @@ def murmur_hash32_triton(seed: torch.Tensor, pos: torch.Tensor, col: torch.Tenso
 
 
 # --------------------------------------------------------------------------- public API
-def murmur_hash32(seed: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
-                  backend: str = "torch") -> torch.Tensor:
-    """MurmurHash3_x86_32 of every (seed[i], pos[i], col[j]) key: [n, m] int64 in [0, 2^32)."""
-    if check_backend(backend) == "triton":
-        return murmur_hash32_triton(seed, pos, col)
-    return murmur_hash32_torch(seed, pos, col)
-
-
 def uniform_from_hash(h: torch.Tensor) -> torch.Tensor:
     """u = h / (2^32 − 1) in float64; u ∈ [0, 1], both ends reachable."""
     return h.to(torch.float64) / U_DIVISOR
@@ -171,7 +162,7 @@ def gumbel_from_hash(h: torch.Tensor) -> torch.Tensor:
 
 
 def verify_coins(seeds: torch.Tensor, seq_lens: torch.Tensor, draft_token_num: int,
-                 backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+                 murmur=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify coins of DESIGN §5 → (coins [n, N] float32, final [n] float32).
 
     Row i uses the request's seed and its committed sequence length n_i as the hash position.
@@ -180,14 +171,14 @@ def verify_coins(seeds: torch.Tensor, seq_lens: torch.Tensor, draft_token_num: i
     if isinstance(draft_token_num, bool) or not isinstance(draft_token_num, int) or draft_token_num < 1:
         raise ValueError(f"draft_token_num must be a positive int, got {draft_token_num!r}")
     cols = torch.arange(draft_token_num + 1, dtype=torch.int64, device=seeds.device)
-    coins = coins_from_hash(murmur_hash32(seeds, seq_lens, cols, backend))
+    coins = coins_from_hash((murmur or murmur_hash32_torch)(seeds, seq_lens, cols))
     return coins[:, :draft_token_num].contiguous(), coins[:, draft_token_num].contiguous()
 
 
-def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
-                 backend: str = "torch") -> torch.Tensor:
-    """Gumbel noise [n, m] float64 for keys (seed[i], pos[i], col[j])."""
-    return gumbel_from_hash(murmur_hash32(seed, pos, col, backend))
+def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, col: torch.Tensor, murmur=None) -> torch.Tensor:
+    """Gumbel noise [n, m] float64 for keys (seed[i], pos[i], col[j]); `murmur`: the hash
+    (murmur_hash32_torch, the default, or murmur_hash32_triton: the same bits)."""
+    return gumbel_from_hash((murmur or murmur_hash32_torch)(seed, pos, col))
 
 
 def _check_keys(seed, pos, col):

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import check_backend
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float
 from kernels.portable_tl import cast_rne, sigmoid_f32
 
@@ -328,14 +327,6 @@ def linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     x, weight, bias = _check(x, weight, bias)
     b = bias.to(torch.float32) if bias is not None else None
     return F.linear(x.to(torch.float32), weight.to(torch.float32), b).to(x.dtype)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           backend: str = "torch") -> torch.Tensor:
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N] in x's dtype (fp32 accumulation)."""
-    if check_backend(backend) == "triton":
-        return linear_triton(x, weight, bias)
-    return linear_torch(x, weight, bias)
 
 
 def _check(x, weight, bias):

@@ -16,7 +16,6 @@ import triton.language as tl
 
 from kernels.portable_tl import cast_rne
 
-from kernels import check_backend
 from kernels._common import check_float
 
 BLOCK_N = 1024
@@ -54,13 +53,6 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     x, weight = _check(x, weight)
     xf = x.to(torch.float32)
     return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(torch.float32)).to(x.dtype)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, backend: str = "torch") -> torch.Tensor:
-    """x [M, N], weight [N] -> [M, N] in x's dtype; fp32 math."""
-    if check_backend(backend) == "triton":
-        return rms_norm_triton(x, weight, eps)
-    return rms_norm_torch(x, weight, eps)
 
 
 def _check(x, weight):

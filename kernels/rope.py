@@ -16,7 +16,6 @@ import triton.language as tl
 
 from kernels.portable_tl import cast_rne
 
-from kernels import check_backend
 from kernels._common import check_float, next_pow2
 
 
@@ -111,13 +110,6 @@ def apply_rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     x1, x2 = xf.chunk(2, dim=-1)
     c, s = cos.to(torch.float32)[:, None, :], sin.to(torch.float32)[:, None, :]
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str = "torch") -> torch.Tensor:
-    """x [T, H, D], cos/sin [T, D/2] -> x rotated, half-split pairs (i, i + D/2)."""
-    if check_backend(backend) == "triton":
-        return apply_rope_triton(x, cos, sin)
-    return apply_rope_torch(x, cos, sin)
 
 
 def _check(x, cos, sin):

@@ -19,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import check_backend
 from kernels._common import PORTABLE_MATH
 from kernels.coins import SAMPLE_COLUMNS, _fmix, _mix, gumbel_noise
 from kernels.portable_tl import log_f64
@@ -75,14 +74,6 @@ def gumbel_argmax_torch(logp: torch.Tensor, seeds: torch.Tensor, positions: torc
     cols = col_base + torch.arange(logp.shape[1], dtype=torch.int64, device=logp.device)
     g = gumbel_noise(seeds, positions, cols)                         # [R, V] float64
     return torch.argmax(logp.to(torch.float64) + g, dim=-1)          # first maximum
-
-
-def gumbel_argmax(logp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                  col_base: int = SAMPLE_COLUMNS, backend: str = "torch") -> torch.Tensor:
-    """logp [R, V] (float64; -inf = excluded), seeds / positions [R] int64 -> ids [R] int64."""
-    if check_backend(backend) == "triton":
-        return gumbel_argmax_triton(logp, seeds, positions, col_base)
-    return gumbel_argmax_torch(logp, seeds, positions, col_base)
 
 
 def _check(logp, seeds, positions):

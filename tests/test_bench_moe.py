@@ -17,7 +17,7 @@ def test_moe_bench_runs_on_tiny_cpu():
     assert proc.returncode == 0, out + proc.stderr
     assert "MXFP4 packed vs dense bf16 weights" in out
     rows = [line.split() for line in out.splitlines()]
-    assert any(r[:2] == ["moe", "1"] for r in rows), out
+    assert any(r[:2] == ["experts", "1"] for r in rows), out
     for op in ("gate_up", "down"):
         for T in ("1", "3"):
             row = [r for r in rows if r[:2] == [op, T]]

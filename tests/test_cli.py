@@ -142,7 +142,7 @@ def test_crash_in_runner_is_reported_not_raised(project, capsys, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr("harness.kinds.coins.murmur_hash32", boom)
+    monkeypatch.setattr("harness.kinds.coins.MURMUR", {"torch": boom, "triton": boom})
     code, out = run(capsys, "check", "coins/known-answers")
     assert code == 1 and "CRASH" in out and "kernel exploded" in out
 

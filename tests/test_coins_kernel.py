@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kernels.coins import (COIN_MAX, SAMPLE_COLUMNS, coins_from_hash, gumbel_from_hash, murmur_hash32,
-                           verify_coins)
+from kernels.coins import (COIN_MAX, SAMPLE_COLUMNS, coins_from_hash, gumbel_from_hash, murmur_hash32_torch,
+                           murmur_hash32_triton, verify_coins)
 from tests.kernels.conftest import DEVICE  # the device the kernels are tested on (LOCKSTEP_TEST_DEVICE)
 from tests.murmur3_reference import lockstep_key_hash
 
@@ -15,7 +15,8 @@ I64 = st.integers(-(2**63), 2**63 - 1)
 KNOWN = [((0, 0, 0), 2167721464), ((1, 7, 1), 4196701286), ((42, 123, 2), 2740678348),
          ((0x123456789ABCDEF0, 456, 17), 3372550890), ((7847, 12345, 1208), 0xFFFFFFFF),
          ((6469398791980356130, 7371, 248146), 0xFFFFFFFF), ((-1, 0, 0), 1040203207)]
-BACKENDS = ["torch", "triton"]
+MURMUR = {"torch": murmur_hash32_torch, "triton": murmur_hash32_triton}
+BACKENDS = list(MURMUR)
 
 
 def t(values):
@@ -30,7 +31,7 @@ def test_reference_implementation_matches_design_known_answers():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_known_answers(backend):
     for (s, p, c), h in KNOWN:
-        assert murmur_hash32(t([s]), t([p]), t([c]), backend).item() == h
+        assert MURMUR[backend](t([s]), t([p]), t([c])).item() == h
 
 
 @settings(max_examples=40, deadline=None)
@@ -39,7 +40,7 @@ def test_both_backends_match_independent_murmur3(rows, cols):
     seeds, pos = t([r[0] for r in rows]), t([r[1] for r in rows])
     want = t([[lockstep_key_hash(s, p, c) for c in cols] for s, p in rows])
     for backend in BACKENDS:
-        got = murmur_hash32(seeds, pos, t(cols), backend)
+        got = MURMUR[backend](seeds, pos, t(cols))
         assert got.dtype == torch.int64 and got.shape == (len(rows), len(cols))
         assert torch.equal(got, want), backend
 
@@ -49,33 +50,33 @@ def test_triton_tails_equal_torch(n, m):
     # The kernel tiles 16 x 64; shapes one past a tile must be neither dropped nor garbage.
     seeds, pos = torch.arange(n, device=DEVICE) * 7919 - 3, torch.arange(n, device=DEVICE) + 2**32 - 5
     cols = torch.arange(m, device=DEVICE) * 31
-    assert torch.equal(murmur_hash32(seeds, pos, cols, "triton"), murmur_hash32(seeds, pos, cols, "torch"))
+    assert torch.equal(murmur_hash32_triton(seeds, pos, cols), murmur_hash32_torch(seeds, pos, cols))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_empty_inputs(backend):
-    assert murmur_hash32(t([]), t([]), t([1, 2]), backend).shape == (0, 2)
-    assert murmur_hash32(t([1]), t([2]), t([]), backend).shape == (1, 0)
+    assert MURMUR[backend](t([]), t([]), t([1, 2])).shape == (0, 2)
+    assert MURMUR[backend](t([1]), t([2]), t([])).shape == (1, 0)
 
 
 def test_non_contiguous_inputs():
     seeds = torch.arange(20, device=DEVICE)[::2]
     pos = torch.arange(30, device=DEVICE)[::3]
     cols = torch.arange(8, device=DEVICE)[::2]
-    assert torch.equal(murmur_hash32(seeds, pos, cols, "triton"), murmur_hash32(seeds.clone(), pos.clone(), cols.clone()))
+    assert torch.equal(murmur_hash32_triton(seeds, pos, cols), murmur_hash32_torch(seeds.clone(), pos.clone(), cols.clone()))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("bad", [torch.tensor([1.0]), torch.tensor([1], dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int64), [1]])
-def test_bad_key_types_are_rejected(bad):
+def test_bad_key_types_are_rejected(bad, backend):
     with pytest.raises(ValueError, match="1-D int64"):
-        murmur_hash32(bad, t([0]), t([0]))
+        MURMUR[backend](bad, t([0]), t([0]))
 
 
-def test_mismatched_lengths_and_backend():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mismatched_lengths(backend):
     with pytest.raises(ValueError, match="same length"):
-        murmur_hash32(t([1, 2]), t([0]), t([0]))
-    with pytest.raises(ValueError, match="backend"):
-        murmur_hash32(t([1]), t([0]), t([0]), "cuda")
+        MURMUR[backend](t([1, 2]), t([0]), t([0]))
 
 
 def _f32(x):
@@ -101,7 +102,7 @@ def test_exactly_129_hashes_round_to_one():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_verify_coins_columns(backend):
     seeds, lens = t([3, -9, 3]), t([10, 2**33 + 1, 10])
-    coins, final = verify_coins(seeds, lens, 5, backend)
+    coins, final = verify_coins(seeds, lens, 5, MURMUR[backend])
     assert coins.shape == (3, 5) and final.shape == (3,) and coins.dtype == final.dtype == torch.float32
     for i in range(3):
         hashes = [lockstep_key_hash(int(seeds[i]), int(lens[i]), c) for c in range(6)]
@@ -128,6 +129,6 @@ def test_gumbel_noise_is_finite_at_both_ends_and_monotonic():
 def test_streams_use_disjoint_columns():
     # The sampling stream at vocab id v must never reuse verify coin column v.
     seeds, pos = t([5]), t([100])
-    verify = murmur_hash32(seeds, pos, torch.arange(16, device=DEVICE))
-    sample = murmur_hash32(seeds, pos, torch.arange(16, device=DEVICE) + SAMPLE_COLUMNS)
+    verify = murmur_hash32_torch(seeds, pos, torch.arange(16, device=DEVICE))
+    sample = murmur_hash32_torch(seeds, pos, torch.arange(16, device=DEVICE) + SAMPLE_COLUMNS)
     assert not torch.any(verify == sample)

@@ -16,7 +16,7 @@ ADAPTER = '''
 from pathlib import Path
 
 from harness.targets import Op, Target
-from kernels.coins import murmur_hash32
+from kernels.coins import murmur_hash32_torch
 
 
 def crashing_hash(seeds, positions, columns):
@@ -36,7 +36,7 @@ def crashing_factory():
 
 
 def malformed():
-    return Target("malformed", "1.0", ops={"hash": Op(murmur_hash32)},
+    return Target("malformed", "1.0", ops={"hash": Op(murmur_hash32_torch)},
                   expectations=str(Path(__file__).with_name("malformed-1.0.yaml")))
 '''
 

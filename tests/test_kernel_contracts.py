@@ -11,7 +11,8 @@ runs by default turns red.
                      kernels/attention.py sink merge (Triton)       kernels/attention-all-masked-no-sink (new)
     N / K tails      kernels/matmul.py (K loop, N store mask)       kernels/matmul-n127-k129, -tail-2880, -n1-k1
                      kernels/rmsnorm.py (sum of squares)            kernels/rmsnorm-n127, -n2881
-                     kernels/moe.py expert GEMM (K loop)            kernels/moe-tails
+                     kernels/matmul.py `_chunk_acc` (K loop) in     kernels/experts-block-tails
+                     kernels/moe.py's grouped expert kernels
     top-k ties       engine/small_ops.py router top-k (torch ops)    generate/router-ties
                      engine/parallel.py router top-k (TP/EP ranks)  generate/router-ties, its TP 2 / EP 2 runs
                                                                     (checked by editing the file: ranks are
@@ -194,10 +195,14 @@ def test_rmsnorm_tail_left_out_of_the_sum(kernel_specs, plant, spec_id):
     kernel_specs.red(spec_id)
 
 
-def test_moe_expert_k_tail_dropped(kernel_specs, plant):
-    plant(kernels.moe, {"        for k0 in range(0, K, BLOCK_K):":
-                        "        for k0 in range(0, K // BLOCK_K * BLOCK_K, BLOCK_K):"}, "_expert_linear_kernel")
-    assert "kernel moe" in kernel_specs.red("kernels/moe-tails")
+def test_grouped_expert_k_tail_dropped(kernel_specs, monkeypatch, tmp_path):
+    """The tile loop the grouped expert kernels (the engine's MoE on the Triton ops) reduce with,
+    kernels/matmul.py `_chunk_acc`, without its last partial BLOCK_K step. kernels.moe imported it by
+    name, so the buggy copy is put there (the interpreter looks a kernel's callees up at call time)."""
+    buggy = module_with(kernels.matmul, {"    for j0 in range(0, width, BLOCK_K):":
+                                         "    for j0 in range(0, width // BLOCK_K * BLOCK_K, BLOCK_K):"}, tmp_path)
+    monkeypatch.setattr(kernels.moe, "_chunk_acc", buggy._chunk_acc)
+    assert "kernel experts" in kernel_specs.red("kernels/experts-block-tails")
 
 
 # --------------------------------------------------------------------------- top-k ties

@@ -211,8 +211,9 @@ def test_a_bug_of_the_bf16_policy_alone_turns_plain_check_red(capsys, monkeypatc
 
 
 def test_a_bug_of_an_interpreted_engine_kernel_alone_turns_plain_check_red(capsys, monkeypatch, tmp_path):
-    """The grouped gate_up kernel (the engine's triton backend only: kernel specs run the per-row
-    MoE) skips expert 0's blocks as if they were unused."""
+    """The grouped gate_up kernel (the engine's triton ops; also pinned by the kernels/experts-*
+    specs, which plain `check` runs on the fp32-triton pair too) skips expert 0's blocks as if they
+    were unused."""
     buggy = module_with(kernels.moe, {"    if e >= 0:                                                           # program-uniform":
                                       "    if e > 0:"}, tmp_path)
     monkeypatch.setattr(kernels.moe, "_grouped_gate_up_kernel", buggy._grouped_gate_up_kernel)

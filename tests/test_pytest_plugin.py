@@ -73,7 +73,7 @@ TOY_ADAPTER = '''
 from pathlib import Path
 
 from harness.targets import Op, Target
-from kernels.coins import murmur_hash32, verify_coins
+from kernels.coins import murmur_hash32_torch, verify_coins
 
 
 def halved_coins(seeds, seq_lens, n):        # a peer bug, on purpose
@@ -82,7 +82,7 @@ def halved_coins(seeds, seq_lens, n):        # a peer bug, on purpose
 
 
 def target():
-    return Target("toy", "1.0", ops={"hash": Op(murmur_hash32), "verify_coins": Op(halved_coins)},
+    return Target("toy", "1.0", ops={"hash": Op(murmur_hash32_torch), "verify_coins": Op(halved_coins)},
                   missing={"gumbel": "toy draws no Gumbel noise"},
                   expectations=str(Path(__file__).with_name("toy-1.0.yaml")))
 '''

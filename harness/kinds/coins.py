@@ -40,13 +40,15 @@ from harness.limits import MAX_COIN_CELLS, MAX_COIN_KEYS
 from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
-from kernels import BACKENDS
-from kernels.coins import COIN_MAX, coins_from_hash, gumbel_from_hash, murmur_hash32, verify_coins
+from kernels.coins import (COIN_MAX, coins_from_hash, gumbel_from_hash, murmur_hash32_torch, murmur_hash32_triton,
+                           verify_coins)
 
 NAME = "coins"
 OUTPUTS = ("hash", "coins", "gumbel")
 UINT32 = Int(min=0, max=2**32 - 1)
 MAX_DRAFT_TOKENS = 4096
+MURMUR = {"torch": murmur_hash32_torch, "triton": murmur_hash32_triton}   # the hashes that must agree
+BACKENDS = tuple(MURMUR)
 
 INPUTS = Map({
     "seeds": Field(IntSeq(), doc="request seeds, one per row"),
@@ -152,8 +154,8 @@ def _compute(spec, device) -> dict[str, torch.Tensor]:
         keys = torch.tensor(inp["keys"], dtype=torch.int64, device=device)  # [k, 3]
         # Each key is its own row; its column is the diagonal of the [k, k] hash grid. The diagonal is
         # copied with standard strides: for one key, .contiguous() would keep its stride of 2.
-        hashes = {b: murmur_hash32(keys[:, 0].contiguous(), keys[:, 1].contiguous(), keys[:, 2].contiguous(),
-                                   backend=b).diagonal().clone(memory_format=torch.contiguous_format)
+        hashes = {b: MURMUR[b](keys[:, 0].contiguous(), keys[:, 1].contiguous(), keys[:, 2].contiguous()
+                               ).diagonal().clone(memory_format=torch.contiguous_format)
                   for b in backends}
         _agree(hashes)
         h = hashes[backends[0]]
@@ -162,7 +164,7 @@ def _compute(spec, device) -> dict[str, torch.Tensor]:
     seeds, pos = _rows(inp, device)
     if inp["columns"] is not None:
         cols = materialize(inp["columns"]).to(device)
-        hashes = {b: murmur_hash32(seeds, pos, cols, backend=b) for b in backends}
+        hashes = {b: MURMUR[b](seeds, pos, cols) for b in backends}
         _agree(hashes)
         h = hashes[backends[0]]
         if "hash" in wanted:
@@ -170,7 +172,7 @@ def _compute(spec, device) -> dict[str, torch.Tensor]:
         if "gumbel" in wanted:
             out["gumbel"] = gumbel_from_hash(h)
     if "coins" in wanted:
-        per_backend = {b: verify_coins(seeds, pos, inp["draft_token_num"], backend=b) for b in backends}
+        per_backend = {b: verify_coins(seeds, pos, inp["draft_token_num"], MURMUR[b]) for b in backends}
         _agree({b: torch.cat([c, f[:, None]], 1) for b, (c, f) in per_backend.items()})
         out["coins"], out["final"] = per_backend[backends[0]]
     return {k: v.cpu() for k, v in out.items()}
@@ -275,7 +277,7 @@ def _check_column_split(spec, t) -> list[str]:
     inp = spec.inputs
     n_draft = inp["draft_token_num"]
     seeds, pos = _rows(inp, torch.device("cpu"))
-    h = murmur_hash32(seeds, pos, torch.arange(n_draft + 1)).tolist()
+    h = murmur_hash32_torch(seeds, pos, torch.arange(n_draft + 1)).tolist()
     coins, final = t["coins"].tolist(), t["final"].tolist()
     for i, row in enumerate(h):
         for c in range(n_draft):

@@ -3,7 +3,7 @@
     kind: kernel
     description: …
     inputs:
-      kernel: attention        # matmul | attention | rmsnorm | rope | router_top_k | swiglu | moe | experts | sampling
+      kernel: attention        # matmul | attention | rmsnorm | rope | router_top_k | swiglu | experts | sampling
       shape: {T: 4, Hq: 8, Hkv: 1, D: 64, S: 576, window: 128}    # the dims the kernel needs (below)
       positions: [190, 191, 255, 519]   # attention: query positions (IntSeq; slot 0, T = count)
       dtype: fp32              # fp32 | bf16 (float inputs; sampling is always float64)
@@ -24,10 +24,11 @@
       reproducible: true       # a second run gives the same bits
 
 Shapes: matmul M, K, N | attention T (or positions), Hq, Hkv, D, S, window | rmsnorm M, N |
-rope T, H, D | router_top_k T, E, k | swiglu M, I | moe T, H, I, E, k | experts T, H, I, E, k |
+rope T, H, D | router_top_k T, E, k | swiglu M, I | experts T, H, I, E, k |
 sampling R, V. `experts` is the engine's grouped expert path as it runs (engine.experts.experts_grouped:
 group_by_expert, the grouped gate_up, the SwiGLU, the grouped down over the 8 fixed K chunks), its
-output each (token, slot)'s down partials [T, k * 8 * H]; `moe` is the per-row MoE kernel pair.
+output each (token, slot)'s down partials [T, k * 8 * H]. Each kernel module exports its
+`_triton` kernel and `_torch` reference; the call below picks one by name (`be`).
 The golden holds the Triton output (tensor `out`), stored per platform as
 `<platform>-triton`. Failures name the kernel and the shape.
 """
@@ -45,11 +46,11 @@ from harness.result import Result
 from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
 
 NAME = "kernel"
-KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "moe", "experts", "sampling")
+KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "experts", "sampling")
 DIMS = {
     "matmul": ("M", "K", "N"), "attention": ("Hq", "Hkv", "D", "S", "window"), "rmsnorm": ("M", "N"),
     "rope": ("T", "H", "D"), "router_top_k": ("T", "E", "k"), "swiglu": ("M", "I"),
-    "moe": ("T", "H", "I", "E", "k"), "experts": ("T", "H", "I", "E", "k"), "sampling": ("R", "V"),
+    "experts": ("T", "H", "I", "E", "k"), "sampling": ("R", "V"),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -105,7 +106,7 @@ def validate(doc: dict, root=None) -> list[Problem]:
         out.append(Problem(("inputs", "shape"), f"Hq = {shape['Hq']} is not a multiple of Hkv = {shape['Hkv']}"))
     if kernel == "attention" and inp["positions"] is not None and shape.get("T") not in (None, length(inp["positions"])):
         out.append(Problem(("inputs", "shape", "T"), "T must equal the number of positions"))
-    if kernel in ("router_top_k", "moe", "experts") and shape["k"] > shape["E"]:
+    if kernel in ("router_top_k", "experts") and shape["k"] > shape["E"]:
         out.append(Problem(("inputs", "shape", "k"), f"k = {shape['k']} exceeds E = {shape['E']}"))
     if kernel == "experts" and inp["experts_used"] is not None and not shape["k"] <= inp["experts_used"] <= shape["E"]:
         out.append(Problem(("inputs", "experts_used"), f"must be in [k, E] = [{shape['k']}, {shape['E']}]"))
@@ -152,10 +153,9 @@ def elements(kernel: str, s: dict) -> int:
         return 2 * s["T"] * s["E"] + 4 * s["T"] * s["k"]
     if kernel == "swiglu":
         return 5 * s["M"] * s["I"]
-    if kernel in ("moe", "experts"):
+    if kernel == "experts":
         T, H, I, E, k = s["T"], s["H"], s["I"], s["E"], s["k"]
-        return 2 * T * H + 4 * E * H * I + 3 * E * I + E * H + T * E + T * k * (3 * I + 3 * H) \
-            + (2 * 8 * T * k * H if kernel == "experts" else 0)
+        return 2 * T * H + 4 * E * H * I + 3 * E * I + E * H + T * E + T * k * (3 * I + 3 * H) + 2 * 8 * T * k * H
     if kernel == "sampling":
         return 3 * s["R"] * s["V"]
     raise ValueError(f"unknown kernel {kernel!r}")
@@ -188,49 +188,48 @@ def _inputs(spec, device):
 
     k = inp["kernel"]
     if k == "matmul":
-        from kernels.matmul import linear
+        from kernels.matmul import linear_torch, linear_triton
+        linear = {"torch": linear_torch, "triton": linear_triton}
         x, w, b = rnd(s["M"], s["K"], scale=sc), rnd(s["N"], s["K"], scale=s["K"] ** -0.5), rnd(s["N"])
-        return (lambda be, r=slice(None): linear(x[r], w, b, backend=be)), s["M"]
+        return (lambda be, r=slice(None): linear[be](x[r], w, b)), s["M"]
     if k == "rmsnorm":
-        from kernels.rmsnorm import rms_norm
+        from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
+        rms_norm = {"torch": rms_norm_torch, "triton": rms_norm_triton}
         t = kernel_inputs(spec, device)
         x, w = t["x"], t["weight"]
-        return (lambda be, r=slice(None): rms_norm(x[r], w, 1e-5, backend=be)), s["M"]
+        return (lambda be, r=slice(None): rms_norm[be](x[r], w, 1e-5)), s["M"]
     if k == "rope":
-        from kernels.rope import apply_rope
+        from kernels.rope import apply_rope_torch, apply_rope_triton
+        apply_rope = {"torch": apply_rope_torch, "triton": apply_rope_triton}
         x, ang = rnd(s["T"], s["H"], s["D"], scale=sc), rnd(s["T"], s["D"] // 2, scale=100.0, dtype=torch.float32)
         sin, cos = portable.sincos64(ang)
         cos, sin = cos.to(torch.float32) * 1.3466, sin.to(torch.float32) * 1.3466
-        return (lambda be, r=slice(None): apply_rope(x[r], cos[r], sin[r], backend=be)), s["T"]
+        return (lambda be, r=slice(None): apply_rope[be](x[r], cos[r], sin[r])), s["T"]
     if k == "router_top_k":
-        from kernels.moe import router_top_k
+        from kernels.moe import router_top_k_torch, router_top_k_triton
+        router_top_k = {"torch": router_top_k_torch, "triton": router_top_k_triton}
         logits = rnd(s["T"], s["E"], scale=4 * sc, dtype=torch.float32)
         if inp["ties"]:
             logits = logits.round().clamp(-inp["ties"], inp["ties"])
         logits = logits.to(dt)
 
         def call(be, r=slice(None)):
-            w, ids = router_top_k(logits[r], s["k"], backend=be)
+            w, ids = router_top_k[be](logits[r], s["k"])
             return torch.cat([w.to(torch.float64), ids.to(torch.float64)], dim=1)   # [T, 2k]
         return call, s["T"]
     if k == "swiglu":
-        from kernels.moe import clamped_swiglu
+        from kernels.moe import clamped_swiglu_torch, clamped_swiglu_triton
+        swiglu = {"torch": clamped_swiglu_torch, "triton": clamped_swiglu_triton}
         x = rnd(s["M"], 2 * s["I"], scale=8 * sc)
-        return (lambda be, r=slice(None): clamped_swiglu(x[r], backend=be)), s["M"]
-    if k == "moe":
-        from kernels.moe import moe, router_top_k
-        T, H, I, E, kk = s["T"], s["H"], s["I"], s["E"], s["k"]
-        x = rnd(T, H, scale=sc)
-        W = (rnd(E, 2 * I, H, scale=H ** -0.5), rnd(E, 2 * I), rnd(E, H, I, scale=I ** -0.5), rnd(E, H))
-        routing, ids = router_top_k(rnd(T, E, dtype=torch.float32), kk)
-        return (lambda be, r=slice(None): moe(x[r], routing[r], ids[r], *W, backend=be)), T
+        return (lambda be, r=slice(None): swiglu[be](x[r])), s["M"]
     if k == "experts":
         return _experts_call(inp, s, rnd, g)
     if k == "sampling":
-        from kernels.sampling import gumbel_argmax
+        from kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
+        sample = {"torch": gumbel_argmax_torch, "triton": gumbel_argmax_triton}
         t = kernel_inputs(spec, device)
         logp, seeds, pos = t["logp"], t["seeds"], t["positions"]
-        return (lambda be, r=slice(None): gumbel_argmax(logp[r], seeds[r], pos[r], t["col_base"], backend=be)), s["R"]
+        return (lambda be, r=slice(None): sample[be](logp[r], seeds[r], pos[r], t["col_base"])), s["R"]
     if k == "attention":
         from kernels.attention import attention_torch, attention_triton
         t = kernel_inputs(spec, device)
@@ -318,11 +317,11 @@ def reference(spec, t: dict) -> torch.Tensor:
     """The plain-torch reference output on `kernel_inputs(spec, …)`."""
     k = spec.inputs["kernel"]
     if k == "rmsnorm":
-        from kernels.rmsnorm import rms_norm
-        return rms_norm(t["x"], t["weight"], 1e-5, backend="torch")
+        from kernels.rmsnorm import rms_norm_torch
+        return rms_norm_torch(t["x"], t["weight"], 1e-5)
     if k == "sampling":
-        from kernels.sampling import gumbel_argmax
-        return gumbel_argmax(t["logp"], t["seeds"], t["positions"], backend="torch")
+        from kernels.sampling import gumbel_argmax_torch
+        return gumbel_argmax_torch(t["logp"], t["seeds"], t["positions"])
     from kernels.attention import attention_torch
     q = t["q"]
     kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]

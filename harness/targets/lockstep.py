@@ -15,8 +15,8 @@ from harness.targets.base import CPU, CUDA, INTERPRETER, RNG_COINS, GenOutput, O
 
 
 def _hash(seed, pos, col):
-    from kernels.coins import murmur_hash32
-    return murmur_hash32(seed, pos, col, backend="torch")
+    from kernels.coins import murmur_hash32_torch
+    return murmur_hash32_torch(seed, pos, col)
 
 
 def _verify_coins(seeds, seq_lens, n):
@@ -150,13 +150,13 @@ def _attention(q, k, v, positions, sinks, window, scale):
 
 
 def _rmsnorm(x, w, eps):
-    from kernels.rmsnorm import rms_norm
-    return rms_norm(x, w, eps, backend="triton")
+    from kernels.rmsnorm import rms_norm_triton
+    return rms_norm_triton(x, w, eps)
 
 
 def _sampling(logp, seeds, positions):
-    from kernels.sampling import gumbel_argmax
-    return gumbel_argmax(logp, seeds, positions, backend="triton")
+    from kernels.sampling import gumbel_argmax_triton
+    return gumbel_argmax_triton(logp, seeds, positions)
 
 
 def load() -> Target:
@@ -169,7 +169,7 @@ def load() -> Target:
         conventions=("boundary", "sglang", "output-index"),
         rng=RNG_COINS,
         ops={
-            "hash": Op(_hash, every, "kernels.coins.murmur_hash32"),
+            "hash": Op(_hash, every, "kernels.coins.murmur_hash32_torch"),
             "verify_coins": Op(_verify_coins, every, "kernels.coins.verify_coins"),
             "gumbel": Op(_gumbel, every, "kernels.coins.gumbel_noise"),
             "eagle3_layers": Op(_eagle3_layers, every, "engine.boundaries.resolve_boundaries"),

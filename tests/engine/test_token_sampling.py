@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from engine.sampling import SamplingParams, chosen_logprob, keep_mask, sample, seed_as_int64
-from kernels.coins import SAMPLE_COLUMNS, gumbel_noise, murmur_hash32
+from kernels.coins import SAMPLE_COLUMNS, gumbel_noise, murmur_hash32_torch
 
 
 def test_coin_module_known_answer():
-    h = murmur_hash32(torch.tensor([42]), torch.tensor([123]), torch.tensor([2]))
+    h = murmur_hash32_torch(torch.tensor([42]), torch.tensor([123]), torch.tensor([2]))
     assert h.item() == 2740678348
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kernels.matmul import TILES, linear
+from kernels.matmul import TILES, linear_torch, linear_triton
 from tests.kernels.conftest import DEVICE
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -36,10 +36,10 @@ def ref64(x, w, b):
 ])
 def test_tails_agree_with_float64(K, N, dtype):
     x, w, b = make(3, K, N, dtype, seed=K + N)
-    y = linear(x, w, b, backend="triton")
+    y = linear_triton(x, w, b)
     assert y.dtype == dtype and y.shape == (3, N) and torch.isfinite(y).all()
     torch.testing.assert_close(y.double(), ref64(x, w, b).to(dtype).double(), **TOL[dtype])
-    torch.testing.assert_close(y.double(), linear(x, w, b).double(), **TOL[dtype])
+    torch.testing.assert_close(y.double(), linear_torch(x, w, b).double(), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -53,9 +53,9 @@ def test_no_read_past_the_tails(dtype):
     xbuf[:M * K] = x0.reshape(-1)
     wbuf[:N * K] = w0.reshape(-1)
     x, w = xbuf[:M * K].view(M, K), wbuf[:N * K].view(N, K)
-    y = linear(x, w, b, backend="triton")
+    y = linear_triton(x, w, b)
     assert torch.isfinite(y).all()
-    assert y.equal(linear(x0, w0, b, backend="triton"))
+    assert y.equal(linear_triton(x0, w0, b))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -63,24 +63,24 @@ def test_rows_do_not_depend_on_M_or_position(dtype):
     """Each row alone, then inside batches of M rows at every rotation: bitwise equal."""
     K, N = 300, 130
     x, w, b = make(64, K, N, dtype, seed=7)
-    alone = torch.cat([linear(x[i:i + 1], w, b, backend="triton") for i in range(64)])
+    alone = torch.cat([linear_triton(x[i:i + 1], w, b) for i in range(64)])
     for M in (2, 3, 5, 8, 16, 17, 33, 64):
         for shift in sorted({0, 1, M // 2, M - 1}):
             rolled = torch.roll(x[:M], shifts=shift, dims=0)
-            y = torch.roll(linear(rolled, w, b, backend="triton"), shifts=-shift, dims=0)
+            y = torch.roll(linear_triton(rolled, w, b), shifts=-shift, dims=0)
             assert y.view(torch.uint8).equal(alone[:M].view(torch.uint8)), (M, shift)
 
 
 def test_columns_do_not_depend_on_N():
     x, w, b = make(4, 200, 300, torch.float32, seed=9)
-    full = linear(x, w, b, backend="triton")
+    full = linear_triton(x, w, b)
     for n in (1, 63, 64, 65, 129, 257):
-        assert linear(x, w[:n], b[:n], backend="triton").equal(full[:, :n]), n
+        assert linear_triton(x, w[:n], b[:n]).equal(full[:, :n]), n
 
 
 def test_run_to_run_and_no_bias():
     x, w, _ = make(9, 257, 65, torch.float32, seed=11)
-    a, b = linear(x, w, None, backend="triton"), linear(x, w, None, backend="triton")
+    a, b = linear_triton(x, w, None), linear_triton(x, w, None)
     assert a.equal(b)
     torch.testing.assert_close(a.double(), ref64(x, w, None), rtol=0, atol=2e-5)
 
@@ -90,10 +90,10 @@ def test_run_to_run_and_no_bias():
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
 def test_property_agrees_and_row_alone(M, K, N, dtype, seed):
     x, w, b = make(M, K, N, dtype, seed=seed)
-    y = linear(x, w, b, backend="triton")
+    y = linear_triton(x, w, b)
     torch.testing.assert_close(y.double(), ref64(x, w, b).to(dtype).double(), **TOL[dtype])
     r = seed % M
-    assert linear(x[r:r + 1], w, b, backend="triton").equal(y[r:r + 1])
+    assert linear_triton(x[r:r + 1], w, b).equal(y[r:r + 1])
 
 
 def test_tiles_are_constants():

@@ -1,14 +1,16 @@
-"""kernels.rmsnorm, kernels.rope, kernels.moe, kernels.sampling against their torch references."""
+"""kernels.rmsnorm, kernels.rope, kernels.moe, kernels.sampling: each `_triton` kernel against its `_torch` reference."""
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from engine.sampling import SamplingParams, keep_mask, sample
-from kernels.moe import clamped_swiglu, expert_linear, moe, router_top_k
-from kernels.rmsnorm import rms_norm
-from kernels.rope import apply_rope
-from kernels.sampling import gumbel_argmax
+from engine.linear import k_chunk_bounds
+from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_torch, clamped_swiglu_triton, expert_down_partials_triton,
+                         expert_gate_up_triton, group_by_expert, router_top_k_torch, router_top_k_triton)
+from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
+from kernels.rope import apply_rope_torch, apply_rope_triton
+from kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
 from tests.kernels.conftest import DEVICE
 
 # Inputs are made on the CPU from seeded generators (the same values everywhere) and moved to
@@ -27,19 +29,19 @@ def dev(values, dtype=None):
 def test_rmsnorm_tails_and_rows(N, dtype):
     x = (torch.randn(6, N, generator=G(N)) * 3).to(dtype).to(DEVICE)
     w = torch.randn(N, generator=G(N + 1)).to(dtype).to(DEVICE)
-    y = rms_norm(x, w, 1e-5, backend="triton")
+    y = rms_norm_triton(x, w, 1e-5)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
-    torch.testing.assert_close(y.float(), rms_norm(x, w, 1e-5).float(), **tol)
+    torch.testing.assert_close(y.float(), rms_norm_torch(x, w, 1e-5).float(), **tol)
     for r in (0, 5):
-        assert rms_norm(x[r:r + 1], w, 1e-5, backend="triton").equal(y[r:r + 1])
+        assert rms_norm_triton(x[r:r + 1], w, 1e-5).equal(y[r:r + 1])
 
 
 def test_rmsnorm_zero_row_and_huge_values():
     x = dev([[0.0] * 5, [3e18, -3e18, 1.0, 0.0, 2.0]])
     w = torch.ones(5, device=DEVICE)
-    y = rms_norm(x, w, 1e-5, backend="triton")
+    y = rms_norm_triton(x, w, 1e-5)
     assert y[0].eq(0).all() and torch.isfinite(y).all()
-    torch.testing.assert_close(y, rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y, rms_norm_torch(x, w, 1e-5), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------ rope (elementwise)
@@ -48,9 +50,9 @@ def test_rope_matches_reference(H, D):
     x = torch.randn(7, H, D, generator=G(D)).to(DEVICE)
     ang = torch.randn(7, D // 2, generator=G(H)) * 100
     cos, sin = (ang.cos() * 1.35).to(DEVICE), (ang.sin() * 1.35).to(DEVICE)
-    torch.testing.assert_close(apply_rope(x, cos, sin, backend="triton"), apply_rope(x, cos, sin), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(apply_rope_triton(x, cos, sin), apply_rope_torch(x, cos, sin), rtol=1e-6, atol=1e-6)
     xb = x.to(torch.bfloat16)
-    torch.testing.assert_close(apply_rope(xb, cos, sin, backend="triton").float(), apply_rope(xb, cos, sin).float(),
+    torch.testing.assert_close(apply_rope_triton(xb, cos, sin).float(), apply_rope_torch(xb, cos, sin).float(),
                                rtol=1.6e-2, atol=1e-2)
 
 
@@ -61,7 +63,7 @@ def test_rope_agrees_with_engine():
     cos, sin = rope_cos_sin(torch.tensor([0, 1, 4095, 131071]), inv, ms)      # on the CPU
     cos, sin = cos.to(DEVICE), sin.to(DEVICE)
     x = torch.randn(4, 8, 64, generator=G(3)).to(DEVICE)
-    torch.testing.assert_close(apply_rope(x, cos, sin, backend="triton"), engine_rope(x, cos, sin), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(apply_rope_triton(x, cos, sin), engine_rope(x, cos, sin), rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------ router top-k
@@ -70,12 +72,12 @@ def test_top_k_ties_go_to_the_lowest_index():
                   [0.0, 5.0, 5.0, 1.0, 5.0, 0.0, 0.0, 5.0],
                   [float("-inf")] * 6 + [2.0, 2.0],
                   [3.0, -1.0, 3.0, 3.0, -1.0, 7.0, -1.0, -1.0]])
-    for backend in ("torch", "triton"):
-        w, ids = router_top_k(logits, 4, backend=backend)
+    for backend, router_top_k in (("torch", router_top_k_torch), ("triton", router_top_k_triton)):
+        w, ids = router_top_k(logits, 4)
         assert ids.tolist() == [[0, 1, 2, 3], [1, 2, 4, 7], [6, 7, 0, 1], [5, 0, 2, 3]], backend
         assert torch.isfinite(w).all()
-    wt, _ = router_top_k(logits, 4, backend="triton")
-    torch.testing.assert_close(wt, router_top_k(logits, 4)[0], rtol=1e-6, atol=1e-7)
+    wt, _ = router_top_k_triton(logits, 4)
+    torch.testing.assert_close(wt, router_top_k_torch(logits, 4)[0], rtol=1e-6, atol=1e-7)
 
 
 @settings(max_examples=15, deadline=None)
@@ -86,31 +88,31 @@ def test_property_top_k(T, E, k, seed, levels):
     if levels:                                     # few distinct values: many ties
         logits = logits.round().clamp(-levels, levels)
     logits = logits.to(DEVICE)
-    w, ids = router_top_k(logits, k, backend="triton")
-    w0, ids0 = router_top_k(logits, k)
+    w, ids = router_top_k_triton(logits, k)
+    w0, ids0 = router_top_k_torch(logits, k)
     assert ids.equal(ids0)
     torch.testing.assert_close(w, w0, rtol=1e-6, atol=1e-7)
 
 
 def test_top_k_large_and_small_logits():
     logits = dev([[1e30, -1e30, 1e-30, 0.0, 88.0, -88.0]])
-    w, ids = router_top_k(logits, 3, backend="triton")
+    w, ids = router_top_k_triton(logits, 3)
     assert ids.tolist() == [[0, 4, 2]] and torch.isfinite(w).all()
-    torch.testing.assert_close(w, router_top_k(logits, 3)[0])
+    torch.testing.assert_close(w, router_top_k_torch(logits, 3)[0])
 
 
 # ------------------------------------------------------------------ clamped SwiGLU
 @pytest.mark.filterwarnings("ignore:overflow encountered")
 def test_swiglu_clamps_and_interleaving():
     gu = dev([[8.0, 9.0, -100.0, -9.0, 7.0, 7.0, 0.5, -0.5]])
-    y = clamped_swiglu(gu, backend="triton")
+    y = clamped_swiglu_triton(gu)
     # gate 8 -> 7, up 9 -> 7; gate -100 stays, up -9 -> -7; gate 7, up 7; gate .5, up -.5
     s = torch.sigmoid
     want = dev([[7 * s(torch.tensor(1.702 * 7)) * 8, -100 * s(torch.tensor(-170.2)) * -6,
                  7 * s(torch.tensor(1.702 * 7)) * 8, 0.5 * s(torch.tensor(0.851)) * 0.5]])   # CPU math
     torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
     x = (torch.randn(5, 2 * 129, generator=G(1)) * 20).to(DEVICE)
-    torch.testing.assert_close(clamped_swiglu(x, backend="triton"), clamped_swiglu(x), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(clamped_swiglu_triton(x), clamped_swiglu_torch(x), rtol=1e-6, atol=1e-5)
 
 
 # ------------------------------------------------------------------ experts
@@ -122,53 +124,30 @@ def experts(E, H, I, seed=0, dtype=torch.float32):
     return tuple(w.to(DEVICE) for w in W)
 
 
-def routing(T, E, k, seed):
-    """routing weights and expert ids from the torch top-k on the CPU, on DEVICE."""
-    r, ids = router_top_k(torch.randn(T, E, generator=G(seed)), k)
-    return r.to(DEVICE), ids.to(DEVICE)
-
-
-@pytest.mark.parametrize("H, I", [(1, 1), (127, 129), (129, 127), (96, 64)])
-def test_moe_matches_reference_and_rows_alone(H, I):
-    E, k, T = 8, 4, 5
-    W = experts(E, H, I, seed=H)
-    x = torch.randn(T, H, generator=G(2)).to(DEVICE)
-    r, ids = routing(T, E, k, seed=3)
-    out = moe(x, r, ids, *W, backend="triton")
-    torch.testing.assert_close(out, moe(x, r, ids, *W), rtol=1e-5, atol=2e-5)
-    for t in (0, T - 1):
-        assert moe(x[t:t + 1], r[t:t + 1], ids[t:t + 1], *W, backend="triton").equal(out[t:t + 1])
-
-
-def test_moe_bf16():
-    W = experts(4, 64, 32, seed=5, dtype=torch.bfloat16)
-    x = torch.randn(3, 64, generator=G(6)).to(torch.bfloat16).to(DEVICE)
-    r, ids = routing(3, 4, 2, seed=7)
-    torch.testing.assert_close(moe(x, r, ids, *W, backend="triton").float(), moe(x, r, ids, *W).float(),
-                               rtol=3e-2, atol=3e-2)
-
-
 def test_expert_parallel_skips_non_local_experts():
-    """Experts split over 2 ranks: each rank holds only its shard (no weights to read for the
-    others); non-local slots are skipped, so a token with no local expert gets exactly 0 and a
-    NaN-producing expert elsewhere never leaks in. The two halves add up to the whole."""
-    E, H, I, k, T = 8, 33, 17, 2, 6
-    gw, gb, dw, db = experts(E, H, I, seed=9)
-    x = torch.randn(T, H, generator=G(10)).to(DEVICE)
+    """Experts split over 2 ranks, the grouped kernels the engine runs: each rank holds only its
+    shard; a (token, slot) row of a non-local expert is skipped (exactly 0 in every partial), never
+    multiplied by zero, so a NaN-producing expert elsewhere never leaks in. The halves add up to
+    the whole, bit for bit."""
+    E, H, I, k = 8, 33, 16, 2
+    gw, gb, dw, _ = experts(E, H, I, seed=9)
+    x = torch.randn(6, H, generator=G(10)).to(DEVICE)
     ids = dev([[0, 1], [2, 3], [4, 5], [6, 7], [1, 6], [7, 0]])
-    r = torch.full((T, k), 0.5, device=DEVICE)
-    full = moe(x, r, ids, gw, gb, dw, db, backend="triton")
-    lo = moe(x, r, ids, gw[:4], gb[:4], dw[:4], db[:4], expert_start=0, backend="triton")
-    hi_db = db[4:].clone()
-    hi = moe(x, r, ids, gw[4:], gb[4:], dw[4:], hi_db, expert_start=4, backend="triton")
-    assert lo[2:4].eq(0).all() and hi[0:2].eq(0).all()
-    torch.testing.assert_close(lo + hi, full, rtol=1e-5, atol=1e-5)
-    bad_db = db[4:].clone()
-    bad_db[:] = float("inf")                        # rank 1's experts blow up; rank 0 must not see it
-    assert torch.isfinite(moe(x[:2], r[:2], ids[:2], gw[4:], gb[4:], dw[4:], bad_db, expert_start=4,
-                              backend="triton")).all()
-    y = expert_linear(x, dev([9, 0, 3, -1, 4, 8]), gw, gb, backend="triton")
-    assert y[0].eq(0).all() and y[3].eq(0).all() and y[5].eq(0).all()
+    flat, bounds = ids.reshape(-1), k_chunk_bounds(I)
+
+    def parts(lo, n, gw, gb, dw):
+        groups = group_by_expert(flat, lo, n, EXPERT_BLOCK_M)
+        h = expert_gate_up_triton(x, k, groups, gw, gb)
+        return expert_down_partials_triton(clamped_swiglu_triton(h), groups, dw, bounds)    # [8, T * k, H]
+
+    full = parts(0, E, gw, gb, dw)
+    lo, hi = parts(0, 4, gw[:4], gb[:4], dw[:4]), parts(4, 4, gw[4:], gb[4:], dw[4:])
+    local = flat < 4
+    assert lo[:, ~local].eq(0).all() and hi[:, local].eq(0).all()
+    assert (lo + hi).equal(full)
+    bad_dw = torch.full_like(dw[4:], float("inf"))   # rank 1's experts blow up; rank 0's rows must not see it
+    bad = parts(4, 4, gw[4:], gb[4:], bad_dw)
+    assert bad[:, local].eq(0).all() and not torch.isfinite(bad[:, ~local]).all()
 
 
 # ------------------------------------------------------------------ seeded Gumbel-max
@@ -178,7 +157,7 @@ def test_gumbel_argmax_matches_reference(V):
     logp = torch.log_softmax(torch.randn(R, V, generator=G(V), dtype=torch.float64) * 2, -1).to(DEVICE)
     seeds = dev([0, 42, -1, 7, 1 << 40, 3])[:R]
     pos = dev([0, 7, 123, 5, 99, 100000])[:R]
-    assert gumbel_argmax(logp, seeds, pos, backend="triton").equal(gumbel_argmax(logp, seeds, pos))
+    assert gumbel_argmax_triton(logp, seeds, pos).equal(gumbel_argmax_torch(logp, seeds, pos))
 
 
 def test_gumbel_argmax_is_engine_sample():
@@ -190,14 +169,14 @@ def test_gumbel_argmax_is_engine_sample():
         keep = keep_mask(z, params.top_k, params.top_p, params.min_p)
         logp = torch.log_softmax(torch.where(keep, z, float("-inf")), dim=-1)[None].to(DEVICE)
         s = dev([seed - (1 << 64) if seed >= 1 << 63 else seed])
-        got = gumbel_argmax(logp, s, dev([pos]), backend="triton")
+        got = gumbel_argmax_triton(logp, s, dev([pos]))
         assert int(got) == sample(logits, params, seed, pos)
 
 
 def test_gumbel_argmax_ties_and_all_masked():
     # every id masked: the first index (as torch.argmax); identical rows: identical ids
     logp = torch.full((2, 2100), float("-inf"), dtype=torch.float64, device=DEVICE)
-    assert gumbel_argmax(logp, dev([1, 2]), dev([0, 0]), backend="triton").tolist() == [0, 0]
+    assert gumbel_argmax_triton(logp, dev([1, 2]), dev([0, 0])).tolist() == [0, 0]
     logp = torch.zeros(3, 2100, dtype=torch.float64, device=DEVICE)
-    out = gumbel_argmax(logp, dev([9, 9, 10]), dev([4, 4, 4]), backend="triton")
-    assert out[0] == out[1] and out.equal(gumbel_argmax(logp, dev([9, 9, 10]), dev([4, 4, 4])))
+    out = gumbel_argmax_triton(logp, dev([9, 9, 10]), dev([4, 4, 4]))
+    assert out[0] == out[1] and out.equal(gumbel_argmax_torch(logp, dev([9, 9, 10]), dev([4, 4, 4])))

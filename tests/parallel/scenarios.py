@@ -61,6 +61,7 @@ def run(ckpt: str, topologies: list[tuple], d2_d3: bool = False) -> dict:
     from engine import parallel
     from engine.checkpoint import load_checkpoint
     from engine.distributed import ParallelContext, Topology
+    from engine.model import GptOssModel
     from tests.parallel import wrong_orders
     config, weights = load_checkpoint(ckpt)
     invariant = parallel.reduce_row_parallel
@@ -69,7 +70,7 @@ def run(ckpt: str, topologies: list[tuple], d2_d3: bool = False) -> dict:
         tp, ep, variant = (tuple(key) + (None,))[:3]
         parallel.reduce_row_parallel = getattr(wrong_orders, variant) if variant else invariant
         try:
-            model = parallel.ParallelGptOssModel(config, weights, ParallelContext(Topology(tp, ep)))
+            model = parallel.shard(GptOssModel(config, weights), ParallelContext(Topology(tp, ep)))
             results[key] = workload(model, d2_d3=d2_d3 and variant is None)
         finally:
             parallel.reduce_row_parallel = invariant

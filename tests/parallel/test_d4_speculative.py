@@ -84,7 +84,7 @@ def test_speculative_generate_at_world_1_and_unseeded_requests(spec_pairs, spec_
 
 
 def test_a_draft_without_embedding_refuses_a_vocab_shard(spec_pairs):
-    """What a rank's ParallelGptOssModel.embed is at TP 2: half the rows. Taking it silently
+    """What a sharded rank's model.embed is at TP 2: half the rows. Taking it silently
     would look tokens up in the wrong rows (or out of range)."""
     from engine.checkpoint import CheckpointError, load_checkpoint
     from engine.eagle3 import load_draft

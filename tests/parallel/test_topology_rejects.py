@@ -43,10 +43,28 @@ def test_no_process_group_for_a_larger_world():
         ParallelContext(Topology(2, 1))
 
 
-def test_model_rejects_before_touching_weights():
-    from engine.parallel import ParallelGptOssModel
+def test_shard_rejects_before_touching_weights():
+    from engine.checkpoint import synthetic_weights
+    from engine.model import ONE_DEVICE, GptOssModel
+    from engine.parallel import shard
     cfg = preset("tiny")
+    model = GptOssModel(cfg, synthetic_weights(cfg, 0, False))
     ctx = ParallelContext(Topology(1, 1))
     object.__setattr__(ctx, "topology", Topology(4, 1))    # as a 4-rank context would carry
     with pytest.raises(UnsupportedTopology, match="num_key_value_heads=2"):
-        ParallelGptOssModel(cfg, {}, ctx)
+        shard(model, ctx)
+    assert model.comm is ONE_DEVICE and model.embed.shape == (cfg.vocab_size, cfg.hidden_size)
+    assert model.blocks[0].attn.kv_heads == cfg.num_key_value_heads
+
+
+def test_shard_refuses_the_fast_ops_and_a_second_shard():
+    from engine.checkpoint import synthetic_weights
+    from engine.model import GptOssModel
+    from engine.parallel import shard
+    cfg = preset("tiny")
+    weights = synthetic_weights(cfg, 0, False)
+    with pytest.raises(ValueError, match="fast ops have no row-parallel partials"):
+        shard(GptOssModel(cfg, weights, backend="fast"), ParallelContext(Topology(1, 1)))
+    model = shard(GptOssModel(cfg, weights), ParallelContext(Topology(1, 1)))
+    with pytest.raises(ValueError, match="already sharded"):
+        shard(model, ParallelContext(Topology(1, 1)))

@@ -38,12 +38,13 @@ def run(ckpt: str, topologies: list[tuple[int, int]]) -> dict:
     from engine.checkpoint import load_checkpoint
     from engine.distributed import ParallelContext, Topology
     from engine.generate import generate
+    from engine.model import GptOssModel
     config, weights = load_checkpoint(ckpt)
     pair = speculative_scenarios.fitted_pair()
     out = {}
     for tp, ep in topologies:
         ctx = ParallelContext(Topology(tp, ep))
-        model = parallel.ParallelGptOssModel(config, weights, ctx)
+        model = parallel.shard(GptOssModel(config, weights), ctx)
         for r, s in GENERATE_AT:
             model.trace = Trace(r, s)
             generate(model, scenarios.requests(), capture=scenarios.CAPTURE)

@@ -128,9 +128,8 @@ def test_unseeded_requests_use_the_explicit_generator(fitted, monkeypatch):
 def test_top_hash_coins_are_clamped_end_to_end(fitted, monkeypatch):
     """Every hash = 0xFFFFFFFF: float32 coins would be exactly 1.0 without the clamp (DESIGN §5)."""
     target, draft = fitted
-    real = coins_mod.murmur_hash32
-    monkeypatch.setattr(coins_mod, "murmur_hash32",
-                        lambda s, p, c, backend="torch": torch.full_like(real(s, p, c), 0xFFFFFFFF))
+    real = coins_mod.murmur_hash32_torch             # the hash verify_coins and gumbel_noise take by default
+    monkeypatch.setattr(coins_mod, "murmur_hash32_torch", lambda s, p, c: torch.full_like(real(s, p, c), 0xFFFFFFFF))
     for sp in (TREE, SpecParams(verify="rejection")):
         res = speculative_generate(target, draft, [Request(prompt(5, 6), SamplingParams(temperature=1.0, top_k=5,
                                                                                         max_new_tokens=4), seed=1)], sp)

@@ -75,11 +75,11 @@ def test_the_shipped_file_is_found_by_name_and_an_explicit_one_wins(tmp_path):
 
 # --------------------------------------------------------------------------- CLI with a toy target
 def _toy(halved: bool):
-    from kernels.coins import murmur_hash32
+    from kernels.coins import murmur_hash32_torch
 
     def bad_hash(seed, pos, col):
-        return murmur_hash32(seed, pos, col) // 2
-    return Target("toy", "1.2.0.dev3", ops={"hash": Op(bad_hash if halved else murmur_hash32)})
+        return murmur_hash32_torch(seed, pos, col) // 2
+    return Target("toy", "1.2.0.dev3", ops={"hash": Op(bad_hash if halved else murmur_hash32_torch)})
 
 
 @pytest.fixture

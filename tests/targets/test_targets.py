@@ -67,9 +67,9 @@ def test_entry_point_target(tmp_path, monkeypatch, capsys):
     (dist / "entry_points.txt").write_text("[lockstep.targets]\ntoy = toy_adapter:target\n")
     (tmp_path / "toy_adapter.py").write_text(
         "from harness.targets import Op, Target\n"
-        "from kernels.coins import murmur_hash32\n"
+        "from kernels.coins import murmur_hash32_torch\n"
         "def target():\n"
-        "    return Target('toy', '1.0', ops={'hash': Op(murmur_hash32)})\n")
+        "    return Target('toy', '1.0', ops={'hash': Op(murmur_hash32_torch)})\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     t = get("toy")
     assert t.label == "toy-1.0" and run(t, "coins/known-answers").status == PASS
