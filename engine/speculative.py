@@ -270,6 +270,12 @@ def draft_top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return top_k_lowest_index(logp, k)
 
 
+def _each(t: torch.Tensor, k: int) -> torch.Tensor:
+    """Every element of the 1-D t, k times in a row (repeat_interleave by a constant, as a view
+    expansion: no data-dependent size)."""
+    return t[:, None].expand(t.shape[0], k).reshape(-1)
+
+
 @dataclass
 class _DraftRows:
     """What drafting needs to know about each row's request (one entry per row, on the device).
@@ -283,8 +289,7 @@ class _DraftRows:
 
     def repeat(self, k: int) -> "_DraftRows":
         """Each row k times in a row (the beams of one request)."""
-        rep = lambda t: t.repeat_interleave(k)                                   # noqa: E731
-        return _DraftRows(rep(self.sampled), rep(self.temperature), rep(self.seeds),
+        return _DraftRows(_each(self.sampled, k), _each(self.temperature, k), _each(self.seeds, k),
                           [u * k + j for u in self.unseeded for j in range(k)], self.any_sampled)
 
 
@@ -368,9 +373,9 @@ def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch
     beam_rows = rows.repeat(Kb)
     base = Kb
     for d in range(2, spec.num_steps + 1):                      # beams sit at depth d - 1
-        rr = r.repeat_interleave(Kb)
+        rr = _each(r, Kb)
         step = draft.forward(beam_tok.reshape(-1), rr + d - 2, beam_h.reshape(R * Kb, -1), dkv,
-                             slots.repeat_interleave(Kb), commit=False, prefix_lens=rr,
+                             _each(slots, Kb), commit=False, prefix_lens=rr,
                              ancestors=(anc_k.flatten(0, 1), anc_v.flatten(0, 1)), kv_len=kv_len)
         ids, lp, q = _draft_children_rows(hot, draft.config.vocab_size, step.logits, beam_rows, K, rr + d, generator)
         score = (beam_score[:, :, None] + lp.view(R, Kb, K)).reshape(R, Kb * K)   # creation order
@@ -743,7 +748,7 @@ def _round(target, draft: Eagle3Draft, cache, dkv: DraftKV, root_logits: torch.T
     n_req = root_logits.shape[0]
     path_slot = torch.cat([act_t[:, None], n_req + act_t[:, None] * (P - 1) + torch.arange(P - 1, device=tdev)], 1)
     if P > 1:                                              # scratch slots start as copies of the request's
-        cache.copy_prefix(path_slot[:, 1:].reshape(-1), act_t.repeat_interleave(P - 1), max_r)
+        cache.copy_prefix(path_slot[:, 1:].reshape(-1), _each(act_t, P - 1), max_r)
     v_tok = torch.where(lay.valid, tokens.gather(1, lay.path_nodes.flatten(1)).view(R, P, W), 0)
     v_pos = (r_t[:, None, None] + torch.arange(W, device=tdev)).expand(R, P, W)
     v_slot = path_slot[:, :, None].expand(R, P, W)
@@ -827,7 +832,7 @@ def _round(target, draft: Eagle3Draft, cache, dkv: DraftKV, root_logits: torch.T
         feats = node_feats.index_select(0, e).gather(1, acc_nodes.index_select(0, e)[:, :, None].expand(
             -1, W, node_feats.shape[2])).flatten(0, 1).to(ddev)
         e_d = e.to(ddev)
-        _draft_extend(draft, dkv, root_logits, root_h, act.index_select(0, e_d).repeat_interleave(W),
+        _draft_extend(draft, dkv, root_logits, root_h, _each(act.index_select(0, e_d), W),
                       (r.index_select(0, e_d)[:, None] + torch.arange(W, device=ddev)).reshape(-1),
                       new_t.index_select(0, e).reshape(-1).to(ddev), feats,
                       at, act.index_select(0, e_d), kv_len=max_r + W)
