@@ -23,6 +23,8 @@ accepted, so the times are the real ones and only the acceptance is assumed.
 The draft's shape is an assumption (no EAGLE3 checkpoint is read): H_draft = the target's
 hidden size, 64 query / 8 KV heads of 64, intermediate 4 * H, a 32 000-id draft vocabulary,
 the target's embedding. Times are CUDA events after warm-up calls; wall clock on the CPU.
+Before timing, "check" runs greedy speculative_generate against greedy generate on one prompt
+(tokens and logprob bits must agree; exit 3 if not), so a wrong round cannot hide behind a time.
 """
 
 from __future__ import annotations
@@ -173,6 +175,18 @@ def main(argv=None):
     print(f"speculative round, {args.shape} shape, random weights, {compute} target ({backend}), fp32 draft, "
           f"context {args.context}, chain of {args.steps} draft steps, greedy verify, device "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}")
+    # the round must be right before it is timed: greedy speculative decoding = greedy generate
+    from engine.generate import generate
+    probe = [Request(torch.randint(0, config.vocab_size, (16,), generator=torch.Generator().manual_seed(5)).tolist(),
+                     SamplingParams(greedy=True, max_new_tokens=6))]
+    chain = spec_mod.SpecParams(num_steps=args.steps, topk=1, draft_token_num=args.steps + 1, verify="greedy")
+    with torch.inference_mode():
+        want, got = generate(target, probe)[0], spec_mod.speculative_generate(target, draft, probe, chain)[0]
+    same = want.tokens == got.tokens and want.logprobs.numpy().tobytes() == got.logprob_bytes
+    print(f"check: greedy speculative_generate = greedy generate (6 tokens, bits of tokens and logprobs): "
+          f"{'ok' if same else 'FAILED'}")
+    if not same:
+        sys.exit(3)
     print(f"{'B':>3} {'decode step':>12} {'draft step':>11} {'verify':>10} {'round':>10} {'round/step':>11}"
           f" | derived at accept {args.accept}: {'tok/s':>8} {'baseline tok/s':>15} {'speed-up':>9}")
     for b in [int(x) for x in args.batches.split(",")]:

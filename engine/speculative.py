@@ -8,33 +8,47 @@ the root, has not been through the target yet). The target's KV cache holds posi
 the draft's committed KV holds positions 0 .. n-2 (always computed from target features: the draft
 step at position t sees the target feature h_t and the embedding of x_{t+1}).
 
-One round, for every unfinished request (all rows of all requests share each forward call;
-every row is computed alone, so a request's result does not depend on its batchmates):
+One round (_round), for every unfinished request at once: each step below is a few batched
+device calls over all requests (no per-request Python, no host read), up to the round's one
+host read (_read_round, step 3); a row is computed alone, so a request's result does not
+depend on its batchmates:
 
-  1. Draft (engine.eagle3). Depth 1 comes from the draft's last committed row (position n-2).
-     Each further step expands the current beams: a beam node at depth d runs a draft step at
-     position n-2+d over the committed draft keys, its tree ancestors' keys and its own. Tree
-     (topk > 1): every beam's top-k children are candidates (score = sum of draft log-probs,
-     float64), the best topk of them become the next beams; after num_steps depths the best
-     draft_token_num - 1 candidates (score descending, creation order on ties; a parent always
-     precedes its child) form the tree, numbered in creation order; node 0 is the root.
+  1. Draft (engine.eagle3; _draft_trees). Depth 1 comes from the draft's last committed row
+     (position n-2). Each further step expands the current beams: a beam node at depth d runs a
+     draft step at position n-2+d over the committed draft keys, its tree ancestors' keys and its
+     own. Tree (topk > 1): every beam's top-k children are candidates (score = sum of draft
+     log-probs, float64), the best topk of them become the next beams; after num_steps depths the
+     best draft_token_num - 1 candidates (score descending, creation order on ties; a parent
+     always precedes its child) form the tree, numbered in creation order; node 0 is the root.
      Deterministic top-k drafting (lowest draft id on ties) for `greedy` and `target-only`;
      `rejection` samples each draft token from q = softmax(draft logits / temperature) with
      Gumbel-max on its own stream: murmur(seed, pos, DRAFT_COLUMNS + draft id), pos = the
      sequence position of the proposed token.
-  2. Verify (target). Every root-to-leaf path of the tree runs as a chain at the real positions
-     n-1 .. n-1+depth: path 0 in the request's own KV slot, every other path in a scratch slot
-     that first receives a copy of the request's slot. A node's logits are then computed exactly
-     as in sequential decoding (same keys, same order; DESIGN D3), so greedy speculative decoding
-     reproduces engine.generate bit for bit, logprobs included.
-  3. Accept (pure functions below, one per mode), coins from kernels.coins.verify_coins(seed, n, N)
-     (n = committed length, root included) or, without a seed, from the explicit generator.
+  2. Verify (target; _layout). Every root-to-leaf path of the tree runs as a chain at the real
+     positions n-1 .. n-1+depth: path 0 in the request's own KV slot, every other path in a
+     scratch slot whose first n-1 positions first receive a copy of the request's slot (one
+     copy over all layers: KVCache.copy_prefix). The call has a fixed shape, P paths of W rows
+     per request (a chain: one path of N rows); rows past a path's leaf are padding that write
+     only positions no query reads before they are written again. A node's logits are then
+     computed exactly as in sequential decoding (same keys, same order; DESIGN D3), so greedy
+     speculative decoding reproduces engine.generate bit for bit, logprobs included.
+  3. Accept: the pure functions below (one per mode) define the rules; the round applies them to
+     every node of every tree at once (_accept_greedy, _accept_target_only, _accept_rejection,
+     then _walk), with coins from kernels.coins.verify_coins(seed, n, N) (n = committed length,
+     root included) or, without a seed, from the explicit generator. The host read: accepted
+     counts, nodes and tokens, and for sampled requests the distribution of the final draw,
+     which is then drawn on the host (inverse_cdf_rows: DESIGN §5's left-to-right running sum).
   4. Commit: the accepted tokens and the bonus/correction token are appended (stopping at a stop
-     id or max_new_tokens, as engine.generate does). Target KV: if the accepted path did not run in
-     the request's own slot, its positions are copied back; the rejected rows are never read again
-     (rollback = they are overwritten before any query can see them). Draft KV: tree rows were never
-     written; a draft extend over the newly committed positions (target features from the verify
-     rows) writes them and yields the next round's depth 1.
+     id or max_new_tokens, as engine.generate does); their logprobs stay on the device until the
+     end. Target KV: the accepted path's positions are copied back into the request's slot (one
+     indexed copy over all layers for all requests: KVCache.copy_positions; a no-op copy for
+     path 0); the rejected rows are never read again (rollback = they are overwritten before any
+     query can see them). Draft KV: tree rows were never written; a draft extend over the newly
+     committed positions (target features from the verify rows; W rows per request, the ones
+     past the accepted count again padding) writes them and yields the next round's depth 1.
+
+The per-row sampling helpers (_target_distributions, _chosen_logprobs) are the one place this
+module calls engine.sampling's row functions in a round: a batched sampler goes there.
 
 The first output token comes from the prefill logits through engine.sampling.sample (Gumbel at
 position prompt_len - 1), exactly as in engine.generate. Logprobs: log_softmax of the raw fp32
