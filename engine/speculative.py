@@ -755,7 +755,7 @@ def _round(target, draft: Eagle3Draft, cache, dkv: DraftKV, root_logits: torch.T
             trace.event(i, len(accept_lengths[i]) + 1, "draft.parents", t.parents)
 
     # 2. verify: every root-to-leaf path as a chain; path 0 in the request's own slot
-    tdev = target.device
+    tdev = cache.k_all.device                             # the target's device
     lay = _layout(trees.parents.to(tdev), P, W, spec.topk)
     tokens = trees.tokens.to(tdev)
     act_t, r_t = act.to(tdev), r.to(tdev)
