@@ -16,10 +16,12 @@ Draft id d means target id d + d2t[d]. Pairing: the step at position t sees the 
 feature h_t and the embedding of token t + 1. RoPE is plain Llama RoPE (half split, theta
 from the config, default 10000), at position t.
 
-Attention (`attend`) is computed per query over an explicit, logically ordered key list:
+Attention (`attend`) is defined per query over an explicit, logically ordered key list:
 the committed keys of the request's slot (positions 0 .. c-1) followed by the keys of the
 query's tree ancestors and its own key. A committed row at position p and a tree row at
-position p with the same inputs see the same key tensor and give the same bits.
+position p with the same inputs see the same key tensor and give the same bits. The forward
+computes all rows at once (`attend_rows`: the lists gathered into one padded key axis, padding
+last, which leaves every fixed-order sum's bits as `attend`'s).
 
 Checkpoints use the SpecForge / EAGLE3 naming (`midlayer.*`; `layers.0.*` is read too, and the
 legacy `aux_norm_{low,mid,high}` for `fc_norm.{0,1,2}`):
@@ -359,43 +361,94 @@ class Eagle3Draft:
         p = portable.softmax(s, dim=-1)                                              # [Hkv, G, n]
         return portable.tree_sum(torch.mul(p[..., None], values[:, None]), -2).reshape(Hkv * G, D)
 
+    def attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: DraftKV, slots: torch.Tensor,
+                    visible: torch.Tensor, anc_k: torch.Tensor, anc_v: torch.Tensor, n_anc: torch.Tensor,
+                    with_self: bool, kv_len: int) -> torch.Tensor:
+        """`attend` for T rows at once, on the device, with no host read. Row t's logical key list is
+        its slot's positions 0 .. visible[t]-1, then its first n_anc[t] ancestors (anc_k/anc_v
+        [T, A, Hkv, D], depth order), then its own k/v (with_self). The lists are gathered into
+        one padded axis of length J = kv_len + A + with_self, real keys first: padding sits only at
+        the end, scores -inf (weight exactly 0) and products -0.0, so every fixed-order sum
+        (portable.tree_sum) sees the same operands in the same places as `attend` over the
+        unpadded list (adding -0.0 or a +0 weight after the last real term changes no bit).
+        kv_len: leading slot positions that can be visible (>= every visible[t])."""
+        T, Hq, D = q.shape
+        Hkv, A = kv.k.shape[1], anc_k.shape[1]
+        G = Hq // Hkv
+        J = kv_len + A + int(with_self)
+        j = torch.arange(J, device=q.device)
+        c, m = visible[:, None], n_anc[:, None]                                    # [T, 1]
+        # pool index of logical key j: slot position j, ancestor j - c, or self (pool tail)
+        idx = torch.where(j < c, j, kv_len + (j - c).clamp(max=max(A - 1, 0)))
+        if with_self:
+            idx = torch.where(j == c + m, kv_len + A, idx)
+        idx = torch.where(j < c + m + int(with_self), idx, 0)                     # padding: any key
+        valid = j < c + m + int(with_self)                                           # [T, J]
+        out = q.new_empty((T, Hq, D))
+        step = max(1, (1 << 25) // max(1, Hq * J * D))      # rows per chunk: bounds the [rows, Hq, J, D] product
+        for lo in range(0, T, step):
+            hi = min(T, lo + step)
+            sl = slots[lo:hi]
+            parts_k = [kv.k[:, :, :kv_len].index_select(0, sl), anc_k[lo:hi].transpose(1, 2)]
+            parts_v = [kv.v[:, :, :kv_len].index_select(0, sl), anc_v[lo:hi].transpose(1, 2)]
+            if with_self:
+                parts_k.append(k[lo:hi, :, None])
+                parts_v.append(v[lo:hi, :, None])
+            gi = idx[lo:hi, None, :, None].expand(hi - lo, Hkv, J, D)
+            keys = torch.gather(torch.cat(parts_k, dim=2), 2, gi)                   # [t, Hkv, J, D]
+            values = torch.gather(torch.cat(parts_v, dim=2), 2, gi)
+            ok = valid[lo:hi, None, None, :]                                         # [t, 1, 1, J]
+            qq = q[lo:hi].reshape(hi - lo, Hkv, G, 1, D)
+            s = torch.mul(portable.tree_sum(torch.mul(qq, keys[:, :, None]), -1), self.scale)   # [t, Hkv, G, J]
+            p = portable.softmax(torch.where(ok, s, float("-inf")), dim=-1)
+            prod = torch.mul(p[..., None], values[:, :, None])                     # [t, Hkv, G, J, D]
+            prod = torch.where(ok[..., None], prod, torch.full_like(prod[:1, :1, :1, :1], -0.0))
+            out[lo:hi] = portable.tree_sum(prod, -2).reshape(hi - lo, Hq, D)
+        return out
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, kv: DraftKV,
-                slots: torch.Tensor, commit: bool, prefix_lens: Sequence[int] | None = None,
-                ancestors: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]] | None = None) -> DraftStep:
+                slots: torch.Tensor, commit: bool, prefix_lens: Sequence[int] | torch.Tensor | None = None,
+                ancestors: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]]
+                | tuple[torch.Tensor, torch.Tensor] | None = None,
+                kv_len: int | None = None) -> DraftStep:
         """One draft step for T rows. hidden [T, H_draft] is h (fc output, or the previous step's output).
 
         commit=True: rows are committed positions; their k/v go into `kv` at (slot, position) first,
         then row t attends to its slot's positions 0 .. positions[t].
         commit=False: tree rows; nothing is written. Row t attends to its slot's first
         prefix_lens[t] positions, then its ancestors' (k, v) in depth order, then itself.
+        `ancestors`: per row a list of (k [Hkv, D], v [Hkv, D]), or a pair of tensors
+        (k, v) [T, A, Hkv, D] when every row has A ancestors (the speculative loop's form).
+        kv_len: a bound on the slot positions any row sees (default: the capacity); the
+        attention's cost grows with it, its bits do not (see attend_rows).
+        All rows run in one batch on the device (attend_rows): no per-row loop, no host read.
         """
         cfg = self.config
         T, D = tokens.shape[0], cfg.head_dim
+        Hkv = cfg.num_key_value_heads
         eps = cfg.rms_norm_eps
         tokens, positions, slots = tokens.to(self.device), positions.to(self.device), slots.to(self.device)
         emb = self.embed.index_select(0, tokens)
         x = torch.cat([rms_norm(emb, self.input_layernorm, eps), rms_norm(hidden, self.hidden_norm, eps)], dim=-1)
         q = self.ops.linear(x, self.q_w).view(T, cfg.num_attention_heads, D)
-        k = self.ops.linear(x, self.k_w).view(T, cfg.num_key_value_heads, D)
-        v = self.ops.linear(x, self.v_w).view(T, cfg.num_key_value_heads, D)
+        k = self.ops.linear(x, self.k_w).view(T, Hkv, D)
+        v = self.ops.linear(x, self.v_w).view(T, Hkv, D)
         cos, sin = rope_cos_sin(positions, self.inv_freq, 1.0)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        kv_len = kv.k.shape[2] if kv_len is None else kv_len
         if commit:
             kv.k[slots, :, positions] = k
             kv.v[slots, :, positions] = v
-        o = q.new_empty((T, cfg.num_attention_heads, D))
-        for t in range(T):
-            s = int(slots[t])
-            if commit:
-                n = int(positions[t]) + 1
-                keys, values = kv.k[s, :, :n], kv.v[s, :, :n]
-            else:
-                c = prefix_lens[t]
-                anc = list(ancestors[t]) if ancestors is not None else []
-                keys = torch.cat([kv.k[s, :, :c]] + [a[0][:, None] for a in anc] + [k[t][:, None]], dim=1)
-                values = torch.cat([kv.v[s, :, :c]] + [a[1][:, None] for a in anc] + [v[t][:, None]], dim=1)
-            o[t] = self.attend(q[t], keys, values)
+            none = k.new_zeros((T, 0, Hkv, D))
+            o = self.attend_rows(q, k, v, kv, slots, positions + 1, none, none,
+                                 torch.zeros_like(positions), False, kv_len)
+        else:
+            if prefix_lens is None:
+                raise ValueError("Eagle3Draft.forward: tree rows (commit=False) need prefix_lens")
+            visible = torch.as_tensor(prefix_lens, dtype=torch.int64).to(self.device)
+            anc_k, anc_v, n_anc = _ancestor_tensors(ancestors, T, Hkv, D, k)
+            o = self.attend_rows(q, k, v, kv, slots, visible, anc_k, anc_v, n_anc, True, kv_len)
         r = hidden.to(torch.float32) + self.ops.linear(o.reshape(T, -1), self.o_w)
         y = rms_norm(r, self.post_norm, eps)
         gate = self.ops.linear(y, self.gate_w)
@@ -404,6 +457,30 @@ class Eagle3Draft:
         out = r + mlp
         logits = self.ops.linear(rms_norm(out, self.norm, eps), self.lm_head)
         return DraftStep(logits, out, k, v)
+
+
+def _ancestor_tensors(ancestors, T: int, Hkv: int, D: int, like: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eagle3Draft.forward's `ancestors` -> (k, v [T, A, Hkv, D], count [T]); per-row lists are
+    padded at the end to the longest (the padding is never visible)."""
+    dev = like.device
+    if ancestors is None:
+        return like.new_zeros((T, 0, Hkv, D)), like.new_zeros((T, 0, Hkv, D)), torch.zeros(T, dtype=torch.int64, device=dev)
+    if isinstance(ancestors, tuple) and len(ancestors) == 2 and isinstance(ancestors[0], torch.Tensor):
+        ak, av = ancestors
+        if ak.dim() != 4 or ak.shape[0] != T or ak.shape[2:] != (Hkv, D) or av.shape != ak.shape:
+            raise ValueError(f"Eagle3Draft.forward: ancestor tensors must be [T={T}, A, {Hkv}, {D}], got "
+                             f"{tuple(ak.shape)} and {tuple(av.shape)}")
+        return ak.to(like.dtype), av.to(like.dtype), torch.full((T,), ak.shape[1], dtype=torch.int64, device=dev)
+    if len(ancestors) != T:
+        raise ValueError(f"Eagle3Draft.forward: {len(ancestors)} ancestor lists for {T} rows")
+    A = max((len(a) for a in ancestors), default=0)
+    ak, av = like.new_zeros((T, A, Hkv, D)), like.new_zeros((T, A, Hkv, D))
+    for t, chain in enumerate(ancestors):
+        for i, (a_k, a_v) in enumerate(chain):
+            ak[t, i], av[t, i] = a_k, a_v
+    counts = torch.tensor([len(a) for a in ancestors], dtype=torch.int64, device=dev)
+    return ak, av, counts
 
 
 # ---------------------------------------------------------------------- loading

@@ -8,33 +8,47 @@ the root, has not been through the target yet). The target's KV cache holds posi
 the draft's committed KV holds positions 0 .. n-2 (always computed from target features: the draft
 step at position t sees the target feature h_t and the embedding of x_{t+1}).
 
-One round, for every unfinished request (all rows of all requests share each forward call;
-every row is computed alone, so a request's result does not depend on its batchmates):
+One round (_round), for every unfinished request at once: each step below is a few batched
+device calls over all requests (no per-request Python, no host read), up to the round's one
+host read (_read_round, step 3); a row is computed alone, so a request's result does not
+depend on its batchmates:
 
-  1. Draft (engine.eagle3). Depth 1 comes from the draft's last committed row (position n-2).
-     Each further step expands the current beams: a beam node at depth d runs a draft step at
-     position n-2+d over the committed draft keys, its tree ancestors' keys and its own. Tree
-     (topk > 1): every beam's top-k children are candidates (score = sum of draft log-probs,
-     float64), the best topk of them become the next beams; after num_steps depths the best
-     draft_token_num - 1 candidates (score descending, creation order on ties; a parent always
-     precedes its child) form the tree, numbered in creation order; node 0 is the root.
+  1. Draft (engine.eagle3; _draft_trees). Depth 1 comes from the draft's last committed row
+     (position n-2). Each further step expands the current beams: a beam node at depth d runs a
+     draft step at position n-2+d over the committed draft keys, its tree ancestors' keys and its
+     own. Tree (topk > 1): every beam's top-k children are candidates (score = sum of draft
+     log-probs, float64), the best topk of them become the next beams; after num_steps depths the
+     best draft_token_num - 1 candidates (score descending, creation order on ties; a parent
+     always precedes its child) form the tree, numbered in creation order; node 0 is the root.
      Deterministic top-k drafting (lowest draft id on ties) for `greedy` and `target-only`;
      `rejection` samples each draft token from q = softmax(draft logits / temperature) with
      Gumbel-max on its own stream: murmur(seed, pos, DRAFT_COLUMNS + draft id), pos = the
      sequence position of the proposed token.
-  2. Verify (target). Every root-to-leaf path of the tree runs as a chain at the real positions
-     n-1 .. n-1+depth: path 0 in the request's own KV slot, every other path in a scratch slot
-     that first receives a copy of the request's slot. A node's logits are then computed exactly
-     as in sequential decoding (same keys, same order; DESIGN D3), so greedy speculative decoding
-     reproduces engine.generate bit for bit, logprobs included.
-  3. Accept (pure functions below, one per mode), coins from kernels.coins.verify_coins(seed, n, N)
-     (n = committed length, root included) or, without a seed, from the explicit generator.
+  2. Verify (target; _layout). Every root-to-leaf path of the tree runs as a chain at the real
+     positions n-1 .. n-1+depth: path 0 in the request's own KV slot, every other path in a
+     scratch slot whose first n-1 positions first receive a copy of the request's slot (one
+     copy over all layers: KVCache.copy_prefix). The call has a fixed shape, P paths of W rows
+     per request (a chain: one path of N rows); rows past a path's leaf are padding that write
+     only positions no query reads before they are written again. A node's logits are then
+     computed exactly as in sequential decoding (same keys, same order; DESIGN D3), so greedy
+     speculative decoding reproduces engine.generate bit for bit, logprobs included.
+  3. Accept: the pure functions below (one per mode) define the rules; the round applies them to
+     every node of every tree at once (_accept_greedy, _accept_target_only, _accept_rejection,
+     then _walk), with coins from kernels.coins.verify_coins(seed, n, N) (n = committed length,
+     root included) or, without a seed, from the explicit generator. The host read: accepted
+     counts, nodes and tokens, and for sampled requests the distribution of the final draw,
+     which is then drawn on the host (inverse_cdf_rows: DESIGN §5's left-to-right running sum).
   4. Commit: the accepted tokens and the bonus/correction token are appended (stopping at a stop
-     id or max_new_tokens, as engine.generate does). Target KV: if the accepted path did not run in
-     the request's own slot, its positions are copied back; the rejected rows are never read again
-     (rollback = they are overwritten before any query can see them). Draft KV: tree rows were never
-     written; a draft extend over the newly committed positions (target features from the verify
-     rows) writes them and yields the next round's depth 1.
+     id or max_new_tokens, as engine.generate does); their logprobs stay on the device until the
+     end. Target KV: the accepted path's positions are copied back into the request's slot (one
+     indexed copy over all layers for all requests: KVCache.copy_positions; a no-op copy for
+     path 0); the rejected rows are never read again (rollback = they are overwritten before any
+     query can see them). Draft KV: tree rows were never written; a draft extend over the newly
+     committed positions (target features from the verify rows; W rows per request, the ones
+     past the accepted count again padding) writes them and yields the next round's depth 1.
+
+The per-row sampling helpers (_target_distributions, _chosen_logprobs) are the one place this
+module calls engine.sampling's row functions in a round: a batched sampler goes there.
 
 The first output token comes from the prefill logits through engine.sampling.sample (Gumbel at
 position prompt_len - 1), exactly as in engine.generate. Logprobs: log_softmax of the raw fp32
@@ -245,48 +259,324 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return portable.softmax(torch.where(keep, z, float("-inf")), dim=-1)
 
 
+# ---------------------------------------------------------------------- per-row sampling (swap point)
+# The loop's only calls into engine.sampling's per-row functions. A batched sampler replaces the
+# bodies of these two helpers; nothing else in this module samples or filters a target row.
+def _target_distributions(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """target_probs of every node row: logits [M, N, V] fp32, params[m] for request m -> [M, N, V]
+    float64. Row by row (keep_mask takes one row); on the device, no host read."""
+    return torch.stack([torch.stack([target_probs(row, prm) for row in rows]) for rows, prm in zip(logits, params)])
+
+
+def _chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """engine.sampling.chosen_logprob for many rows at once: logits [M, V], tokens [M] -> [M] fp32.
+    The same operations as chosen_logprob (portable.log_softmax of the fp32 row, then the
+    token's entry); log_softmax is row-wise, so each value has chosen_logprob's bits."""
+    lsm = portable.log_softmax(logits.to(torch.float32), dim=-1)
+    return lsm.gather(1, tokens[:, None])[:, 0]
+
+
 # ---------------------------------------------------------------------- drafting helpers
-@dataclass
-class _Cand:
-    draft_id: int
-    token: int                      # target id
-    parent: int                     # candidate index, -1 = root
-    depth: int
-    score: float
-    h_in: torch.Tensor              # the parent's draft output (this node's h input)
-    q: torch.Tensor | None = None   # rejection: q over the target vocab that drew this node
-    k: torch.Tensor | None = None   # this node's draft key/value, once it has run a step
-    v: torch.Tensor | None = None
-
-
 def draft_top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Deterministic drafting: the k most likely draft ids of one node's draft logits [V_draft], by
-    log-prob (float64) descending, equal log-probs by the lower draft id -> (log-probs [k], ids [k])."""
+    """Deterministic drafting: the k most likely draft ids of draft logits [..., V_draft], by
+    log-prob (float64) descending, equal log-probs by the lower draft id -> (log-probs, ids) [..., k]."""
     logp = portable.log_softmax(logits.to(torch.float64), dim=-1)
     return top_k_lowest_index(logp, k)
+
+
+def _each(t: torch.Tensor, k: int) -> torch.Tensor:
+    """Every element of the 1-D t, k times in a row (repeat_interleave by a constant, as a view
+    expansion: no data-dependent size)."""
+    return t[:, None].expand(t.shape[0], k).reshape(-1)
+
+
+@dataclass
+class _DraftRows:
+    """What drafting needs to know about each row's request (one entry per row, on the device).
+    sampled: rows drawn from q (rejection mode, sampled request); seeds/seeded: the DRAFT stream;
+    unseeded: host list of the sampled rows without a seed (drawn from the generator, in order)."""
+    sampled: torch.Tensor            # [M] bool
+    temperature: torch.Tensor        # [M] float64 (1.0 where not sampled)
+    seeds: torch.Tensor              # [M] int64 (0 where unseeded)
+    unseeded: list[int]
+    any_sampled: bool
+
+    def repeat(self, k: int) -> "_DraftRows":
+        """Each row k times in a row (the beams of one request)."""
+        return _DraftRows(_each(self.sampled, k), _each(self.temperature, k), _each(self.seeds, k),
+                          [u * k + j for u in self.unseeded for j in range(k)], self.any_sampled)
+
+
+def _draft_children_rows(hot_ids: torch.Tensor, vocab_size: int, logits: torch.Tensor, rows: _DraftRows, topk: int,
+                         pos: torch.Tensor, generator: torch.Generator | None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Children of M nodes at once: draft logits [M, V_draft] -> (draft ids [M, k], log-probs [M, k]
+    float64, q over the target vocab [M, k, V] float64 or None). Deterministic rows: draft_top_k.
+    Sampled rows (k = 1): Gumbel-max on q = softmax(logits / temperature), noise
+    murmur(seed, pos, DRAFT_COLUMNS + id), or for unseeded rows torch.randint draws from
+    `generator`, one row after another in row order."""
+    lp, ids = draft_top_k(logits, topk)
+    if not rows.any_sampled:
+        return ids, lp, None
+    if topk != 1:
+        raise ValueError("sampled drafting needs topk=1")
+    M, Vd = logits.shape
+    dev = logits.device
+    logq = portable.log_softmax(logits.to(torch.float64) / rows.temperature[:, None], dim=-1)
+    g = gumbel_noise(rows.seeds, pos.to(torch.int64), DRAFT_COLUMNS + torch.arange(Vd, dtype=torch.int64, device=dev))
+    if rows.unseeded:
+        h = torch.randint(0, 1 << 32, (len(rows.unseeded), Vd), dtype=torch.int64, generator=generator)
+        g[torch.tensor(rows.unseeded, device=dev)] = gumbel_from_hash(h.to(dev))
+    d = torch.argmax(logq + g, dim=-1)                                        # first maximum
+    q = torch.zeros((M, vocab_size), dtype=torch.float64, device=dev)
+    q[:, hot_ids] = portable.exp(logq)
+    ids = torch.where(rows.sampled[:, None], d[:, None], ids)
+    lp = torch.where(rows.sampled[:, None], logq.gather(1, d[:, None]), lp)
+    return ids, lp, q[:, None]
 
 
 def _draft_children(draft: Eagle3Draft, logits: torch.Tensor, params: SamplingParams, topk: int,
                     sampled: bool, seed: int | None, pos: int, generator: torch.Generator | None
                     ) -> list[tuple[int, float, torch.Tensor | None]]:
-    """-> [(draft id, log-prob, q over target vocab or None)] for one node's draft logits [V_draft]."""
-    if not sampled:
-        vals, ids = draft_top_k(logits, topk)
-        return [(int(i), float(v), None) for v, i in zip(vals, ids)]
-    Vd = logits.shape[-1]
-    z = logits.to(torch.float64) / params.temperature
-    logq = portable.log_softmax(z, dim=-1)
-    if seed is not None:
-        dev = logits.device
-        g = gumbel_noise(torch.tensor([seed_as_int64(seed)], device=dev), torch.tensor([pos], device=dev),
-                         DRAFT_COLUMNS + torch.arange(Vd, dtype=torch.int64, device=dev))[0]
-    else:
-        h = torch.randint(0, 1 << 32, (Vd,), dtype=torch.int64, generator=generator)
-        g = gumbel_from_hash(h.to(logits.device))
-    d = int(torch.argmax(logq + g))
-    q = torch.zeros(draft.config.vocab_size, dtype=torch.float64, device=logits.device)
-    q[draft.hot_ids] = portable.exp(logq)
-    return [(d, float(logq[d]), q)]
+    """One node's children (draft logits [V_draft]) -> [(draft id, log-prob, q or None)]: the
+    batched _draft_children_rows on a single row (tests use it as the draft sampler)."""
+    dev = logits.device
+    rows = _DraftRows(torch.tensor([sampled], device=dev),
+                      torch.tensor([params.temperature if sampled else 1.0], dtype=torch.float64, device=dev),
+                      torch.tensor([seed_as_int64(seed) if sampled and seed is not None else 0], device=dev),
+                      [0] if sampled and seed is None else [], sampled)
+    ids, lp, q = _draft_children_rows(draft.hot_ids, draft.config.vocab_size, logits[None], rows, topk,
+                                      torch.tensor([pos], device=dev), generator)
+    return [(int(i), float(v), q[0, j] if sampled else None) for j, (v, i) in enumerate(zip(lp[0], ids[0]))]
+
+
+@dataclass
+class TreeBatch:
+    """The draft trees of one round, one row per request, on the device; node 0 is the root and
+    parents[:, i] < i (the numbering of `Tree`). q: rejection mode, the q that drew node i."""
+    tokens: torch.Tensor              # [R, N] target ids
+    parents: torch.Tensor             # [R, N] int64, parents[:, 0] = -1
+    q: torch.Tensor | None            # [R, N, V] float64 (row 0 unused)
+
+    def tree(self, a: int) -> Tree:
+        """Request a's tree as a host `Tree` (host reads: for the trace and tests only)."""
+        qs = [None] + ([self.q[a, i] for i in range(1, self.tokens.shape[1])] if self.q is not None
+                       else [None] * (self.tokens.shape[1] - 1))
+        return Tree(self.tokens[a].tolist(), self.parents[a].tolist(), qs)
+
+
+def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch.Tensor, root_tok: torch.Tensor,
+                 root_logits: torch.Tensor, root_h: torch.Tensor, rows: _DraftRows, spec: SpecParams,
+                 generator: torch.Generator | None, kv_len: int) -> TreeBatch:
+    """One draft tree per request (module docstring, step 1), all requests at once on the device.
+    slots, r (root positions), root_tok [R]; root_logits/root_h: the draft's last committed row.
+    Candidates are numbered in creation order: depth 1's k, then per depth k beams x k children
+    (beams in ascending candidate order). Every beam set and the final tree are stable
+    descending sorts of the float64 scores, so equal scores go to the earlier candidate."""
+    R, K = r.shape[0], spec.topk
+    hot = draft.hot_ids
+    ids, lp, q = _draft_children_rows(hot, draft.config.vocab_size, root_logits, rows, K, r + 1, generator)
+    cand_tok, cand_parent, cand_score, cand_q = [hot[ids]], [torch.full_like(ids, -1)], [lp], [q]
+    Kb = ids.shape[1]                                           # beams per request (= K)
+    beam_cand = torch.arange(Kb, device=r.device).expand(R, Kb)
+    beam_tok, beam_score = hot[ids], lp
+    beam_h = root_h[:, None].expand(R, Kb, root_h.shape[-1])
+    Hkv, D = dkv.k.shape[1], dkv.k.shape[3]
+    anc_k = dkv.k.new_zeros((R, Kb, 0, Hkv, D))
+    anc_v = dkv.v.new_zeros((R, Kb, 0, Hkv, D))
+    beam_rows = rows.repeat(Kb)
+    base = Kb
+    for d in range(2, spec.num_steps + 1):                      # beams sit at depth d - 1
+        rr = _each(r, Kb)
+        step = draft.forward(beam_tok.reshape(-1), rr + d - 2, beam_h.reshape(R * Kb, -1), dkv,
+                             _each(slots, Kb), commit=False, prefix_lens=rr,
+                             ancestors=(anc_k.flatten(0, 1), anc_v.flatten(0, 1)), kv_len=kv_len)
+        ids, lp, q = _draft_children_rows(hot, draft.config.vocab_size, step.logits, beam_rows, K, rr + d, generator)
+        score = (beam_score[:, :, None] + lp.view(R, Kb, K)).reshape(R, Kb * K)   # creation order
+        tok = hot[ids].view(R, Kb * K)
+        cand_tok.append(tok)
+        cand_parent.append(beam_cand[:, :, None].expand(R, Kb, K).reshape(R, Kb * K))
+        cand_score.append(score)
+        cand_q.append(None if q is None else q.view(R, Kb * K, -1))
+        pick = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :K].sort(dim=1).values
+        parent = pick // K                                      # which beam each new beam came from
+        own_k, own_v = step.k.view(R, Kb, 1, Hkv, D), step.v.view(R, Kb, 1, Hkv, D)
+        take = lambda t: t.gather(1, parent.view(R, K, *[1] * (t.dim() - 2)).expand(R, K, *t.shape[2:]))  # noqa: E731
+        anc_k, anc_v = take(torch.cat([anc_k, own_k], dim=2)), take(torch.cat([anc_v, own_v], dim=2))
+        beam_h = take(step.hidden.view(R, Kb, -1))
+        beam_tok, beam_score, beam_cand = tok.gather(1, pick), score.gather(1, pick), base + pick
+        Kb, base = K, base + Kb * K
+        beam_rows = rows.repeat(Kb)
+    scores = torch.cat(cand_score, dim=1)                       # [R, C]
+    N = spec.draft_token_num
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :N - 1].sort(dim=1).values
+    node_of = torch.full_like(scores, -1, dtype=torch.int64)
+    node_of.scatter_(1, order, torch.arange(1, N, device=r.device).expand(R, N - 1))
+    par = torch.cat(cand_parent, dim=1).gather(1, order)
+    parents = torch.where(par < 0, 0, node_of.gather(1, par.clamp(min=0)))
+    parents = torch.cat([torch.full_like(parents[:, :1], -1), parents], dim=1)
+    tokens = torch.cat([root_tok[:, None], torch.cat(cand_tok, dim=1).gather(1, order)], dim=1)
+    qs = None
+    if cand_q[0] is not None:
+        allq = torch.cat(cand_q, dim=1)
+        qs = torch.cat([allq[:, :1], allq.gather(1, order[:, :, None].expand(R, N - 1, allq.shape[-1]))], dim=1)
+    return TreeBatch(tokens, parents, qs)
+
+
+# ---------------------------------------------------------------------- verify layout and acceptance (batched)
+@dataclass
+class _Layout:
+    """Where each tree node runs in the verify call. Rows are (request, path, depth): P paths of
+    W rows per request, path p = the p-th leaf's root-to-leaf chain (ascending leaf index) at
+    positions r .. r + depth, rows past a path's leaf (and paths past the last leaf) padding.
+    node_row [R, N]: the node's row in its first path; valid [R, P, W]: real rows."""
+    path_nodes: torch.Tensor          # [R, P, W] node index (padding: 0)
+    valid: torch.Tensor               # [R, P, W] bool
+    node_row: torch.Tensor            # [R, N] int64 into the flattened rows
+    node_path: torch.Tensor           # [R, N] the path whose slot holds the node's row
+    children: torch.Tensor            # [R, N, K] child nodes in ascending order, -1 = none
+
+
+def _layout(parents: torch.Tensor, P: int, W: int, K: int) -> _Layout:
+    R, N = parents.shape
+    dev = parents.device
+    par = parents.clamp(min=0)                                  # the root is its own parent here
+    up = [torch.arange(N, device=dev).expand(R, N)]             # up[k][v]: v's ancestor k levels up
+    for _ in range(W - 1):
+        up.append(par.gather(1, up[-1]))
+    up = torch.stack(up, dim=2)                                 # [R, N, W]
+    depth = (up != 0).sum(dim=2)                                # [R, N]
+    nodes = torch.arange(N, device=dev)
+    has_child = torch.zeros((R, N), dtype=torch.bool, device=dev)
+    has_child.scatter_(1, par[:, 1:], True)
+    leaf = ~has_child
+    leaf_order = torch.sort(torch.where(leaf, nodes, N + nodes), dim=1).indices[:, :P]   # ascending leaves
+    path_exists = leaf.gather(1, leaf_order)                    # [R, P]
+    leaf_depth = depth.gather(1, leaf_order)                    # [R, P]
+    k = torch.arange(W, device=dev)
+    valid = path_exists[:, :, None] & (k <= leaf_depth[:, :, None])             # [R, P, W]
+    up_leaf = up.gather(1, leaf_order[:, :, None].expand(R, P, W))             # [R, P, W]
+    path_nodes = up_leaf.gather(2, (leaf_depth[:, :, None] - k).clamp(min=0))
+    path_nodes = torch.where(valid, path_nodes, 0)
+    # a node's first path: the lowest path whose real rows hold it
+    holds = (path_nodes[:, :, :, None] == nodes) & valid[:, :, :, None]         # [R, P, W, N]
+    in_path = holds.any(dim=2)                                                  # [R, P, N]
+    p_idx = torch.arange(P, device=dev)[None, :, None]
+    node_path = torch.where(in_path, p_idx, P).amin(dim=1)                      # [R, N]
+    node_row = (torch.arange(R, device=dev)[:, None] * P + node_path) * W + depth
+    # children in ascending order: a child's rank = its earlier siblings
+    same = (par[:, 1:, None] == par[:, None, 1:]) & (nodes[1:, None] > nodes[None, 1:])
+    rank = same.sum(dim=2)                                                      # [R, N-1]
+    children = torch.full((R, N * K), -1, dtype=torch.int64, device=dev)
+    children.scatter_(1, par[:, 1:] * K + rank, nodes[1:].expand(R, N - 1).contiguous())
+    return _Layout(path_nodes, valid, node_row, node_path, children.view(R, N, K))
+
+
+def _accept_greedy(tokens: torch.Tensor, children: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    """verify_greedy's step at every node at once: the first child whose token is the node's
+    target argmax, or -1. tokens, argmax [R, N]; children [R, N, K] -> [R, N]."""
+    kid_tok = tokens.gather(1, children.clamp(min=0).flatten(1)).view(children.shape)
+    ok = (children >= 0) & (kid_tok == argmax[:, :, None])
+    return _first(ok, children)
+
+
+def _accept_target_only(tokens: torch.Tensor, children: torch.Tensor, p: torch.Tensor, coins: torch.Tensor,
+                        threshold_single: float, threshold_acc: float) -> torch.Tensor:
+    """verify_target_only's step at every node at once: siblings in ascending order, acc the
+    float64 running sum of their target probabilities (left to right, as the pure function)."""
+    kid_tok = tokens.gather(1, children.clamp(min=0).flatten(1)).view(children.shape)
+    pc = p.gather(2, kid_tok)                                                   # [R, N, K] float64
+    u = coins.to(torch.float64)
+    acc = torch.zeros_like(u)
+    ok = []
+    for j in range(children.shape[2]):                          # K siblings: a fixed, small count
+        acc = acc + pc[:, :, j]
+        ok.append((children[:, :, j] >= 0) & (pc[:, :, j] > 0)
+                  & ((u <= acc / threshold_acc) | (pc[:, :, j] >= threshold_single)))
+    return _first(torch.stack(ok, dim=2), children)
+
+
+def _accept_rejection(tokens: torch.Tensor, children: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
+                      coins: torch.Tensor) -> torch.Tensor:
+    """verify_rejection's test at every node of the chains: child c (drawn from q_c) is kept iff
+    coin * q_c(x) < p(x)."""
+    kid = children[:, :, 0].clamp(min=0)
+    x = tokens.gather(1, kid)
+    q_own = q.gather(2, tokens[:, :, None])[:, :, 0]                            # q_c(token of c), every node c
+    qx = q_own.gather(1, kid)
+    px = p.gather(2, x[:, :, None])[:, :, 0]
+    return torch.where((children[:, :, 0] >= 0) & (coins.to(torch.float64) * qx < px), kid, -1)
+
+
+def _first(ok: torch.Tensor, children: torch.Tensor) -> torch.Tensor:
+    """The first child with ok, or -1: ok, children [R, N, K] -> [R, N]."""
+    j = torch.where(ok, torch.arange(ok.shape[2], device=ok.device), ok.shape[2]).amin(dim=2)
+    picked = children.gather(2, j.clamp(max=ok.shape[2] - 1)[:, :, None])[:, :, 0]
+    return torch.where(j < ok.shape[2], picked, -1)
+
+
+def _walk(choice: torch.Tensor, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Follow the chosen children from the root: choice [R, N] -> (accepted nodes [R, W], padded
+    with the last; count [R], root included)."""
+    cur = torch.zeros(choice.shape[0], dtype=torch.int64, device=choice.device)
+    alive = torch.ones_like(cur, dtype=torch.bool)
+    path, count = [cur], torch.ones_like(cur)
+    for _ in range(W - 1):
+        nxt = choice.gather(1, cur[:, None])[:, 0]
+        alive = alive & (nxt >= 0)
+        cur = torch.where(alive, nxt, cur)
+        count = count + alive.to(torch.int64)
+        path.append(cur)
+    return torch.stack(path, dim=1), count
+
+
+def _final_weights(p_last: torch.Tensor, removed: torch.Tensor | None) -> torch.Tensor:
+    """The distribution the bonus/correction token is drawn from: p_last, minus `removed`
+    (rejection: q of the rejected child; target-only: the rejected children's mass, given as a
+    mask-sized tensor of p) clamped at 0; the full p where nothing is left."""
+    if removed is None:
+        return p_last
+    residual = (p_last - removed).clamp(min=0)
+    return torch.where((residual > 0).any(dim=1, keepdim=True), residual, p_last)
+
+
+def inverse_cdf_rows(weights: torch.Tensor, coins: torch.Tensor) -> list[int]:
+    """inverse_cdf for each row of host tensors weights [M, V] float64, coins [M]: torch's CPU
+    cumsum along a row is the same left-to-right float64 loop as portable.running_sum."""
+    if weights.device.type != "cpu":
+        raise ValueError("inverse_cdf_rows: the running sums are taken on the CPU (DESIGN §5)")
+    c = coins.to(torch.float64)
+    if not bool(((c >= 0) & (c < 1)).all()):
+        raise ValueError(f"inverse_cdf_rows: coins must be in [0, 1), got {c.tolist()!r}")
+    w = weights.to(torch.float64).clamp(min=0)
+    cs = torch.cumsum(w, dim=1)
+    pos = w > 0
+    if not bool(pos.any(dim=1).all()):
+        raise ValueError("inverse_cdf_rows: all weights are zero")
+    hit = (cs > c[:, None] * cs[:, -1:]) & pos
+    V = w.shape[1]
+    ar = torch.arange(V)
+    first = torch.where(hit, ar, V).amin(dim=1)
+    last_nz = torch.where(pos, ar, -1).amax(dim=1)
+    return torch.where(first < V, first, last_nz).tolist()
+
+
+def _read_round(ints: torch.Tensor, weights: torch.Tensor | None, final_coins: torch.Tensor | None
+                ) -> tuple[list, list[int]]:
+    """THE host read of a round: the accepted counts and tokens (ints [R, C] int64) and, when
+    some requests sample, the float64 rows their final draw needs and its coins (bit-cast into
+    the same transfer); then those draws on the host (inverse_cdf_rows: DESIGN §5 fixes a
+    left-to-right running sum, which is a CPU loop). -> (ints as lists, sampled final tokens)."""
+    parts = [ints.reshape(-1)]
+    if weights is not None:
+        parts += [weights.reshape(-1).view(torch.int64), final_coins.to(torch.float64).view(torch.int64)]
+    host = torch.cat(parts).cpu()
+    n = ints.numel()
+    if weights is None:
+        return host[:n].view(ints.shape).tolist(), []
+    m = weights.numel()
+    w = host[n:n + m].view(torch.float64).view(weights.shape)
+    return host[:n].view(ints.shape).tolist(), inverse_cdf_rows(w, host[n + m:].view(torch.float64))
 
 
 def check_pair(target: GptOssModel, draft: Eagle3Draft) -> None:
@@ -335,48 +625,37 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
         generator.seed()                                   # explicit, not reproducible
 
     n_req = len(requests)
-    N = spec.draft_token_num
-    max_paths = N - 1
-    scratch0 = n_req
     capacity = max(len(r.prompt) + r.params.max_new_tokens + spec.num_steps for r in requests)
-    cache = target.new_cache(n_req + n_req * (max_paths - 1) + 1, capacity)
+    shape = _RoundShape(spec)
+    cache = target.new_cache(n_req * shape.P, capacity)    # slot i: request i; then each request's P - 1 scratch slots
     dkv = DraftKV(dcfg, n_req, capacity, device=draft.device)
-    bounds = draft.boundaries
     stop_ids = [set(r.params.stop_token_ids if r.params.stop_token_ids is not None else cfg.eos_token_id)
                 for r in requests]
     seqs = [list(r.prompt) for r in requests]
     out_tok: list[list[int]] = [[] for _ in requests]
-    out_lp: list[list[torch.Tensor]] = [[] for _ in requests]
+    out_lp: list[list[torch.Tensor]] = [[] for _ in requests]   # device tensors, joined at the end
     finish: list[str | None] = [None] * n_req
     accept_lengths: list[list[int]] = [[] for _ in requests]
-    root_logits: list[torch.Tensor | None] = [None] * n_req    # draft logits of the last committed row
-    root_h: list[torch.Tensor | None] = [None] * n_req         # draft output of the last committed row
+    ddev = draft.device
+    root_logits = torch.zeros((n_req, dcfg.draft_vocab_size), dtype=torch.float32, device=ddev)
+    root_h = torch.zeros((n_req, dcfg.hidden_size), dtype=torch.float32, device=ddev)
 
     trace = getattr(target, "trace", None)                 # engine.trace, or None: nothing recorded
 
-    def emit(i: int, tok: int, logits_row: torch.Tensor) -> None:
+    def emit(i: int, tok: int, lp: torch.Tensor) -> None:
+        """Append one token (host bookkeeping; lp stays on the device)."""
         if trace is not None:                              # step: 0 = prefill, r = verify round r
             trace.event(i, len(accept_lengths[i]), "sampling.token", tok)
-            trace.event(i, len(accept_lengths[i]), "sampling.logprob", chosen_logprob(logits_row, tok))
+            trace.event(i, len(accept_lengths[i]), "sampling.logprob", lp)
         seqs[i].append(tok)
         out_tok[i].append(tok)
-        out_lp[i].append(chosen_logprob(logits_row, tok))
+        out_lp[i].append(lp)
         if tok in stop_ids[i]:
             finish[i] = "stop"
         elif len(out_tok[i]) >= requests[i].params.max_new_tokens:
             finish[i] = "length"
 
-    def draft_extend(rows: list[tuple[int, int, int, torch.Tensor]]) -> None:
-        """rows (request, position t, token x_{t+1}, target feature h_t): commit to the draft KV."""
-        if not rows:
-            return
-        feats = torch.stack([r[3] for r in rows])
-        step = draft.forward(torch.tensor([r[2] for r in rows]), torch.tensor([r[1] for r in rows]),
-                             draft.combine_aux(feats), dkv, torch.tensor([r[0] for r in rows]), commit=True)
-        for j, (i, _, _, _) in enumerate(rows):
-            root_logits[i], root_h[i] = step.logits[j], step.hidden[j]      # the last row per request wins
-
-    # ---- prefill (one call, like engine.generate) and the first token
+    # ---- prefill (one call, like engine.generate), the first token and the first draft extend
     rows_tok, rows_pos, rows_slot, last_rows = [], [], [], []
     for i, req in enumerate(requests):
         last_rows.append(len(rows_tok) + len(req.prompt) - 1)
@@ -386,159 +665,208 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
     if trace is not None:
         trace.rows(rows_slot, [0] * len(rows_slot))         # prefill: step 0, slot i = request i
     out = target.forward(torch.tensor(rows_tok), torch.tensor(rows_pos), torch.tensor(rows_slot), cache,
-                         capture=bounds)
-    ext = []
+                         capture=draft.boundaries)
+    ext_req, ext_pos, ext_tok, ext_row, ext_last, which = [], [], [], [], [], []
     row = 0
     for i, req in enumerate(requests):
         m = len(req.prompt)
         logits = out.logits[last_rows[i]]
-        emit(i, sample(logits, req.params, req.seed, m - 1, generator), logits)
+        tok = sample(logits, req.params, req.seed, m - 1, generator)
+        emit(i, tok, chosen_logprob(logits, tok))
         if finish[i] is None:
-            ext += [(i, t, seqs[i][t + 1], out.captured[row + t]) for t in range(m)]
+            ext_req += [i] * m
+            ext_pos += list(range(m))
+            ext_tok += seqs[i][1:m + 1]
+            ext_row += list(range(row, row + m))
+            ext_last.append(len(ext_req) - 1)
+            which.append(i)
         row += m
-    draft_extend(ext)
+    if ext_req:
+        feats = out.captured.index_select(0, torch.tensor(ext_row, device=out.captured.device))
+        _draft_extend(draft, dkv, root_logits, root_h, torch.tensor(ext_req), torch.tensor(ext_pos),
+                      torch.tensor(ext_tok), feats, torch.tensor(ext_last), torch.tensor(which), capacity)
 
     # ---- rounds
     while True:
         active = [i for i in range(n_req) if finish[i] is None]
         if not active:
             break
-        trees = _draft_trees(draft, dkv, requests, active, seqs, root_logits, root_h, spec, generator)
-
-        # verify: every root-to-leaf path as a chain; path 0 in the request's slot
-        rows_tok, rows_pos, rows_slot, rows_req = [], [], [], []
-        where: dict[int, dict[int, int]] = {}          # request -> node -> first row
-        path_slot: dict[int, list[tuple[list[int], int]]] = {}
-        for a, i in enumerate(active):
-            tree = trees[i]
-            r = len(seqs[i]) - 1
-            where[i] = {}
-            path_slot[i] = []
-            for j, path in enumerate(tree.paths()):
-                slot = i if j == 0 else scratch0 + i * (max_paths - 1) + (j - 1)
-                if j:
-                    for layer in range(cfg.num_hidden_layers):
-                        cache.k[layer][slot] = cache.k[layer][i]
-                        cache.v[layer][slot] = cache.v[layer][i]
-                path_slot[i].append((path, slot))
-                for node in path:
-                    where[i].setdefault(node, len(rows_tok))
-                    rows_tok.append(tree.tokens[node])
-                    rows_pos.append(r + tree.depth(node))
-                    rows_slot.append(slot)
-                    rows_req.append(i)
-        if trace is not None:                          # verify round r of request i is its step r
-            for i in active:
-                trace.event(i, len(accept_lengths[i]) + 1, "draft.tokens", trees[i].tokens)
-                trace.event(i, len(accept_lengths[i]) + 1, "draft.parents", trees[i].parents)
-            trace.rows(rows_req, [len(accept_lengths[i]) + 1 for i in rows_req])
-        vout = target.forward(torch.tensor(rows_tok), torch.tensor(rows_pos), torch.tensor(rows_slot), cache,
-                              capture=bounds)
-
-        # coins: seeded requests by hash at n = committed length, others from the generator
-        coins: dict[int, tuple[torch.Tensor, float]] = {}
-        seeded = [i for i in active if requests[i].seed is not None and not requests[i].params.is_greedy]
-        if seeded:
-            dev = vout.logits.device
-            c, f = verify_coins(torch.tensor([seed_as_int64(requests[i].seed) for i in seeded], device=dev),
-                                torch.tensor([len(seqs[i]) for i in seeded], device=dev), N)
-            for k, i in enumerate(seeded):
-                coins[i] = (c[k], float(f[k]))
-        for i in active:
-            if i not in coins and not requests[i].params.is_greedy:
-                u = torch.rand(N + 1, generator=generator, dtype=torch.float32).clamp(max=COIN_MAX)
-                coins[i] = (u[:N], float(u[N]))
-
-        ext = []
-        for i in active:
-            tree, params = trees[i], requests[i].params
-            n_nodes = len(tree.tokens)
-            node_logits = [vout.logits[where[i][node]] for node in range(n_nodes)]
-            if params.is_greedy:
-                accepted, nxt = verify_greedy(tree, [int(torch.argmax(lg)) for lg in node_logits])
-            else:
-                p = torch.stack([target_probs(lg, params) for lg in node_logits])
-                u, fin = coins[i]
-                if spec.verify == "rejection":
-                    accepted, nxt = verify_rejection(tree, p, u, fin)
-                else:
-                    accepted, nxt = verify_target_only(tree, p, u, fin, spec.threshold_single, spec.threshold_acc)
-            accept_lengths[i].append(len(accepted))
-            if trace is not None:
-                trace.event(i, len(accept_lengths[i]), "verify", accepted + [nxt])
-            r = len(seqs[i]) - 1
-            # target KV: bring the accepted path's rows into the request's own slot
-            last = accepted[-1]
-            path, slot = next((ps for ps in path_slot[i] if last in ps[0]))
-            if slot != i and len(accepted) > 1:
-                lo, hi = r + 1, r + len(accepted)
-                for layer in range(cfg.num_hidden_layers):
-                    cache.k[layer][i, :, lo:hi] = cache.k[layer][slot, :, lo:hi]
-                    cache.v[layer][i, :, lo:hi] = cache.v[layer][slot, :, lo:hi]
-            new_tokens = [tree.tokens[a] for a in accepted[1:]] + [nxt]
-            for j, tok in enumerate(new_tokens):
-                emit(i, tok, node_logits[accepted[j]])
-                if finish[i] is not None:
-                    break
-            if finish[i] is None:
-                ext += [(i, r + j, new_tokens[j], vout.captured[where[i][a]]) for j, a in enumerate(accepted)]
-        draft_extend(ext)
+        _round(target, draft, cache, dkv, root_logits, root_h, requests, active, seqs, spec, shape, generator,
+               trace, accept_lengths, emit, finish, capacity)
 
     return [SpecResult(tokens=out_tok[i], logprobs=torch.stack(out_lp[i]).to("cpu", torch.float32),
                        finish_reason=finish[i], accept_lengths=accept_lengths[i]) for i in range(n_req)]
 
 
-def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, requests, active, seqs, root_logits, root_h,
-                 spec: SpecParams, generator) -> dict[int, Tree]:
-    """Build one draft tree per active request (see the module docstring, step 1)."""
-    sampled = {i: spec.verify == "rejection" and not requests[i].params.is_greedy for i in active}
-    cands: dict[int, list[_Cand]] = {i: [] for i in active}
-    beams: dict[int, list[int]] = {}
-    for i in active:
-        r = len(seqs[i]) - 1
-        for d, lp, q in _draft_children(draft, root_logits[i], requests[i].params, spec.topk, sampled[i],
-                                        requests[i].seed, r + 1, generator):
-            cands[i].append(_Cand(d, int(draft.hot_ids[d]), -1, 1, lp, root_h[i], q))
-        beams[i] = list(range(len(cands[i])))
-    for _ in range(2, spec.num_steps + 1):
-        rows = [(i, b) for i in active for b in beams[i]]
-        toks, pos, hid, slots, prefix, anc = [], [], [], [], [], []
-        for i, b in rows:
-            c = cands[i][b]
-            r = len(seqs[i]) - 1
-            toks.append(c.token)
-            pos.append(r + c.depth - 1)
-            hid.append(c.h_in)
-            slots.append(i)
-            prefix.append(r)
-            chain, a = [], c.parent
-            while a >= 0:
-                chain.append((cands[i][a].k, cands[i][a].v))
-                a = cands[i][a].parent
-            anc.append(chain[::-1])
-        step = draft.forward(torch.tensor(toks), torch.tensor(pos), torch.stack(hid), dkv, torch.tensor(slots),
-                             commit=False, prefix_lens=prefix, ancestors=anc)
-        new_beams: dict[int, list[int]] = {i: [] for i in active}
-        for row, (i, b) in enumerate(rows):
-            c = cands[i][b]
-            c.k, c.v = step.k[row], step.v[row]
-            r = len(seqs[i]) - 1
-            for d, lp, q in _draft_children(draft, step.logits[row], requests[i].params, spec.topk, sampled[i],
-                                            requests[i].seed, r + c.depth + 1, generator):
-                cands[i].append(_Cand(d, int(draft.hot_ids[d]), b, c.depth + 1, c.score + lp, step.hidden[row], q))
-                new_beams[i].append(len(cands[i]) - 1)
-        for i in active:
-            fresh = new_beams[i]
-            fresh.sort(key=lambda k: (-cands[i][k].score, k))
-            beams[i] = sorted(fresh[:spec.topk])
-    trees = {}
-    for i in active:
-        cs = cands[i]
-        order = sorted(range(len(cs)), key=lambda k: (-cs[k].score, k))[:spec.draft_token_num - 1]
-        order.sort()
-        node_of = {k: j + 1 for j, k in enumerate(order)}
-        tokens = [seqs[i][-1]] + [cs[k].token for k in order]
-        parents = [-1] + [0 if cs[k].parent < 0 else node_of[cs[k].parent] for k in order]
-        qs = [None] + [cs[k].q for k in order]
-        trees[i] = Tree(tokens, parents, qs)
-    return trees
+class _RoundShape:
+    """The fixed shape of a round: P paths of W rows per request in the verify call (a chain:
+    one path of N rows; a tree: up to N - 1 leaves, each path as deep as the deepest node)."""
+
+    def __init__(self, spec: SpecParams):
+        self.N = spec.draft_token_num
+        self.P = 1 if spec.topk == 1 else self.N - 1
+        self.W = min(spec.num_steps, self.N - 1) + 1
+
+
+def _draft_extend(draft: Eagle3Draft, dkv: DraftKV, root_logits: torch.Tensor, root_h: torch.Tensor,
+                  req: torch.Tensor, pos: torch.Tensor, tok: torch.Tensor, feats: torch.Tensor,
+                  last: torch.Tensor, which: torch.Tensor, kv_len: int) -> None:
+    """Commit rows (request req[t], position pos[t], token x_{pos+1} tok[t], target feature
+    feats[t]) to the draft KV in one draft forward; row last[m] (request which[m]'s last
+    committed row) gives that request's next depth 1 (root_logits, root_h)."""
+    step = draft.forward(tok, pos, draft.combine_aux(feats), dkv, req, commit=True, kv_len=kv_len)
+    dev = root_logits.device
+    at, which = last.to(dev), which.to(dev)
+    root_logits.index_copy_(0, which, step.logits.index_select(0, at))
+    root_h.index_copy_(0, which, step.hidden.index_select(0, at))
+
+
+def _round(target, draft: Eagle3Draft, cache, dkv: DraftKV, root_logits: torch.Tensor, root_h: torch.Tensor,
+           requests: Sequence[Request], active: list[int], seqs: list[list[int]], spec: SpecParams,
+           shape: _RoundShape, generator, trace, accept_lengths, emit, finish, capacity: int) -> None:
+    """One round for the `active` requests (module docstring, steps 1-4). All device work is
+    batched over the requests; the one host read is _read_round (accepted counts and tokens,
+    plus the sampled requests' final draws); everything after it on the host is list bookkeeping."""
+    R, N, P, W = len(active), shape.N, shape.P, shape.W
+    ddev = draft.device
+    # host facts of the round (host -> device only)
+    r_host = [len(seqs[i]) - 1 for i in active]
+    max_r = max(r_host)
+    act = torch.tensor(active, device=ddev)
+    r = torch.tensor(r_host, device=ddev)
+    root_tok = torch.tensor([seqs[i][-1] for i in active], device=ddev)
+    greedy = [requests[i].params.is_greedy for i in active]
+    d_sampled = [spec.verify == "rejection" and not g for g in greedy]
+    rows = _DraftRows(torch.tensor(d_sampled, device=ddev),
+                      torch.tensor([requests[i].params.temperature if s else 1.0 for i, s in zip(active, d_sampled)],
+                                   dtype=torch.float64, device=ddev),
+                      torch.tensor([seed_as_int64(requests[i].seed) if s and requests[i].seed is not None else 0
+                                    for i, s in zip(active, d_sampled)], dtype=torch.int64, device=ddev),
+                      [a for a, (i, s) in enumerate(zip(active, d_sampled)) if s and requests[i].seed is None],
+                      any(d_sampled))
+
+    # 1. draft
+    trees = _draft_trees(draft, dkv, act, r, root_tok, root_logits.index_select(0, act),
+                         root_h.index_select(0, act), rows, spec, generator, kv_len=max_r)
+    if trace is not None:                                  # host reads, trace only
+        for a, i in enumerate(active):
+            t = trees.tree(a)
+            trace.event(i, len(accept_lengths[i]) + 1, "draft.tokens", t.tokens)
+            trace.event(i, len(accept_lengths[i]) + 1, "draft.parents", t.parents)
+
+    # 2. verify: every root-to-leaf path as a chain; path 0 in the request's own slot
+    tdev = cache.k_all.device                             # the target's device
+    lay = _layout(trees.parents.to(tdev), P, W, spec.topk)
+    tokens = trees.tokens.to(tdev)
+    act_t, r_t = act.to(tdev), r.to(tdev)
+    n_req = root_logits.shape[0]
+    path_slot = torch.cat([act_t[:, None], n_req + act_t[:, None] * (P - 1) + torch.arange(P - 1, device=tdev)], 1)
+    if P > 1:                                              # scratch slots start as copies of the request's
+        cache.copy_prefix(path_slot[:, 1:].reshape(-1), _each(act_t, P - 1), max_r)
+    v_tok = torch.where(lay.valid, tokens.gather(1, lay.path_nodes.flatten(1)).view(R, P, W), 0)
+    v_pos = (r_t[:, None, None] + torch.arange(W, device=tdev)).expand(R, P, W)
+    v_slot = path_slot[:, :, None].expand(R, P, W)
+    if trace is not None:                                  # padding rows serve no request
+        valid = lay.valid.reshape(-1).tolist()
+        req_of = [i for i in active for _ in range(P * W)]
+        trace.rows([q if ok else -1 for q, ok in zip(req_of, valid)],
+                   [len(accept_lengths[q]) + 1 if ok else 0 for q, ok in zip(req_of, valid)])
+    vout = target.forward(v_tok.reshape(-1), v_pos.reshape(-1), v_slot.reshape(-1), cache, capture=draft.boundaries)
+    node_logits = vout.logits.index_select(0, lay.node_row.reshape(-1)).view(R, N, -1)
+    node_feats = vout.captured.index_select(0, lay.node_row.reshape(-1)).view(R, N, -1)
+
+    # 3. accept
+    choice = _accept_greedy(tokens, lay.children, torch.argmax(node_logits, dim=-1))
+    sampled = [a for a, g in enumerate(greedy) if not g]
+    weights = fin = None
+    if sampled:
+        s_idx = torch.tensor(sampled, device=tdev)
+        p = _target_distributions(node_logits.index_select(0, s_idx), [requests[active[a]].params for a in sampled])
+        coins, fin = _coins(requests, [active[a] for a in sampled], [len(seqs[active[a]]) for a in sampled], N,
+                            generator, tdev)
+        s_tok, s_kids = tokens.index_select(0, s_idx), lay.children.index_select(0, s_idx)
+        if spec.verify == "rejection":
+            q = trees.q.to(tdev).index_select(0, s_idx)
+            s_choice = _accept_rejection(s_tok, s_kids, p, q, coins)
+        else:
+            s_choice = _accept_target_only(s_tok, s_kids, p, coins, spec.threshold_single, spec.threshold_acc)
+        choice = choice.index_copy(0, s_idx, s_choice)
+    acc_nodes, n_acc = _walk(choice, W)
+    last = acc_nodes[:, -1]
+    bonus = torch.argmax(node_logits.gather(1, last[:, None, None].expand(R, 1, node_logits.shape[2]))[:, 0], -1)
+    if sampled:
+        s_last = last.index_select(0, s_idx)
+        p_last = p.gather(1, s_last[:, None, None].expand(-1, 1, p.shape[2]))[:, 0]
+        kids_last = s_kids.gather(1, s_last[:, None, None].expand(-1, 1, s_kids.shape[2]))[:, 0]   # [Rs, K]
+        if spec.verify == "rejection":
+            q_kid = q.gather(1, kids_last[:, :1, None].clamp(min=0).expand(-1, 1, q.shape[2]))[:, 0]
+            removed = q_kid
+        else:
+            kid_tok = s_tok.gather(1, kids_last.clamp(min=0))                 # [Rs, K]
+            ids = torch.arange(p_last.shape[1], device=tdev)
+            mask = ((ids == kid_tok[:, :, None]) & (kids_last >= 0)[:, :, None]).any(dim=1)
+            removed = torch.where(mask, p_last, 0.0)                           # p - removed: exact zeros there
+        has_kids = (kids_last >= 0).any(dim=1, keepdim=True)
+        weights = torch.where(has_kids, _final_weights(p_last, removed), p_last)
+    acc_tok = tokens.gather(1, acc_nodes)                                       # [R, W]; column 0 = the root
+    ints = torch.cat([n_acc[:, None], acc_tok, bonus[:, None], acc_nodes], dim=1)
+    host, finals = _read_round(ints, weights, fin)                              # the one host read
+
+    # 4. commit: host bookkeeping, then the device work that needs the new tokens
+    new_tok = []
+    final_of = dict(zip(sampled, finals))
+    for a in range(R):
+        L, toks = host[a][0], host[a][1:1 + W]
+        nxt = final_of.get(a, host[a][1 + W])
+        new_tok.append(toks[1:L] + [nxt] + [0] * (W - L))
+    new_t = torch.tensor(new_tok, device=tdev)
+    lps = _chosen_logprobs(node_logits.gather(1, acc_nodes[:, :, None].expand(R, W, node_logits.shape[2])).flatten(0, 1),
+                           new_t.reshape(-1)).view(R, W)
+    # target KV: bring the accepted path's rows into the request's own slot (a no-op copy for path 0)
+    src = path_slot.gather(1, lay.node_path.gather(1, last[:, None]))[:, 0]
+    cache.copy_positions(act_t, src, r_t[:, None] + torch.arange(1, W, device=tdev))
+    ext_req, ext_last = [], []
+    for a, i in enumerate(active):
+        L = host[a][0]
+        accept_lengths[i].append(L)
+        if trace is not None:
+            trace.event(i, len(accept_lengths[i]), "verify", host[a][2 + W:2 + W + L] + [new_tok[a][L - 1]])
+        for j in range(L):
+            emit(i, new_tok[a][j], lps[a, j])
+            if finish[i] is not None:
+                break
+        if finish[i] is None:
+            ext_req.append(a)
+            ext_last.append(L)
+    # draft KV: commit the accepted positions r .. r + L - 1 (fixed W rows per request; rows past
+    # L write positions no query sees before they are written again)
+    if ext_req:
+        at = torch.tensor([k * W + L - 1 for k, L in enumerate(ext_last)], device=ddev)
+        e = torch.tensor(ext_req, device=tdev)
+        feats = node_feats.index_select(0, e).gather(1, acc_nodes.index_select(0, e)[:, :, None].expand(
+            -1, W, node_feats.shape[2])).flatten(0, 1).to(ddev)
+        e_d = e.to(ddev)
+        _draft_extend(draft, dkv, root_logits, root_h, _each(act.index_select(0, e_d), W),
+                      (r.index_select(0, e_d)[:, None] + torch.arange(W, device=ddev)).reshape(-1),
+                      new_t.index_select(0, e).reshape(-1).to(ddev), feats,
+                      at, act.index_select(0, e_d), kv_len=max_r + W)
+
+
+def _coins(requests, which: list[int], seq_lens: list[int], N: int, generator, device
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify coins [M, N] and final coins [M] (float32) for the sampled requests `which`:
+    seeded ones by hash at n = committed length (one verify_coins call), the others from the
+    generator (N + 1 draws each, in order)."""
+    coins = torch.empty((len(which), N), dtype=torch.float32, device=device)
+    fin = torch.empty(len(which), dtype=torch.float32, device=device)
+    seeded = [m for m, i in enumerate(which) if requests[i].seed is not None]
+    if seeded:
+        c, f = verify_coins(torch.tensor([seed_as_int64(requests[which[m]].seed) for m in seeded], device=device),
+                            torch.tensor([seq_lens[m] for m in seeded], device=device), N)
+        at = torch.tensor(seeded, device=device)
+        coins[at], fin[at] = c, f
+    for m, i in enumerate(which):
+        if requests[i].seed is None:
+            u = torch.rand(N + 1, generator=generator, dtype=torch.float32).clamp(max=COIN_MAX).to(device)
+            coins[m], fin[m] = u[:N], u[N]
+    return coins, fin

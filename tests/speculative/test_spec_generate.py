@@ -9,6 +9,7 @@ import engine.speculative as spec_mod
 import kernels.coins as coins_mod
 from engine.eagle3 import load_draft
 from engine.generate import Request, generate
+from engine.kv_cache import KVCache
 from engine.model import GptOssModel
 from engine.sampling import SamplingParams
 from engine.speculative import SpecParams, speculative_generate
@@ -40,15 +41,14 @@ def greedy_requests():
 @pytest.mark.parametrize("sp", [CHAIN, TREE], ids=["chain", "tree"])
 def test_greedy_speculative_equals_greedy_generate(fitted, sp, monkeypatch):
     target, draft = fitted
-    seen = []
-    real = spec_mod.verify_greedy
+    copies = []
+    real = KVCache.copy_positions
 
-    def spy(tree, argmax):
-        out = real(tree, argmax)
-        seen.append((tree, out[0]))
-        return out
+    def spy(cache, dst, src, positions):
+        copies.append((dst.tolist(), src.tolist()))
+        return real(cache, dst, src, positions)
 
-    monkeypatch.setattr(spec_mod, "verify_greedy", spy)
+    monkeypatch.setattr(KVCache, "copy_positions", spy)
     reqs = greedy_requests()
     plain = generate(target, reqs)
     fast = speculative_generate(target, draft, reqs, sp)
@@ -58,7 +58,7 @@ def test_greedy_speculative_equals_greedy_generate(fitted, sp, monkeypatch):
     lens = [x for r in fast for x in r.accept_lengths]
     assert max(lens) >= 3 and sum(lens) / len(lens) > 1.3, lens          # drafts were really accepted
     if sp.topk > 1:                    # some accepted path ran in a scratch slot and was copied back
-        assert any(acc[-1] not in tree.paths()[0] for tree, acc in seen)
+        assert any(d != s_ for dst, src in copies for d, s_ in zip(dst, src)), copies
 
 
 def sampled_requests():
@@ -88,19 +88,25 @@ def test_seeded_d1_and_d2(fitted, sp):
 def test_coins_are_verify_coins_at_the_committed_length(fitted, monkeypatch):
     target, draft = fitted
     calls, used = [], []
-    real_coins, real_verify = spec_mod.verify_coins, spec_mod.verify_target_only
+    finals = []
+    real_coins, real_verify, real_read = spec_mod.verify_coins, spec_mod._accept_target_only, spec_mod._read_round
 
     def coins_spy(seeds, seq_lens, n):
         out = real_coins(seeds, seq_lens, n)
         calls.append((seeds.tolist(), seq_lens.tolist(), n, out))
         return out
 
-    def verify_spy(tree, p, c, final, *a):
-        used.append((c.clone(), final))
-        return real_verify(tree, p, c, final, *a)
+    def verify_spy(tokens, children, p, c, *a):          # the batched target-only step: coins [1, N]
+        used.append(c[0].clone())
+        return real_verify(tokens, children, p, c, *a)
+
+    def read_spy(ints, weights, final_coins):            # the final draw's coin rides the round's read
+        finals.append(float(final_coins[0]))
+        return real_read(ints, weights, final_coins)
 
     monkeypatch.setattr(spec_mod, "verify_coins", coins_spy)
-    monkeypatch.setattr(spec_mod, "verify_target_only", verify_spy)
+    monkeypatch.setattr(spec_mod, "_accept_target_only", verify_spy)
+    monkeypatch.setattr(spec_mod, "_read_round", read_spy)
     req = Request(TRAIN[5], SamplingParams(temperature=0.5, max_new_tokens=8), seed=77)
     res = speculative_generate(target, draft, [req], TREE)[0]
     n, expect = len(req.prompt) + 1, []
@@ -109,8 +115,8 @@ def test_coins_are_verify_coins_at_the_committed_length(fitted, monkeypatch):
         n += k
     assert [c[1][0] for c in calls] == expect
     assert all(c[0] == [77] and c[2] == TREE.draft_token_num for c in calls)
-    assert len(used) == len(calls)
-    for j, (uc, uf) in enumerate(used):
+    assert len(used) == len(finals) == len(calls)
+    for j, (uc, uf) in enumerate(zip(used, finals)):
         c, f = coins_mod.verify_coins(torch.tensor([77]), torch.tensor([expect[j]]), TREE.draft_token_num)
         assert uc.equal(c[0]) and uf == float(f[0])
 

@@ -1,0 +1,204 @@
+"""Speculative decoding (issue 23, item 2): the pieces of one round against one target decode
+step, on random gpt-oss weights and a random EAGLE3 draft built in memory on the device.
+
+    python3 bench/speculative.py                       # gpt-oss-20b shape, bf16, batches 1 and 8
+    python3 bench/speculative.py --tiny                # CPU smoke check (tiny preset, a few rows)
+
+For each batch B (B requests whose --context tokens are already in the target cache and the
+draft's committed KV), chain drafting with --steps draft steps (topk 1, steps + 1 tree nodes),
+greedy verification:
+  decode step    the baseline: one target forward of B rows (eager, as the verify runs it)
+  draft step     one draft forward of B tree rows at depth 2 (over the committed keys and one
+                 ancestor), as each draft step of a round after the first
+  verify         one target forward of B * (steps + 1) rows: the chain at its real positions
+  round          engine.speculative's whole round (_round: draft trees, verify, batched
+                 acceptance, the one host read, KV copy-back, draft extend), as
+                 speculative_generate runs it between its bookkeeping
+The derived lines (labelled "derived") turn the round time into throughput at a mean accept
+length of --accept (default 2.56, vLLM's CI gate for gpt-oss-20b + EAGLE3: tokens committed
+per request per round): tok/s = B * accept / round, speed-up = accept * decode step / round.
+Random weights accept almost nothing, and a round's work has a fixed shape whatever is
+accepted, so the times are the real ones and only the acceptance is assumed.
+
+The draft's shape is an assumption (no EAGLE3 checkpoint is read): H_draft = the target's
+hidden size, 64 query / 8 KV heads of 64, intermediate 4 * H, a 32 000-id draft vocabulary,
+the target's embedding. Times are CUDA events after warm-up calls; wall clock on the CPU.
+Before timing, "check" runs greedy speculative_generate against greedy generate on one prompt
+(tokens and logprob bits must agree; exit 3 if not), so a wrong round cannot hide behind a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))        # this checkout's engine, not an installed copy
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+
+import e2e  # noqa: E402  (random weights, the engine model, timing)
+from engine.config import preset  # noqa: E402
+from engine.eagle3 import DraftKV, Eagle3Config, Eagle3Draft, expected_draft_tensors  # noqa: E402
+from engine.generate import Request  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
+import engine.speculative as spec_mod  # noqa: E402
+
+SHAPES = {"20b": "gpt-oss-20b", "120b": "gpt-oss-120b"}
+
+
+def random_draft(target, device, seed=1):
+    """A random EAGLE3 head for `target` (module docstring's shape), weights made on the device."""
+    tc = target.config
+    H = tc.hidden_size
+    heads = 64 if H >= 1024 else 2
+    cfg = Eagle3Config(hidden_size=H, intermediate_size=4 * H, num_attention_heads=heads,
+                       num_key_value_heads=max(1, heads // 8), head_dim=64 if H >= 1024 else max(2, H // heads // 2 * 2),
+                       vocab_size=tc.vocab_size, draft_vocab_size=min(32000, tc.vocab_size // 2),
+                       target_hidden_size=H, aux_layer_ids=None, rms_norm_eps=tc.rms_norm_eps)
+    L = tc.num_hidden_layers
+    ids = (2, L // 2, L - 3) if L >= 6 else (0, 1, L)
+    cfg = Eagle3Config(**{**cfg.__dict__, "aux_layer_ids": ids})
+    g = torch.Generator(device=device).manual_seed(seed)
+    w = {}
+    for name, (shape, kind) in expected_draft_tensors(cfg, 3, H, with_embed=False).items():
+        if kind == "int":
+            continue
+        t = torch.randn(shape, generator=g, device=device)
+        w[name] = (1 + 0.1 * t) if "norm" in name else t / math.sqrt(shape[-1])
+    hot = torch.randperm(cfg.vocab_size, generator=g, device=device)[:cfg.draft_vocab_size].sort().values
+    w["d2t"] = hot - torch.arange(cfg.draft_vocab_size, device=device)
+    return Eagle3Draft(cfg, w, tc, "boundary", target_embed=target.embed, device=device)
+
+
+class State:
+    """B requests with `context` committed tokens: target cache, draft KV and depth-1 inputs filled
+    by one prefill forward and one draft extend (as speculative_generate's prefill)."""
+
+    def __init__(self, target, draft, batch, context, spec, seed=0):
+        dev = target.device
+        self.spec, self.shape = spec, spec_mod._RoundShape(spec)
+        g = torch.Generator().manual_seed(seed)
+        V = target.config.vocab_size
+        self.seqs = [torch.randint(0, V, (context,), generator=g).tolist() for _ in range(batch)]
+        self.requests = [Request(s, SamplingParams(greedy=True, max_new_tokens=1 << 20)) for s in self.seqs]
+        cap = context + 4 * (spec.num_steps + 1) + 16
+        self.cache = target.new_cache(batch * self.shape.P, cap)
+        self.dkv = DraftKV(draft.config, batch, cap, device=draft.device)
+        self.root_logits = torch.zeros((batch, draft.config.draft_vocab_size), device=draft.device)
+        self.root_h = torch.zeros((batch, draft.config.hidden_size), device=draft.device)
+        m = context - 1                                    # positions 0 .. n-2 are in the caches
+        tok = torch.tensor([t for s in self.seqs for t in s[:m]], device=dev)
+        pos = torch.arange(m, device=dev).repeat(batch)
+        slot = torch.arange(batch, device=dev).repeat_interleave(m)
+        out = target.forward(tok, pos, slot, self.cache, capture=draft.boundaries)
+        nxt = torch.tensor([t for s in self.seqs for t in s[1:m + 1]], device=dev)
+        spec_mod._draft_extend(draft, self.dkv, self.root_logits, self.root_h, slot, pos, nxt, out.captured,
+                               torch.arange(batch, device=dev) * m + m - 1, torch.arange(batch, device=dev), cap)
+        self.context, self.batch, self.cap = context, batch, cap
+
+    def round(self, target, draft):
+        """One round; emit is a no-op, so every call starts from the same committed sequences."""
+        B = self.batch
+        spec_mod._round(target, draft, self.cache, self.dkv, self.root_logits, self.root_h, self.requests,
+                        list(range(B)), self.seqs, self.spec, self.shape, None, None, [[] for _ in range(B)],
+                        lambda i, tok, lp: None, [None] * B, self.cap)
+
+
+def measure(target, draft, batch, context, steps, repeat, device):
+    spec = spec_mod.SpecParams(num_steps=steps, topk=1, draft_token_num=steps + 1, verify="greedy")
+    st = State(target, draft, batch, context, spec)
+    dev = target.device
+    r = context - 1
+    slots = torch.arange(batch, device=dev)
+    tok = torch.tensor([s[-1] for s in st.seqs], device=dev)
+
+    def decode(_):
+        target.forward(tok, torch.full((batch,), r, device=dev), slots, st.cache)
+
+    W = steps + 1
+    v_tok = tok.repeat_interleave(W)
+    v_pos = (r + torch.arange(W, device=dev)).repeat(batch)
+    v_slot = slots.repeat_interleave(W)
+
+    def verify(_):
+        target.forward(v_tok, v_pos, v_slot, st.cache, capture=draft.boundaries)
+
+    ddev = draft.device
+    Hkv, D = st.dkv.k.shape[1], st.dkv.k.shape[3]
+    anc = torch.zeros((batch, 1, Hkv, D), device=ddev)
+    d_tok = tok.to(ddev)
+
+    def draft_step(_):
+        draft.forward(d_tok, torch.full((batch,), r + 1, device=ddev), st.root_h, st.dkv, slots.to(ddev),
+                      commit=False, prefix_lens=torch.full((batch,), r, device=ddev), ancestors=(anc, anc),
+                      kv_len=r)
+
+    out = {}
+    for name, fn in (("decode step", decode), ("draft step", draft_step), ("verify", verify),
+                     ("round", lambda _: st.round(target, draft))):
+        with torch.inference_mode():
+            out[name] = e2e.time_per_call(fn, device, repeat)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="20b", help="20b, 120b, tiny (or any engine.config preset)")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=3, help="draft steps of the chain (nodes = steps + 1)")
+    ap.add_argument("--accept", type=float, default=2.56, help="assumed mean accept length (derived lines)")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--backend", help="engine backend (default triton on CUDA, torch on the CPU)")
+    ap.add_argument("--compute", choices=("bf16", "fp32"), help="target dtype (default bf16 on CUDA, fp32 on the CPU)")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke check: --shape tiny --device cpu --batches 1,2 "
+                                                        "--context 12 --repeat 1")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.shape, args.device, args.batches, args.context, args.repeat = "tiny", "cpu", "1,2", 12, 1
+    device = torch.device(args.device)
+    backend = args.backend or ("triton" if device.type == "cuda" else "torch")
+    compute = args.compute or ("bf16" if device.type == "cuda" else "fp32")
+    config = preset(SHAPES.get(args.shape, args.shape))
+    floats, packed = e2e.random_weights(config, device)
+    weights = {**floats, **e2e.dense_experts(packed)}
+    del packed
+    target = e2e.engine_model(config, weights, backend, device, compute)
+    del weights, floats
+    draft = random_draft(target, device)
+    print(f"speculative round, {args.shape} shape, random weights, {compute} target ({backend}), fp32 draft, "
+          f"context {args.context}, chain of {args.steps} draft steps, greedy verify, device "
+          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}")
+    # the round must be right before it is timed: greedy speculative decoding = greedy generate
+    from engine.generate import generate
+    probe = [Request(torch.randint(0, config.vocab_size, (16,), generator=torch.Generator().manual_seed(5)).tolist(),
+                     SamplingParams(greedy=True, max_new_tokens=6))]
+    chain = spec_mod.SpecParams(num_steps=args.steps, topk=1, draft_token_num=args.steps + 1, verify="greedy")
+    with torch.inference_mode():
+        want, got = generate(target, probe)[0], spec_mod.speculative_generate(target, draft, probe, chain)[0]
+    same = want.tokens == got.tokens and want.logprobs.numpy().tobytes() == got.logprob_bytes
+    print(f"check: greedy speculative_generate = greedy generate (6 tokens, bits of tokens and logprobs): "
+          f"{'ok' if same else 'FAILED'}")
+    if not same:
+        sys.exit(3)
+    print(f"{'B':>3} {'decode step':>12} {'draft step':>11} {'verify':>10} {'round':>10} {'round/step':>11}"
+          f" | derived at accept {args.accept}: {'tok/s':>8} {'baseline tok/s':>15} {'speed-up':>9}")
+    for b in [int(x) for x in args.batches.split(",")]:
+        t = measure(target, draft, b, args.context, args.steps, args.repeat, device)
+        ms = {k: v * 1e3 for k, v in t.items()}
+        ratio = t["round"] / t["decode step"]
+        print(f"{b:>3} {ms['decode step']:>10.3f}ms {ms['draft step']:>9.3f}ms {ms['verify']:>8.3f}ms "
+              f"{ms['round']:>8.3f}ms {ratio:>10.2f}x | derived: {b * args.accept / t['round']:>15.1f} "
+              f"{b / t['decode step']:>15.1f} {args.accept / ratio:>8.2f}x")
+    print("round/step: target <= 1.6x (issue 23); derived = measured round time x assumed acceptance, not a "
+          "measured end-to-end rate")
+
+
+if __name__ == "__main__":
+    main()
