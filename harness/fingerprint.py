@@ -48,6 +48,8 @@ class OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket.__name__)
+        if name == "sum" and args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
+            name = "sum.integer"    # a count: exact whatever the order (a float sum stays "sum": unchecked)
         if name in ("_to_copy", "to", "copy_") and isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16:
             src = next((a for a in args[::-1] if isinstance(a, torch.Tensor) and a.is_floating_point()
                         and a.dtype != torch.bfloat16), None)

@@ -53,6 +53,8 @@ MOVING_OPS = frozenset({
     "__and__", "__or__", "__lshift__", "__rshift__", "bitwise_and", "bitwise_and_",
     "bitwise_or", "bitwise_xor", "bitwise_not", "logical_and", "logical_or", "logical_not",
     "remainder", "floor_divide", "argsort", "topk", "gather", "index", "masked_fill",
+    "index_copy", "index_copy_", "scatter_", "all", "amin",    # moves, a boolean and, a min (exact)
+    "sum.integer",              # sums of ints and bools (counts): exact in any order; float sums are not here
 })
 REFERENCE_OPS = CHECKED_OPS | MOVING_OPS
 

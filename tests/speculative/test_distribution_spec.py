@@ -95,7 +95,13 @@ def test_the_engine_rejection_verifier_passes():
 
 
 def test_a_verifier_ignoring_q_fails_the_spec(monkeypatch):
-    monkeypatch.setattr(speculative, "verify_rejection", rejection(ignore_q=True))   # u < p(x)
+    # planted in the acceptance the batched round runs (engine.speculative._accept_rejection): u < p(x)
+    def ignoring_q(tokens, children, p, q, coins):
+        kid = children[:, :, 0].clamp(min=0)
+        x = tokens.gather(1, kid)
+        px = p.gather(2, x[:, :, None])[:, :, 0]
+        return torch.where((children[:, :, 0] >= 0) & (coins.to(torch.float64) < px), kid, -1)
+    monkeypatch.setattr(speculative, "_accept_rejection", ignoring_q)
     spec, result, fails = run_spec()
     d = result.data
     print(f"biased verifier: X² = {d['statistic']:.2f}, df = {d['df']}, p = {d['p_value']:.4g}, "
