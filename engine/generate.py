@@ -132,7 +132,8 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
                 for r in requests]
     tokens: list[list[int]] = [[] for _ in requests]
     logprobs: list[torch.Tensor] = []                      # per sampling call: [R] fp32, on the device
-    logprob_at: list[list[tuple[int, int]]] = [[] for _ in requests]   # (call, row) of each token
+    n_logprobs = 0                                         # rows in logprobs so far
+    logprob_at: list[list[int]] = [[] for _ in requests]   # each token's row in torch.cat(logprobs)
     captured: list[list[torch.Tensor]] = [[] for _ in requests]
     finish: list[str | None] = [None] * n
 
@@ -141,6 +142,7 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
         """Row k of logits [R, V] is request owners[k]'s input at positions[k]: sample every
         row at once on the device (through `sampler`, a captured engine.graphs.SampleGraph,
         when given), then read the tokens back: the call's one host read."""
+        nonlocal n_logprobs
         params = [requests[i].params for i in owners]
         if forced is not None:
             chosen = host_to(logits.device, [forced[i][len(tokens[i])] for i in owners])
@@ -157,12 +159,13 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
                 trace.event(i, len(tokens[i]), "sampling.token", tok)
                 trace.event(i, len(tokens[i]), "sampling.logprob", lps[k])
             tokens[i].append(tok)
-            logprob_at[i].append((len(logprobs), k))
+            logprob_at[i].append(n_logprobs + k)
             if tok in stop_ids[i]:
                 finish[i] = "stop"
             elif len(tokens[i]) >= params[k].max_new_tokens:
                 finish[i] = "length"
         logprobs.append(lps)
+        n_logprobs += len(owners)
 
     # ---- prefill: chunk j of every prompt goes into one forward call
     longest = max(len(r.prompt) for r in requests)
@@ -230,11 +233,8 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
             take(group, logits[:len(group)], pos, sampler, inputs[1][:len(group)])
 
     lp_host = torch.cat(logprobs).to("cpu", torch.float32) if logprobs else None
-    starts = [0]
-    for lps in logprobs:
-        starts.append(starts[-1] + lps.shape[0])
     return [Result(tokens=tokens[i],
-                   logprobs=lp_host[torch.tensor([starts[c] + k for c, k in logprob_at[i]], dtype=torch.int64)],
+                   logprobs=lp_host[torch.tensor(logprob_at[i], dtype=torch.int64)],
                    finish_reason=finish[i],
                    captured=torch.stack(captured[i]).cpu() if capture else None)
             for i in range(n)]

@@ -32,6 +32,20 @@ from engine.sampling import chosen_logprobs, row_settings, sample_with
 KEPT_SAMPLERS = 4          # a group's composition changes as requests finish: keep the last few
 
 
+def _capture(fn):
+    """-> (graph, fn's output): fn warmed up on a side stream (compiles the Triton kernels, fills
+    the allocator), then recorded; replaying the graph rewrites that output in place."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 class DecodeGraph:
     def __init__(self, model, cache: KVCache, batch_size: int):
         if batch_size < 1:
@@ -56,25 +70,14 @@ class DecodeGraph:
         if self.model.device.type != "cuda":
             return self._forward()
         if self.graph is None:
-            self._capture()
+            # the warm-up writes this step's keys and values into the cache: the bits the replay
+            # writes again right after
+            self.graph, self.logits = _capture(self._forward)
         self.graph.replay()
         return self.logits
 
     def _forward(self) -> torch.Tensor:
         return self.model.forward(self.tokens, self.positions, self.slots, self.cache).logits
-
-    def _capture(self) -> None:
-        """Warm up on a side stream (compiles the Triton kernels, fills the allocator), then record.
-        The warm-up writes this step's keys and values into the cache, the same bits the replay
-        writes again right after."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._forward()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._forward()
 
 
 class SampleGraph:
@@ -101,14 +104,7 @@ class SampleGraph:
         if self.logits.device.type != "cuda":
             return self._sample()
         if self.graph is None:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._sample()                              # warm-up: allocator, lazy inits
-            torch.cuda.current_stream().wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.out = self._sample()
+            self.graph, self.out = _capture(self._sample)
         self.graph.replay()
         return self.out
 
