@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import e2e  # noqa: E402  (random weights, the engine model, timing)
 from engine.config import preset  # noqa: E402
 from engine.eagle3 import DraftKV, Eagle3Config, Eagle3Draft, expected_draft_tensors  # noqa: E402
-from engine.generate import Request  # noqa: E402
+from engine.generate import Decoding, Request  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 import engine.speculative as spec_mod  # noqa: E402
 
@@ -101,11 +101,12 @@ class State:
         self.context, self.batch, self.cap = context, batch, cap
 
     def round(self, target, draft):
-        """One round; emit is a no-op, so every call starts from the same committed sequences."""
+        """One round over a fresh decoding state, so every call starts from the same committed sequences."""
         B = self.batch
-        spec_mod._round(target, draft, self.cache, self.dkv, self.root_logits, self.root_h, self.requests,
-                        list(range(B)), self.seqs, self.spec, self.shape, None, None, [[] for _ in range(B)],
-                        lambda i, tok, lp: None, [None] * B, self.cap)
+        run = spec_mod._SpecRun(target, draft, self.spec, self.shape, self.cache, self.dkv, self.root_logits,
+                                self.root_h, None, self.cap, Decoding(self.requests, target.config.eos_token_id),
+                                [[] for _ in range(B)])
+        spec_mod._round(run, list(range(B)))
 
 
 def measure(target, draft, batch, context, steps, repeat, device):

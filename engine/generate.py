@@ -2,15 +2,21 @@
 
     results = generate(model, [Request(prompt=[...], params=SamplingParams(...), seed=7), ...])
 
-The loop:
-  1. validate every request (a ValueError names the bad field; nothing runs if one is bad);
-  2. give each request a KV-cache slot, and prefill all prompts together, optionally in
-     chunks of `prefill_chunk` tokens (chunk j of every prompt in one forward call);
-  3. sample each request's first token from its last prompt position, then decode: each step
-     feeds every unfinished request's last token, in groups of at most `max_batch`, each
-     group padded up to a power-of-two bucket with rows on a scratch slot (static shapes);
-  4. a request stops when it samples one of its stop ids (the EOS list by default; the stop
-     token is kept in the output) or reaches max_new_tokens.
+The loop, as small named steps over one `_Run`:
+  1. validate every request (`_check`; a ValueError names the bad field; nothing runs if one is bad);
+  2. `prefill`: give each request a KV-cache slot, and prefill all prompts together, optionally
+     in chunks of `prefill_chunk` tokens (chunk j of every prompt in one forward call);
+  3. `take` each request's first token from its last prompt position, then `decode_n_tokens`:
+     each `decode_one_token` feeds every unfinished request's last token, in groups of at most
+     `max_batch`, each group padded up to a power-of-two bucket with rows on a scratch slot
+     (static shapes);
+  4. a request stops when it takes one of its stop ids (the EOS list by default; the stop
+     token is kept in the output) or reaches max_new_tokens (`Decoding.push`).
+
+`Decoding` is the decoding state (tokens, finish reasons, logprob rows, the stop rule) that
+engine.speculative shares. The hooks are arguments, never state on the model: the token
+source (`Sampled`, the product's; `Forced`, teacher forcing for harness.replay), the
+`observer` (an engine.trace.Trace, attached to the model for the call only) and `prefix_cache`.
 
 The step is the product's fast path: on a GPU each decode step replays one captured CUDA graph
 per bucket (engine.graphs.decode_steps; the eager forward when states are captured or a trace
@@ -32,60 +38,294 @@ the model: the prompt and every generated token except the last (n = prompt + ge
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
-from engine.graphs import decode_steps
+from engine.graphs import DecodeSteps, decode_steps
 from engine.model import ONE_DEVICE, GptOssModel
-from engine.sampling import SamplingParams, chosen_logprobs, host_to, sample_rows, seed_as_int64
+from engine.request import Request, Result, SamplingParams, check_request  # noqa: F401  (the request type)
+from engine.sampling import chosen_logprobs, host_to, sample_rows
 
 
+# ---------------------------------------------------------------------- the decoding state
+class Decoding:
+    """Every request's decoding state, shared by plain and speculative generation: its tokens so
+    far, its finish reason, the stop rule, and where each token's logprob sits among the device
+    tensors handed to `add_logprobs` (joined and read back once, by `results`). `observer` (an
+    engine.trace.Trace, or None) is told each committed token and its logprob."""
+
+    def __init__(self, requests: Sequence[Request], eos: Sequence[int], observer=None):
+        self.requests, self.observer = list(requests), observer
+        self.stop = [r.stop_ids(eos) for r in requests]
+        self.tokens: list[list[int]] = [[] for _ in requests]
+        self.finish: list[str | None] = [None] * len(requests)
+        self._parts: list[torch.Tensor] = []               # 1-D fp32 device tensors, in order
+        self._rows = 0                                     # rows in _parts so far
+        self._row_of: list[list[int]] = [[] for _ in requests]   # each token's row in torch.cat(_parts)
+
+    def active(self) -> list[int]:
+        return [i for i, f in enumerate(self.finish) if f is None]
+
+    def length(self, i: int) -> int:
+        """Committed length of request i: prompt plus generated tokens."""
+        return len(self.requests[i].prompt) + len(self.tokens[i])
+
+    def last(self, i: int) -> int:
+        return self.tokens[i][-1] if self.tokens[i] else self.requests[i].prompt[-1]
+
+    def add_logprobs(self, lps: torch.Tensor) -> int:
+        """Keep a 1-D device tensor of logprobs; -> the row of its first entry."""
+        self._parts.append(lps)
+        self._rows += lps.shape[0]
+        return self._rows - lps.shape[0]
+
+    def push(self, i: int, tok: int, row: int, step: int) -> None:
+        """Commit token `tok` of request i, its logprob at `row` (of the last add_logprobs tensor);
+        `step` is the observer's step number of the decision (engine.trace)."""
+        if self.observer is not None:
+            last = self._parts[-1]
+            self.observer.event(i, step, "sampling.token", tok)
+            self.observer.event(i, step, "sampling.logprob", last[row - (self._rows - last.shape[0])])
+        self.tokens[i].append(tok)
+        self._row_of[i].append(row)
+        if tok in self.stop[i]:
+            self.finish[i] = "stop"
+        elif len(self.tokens[i]) >= self.requests[i].params.max_new_tokens:
+            self.finish[i] = "length"
+
+    def results(self, captured: list | None = None, accept_lengths: list | None = None) -> list[Result]:
+        """One Result per request; the logprobs come to the host in one copy."""
+        lp = torch.cat(self._parts).to("cpu", torch.float32) if self._parts else None
+        return [Result(tokens=self.tokens[i], logprobs=lp[torch.tensor(self._row_of[i], dtype=torch.int64)],
+                       finish_reason=self.finish[i],
+                       captured=torch.stack(captured[i]).cpu() if captured is not None else None,
+                       accept_lengths=accept_lengths[i] if accept_lengths is not None else None)
+                for i in range(len(self.requests))]
+
+
+# ---------------------------------------------------------------------- token sources
+class Sampled:
+    """The product's token source: every row sampled on the device (engine.sampling.sample_rows,
+    or a captured SampleGraph when the decode step hands one in); logprobs of the chosen ids."""
+    forced = False
+
+    def __init__(self, requests: Sequence[Request], generator: torch.Generator | None):
+        self.requests, self.generator = requests, generator
+
+    def graph(self, steps: DecodeSteps, group: list[int]):
+        """A captured sampler for this group, or None: rows without a seed draw on the host."""
+        seeds = [self.requests[i].seed for i in group]
+        params = [self.requests[i].params for i in group]
+        if all(s is not None or p.is_greedy for s, p in zip(seeds, params)):
+            return steps.sampler(params, seeds)
+        return None
+
+    def choose(self, owners: list[int], logits: torch.Tensor, positions: list[int], state: Decoding,
+               graph=None, positions_dev: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (chosen ids [R], their logprobs [R] fp32), both on the device."""
+        if graph is not None:
+            chosen, lps = graph(logits, positions_dev)
+            return chosen, lps.clone()                     # the graph's buffer is reused next step
+        chosen = sample_rows(logits, [self.requests[i].params for i in owners],
+                             [self.requests[i].seed for i in owners], positions, self.generator)
+        return chosen, chosen_logprobs(logits, chosen)
+
+
+class Forced:
+    """Teacher forcing (harness.replay): request i's k-th token is tokens[i][k] instead of a
+    sample; the logprob is still the chosen token's."""
+    forced = True
+
+    def __init__(self, tokens: Sequence[Sequence[int]]):
+        self.tokens = tokens
+
+    def check(self, requests: Sequence[Request]) -> None:
+        if len(self.tokens) != len(requests) or any(
+                len(f) < r.params.max_new_tokens for f, r in zip(self.tokens, requests)):
+            raise ValueError("generate: forced needs one token list per request, each at least max_new_tokens long")
+
+    def graph(self, steps, group):
+        return None
+
+    def choose(self, owners, logits, positions, state: Decoding, graph=None, positions_dev=None):
+        chosen = host_to(logits.device, [self.tokens[i][len(state.tokens[i])] for i in owners])
+        return chosen, chosen_logprobs(logits, chosen)
+
+
+# ---------------------------------------------------------------------- one run
 @dataclass
-class Request:
-    prompt: Sequence[int]
-    params: SamplingParams = field(default_factory=SamplingParams)
-    seed: int | None = None
+class _Run:
+    """What the steps of one generate() call share."""
+    model: GptOssModel
+    requests: Sequence[Request]
+    state: Decoding
+    source: Sampled | Forced
+    steps: DecodeSteps
+    capture: tuple[int, ...]
+    max_batch: int
+    eager: bool                                            # the eager forward instead of the graphs
+    captured: list[list[torch.Tensor]] = field(default_factory=list)
 
-    def __post_init__(self):
-        if isinstance(self.prompt, torch.Tensor):
-            self.prompt = self.prompt.tolist()
-        if not isinstance(self.prompt, (list, tuple)):
-            raise ValueError(f"Request.prompt: must be a list of token ids, got {type(self.prompt).__name__}")
-        self.prompt = list(self.prompt)
-        if not self.prompt:
-            raise ValueError("Request.prompt: must not be empty")
-        for i, t in enumerate(self.prompt):
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise ValueError(f"Request.prompt: token at index {i} is not an int: {t!r}")
-        if not isinstance(self.params, SamplingParams):
-            raise ValueError(f"Request.params: must be a SamplingParams, got {type(self.params).__name__}")
-        if self.seed is not None:
-            seed_as_int64(self.seed)
+    @property
+    def observer(self):
+        return self.state.observer
+
+    def keep_captured(self, owners: list[int], out) -> None:
+        if self.capture:
+            for row, i in enumerate(owners):
+                self.captured[i].append(out.captured[row])
 
 
-@dataclass
-class Result:
-    tokens: list[int]               # generated ids (the stop token included, if one was hit)
-    logprobs: torch.Tensor          # [len(tokens)] float32: log_softmax(raw logits)[token]
-    finish_reason: str              # "stop" or "length"
-    captured: torch.Tensor | None   # [prompt + len(tokens) - 1, len(capture) * H] or None
+def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequence[int] = (),
+             max_batch: int = 8, prefill_chunk: int | None = None,
+             generator: torch.Generator | None = None, max_context: int | None = None,
+             forced: Sequence[Sequence[int]] | None = None, prefix_cache=None, observer=None) -> list[Result]:
+    """Run `requests` to completion; results in request order (see the module docstring).
+    Hooks for harness.replay, each passed in: `forced[i]` teacher-forces request i (a Forced
+    token source); `prefix_cache` (an engine.prefix_cache.PrefixCache) reuses cached
+    prompt-prefix KV before the prefill; `observer` (an engine.trace.Trace) records the run."""
+    source = Forced(forced) if forced is not None else None
+    _check(model, requests, capture, max_batch, prefill_chunk, max_context, source, prefix_cache)
+    if not requests:
+        return []
+    source = source or Sampled(requests, generator_for(requests, generator))
+    eager = bool(capture) or observer is not None or not _capturable(model)
+    steps = decode_steps(model, len(requests) + 1, max(len(r.prompt) + r.params.max_new_tokens for r in requests))
+    run = _Run(model, requests, Decoding(requests, model.config.eos_token_id, observer), source, steps,
+               tuple(capture), max_batch, eager, [[] for _ in requests])
+    with observing(model, observer):
+        prefill(run, prefill_chunk, prefix_cache)
+        decode_n_tokens(run)
+    return run.state.results(run.captured if capture else None)
+
+
+def _check(model, requests, capture, max_batch, prefill_chunk, max_context, source, prefix_cache) -> None:
+    """Every argument and request validated before anything runs (a ValueError names the field)."""
+    if max_batch < 1:
+        raise ValueError(f"generate: max_batch must be >= 1, got {max_batch}")
+    if prefill_chunk is not None and prefill_chunk < 1:
+        raise ValueError(f"generate: prefill_chunk must be >= 1, got {prefill_chunk}")
+    max_context = max_context or model.config.max_position_embeddings
+    for i, req in enumerate(requests):
+        validate_request(req, model, i, max_context)
+    if source is not None:
+        source.check(requests)
+    if prefix_cache is not None and capture:
+        raise ValueError("generate: capture and prefix_cache cannot be combined (a hit computes no states)")
 
 
 def validate_request(req: Request, model: GptOssModel, index: int, max_context: int) -> None:
-    V = model.config.vocab_size
-    where = f"request {index}: "
-    for i, t in enumerate(req.prompt):
-        if not 0 <= t < V:
-            raise ValueError(f"{where}Request.prompt: token id {t} at index {i} is outside [0, vocab_size={V})")
-    total = len(req.prompt) + req.params.max_new_tokens
-    if total > max_context:
-        raise ValueError(f"{where}SamplingParams.max_new_tokens: prompt ({len(req.prompt)}) + max_new_tokens "
-                         f"({req.params.max_new_tokens}) = {total} exceeds the context of {max_context} tokens")
-    for t in req.params.stop_token_ids or ():
-        if t >= V:
-            raise ValueError(f"{where}SamplingParams.stop_token_ids: id {t} is outside [0, vocab_size={V})")
+    """engine.request.check_request against this model's vocabulary."""
+    check_request(req, model.config.vocab_size, index, max_context)
+
+
+def generator_for(requests: Sequence[Request], generator: torch.Generator | None) -> torch.Generator | None:
+    """The explicit generator unseeded sampled rows draw from: the caller's, else a fresh one."""
+    if generator is None and any(r.seed is None and not r.params.is_greedy for r in requests):
+        generator = torch.Generator()
+        generator.seed()                                   # explicit, but not reproducible
+    return generator
+
+
+@contextmanager
+def observing(model, observer):
+    """The model's forward records into `observer` for the duration (nothing changes without one)."""
+    if observer is None:
+        yield
+        return
+    before, model.trace = model.trace, observer
+    try:
+        yield
+    finally:
+        model.trace = before
+
+
+# ---------------------------------------------------------------------- the steps
+def take(run: _Run, owners: list[int], logits: torch.Tensor, positions: list[int], graph=None,
+         positions_dev: torch.Tensor | None = None) -> None:
+    """Row k of logits [R, V] is request owners[k]'s input at positions[k]: choose every row's
+    token at once on the device, then read the tokens back (the call's one host read) and commit."""
+    state = run.state
+    chosen, lps = run.source.choose(owners, logits, positions, state, graph, positions_dev)
+    chosen_host = chosen.tolist()                          # the host read
+    base = state.add_logprobs(lps)
+    for k, (i, tok) in enumerate(zip(owners, chosen_host)):
+        state.push(i, tok, base + k, step=len(state.tokens[i]))   # step = the index of the token chosen
+
+
+def prefill(run: _Run, prefill_chunk: int | None, prefix_cache=None) -> None:
+    """Chunk j of every prompt in one forward call (positions a prefix-cache hit supplied are
+    skipped); the last prompt position of each request gives its first token."""
+    requests, cache = run.requests, run.steps.cache
+    longest = max(len(r.prompt) for r in requests)
+    cached = [prefix_cache.lookup(r.prompt, cache, i) if prefix_cache is not None else 0
+              for i, r in enumerate(requests)]
+    for start in range(0, longest, prefill_chunk or longest):
+        rows = _prefill_rows(requests, start, prefill_chunk or longest, cached)
+        if rows is None:
+            continue
+        tok, pos, owners, last_rows = rows
+        if run.observer is not None:
+            run.observer.rows(owners, [0] * len(owners))   # the prefill is step 0
+        dev = run.model.device
+        out = run.model.forward(host_to(dev, tok), host_to(dev, pos), host_to(dev, owners), cache,
+                                capture=run.capture, logit_rows=host_to(dev, [r for _, r in last_rows]))
+        run.keep_captured(owners, out)
+        if last_rows:
+            take(run, [i for i, _ in last_rows], out.logits, [len(requests[i].prompt) - 1 for i, _ in last_rows])
+    if prefix_cache is not None:
+        for i, req in enumerate(requests):
+            prefix_cache.store(req.prompt, cache, i)
+
+
+def _prefill_rows(requests, start: int, chunk: int, cached: list[int]):
+    """The rows of prefill chunk [start, start + chunk): (tokens, positions, owners = slots,
+    [(request, row) of each last prompt position]), or None when every row is cached."""
+    tok, pos, owners, last_rows = [], [], [], []
+    for i, req in enumerate(requests):
+        for j, t in enumerate(req.prompt[start:start + chunk]):
+            if start + j < cached[i]:
+                continue
+            if start + j == len(req.prompt) - 1:
+                last_rows.append((i, len(tok)))
+            tok.append(t)
+            pos.append(start + j)
+            owners.append(i)
+    return (tok, pos, owners, last_rows) if tok else None
+
+
+def decode_n_tokens(run: _Run) -> None:
+    """Decode until every request has finished: each step feeds every unfinished request's last
+    token, in groups of at most max_batch."""
+    while True:
+        active = run.state.active()
+        if not active:
+            return
+        for g in range(0, len(active), run.max_batch):
+            decode_one_token(run, active[g:g + run.max_batch])
+
+
+def decode_one_token(run: _Run, group: list[int]) -> None:
+    """One decode step for `group`, padded up to a power-of-two bucket with rows on the scratch
+    slot: its inputs in one copy without a sync, then a captured graph (or the eager forward)."""
+    state = run.state
+    pad = _bucket(len(group), run.max_batch) - len(group)
+    pos = [state.length(i) - 1 for i in group]
+    if run.observer is not None:                           # decode step s samples token s
+        run.observer.rows(group + [-1] * pad, [len(state.tokens[i]) for i in group] + [-1] * pad)
+    scratch = len(run.requests)                            # the slot of the padding rows
+    inputs = host_to(run.model.device, [[state.last(i) for i in group] + [0] * pad, pos + [0] * pad,
+                                        group + [scratch] * pad])                # one copy, no sync
+    if run.eager:
+        out = run.model.forward(inputs[0], inputs[1], inputs[2], run.steps.cache, capture=run.capture)
+        run.keep_captured(group, out)
+        take(run, group, out.logits[:len(group)], pos)
+        return
+    logits = run.steps(inputs[0], inputs[1], inputs[2])
+    take(run, group, logits[:len(group)], pos, run.source.graph(run.steps, group), inputs[1][:len(group)])
 
 
 def _bucket(n: int, max_batch: int) -> int:
@@ -95,152 +335,8 @@ def _bucket(n: int, max_batch: int) -> int:
     return min(b, max(max_batch, n))
 
 
-def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequence[int] = (),
-             max_batch: int = 8, prefill_chunk: int | None = None,
-             generator: torch.Generator | None = None, max_context: int | None = None,
-             forced: Sequence[Sequence[int]] | None = None, prefix_cache=None) -> list[Result]:
-    """Run `requests` to completion; results in request order (see the module docstring).
-    Optional hooks for harness.replay: `forced[i]` teacher-forces request i (its k-th token is
-    forced[i][k] instead of a sample; the logprob is still the chosen token's); `prefix_cache`
-    (an engine.prefix_cache.PrefixCache) reuses cached prompt-prefix KV before the prefill."""
-    cfg = model.config
-    if max_batch < 1:
-        raise ValueError(f"generate: max_batch must be >= 1, got {max_batch}")
-    if prefill_chunk is not None and prefill_chunk < 1:
-        raise ValueError(f"generate: prefill_chunk must be >= 1, got {prefill_chunk}")
-    max_context = max_context or cfg.max_position_embeddings
-    for i, req in enumerate(requests):
-        validate_request(req, model, i, max_context)
-    if forced is not None and (len(forced) != len(requests) or any(
-            len(f) < r.params.max_new_tokens for f, r in zip(forced, requests))):
-        raise ValueError("generate: forced needs one token list per request, each at least max_new_tokens long")
-    if prefix_cache is not None and capture:
-        raise ValueError("generate: capture and prefix_cache cannot be combined (a hit computes no states)")
-    if not requests:
-        return []
-    if generator is None and any(r.seed is None and not r.params.is_greedy for r in requests):
-        generator = torch.Generator()
-        generator.seed()                                   # explicit, but not reproducible
-
-    n = len(requests)
-    scratch = n                                            # slot for bucket padding rows
-    trace = getattr(model, "trace", None)                  # engine.trace, or None: nothing recorded
-    eager = bool(capture) or trace is not None or not _capturable(model)
-    steps = decode_steps(model, n + 1, max(len(r.prompt) + r.params.max_new_tokens for r in requests))
-    cache = steps.cache
-    stop_ids = [set(r.params.stop_token_ids if r.params.stop_token_ids is not None else cfg.eos_token_id)
-                for r in requests]
-    tokens: list[list[int]] = [[] for _ in requests]
-    logprobs: list[torch.Tensor] = []                      # per sampling call: [R] fp32, on the device
-    n_logprobs = 0                                         # rows in logprobs so far
-    logprob_at: list[list[int]] = [[] for _ in requests]   # each token's row in torch.cat(logprobs)
-    captured: list[list[torch.Tensor]] = [[] for _ in requests]
-    finish: list[str | None] = [None] * n
-
-    def take(owners: list[int], logits: torch.Tensor, positions: list[int], sampler=None,
-             positions_dev: torch.Tensor | None = None) -> None:
-        """Row k of logits [R, V] is request owners[k]'s input at positions[k]: sample every
-        row at once on the device (through `sampler`, a captured engine.graphs.SampleGraph,
-        when given), then read the tokens back: the call's one host read."""
-        nonlocal n_logprobs
-        params = [requests[i].params for i in owners]
-        if forced is not None:
-            chosen = host_to(logits.device, [forced[i][len(tokens[i])] for i in owners])
-            lps = chosen_logprobs(logits, chosen)
-        elif sampler is not None:
-            chosen, lps = sampler(logits, positions_dev)
-            lps = lps.clone()                              # the graph's buffer is reused next step
-        else:
-            chosen = sample_rows(logits, params, [requests[i].seed for i in owners], positions, generator)
-            lps = chosen_logprobs(logits, chosen)
-        chosen_host = chosen.tolist()                      # the host read
-        for k, (i, tok) in enumerate(zip(owners, chosen_host)):
-            if trace is not None:                          # step = the index of the token sampled
-                trace.event(i, len(tokens[i]), "sampling.token", tok)
-                trace.event(i, len(tokens[i]), "sampling.logprob", lps[k])
-            tokens[i].append(tok)
-            logprob_at[i].append(n_logprobs + k)
-            if tok in stop_ids[i]:
-                finish[i] = "stop"
-            elif len(tokens[i]) >= params[k].max_new_tokens:
-                finish[i] = "length"
-        logprobs.append(lps)
-        n_logprobs += len(owners)
-
-    # ---- prefill: chunk j of every prompt goes into one forward call
-    longest = max(len(r.prompt) for r in requests)
-    chunk = prefill_chunk or longest
-    cached = [prefix_cache.lookup(r.prompt, cache, i) if prefix_cache is not None else 0
-              for i, r in enumerate(requests)]               # positions whose KV a cache hit supplied
-    for start in range(0, longest, chunk):
-        rows_tok, rows_pos, rows_slot, owners, last_rows = [], [], [], [], []
-        for i, req in enumerate(requests):
-            piece = req.prompt[start:start + chunk]
-            for j, t in enumerate(piece):
-                if start + j < cached[i]:
-                    continue
-                if start + j == len(req.prompt) - 1:
-                    last_rows.append((i, len(rows_tok)))
-                rows_tok.append(t)
-                rows_pos.append(start + j)
-                rows_slot.append(i)
-                owners.append(i)
-        if not rows_tok:
-            continue
-        if trace is not None:
-            trace.rows(owners, [0] * len(owners))           # the prefill is step 0
-        dev = model.device
-        out = model.forward(host_to(dev, rows_tok), host_to(dev, rows_pos), host_to(dev, rows_slot), cache,
-                            capture=capture, logit_rows=host_to(dev, [r for _, r in last_rows]))
-        if capture:
-            for row, i in enumerate(owners):
-                captured[i].append(out.captured[row])
-        if last_rows:
-            take([i for i, _ in last_rows], out.logits, [len(requests[i].prompt) - 1 for i, _ in last_rows])
-
-    if prefix_cache is not None:
-        for i, req in enumerate(requests):
-            prefix_cache.store(req.prompt, cache, i)
-
-    # ---- decode: one step per group, through a captured graph on a GPU (engine.graphs)
-    while True:
-        active = [i for i in range(n) if finish[i] is None]
-        if not active:
-            break
-        for g in range(0, len(active), max_batch):
-            group = active[g:g + max_batch]
-            size = _bucket(len(group), max_batch)
-            pad = size - len(group)
-            pos = [len(requests[i].prompt) + len(tokens[i]) - 1 for i in group]
-            if trace is not None:                          # decode step s samples token s
-                trace.rows(group + [-1] * pad, [len(tokens[i]) for i in group] + [-1] * pad)
-            inputs = host_to(model.device, [[tokens[i][-1] for i in group] + [0] * pad, pos + [0] * pad,
-                                            group + [scratch] * pad])            # one copy, no sync
-            if eager:
-                out = model.forward(inputs[0], inputs[1], inputs[2], cache, capture=capture)
-                logits = out.logits
-                if capture:
-                    for row, i in enumerate(group):
-                        captured[i].append(out.captured[row])
-                take(group, logits[:len(group)], pos)
-                continue
-            logits = steps(inputs[0], inputs[1], inputs[2])
-            seeds = [requests[i].seed for i in group]
-            params = [requests[i].params for i in group]
-            sampler = None
-            if forced is None and all(s is not None or p.is_greedy for s, p in zip(seeds, params)):
-                sampler = steps.sampler(params, seeds)     # unseeded rows draw on the host: eager
-            take(group, logits[:len(group)], pos, sampler, inputs[1][:len(group)])
-
-    lp_host = torch.cat(logprobs).to("cpu", torch.float32) if logprobs else None
-    return [Result(tokens=tokens[i],
-                   logprobs=lp_host[torch.tensor(logprob_at[i], dtype=torch.int64)],
-                   finish_reason=finish[i],
-                   captured=torch.stack(captured[i]).cpu() if capture else None)
-            for i in range(n)]
-
-
 def _capturable(model) -> bool:
     """Decode steps replay a CUDA graph on a GPU, except on a sharded model (its expert-parallel
-    torch path reads routed ids on the host, and collectives are not captured here)."""
-    return model.device.type == "cuda" and model.comm is ONE_DEVICE
+    torch path reads routed ids on the host, and collectives are not captured here) and on a
+    model whose forward records into a trace (a recording reads every op back to the host)."""
+    return model.device.type == "cuda" and model.comm is ONE_DEVICE and model.trace is None

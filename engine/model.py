@@ -46,8 +46,9 @@ place: it keeps the rank's share of each weight and swaps in the collectives (`c
 `OneDevice` here) that complete the row-parallel sums, the vocab-parallel embedding and head, and
 the traced shards; the class, the forward and the blocks stay these.
 
-`model.trace` (None by default) may hold an engine.trace.Trace: every op's output is then
-handed to it at a named point (`self.record("L3.attention", o)`), which records and never
+`model.trace` (None by default) may hold an engine.trace.Trace (engine.generate and
+engine.speculative set it for the duration of a call from their `observer` argument; a direct
+forward call may set it itself): every op's output is then handed to it at a named point (`self.record("L3.attention", o)`), which records and never
 changes a value; `lockstep diff` uses it to find the first op where two runs part. A traced
 forward runs the same code as an untraced one, fused ends included: a point that a fused kernel
 forms inside (o_proj's sum, the MoE's down and combination) is recomputed for the trace from

@@ -256,8 +256,7 @@ def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, gene
                    dtype: str = "fp32", trace=None):
     from engine.generate import generate
     model = from_checkpoint(ckpt, ctx, backend=backend, dtype=dtype)
-    model.trace = trace
-    results = generate(model, requests, **generate_kwargs)
+    results = generate(model, requests, observer=trace, **generate_kwargs)
     return results if trace is None else (results, trace)
 
 
@@ -308,8 +307,7 @@ def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, con
     drafter = load_draft(draft, target, convention=convention, backend=backend,
                          target_embed=weights["model.embed_tokens.weight"])
     del weights                                 # from here on only this rank's shard and the draft
-    target.trace = trace
-    results = speculative_generate(target, drafter, requests, spec)
+    results = speculative_generate(target, drafter, requests, spec, observer=trace)
     return results if trace is None else (results, trace)
 
 
@@ -320,7 +318,7 @@ def speculative_generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, dra
     """engine.speculative.speculative_generate(target, draft, requests, spec) with the target at
     a tp × ep topology of local processes on `device` (as generate_at) and the draft checkpoint
     `draft` (read under layer-id `convention`) replicated on every rank. -> rank 0's
-    list[SpecResult]; every rank must return the same tokens, logprob bytes and accept lengths, or
+    list[Result]; every rank must return the same tokens, logprob bytes and accept lengths, or
     it raises. Requests must be greedy or seeded (an unseeded stream would differ from rank to rank).
     `trace`: as generate_at's."""
     unseeded = [i for i, r in enumerate(requests) if r.seed is None and not r.params.is_greedy]

@@ -31,58 +31,13 @@ by a scalar divisor's reciprocal).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
+from engine.request import SamplingParams, seed_as_int64  # noqa: F401  (re-exported: the request type lives in engine.request)
 from kernels import portable
 from kernels.coins import SAMPLE_COLUMNS, gumbel_from_hash, gumbel_noise
-
-INT64_MIN, UINT64_END = -(1 << 63), 1 << 64
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 or greedy=True -> greedy. top_k 0, top_p 1 and min_p 0 switch a mask off.
-    stop_token_ids None -> the model's EOS list."""
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    max_new_tokens: int = 16
-    greedy: bool = False
-    stop_token_ids: tuple[int, ...] | None = None
-
-    def __post_init__(self):
-        def bad(name, why):
-            raise ValueError(f"SamplingParams.{name}: {why}, got {getattr(self, name)!r}")
-
-        def is_num(v):
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-        if not is_num(self.temperature) or self.temperature < 0:
-            bad("temperature", "must be a finite number >= 0")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            bad("top_k", "must be an int >= 0 (0 = off)")
-        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
-            bad("top_p", "must be in (0, 1]")
-        if not is_num(self.min_p) or not 0 <= self.min_p <= 1:
-            bad("min_p", "must be in [0, 1]")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or self.max_new_tokens < 1:
-            bad("max_new_tokens", "must be an int >= 1")
-        if not isinstance(self.greedy, bool):
-            bad("greedy", "must be a bool")
-        if self.stop_token_ids is not None:
-            ids = tuple(self.stop_token_ids)
-            if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
-                bad("stop_token_ids", "must be non-negative ints")
-            object.__setattr__(self, "stop_token_ids", ids)
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.greedy or self.temperature == 0
 
 
 def keep_mask(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
@@ -149,13 +104,6 @@ def keep_mask_rows(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Ten
 def chosen_logprob(logits: torch.Tensor, token: int) -> torch.Tensor:
     """log_softmax of the raw fp32 logits [V] at `token`, float32 0-dim."""
     return portable.log_softmax(logits.to(torch.float32), dim=-1)[token]
-
-
-def seed_as_int64(seed: int) -> int:
-    """Seeds in [-2^63, 2^64) as int64 (two's complement wrap, as the hash reads them)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not INT64_MIN <= seed < UINT64_END:
-        raise ValueError(f"Request.seed: must be an int in [-2^63, 2^64), got {seed!r}")
-    return seed - (1 << 64) if seed >= (1 << 63) else seed
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int | None, pos: int,

@@ -8,7 +8,12 @@ the root, has not been through the target yet). The target's KV cache holds posi
 the draft's committed KV holds positions 0 .. n-2 (always computed from target features: the draft
 step at position t sees the target feature h_t and the embedding of x_{t+1}).
 
-One round (_round), for every unfinished request at once: each step below is a few batched
+The loop (speculative_generate): `prefill`, then `speculative_decode` runs rounds until every
+request has finished; a `_SpecRun` holds what the rounds share, its decoding state the
+engine.generate.Decoding of plain generation (tokens, finish, logprob rows, stop rule).
+
+One round (_round: _round_inputs, _draft_step, _verify_step, _accept_step, _read_round,
+_commit), for every unfinished request at once: each step below is a few batched
 device calls over all requests (no per-request Python, no host read), up to the round's one
 host read (_read_round, step 3); a row is computed alone, so a request's result does not
 depend on its batchmates:
@@ -63,10 +68,11 @@ from typing import Sequence
 import torch
 
 from engine.eagle3 import DraftKV, Eagle3Draft
-from engine.generate import Request, validate_request
+from engine.generate import Decoding, generator_for, observing, validate_request
 from engine.model import GptOssModel
+from engine.request import Request, Result, SamplingParams, seed_as_int64
 from engine.small_ops import top_k_lowest_index
-from engine.sampling import SamplingParams, chosen_logprob, keep_mask, sample, seed_as_int64
+from engine.sampling import chosen_logprob, keep_mask, sample
 from kernels import portable
 from kernels.coins import COIN_MAX, DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise, verify_coins
 
@@ -112,22 +118,6 @@ class SpecParams:
             if self.threshold_single != 1.0 or self.threshold_acc != 1.0:
                 bad("threshold_acc" if self.threshold_acc != 1.0 else "threshold_single",
                     "verify='rejection' ignores thresholds; leave them at 1.0")
-
-
-@dataclass
-class SpecResult:
-    tokens: list[int]                 # generated ids (stop token included if hit)
-    logprobs: torch.Tensor            # [len(tokens)] float32, as engine.generate
-    finish_reason: str                # "stop" or "length"
-    accept_lengths: list[int] = field(default_factory=list)   # per verify round: accepted drafts + 1
-
-    @property
-    def logprob_bytes(self) -> bytes:
-        return self.logprobs.numpy().tobytes()
-
-    @property
-    def mean_accept_length(self) -> float:
-        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
 
 
 # ---------------------------------------------------------------------- trees
@@ -599,8 +589,22 @@ def check_pair(target: GptOssModel, draft: Eagle3Draft) -> None:
 # ---------------------------------------------------------------------- the loop
 def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequence[Request],
                          spec: SpecParams = SpecParams(), *, generator: torch.Generator | None = None,
-                         max_context: int | None = None) -> list[SpecResult]:
-    """Run `requests` to completion with speculative decoding; results in request order."""
+                         max_context: int | None = None, observer=None) -> list[Result]:
+    """Run `requests` to completion with speculative decoding; results in request order.
+    `observer` (an engine.trace.Trace, or None) records the run (step r = verify round r)."""
+    _check(target, draft, requests, spec, max_context)
+    if not requests:
+        return []
+    run = _SpecRun.start(target, draft, requests, spec, generator_for(requests, generator), observer)
+    with observing(target, observer):
+        prefill(run)
+        speculative_decode(run)
+    return run.state.results(accept_lengths=run.accept_lengths)
+
+
+def _check(target: GptOssModel, draft: Eagle3Draft, requests: Sequence[Request], spec: SpecParams,
+           max_context: int | None) -> None:
+    """The pair, the settings and every request validated before anything runs."""
     if not isinstance(spec, SpecParams):
         raise ValueError(f"speculative_generate: spec must be a SpecParams, got {type(spec).__name__}")
     check_pair(target, draft)
@@ -618,84 +622,6 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
         if spec.verify == "greedy" and not req.params.is_greedy:
             raise ValueError(f"request {i}: SpecParams.verify='greedy' needs greedy requests "
                              f"(temperature 0 or greedy=True)")
-    if not requests:
-        return []
-    if generator is None and any(r.seed is None and not r.params.is_greedy for r in requests):
-        generator = torch.Generator()
-        generator.seed()                                   # explicit, not reproducible
-
-    n_req = len(requests)
-    capacity = max(len(r.prompt) + r.params.max_new_tokens + spec.num_steps for r in requests)
-    shape = _RoundShape(spec)
-    cache = target.new_cache(n_req * shape.P, capacity)    # slot i: request i; then each request's P - 1 scratch slots
-    dkv = DraftKV(dcfg, n_req, capacity, device=draft.device)
-    stop_ids = [set(r.params.stop_token_ids if r.params.stop_token_ids is not None else cfg.eos_token_id)
-                for r in requests]
-    seqs = [list(r.prompt) for r in requests]
-    out_tok: list[list[int]] = [[] for _ in requests]
-    out_lp: list[list[torch.Tensor]] = [[] for _ in requests]   # device tensors, joined at the end
-    finish: list[str | None] = [None] * n_req
-    accept_lengths: list[list[int]] = [[] for _ in requests]
-    ddev = draft.device
-    root_logits = torch.zeros((n_req, dcfg.draft_vocab_size), dtype=torch.float32, device=ddev)
-    root_h = torch.zeros((n_req, dcfg.hidden_size), dtype=torch.float32, device=ddev)
-
-    trace = getattr(target, "trace", None)                 # engine.trace, or None: nothing recorded
-
-    def emit(i: int, tok: int, lp: torch.Tensor) -> None:
-        """Append one token (host bookkeeping; lp stays on the device)."""
-        if trace is not None:                              # step: 0 = prefill, r = verify round r
-            trace.event(i, len(accept_lengths[i]), "sampling.token", tok)
-            trace.event(i, len(accept_lengths[i]), "sampling.logprob", lp)
-        seqs[i].append(tok)
-        out_tok[i].append(tok)
-        out_lp[i].append(lp)
-        if tok in stop_ids[i]:
-            finish[i] = "stop"
-        elif len(out_tok[i]) >= requests[i].params.max_new_tokens:
-            finish[i] = "length"
-
-    # ---- prefill (one call, like engine.generate), the first token and the first draft extend
-    rows_tok, rows_pos, rows_slot, last_rows = [], [], [], []
-    for i, req in enumerate(requests):
-        last_rows.append(len(rows_tok) + len(req.prompt) - 1)
-        rows_tok += req.prompt
-        rows_pos += list(range(len(req.prompt)))
-        rows_slot += [i] * len(req.prompt)
-    if trace is not None:
-        trace.rows(rows_slot, [0] * len(rows_slot))         # prefill: step 0, slot i = request i
-    out = target.forward(torch.tensor(rows_tok), torch.tensor(rows_pos), torch.tensor(rows_slot), cache,
-                         capture=draft.boundaries)
-    ext_req, ext_pos, ext_tok, ext_row, ext_last, which = [], [], [], [], [], []
-    row = 0
-    for i, req in enumerate(requests):
-        m = len(req.prompt)
-        logits = out.logits[last_rows[i]]
-        tok = sample(logits, req.params, req.seed, m - 1, generator)
-        emit(i, tok, chosen_logprob(logits, tok))
-        if finish[i] is None:
-            ext_req += [i] * m
-            ext_pos += list(range(m))
-            ext_tok += seqs[i][1:m + 1]
-            ext_row += list(range(row, row + m))
-            ext_last.append(len(ext_req) - 1)
-            which.append(i)
-        row += m
-    if ext_req:
-        feats = out.captured.index_select(0, torch.tensor(ext_row, device=out.captured.device))
-        _draft_extend(draft, dkv, root_logits, root_h, torch.tensor(ext_req), torch.tensor(ext_pos),
-                      torch.tensor(ext_tok), feats, torch.tensor(ext_last), torch.tensor(which), capacity)
-
-    # ---- rounds
-    while True:
-        active = [i for i in range(n_req) if finish[i] is None]
-        if not active:
-            break
-        _round(target, draft, cache, dkv, root_logits, root_h, requests, active, seqs, spec, shape, generator,
-               trace, accept_lengths, emit, finish, capacity)
-
-    return [SpecResult(tokens=out_tok[i], logprobs=torch.stack(out_lp[i]).to("cpu", torch.float32),
-                       finish_reason=finish[i], accept_lengths=accept_lengths[i]) for i in range(n_req)]
 
 
 class _RoundShape:
@@ -706,6 +632,98 @@ class _RoundShape:
         self.N = spec.draft_token_num
         self.P = 1 if spec.topk == 1 else self.N - 1
         self.W = min(spec.num_steps, self.N - 1) + 1
+
+
+@dataclass
+class _SpecRun:
+    """What the rounds of one speculative_generate call share: the pair, the settings, the
+    target's KV cache (slot i: request i; then each request's P - 1 scratch slots), the draft's
+    committed KV, each request's depth-1 draft inputs (root_logits, root_h: the draft's last
+    committed row), and the decoding state (engine.generate.Decoding) with the accept lengths."""
+    target: GptOssModel
+    draft: Eagle3Draft
+    spec: SpecParams
+    shape: _RoundShape
+    cache: object
+    dkv: DraftKV
+    root_logits: torch.Tensor          # [n_req, V_draft] fp32
+    root_h: torch.Tensor               # [n_req, H_draft] fp32
+    generator: torch.Generator | None
+    capacity: int
+    state: Decoding
+    accept_lengths: list[list[int]]    # per request, per verify round: accepted drafts + 1
+
+    @classmethod
+    def start(cls, target, draft, requests, spec, generator, observer=None) -> "_SpecRun":
+        """Empty caches for `requests` (nothing run yet)."""
+        n, dcfg = len(requests), draft.config
+        capacity = max(len(r.prompt) + r.params.max_new_tokens + spec.num_steps for r in requests)
+        shape = _RoundShape(spec)
+        zeros = lambda width: torch.zeros((n, width), dtype=torch.float32, device=draft.device)  # noqa: E731
+        return cls(target, draft, spec, shape, target.new_cache(n * shape.P, capacity),
+                   DraftKV(dcfg, n, capacity, device=draft.device), zeros(dcfg.draft_vocab_size),
+                   zeros(dcfg.hidden_size), generator, capacity,
+                   Decoding(requests, target.config.eos_token_id, observer), [[] for _ in requests])
+
+    @property
+    def requests(self) -> list[Request]:
+        return self.state.requests
+
+    @property
+    def observer(self):
+        return self.state.observer
+
+    def commit(self, i: int, tokens: list[int], base: int) -> None:
+        """Append request i's tokens of this round (their logprobs at rows base, base + 1, ...
+        of the last add_logprobs tensor), stopping at a stop id or max_new_tokens."""
+        for j, tok in enumerate(tokens):
+            self.state.push(i, tok, base + j, step=len(self.accept_lengths[i]))
+            if self.state.finish[i] is not None:
+                return
+
+
+def prefill(run: _SpecRun) -> None:
+    """One target call over every prompt (like engine.generate), each request's first token from
+    its last prompt position, then one draft extend over the prompts (the first depth 1)."""
+    requests, state = run.requests, run.state
+    rows_tok, rows_pos, rows_slot, last_rows = [], [], [], []
+    for i, req in enumerate(requests):
+        last_rows.append(len(rows_tok) + len(req.prompt) - 1)
+        rows_tok += req.prompt
+        rows_pos += list(range(len(req.prompt)))
+        rows_slot += [i] * len(req.prompt)
+    if run.observer is not None:
+        run.observer.rows(rows_slot, [0] * len(rows_slot))  # prefill: step 0, slot i = request i
+    out = run.target.forward(torch.tensor(rows_tok), torch.tensor(rows_pos), torch.tensor(rows_slot), run.cache,
+                             capture=run.draft.boundaries)
+    ext_req, ext_pos, ext_tok, ext_row, ext_last, which = [], [], [], [], [], []
+    row = 0
+    for i, req in enumerate(requests):
+        m = len(req.prompt)
+        logits = out.logits[last_rows[i]]
+        tok = sample(logits, req.params, req.seed, m - 1, run.generator)
+        run.commit(i, [tok], state.add_logprobs(chosen_logprob(logits, tok).reshape(1)))
+        if state.finish[i] is None:
+            ext_req += [i] * m
+            ext_pos += list(range(m))
+            ext_tok += (list(req.prompt) + state.tokens[i])[1:m + 1]
+            ext_row += list(range(row, row + m))
+            ext_last.append(len(ext_req) - 1)
+            which.append(i)
+        row += m
+    if ext_req:
+        feats = out.captured.index_select(0, torch.tensor(ext_row, device=out.captured.device))
+        _draft_extend(run.draft, run.dkv, run.root_logits, run.root_h, torch.tensor(ext_req), torch.tensor(ext_pos),
+                      torch.tensor(ext_tok), feats, torch.tensor(ext_last), torch.tensor(which), run.capacity)
+
+
+def speculative_decode(run: _SpecRun) -> None:
+    """Verify rounds until every request has finished."""
+    while True:
+        active = run.state.active()
+        if not active:
+            return
+        _round(run, active)
 
 
 def _draft_extend(draft: Eagle3Draft, dkv: DraftKV, root_logits: torch.Tensor, root_h: torch.Tensor,
@@ -721,22 +739,61 @@ def _draft_extend(draft: Eagle3Draft, dkv: DraftKV, root_logits: torch.Tensor, r
     root_h.index_copy_(0, which, step.hidden.index_select(0, at))
 
 
-def _round(target, draft: Eagle3Draft, cache, dkv: DraftKV, root_logits: torch.Tensor, root_h: torch.Tensor,
-           requests: Sequence[Request], active: list[int], seqs: list[list[int]], spec: SpecParams,
-           shape: _RoundShape, generator, trace, accept_lengths, emit, finish, capacity: int) -> None:
-    """One round for the `active` requests (module docstring, steps 1-4). All device work is
-    batched over the requests; the one host read is _read_round (accepted counts and tokens,
-    plus the sampled requests' final draws); everything after it on the host is list bookkeeping."""
-    R, N, P, W = len(active), shape.N, shape.P, shape.W
-    ddev = draft.device
-    # host facts of the round (host -> device only)
-    r_host = [len(seqs[i]) - 1 for i in active]
-    max_r = max(r_host)
-    act = torch.tensor(active, device=ddev)
-    r = torch.tensor(r_host, device=ddev)
-    root_tok = torch.tensor([seqs[i][-1] for i in active], device=ddev)
+# ---------------------------------------------------------------------- one round
+# A round is four steps over explicit tensors (module docstring, steps 1-4): _round_inputs (the
+# host facts, moved to the device), _draft_step, _verify_step and _accept_step (device only: no
+# host read), then _read_round (the one host read) and _commit (host bookkeeping, then the KV
+# copies and the draft extend). Everything a step needs is in its arguments, so the device steps
+# can be captured as they are.
+@dataclass
+class _RoundIn:
+    """The host facts of a round for the `active` requests, on the draft's device."""
+    active: list[int]
+    act: torch.Tensor                  # [R] the requests' indices (= their KV slots)
+    r: torch.Tensor                    # [R] root positions: committed length - 1
+    max_r: int
+    root_tok: torch.Tensor             # [R] the roots: the last committed tokens
+    greedy: list[bool]
+    rows: _DraftRows
+
+
+@dataclass
+class _Verified:
+    """The verify call's outputs, per tree node."""
+    lay: _Layout
+    tokens: torch.Tensor               # [R, N] the trees' target ids, on the target's device
+    path_slot: torch.Tensor            # [R, P] the KV slot of each path
+    node_logits: torch.Tensor          # [R, N, V] fp32
+    node_feats: torch.Tensor           # [R, N, A] the draft's features of each node
+
+
+@dataclass
+class _Accepted:
+    """What the acceptance decided, still on the device (read back by _read_round)."""
+    acc_nodes: torch.Tensor            # [R, W] accepted nodes from the root, padded with the last
+    last: torch.Tensor                 # [R] the last accepted node
+    ints: torch.Tensor                 # [R, 2 + 2W]: count, accepted tokens, bonus, accepted nodes
+    sampled: list[int]                 # rows of sampled requests (their final token is drawn on the host)
+    weights: torch.Tensor | None       # [Rs, V] float64: the final draw's distribution
+    final_coins: torch.Tensor | None   # [Rs]
+
+
+def _round(run: _SpecRun, active: list[int]) -> None:
+    """One round for the `active` requests. All device work is batched over the requests; the
+    one host read is _read_round; everything after it on the host is list bookkeeping."""
+    rin = _round_inputs(run, active)
+    trees = _draft_step(run, rin)
+    ver = _verify_step(run, rin, trees)
+    acc = _accept_step(run, rin, trees, ver)
+    host, finals = _read_round(acc.ints, acc.weights, acc.final_coins)           # the one host read
+    _commit(run, rin, ver, acc, host, finals)
+
+
+def _round_inputs(run: _SpecRun, active: list[int]) -> _RoundIn:
+    state, requests, ddev = run.state, run.requests, run.draft.device
+    r_host = [state.length(i) - 1 for i in active]
     greedy = [requests[i].params.is_greedy for i in active]
-    d_sampled = [spec.verify == "rejection" and not g for g in greedy]
+    d_sampled = [run.spec.verify == "rejection" and not g for g in greedy]
     rows = _DraftRows(torch.tensor(d_sampled, device=ddev),
                       torch.tensor([requests[i].params.temperature if s else 1.0 for i, s in zip(active, d_sampled)],
                                    dtype=torch.float64, device=ddev),
@@ -744,112 +801,146 @@ def _round(target, draft: Eagle3Draft, cache, dkv: DraftKV, root_logits: torch.T
                                     for i, s in zip(active, d_sampled)], dtype=torch.int64, device=ddev),
                       [a for a, (i, s) in enumerate(zip(active, d_sampled)) if s and requests[i].seed is None],
                       any(d_sampled))
+    return _RoundIn(active, torch.tensor(active, device=ddev), torch.tensor(r_host, device=ddev), max(r_host),
+                    torch.tensor([state.last(i) for i in active], device=ddev), greedy, rows)
 
-    # 1. draft
-    trees = _draft_trees(draft, dkv, act, r, root_tok, root_logits.index_select(0, act),
-                         root_h.index_select(0, act), rows, spec, generator, kv_len=max_r)
-    if trace is not None:                                  # host reads, trace only
-        for a, i in enumerate(active):
+
+def _draft_step(run: _SpecRun, rin: _RoundIn) -> TreeBatch:
+    """1. One draft tree per request, from its depth-1 inputs."""
+    trees = _draft_trees(run.draft, run.dkv, rin.act, rin.r, rin.root_tok, run.root_logits.index_select(0, rin.act),
+                         run.root_h.index_select(0, rin.act), rin.rows, run.spec, run.generator, kv_len=rin.max_r)
+    if run.observer is not None:                           # host reads, trace only
+        for a, i in enumerate(rin.active):
             t = trees.tree(a)
-            trace.event(i, len(accept_lengths[i]) + 1, "draft.tokens", t.tokens)
-            trace.event(i, len(accept_lengths[i]) + 1, "draft.parents", t.parents)
+            run.observer.event(i, len(run.accept_lengths[i]) + 1, "draft.tokens", t.tokens)
+            run.observer.event(i, len(run.accept_lengths[i]) + 1, "draft.parents", t.parents)
+    return trees
 
-    # 2. verify: every root-to-leaf path as a chain; path 0 in the request's own slot
+
+def _verify_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch) -> _Verified:
+    """2. Every root-to-leaf path as a chain in one target call; path 0 in the request's own slot,
+    the others in scratch slots that first receive a copy of the request's committed KV."""
+    R, P, W, cache = len(rin.active), run.shape.P, run.shape.W, run.cache
     tdev = cache.k_all.device                             # the target's device
-    lay = _layout(trees.parents.to(tdev), P, W, spec.topk)
+    lay = _layout(trees.parents.to(tdev), P, W, run.spec.topk)
     tokens = trees.tokens.to(tdev)
-    act_t, r_t = act.to(tdev), r.to(tdev)
-    n_req = root_logits.shape[0]
+    act_t, r_t = rin.act.to(tdev), rin.r.to(tdev)
+    n_req = run.root_logits.shape[0]
     path_slot = torch.cat([act_t[:, None], n_req + act_t[:, None] * (P - 1) + torch.arange(P - 1, device=tdev)], 1)
     if P > 1:                                              # scratch slots start as copies of the request's
-        cache.copy_prefix(path_slot[:, 1:].reshape(-1), _each(act_t, P - 1), max_r)
+        cache.copy_prefix(path_slot[:, 1:].reshape(-1), _each(act_t, P - 1), rin.max_r)
     v_tok = torch.where(lay.valid, tokens.gather(1, lay.path_nodes.flatten(1)).view(R, P, W), 0)
     v_pos = (r_t[:, None, None] + torch.arange(W, device=tdev)).expand(R, P, W)
     v_slot = path_slot[:, :, None].expand(R, P, W)
-    if trace is not None:                                  # padding rows serve no request
+    if run.observer is not None:                           # padding rows serve no request
         valid = lay.valid.reshape(-1).tolist()
-        req_of = [i for i in active for _ in range(P * W)]
-        trace.rows([q if ok else -1 for q, ok in zip(req_of, valid)],
-                   [len(accept_lengths[q]) + 1 if ok else 0 for q, ok in zip(req_of, valid)])
-    vout = target.forward(v_tok.reshape(-1), v_pos.reshape(-1), v_slot.reshape(-1), cache, capture=draft.boundaries)
-    node_logits = vout.logits.index_select(0, lay.node_row.reshape(-1)).view(R, N, -1)
-    node_feats = vout.captured.index_select(0, lay.node_row.reshape(-1)).view(R, N, -1)
+        req_of = [i for i in rin.active for _ in range(P * W)]
+        run.observer.rows([q if ok else -1 for q, ok in zip(req_of, valid)],
+                          [len(run.accept_lengths[q]) + 1 if ok else 0 for q, ok in zip(req_of, valid)])
+    vout = run.target.forward(v_tok.reshape(-1), v_pos.reshape(-1), v_slot.reshape(-1), cache,
+                              capture=run.draft.boundaries)
+    node_logits = vout.logits.index_select(0, lay.node_row.reshape(-1)).view(R, run.shape.N, -1)
+    node_feats = vout.captured.index_select(0, lay.node_row.reshape(-1)).view(R, run.shape.N, -1)
+    return _Verified(lay, tokens, path_slot, node_logits, node_feats)
 
-    # 3. accept
-    choice = _accept_greedy(tokens, lay.children, torch.argmax(node_logits, dim=-1))
-    sampled = [a for a, g in enumerate(greedy) if not g]
+
+def _accept_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch, ver: _Verified) -> _Accepted:
+    """3. The acceptance rule of every request's mode at every node at once, the walk from the
+    root, the bonus token, and for sampled requests the final draw's distribution."""
+    R, N, W = len(rin.active), run.shape.N, run.shape.W
+    tokens, kids, node_logits = ver.tokens, ver.lay.children, ver.node_logits
+    tdev = tokens.device
+    choice = _accept_greedy(tokens, kids, torch.argmax(node_logits, dim=-1))
+    sampled = [a for a, g in enumerate(rin.greedy) if not g]
     weights = fin = None
     if sampled:
         s_idx = torch.tensor(sampled, device=tdev)
-        p = _target_distributions(node_logits.index_select(0, s_idx), [requests[active[a]].params for a in sampled])
-        coins, fin = _coins(requests, [active[a] for a in sampled], [len(seqs[active[a]]) for a in sampled], N,
-                            generator, tdev)
-        s_tok, s_kids = tokens.index_select(0, s_idx), lay.children.index_select(0, s_idx)
-        if spec.verify == "rejection":
-            q = trees.q.to(tdev).index_select(0, s_idx)
+        which = [rin.active[a] for a in sampled]
+        p = _target_distributions(node_logits.index_select(0, s_idx), [run.requests[i].params for i in which])
+        coins, fin = _coins(run.requests, which, [run.state.length(i) for i in which], N, run.generator, tdev)
+        s_tok, s_kids = tokens.index_select(0, s_idx), kids.index_select(0, s_idx)
+        q = trees.q.to(tdev).index_select(0, s_idx) if run.spec.verify == "rejection" else None
+        if q is not None:
             s_choice = _accept_rejection(s_tok, s_kids, p, q, coins)
         else:
-            s_choice = _accept_target_only(s_tok, s_kids, p, coins, spec.threshold_single, spec.threshold_acc)
+            s_choice = _accept_target_only(s_tok, s_kids, p, coins, run.spec.threshold_single, run.spec.threshold_acc)
         choice = choice.index_copy(0, s_idx, s_choice)
     acc_nodes, n_acc = _walk(choice, W)
     last = acc_nodes[:, -1]
     bonus = torch.argmax(node_logits.gather(1, last[:, None, None].expand(R, 1, node_logits.shape[2]))[:, 0], -1)
     if sampled:
-        s_last = last.index_select(0, s_idx)
-        p_last = p.gather(1, s_last[:, None, None].expand(-1, 1, p.shape[2]))[:, 0]
-        kids_last = s_kids.gather(1, s_last[:, None, None].expand(-1, 1, s_kids.shape[2]))[:, 0]   # [Rs, K]
-        if spec.verify == "rejection":
-            q_kid = q.gather(1, kids_last[:, :1, None].clamp(min=0).expand(-1, 1, q.shape[2]))[:, 0]
-            removed = q_kid
-        else:
-            kid_tok = s_tok.gather(1, kids_last.clamp(min=0))                 # [Rs, K]
-            ids = torch.arange(p_last.shape[1], device=tdev)
-            mask = ((ids == kid_tok[:, :, None]) & (kids_last >= 0)[:, :, None]).any(dim=1)
-            removed = torch.where(mask, p_last, 0.0)                           # p - removed: exact zeros there
-        has_kids = (kids_last >= 0).any(dim=1, keepdim=True)
-        weights = torch.where(has_kids, _final_weights(p_last, removed), p_last)
+        weights = _final_distribution(last.index_select(0, s_idx), p, q, s_tok, s_kids)
     acc_tok = tokens.gather(1, acc_nodes)                                       # [R, W]; column 0 = the root
     ints = torch.cat([n_acc[:, None], acc_tok, bonus[:, None], acc_nodes], dim=1)
-    host, finals = _read_round(ints, weights, fin)                              # the one host read
+    return _Accepted(acc_nodes, last, ints, sampled, weights, fin)
 
-    # 4. commit: host bookkeeping, then the device work that needs the new tokens
+
+def _final_distribution(s_last: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, s_tok: torch.Tensor,
+                        s_kids: torch.Tensor) -> torch.Tensor:
+    """The sampled requests' final draw at their last accepted node: p there, minus the rejected
+    child's q (rejection) or the rejected children's mass (target-only), or the full p at a leaf."""
+    tdev = p.device
+    p_last = p.gather(1, s_last[:, None, None].expand(-1, 1, p.shape[2]))[:, 0]
+    kids_last = s_kids.gather(1, s_last[:, None, None].expand(-1, 1, s_kids.shape[2]))[:, 0]   # [Rs, K]
+    if q is not None:
+        removed = q.gather(1, kids_last[:, :1, None].clamp(min=0).expand(-1, 1, q.shape[2]))[:, 0]
+    else:
+        kid_tok = s_tok.gather(1, kids_last.clamp(min=0))                     # [Rs, K]
+        ids = torch.arange(p_last.shape[1], device=tdev)
+        mask = ((ids == kid_tok[:, :, None]) & (kids_last >= 0)[:, :, None]).any(dim=1)
+        removed = torch.where(mask, p_last, 0.0)                               # p - removed: exact zeros there
+    has_kids = (kids_last >= 0).any(dim=1, keepdim=True)
+    return torch.where(has_kids, _final_weights(p_last, removed), p_last)
+
+
+def _commit(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accepted, host: list, finals: list[int]) -> None:
+    """4. Append the accepted tokens and the bonus / correction token (host bookkeeping), bring
+    the accepted path's target KV into each request's own slot, and extend the draft KV over the
+    newly committed positions."""
+    R, W, node_logits = len(rin.active), run.shape.W, ver.node_logits
+    tdev = node_logits.device
     new_tok = []
-    final_of = dict(zip(sampled, finals))
+    final_of = dict(zip(acc.sampled, finals))
     for a in range(R):
         L, toks = host[a][0], host[a][1:1 + W]
         nxt = final_of.get(a, host[a][1 + W])
         new_tok.append(toks[1:L] + [nxt] + [0] * (W - L))
     new_t = torch.tensor(new_tok, device=tdev)
-    lps = _chosen_logprobs(node_logits.gather(1, acc_nodes[:, :, None].expand(R, W, node_logits.shape[2])).flatten(0, 1),
-                           new_t.reshape(-1)).view(R, W)
+    lps = _chosen_logprobs(node_logits.gather(1, acc.acc_nodes[:, :, None].expand(R, W, node_logits.shape[2]))
+                           .flatten(0, 1), new_t.reshape(-1))                  # [R * W]
     # target KV: bring the accepted path's rows into the request's own slot (a no-op copy for path 0)
-    src = path_slot.gather(1, lay.node_path.gather(1, last[:, None]))[:, 0]
-    cache.copy_positions(act_t, src, r_t[:, None] + torch.arange(1, W, device=tdev))
+    act_t, r_t = rin.act.to(tdev), rin.r.to(tdev)
+    src = ver.path_slot.gather(1, ver.lay.node_path.gather(1, acc.last[:, None]))[:, 0]
+    run.cache.copy_positions(act_t, src, r_t[:, None] + torch.arange(1, W, device=tdev))
+    base = run.state.add_logprobs(lps)
     ext_req, ext_last = [], []
-    for a, i in enumerate(active):
+    for a, i in enumerate(rin.active):
         L = host[a][0]
-        accept_lengths[i].append(L)
-        if trace is not None:
-            trace.event(i, len(accept_lengths[i]), "verify", host[a][2 + W:2 + W + L] + [new_tok[a][L - 1]])
-        for j in range(L):
-            emit(i, new_tok[a][j], lps[a, j])
-            if finish[i] is not None:
-                break
-        if finish[i] is None:
+        run.accept_lengths[i].append(L)
+        if run.observer is not None:
+            run.observer.event(i, len(run.accept_lengths[i]), "verify", host[a][2 + W:2 + W + L] + [new_tok[a][L - 1]])
+        run.commit(i, new_tok[a][:L], base + a * W)
+        if run.state.finish[i] is None:
             ext_req.append(a)
             ext_last.append(L)
-    # draft KV: commit the accepted positions r .. r + L - 1 (fixed W rows per request; rows past
-    # L write positions no query sees before they are written again)
     if ext_req:
-        at = torch.tensor([k * W + L - 1 for k, L in enumerate(ext_last)], device=ddev)
-        e = torch.tensor(ext_req, device=tdev)
-        feats = node_feats.index_select(0, e).gather(1, acc_nodes.index_select(0, e)[:, :, None].expand(
-            -1, W, node_feats.shape[2])).flatten(0, 1).to(ddev)
-        e_d = e.to(ddev)
-        _draft_extend(draft, dkv, root_logits, root_h, _each(act.index_select(0, e_d), W),
-                      (r.index_select(0, e_d)[:, None] + torch.arange(W, device=ddev)).reshape(-1),
-                      new_t.index_select(0, e).reshape(-1).to(ddev), feats,
-                      at, act.index_select(0, e_d), kv_len=max_r + W)
+        _extend_committed(run, rin, ver, acc, new_t, ext_req, ext_last)
+
+
+def _extend_committed(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accepted, new_t: torch.Tensor,
+                      ext_req: list[int], ext_last: list[int]) -> None:
+    """Draft KV: commit the accepted positions r .. r + L - 1 of the rows `ext_req` (fixed W rows
+    per request; rows past L write positions no query sees before they are written again)."""
+    W, ddev, tdev, node_feats = run.shape.W, run.draft.device, new_t.device, ver.node_feats
+    at = torch.tensor([k * W + L - 1 for k, L in enumerate(ext_last)], device=ddev)
+    e = torch.tensor(ext_req, device=tdev)
+    feats = node_feats.index_select(0, e).gather(1, acc.acc_nodes.index_select(0, e)[:, :, None].expand(
+        -1, W, node_feats.shape[2])).flatten(0, 1).to(ddev)
+    e_d = e.to(ddev)
+    _draft_extend(run.draft, run.dkv, run.root_logits, run.root_h, _each(rin.act.index_select(0, e_d), W),
+                  (rin.r.index_select(0, e_d)[:, None] + torch.arange(W, device=ddev)).reshape(-1),
+                  new_t.index_select(0, e).reshape(-1).to(ddev), feats,
+                  at, rin.act.index_select(0, e_d), kv_len=rin.max_r + W)
 
 
 def _coins(requests, which: list[int], seq_lens: list[int], N: int, generator, device

@@ -1,9 +1,7 @@
 """An op-level trace: what one request's rows went through, op by op, at one step of a run.
 
     trace = Trace(request=1, step=3)        # request 1 of the call, its decode step (or verify round) 3
-    model.trace = trace                     # None (the default): nothing is recorded, nothing is paid
-    generate(model, requests)
-    model.trace = None
+    generate(model, requests, observer=trace)   # None (the default): nothing is recorded, nothing is paid
     trace.ops["L0.attention"]               # [rows, Hq, D]: that request's rows of that step
     trace.positions                         # the sequence position of each row
 
@@ -12,7 +10,9 @@ they run (OPS lists them); the generation loops say, before each forward call, w
 and step each row serves (`rows`), and report what they decide per request (`event`: the
 sampled token, a draft tree, a verify outcome). Only the chosen request's rows of the chosen
 step are kept, as fp32/int copies on the CPU: a trace observes, it never changes a value.
-`Trace()` without a request keeps every row of every forward call (direct forward calls).
+`Trace()` without a request keeps every row of every forward call (direct forward calls: set
+`model.trace = Trace()` around them). The loops attach their observer to the model only for
+the duration of the call (engine.generate.observing), so a shared model is left as it was.
 
 A parallel model (engine/parallel.py) records the same names with every sharded tensor
 gathered to its one-device layout, so a topology's trace compares element by element with one

@@ -43,7 +43,7 @@ class RequestBits:
 
     @classmethod
     def of(cls, result, prompt_len: int) -> "RequestBits":
-        """From an engine.generate.Result or engine.speculative.SpecResult."""
+        """From an engine.request.Result (plain or speculative)."""
         return cls(prompt_len, list(result.tokens), result.logprobs, getattr(result, "captured", None),
                    getattr(result, "accept_lengths", None))
 

@@ -52,8 +52,8 @@ from harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK, MA
 from harness.locate import Located, RequestBits, first_divergence, locate
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
-from engine.generate import Request, generate
-from engine.sampling import SamplingParams
+from engine.generate import generate
+from engine.request import Request, SamplingParams
 
 NAME = "generate"
 
@@ -103,10 +103,8 @@ EXPECT = Map({
 
 
 def _params(sampling: dict) -> SamplingParams:
-    s = dict(sampling)
-    if s.get("stop_token_ids") is not None:
-        s["stop_token_ids"] = tuple(s["stop_token_ids"])
-    return SamplingParams(**{k: v for k, v in s.items() if v is not None or k == "stop_token_ids"})
+    """A spec's `sampling` mapping: the trace's form (engine.request.SamplingParams.from_dict)."""
+    return SamplingParams.from_dict(sampling)
 
 
 def validate(doc: dict, root: Path | None = None) -> list[Problem]:
@@ -204,8 +202,8 @@ def golden_platform(spec, ctx) -> str:
 
 
 def _requests(spec) -> list[Request]:
-    return [Request(prompt=materialize(r["prompt"]).tolist(), params=_params(r["sampling"]), seed=r["seed"])
-            for r in spec.inputs["requests"]]
+    """A spec's requests: the trace's form (engine.request.Request.from_dict), the prompt an IntSeq."""
+    return [Request.from_dict({**r, "prompt": materialize(r["prompt"]).tolist()}) for r in spec.inputs["requests"]]
 
 
 def _spec_params(speculative: dict):
@@ -231,18 +229,15 @@ class _Runner:
         self.spec_params = _spec_params(inp["speculative"]) if inp["speculative"] else None
 
     def __call__(self, requests, prefill_chunk="schedule", speculative=True, trace=None):
-        """`trace`: an engine.trace.Trace the target records into (the locator's re-runs)."""
-        self.model.trace = trace
-        try:
-            if self.draft is not None and speculative:
-                from engine.speculative import speculative_generate
+        """`trace`: an engine.trace.Trace the run records into (the locator's re-runs), passed in
+        as the observer: the model, shared between specs, is left as it was."""
+        if self.draft is not None and speculative:
+            from engine.speculative import speculative_generate
 
-                return speculative_generate(self.model, self.draft, requests, self.spec_params)
-            chunk = self.schedule.get("prefill_chunk") if prefill_chunk == "schedule" else prefill_chunk
-            return generate(self.model, requests, capture=self.capture or (),
-                            max_batch=self.schedule.get("max_batch") or 8, prefill_chunk=chunk)
-        finally:
-            self.model.trace = None                         # models are shared between specs
+            return speculative_generate(self.model, self.draft, requests, self.spec_params, observer=trace)
+        chunk = self.schedule.get("prefill_chunk") if prefill_chunk == "schedule" else prefill_chunk
+        return generate(self.model, requests, capture=self.capture or (),
+                        max_batch=self.schedule.get("max_batch") or 8, prefill_chunk=chunk, observer=trace)
 
     def at_topology(self, spec, requests, tp: int, ep: int, trace=None):
         """The same run with the target split tp × ep over local processes (rank 0's results)."""
@@ -343,7 +338,7 @@ def run(spec, ctx) -> Result:
         tensors[f"logprobs_{i}"] = r.logprobs
         if getattr(r, "captured", None) is not None:
             tensors[f"captured_{i}"] = r.captured
-        if hasattr(r, "accept_lengths"):
+        if getattr(r, "accept_lengths", None) is not None:      # speculative runs only
             tensors[f"accept_lengths_{i}"] = torch.tensor(r.accept_lengths, dtype=torch.int64)
     if runner.draft is not None:
         data["mean_accept_length"] = [r.mean_accept_length for r in results]

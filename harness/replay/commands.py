@@ -119,9 +119,7 @@ def _checkpoint_ref(text: str) -> dict:
 
 
 def _requests(args):
-    from engine.generate import Request
-    from engine.sampling import SamplingParams
-    from harness.replay.run import params_of
+    from engine.request import Request, SamplingParams
 
     if args.requests is not None:
         out = []
@@ -134,7 +132,7 @@ def _requests(args):
                 continue
             try:
                 d = json.loads(line)
-                out.append(Request(prompt=d["prompt"], params=params_of(d.get("sampling", {})), seed=d.get("seed")))
+                out.append(Request.from_dict(d))
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{args.requests}:{n}: {type(e).__name__}: {e}") from None
         if not out:

@@ -9,8 +9,9 @@ outcome) and, while it asks for rows, the model hands it every op's output. Step
     step sampled from (digest, top-1/top-2 margin, chosen logprob) and the routed expert ids of
     that row in every layer: small values, so a whole run can be observed.
 
-It is passed where a Trace goes (model.trace, or generate_at's / speculative_generate_at's
-`trace=`: each rank observes a copy and rank 0's comes back through `merge`).
+It is passed where a Trace goes (the `observer=` of generate / speculative_generate, or
+generate_at's / speculative_generate_at's `trace=`: each rank observes a copy and rank 0's comes
+back through `merge`).
 Step numbering is engine.trace's: plain generation's step k samples token k (0 = the prefill);
 speculative decoding's step r is verify round r.
 """

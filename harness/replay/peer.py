@@ -30,8 +30,7 @@ from pathlib import Path
 from harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits
 from harness.replay.identity import checkpoint_identity, platform_identity
 from harness.replay.run import Setup, checkpoint_folder, forced_requests, run
-from engine.generate import Request
-from engine.sampling import SamplingParams
+from engine.request import Request, SamplingParams
 
 FORMATS = ("vllm", "sglang", "rollouts", "hf")
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.generate import Request
+from engine.request import Request
 from harness.replay.format import TRACE_VERSION, FORMAT, Trace, TraceError, f32_bits
 from harness.replay.identity import checkpoint_identity, platform_identity
 from harness.replay.observe import StepLog
-from harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run, sampling_dict
+from harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
 
 RNG_LOCKSTEP = "lockstep-coins-1"      # DESIGN §5: murmur3(seed, pos, column) Gumbel-max and verify coins
 RNG_GREEDY = "none (greedy)"
@@ -63,7 +63,7 @@ def manifest(setup: Setup, n_requests: int, source: str) -> dict:
 def build_trace(setup: Setup, requests, results, log: StepLog, flog: StepLog, source: str) -> Trace:
     reqs, steps, rounds = [], [], []
     for i, (req, res) in enumerate(zip(requests, results)):
-        reqs.append({"index": i, "prompt": list(req.prompt), "sampling": sampling_dict(req.params), "seed": req.seed,
+        reqs.append({"index": i, **req.to_dict(),
                      "rng": RNG_GREEDY if req.params.is_greedy else RNG_LOCKSTEP,
                      "eagle3": None if setup.speculative is None else {"draft": setup.draft, **setup.speculative},
                      "finish_reason": res.finish_reason, "tokens": len(res.tokens)})

@@ -34,11 +34,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.generate import Request
+from engine.request import Request
 from harness.replay.format import Trace, TraceError, f32_bits, f32_from_bits
 from harness.replay.identity import check_checkpoint, check_platform, platform_identity
 from harness.replay.observe import StepLog
-from harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, params_of, run
+from harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
 
 MODES = ("free-run", "teacher-forced")
 OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order", "forced_shape")
@@ -128,7 +128,7 @@ def recorded_setup(trace: Trace) -> Setup:
 
 def requests_of(trace: Trace) -> list[Request]:
     try:
-        return [Request(prompt=r["prompt"], params=params_of(r["sampling"]), seed=r["seed"]) for r in trace.requests]
+        return [Request.from_dict(r) for r in trace.requests]
     except (KeyError, TypeError, ValueError) as e:
         raise TraceError(f"a request record is unusable: {e}") from None
 

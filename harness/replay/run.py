@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine.generate import Request
-from engine.sampling import SamplingParams
+from engine.generate import observing
+from engine.request import Request, Result, SamplingParams
 from engine.sampling import chosen_logprobs as engine_chosen_logprobs
 from harness.replay.observe import StepLog
 
@@ -44,19 +44,6 @@ class Setup:
         return {**d, "topology": [self.tp, self.ep], "graphs": False}
 
 
-def params_of(sampling: dict) -> SamplingParams:
-    s = dict(sampling)
-    if s.get("stop_token_ids") is not None:
-        s["stop_token_ids"] = tuple(s["stop_token_ids"])
-    return SamplingParams(**s)
-
-
-def sampling_dict(p: SamplingParams) -> dict:
-    d = asdict(p)
-    d["stop_token_ids"] = None if p.stop_token_ids is None else list(p.stop_token_ids)
-    return d
-
-
 def checkpoint_folder(setup: Setup) -> Path:
     """The target's folder: a spec form, or an absolute path given on the command line."""
     from harness.checkpoints import target_dir
@@ -81,7 +68,7 @@ def draft_folder(setup: Setup) -> Path:
 
 def run(setup: Setup, requests: list[Request], log: StepLog | None = None, forced: list[list[int]] | None = None,
         engine_trace=None):
-    """-> results in request order (engine Result / SpecResult). `forced`: teacher-force plain
+    """-> results in request order (engine.request.Result). `forced`: teacher-force plain
     generation with these tokens (the speculative settings are then ignored). `setup.order`
     runs the batch in another composition; results and the log come back in request order.
     `engine_trace`: an engine.trace.Trace to attach as it is (its request index is the one in
@@ -123,16 +110,11 @@ def _one_device(setup: Setup, reqs, log, forced, speculative: bool):
     from harness.checkpoints import draft_for
 
     model = target_model(setup)
-    before = model.trace
-    model.trace = log
-    try:
-        if speculative:
-            from engine.speculative import SpecParams, speculative_generate
-            draft = draft_for(setup.draft, setup.checkpoint, model, ROOT)
-            return speculative_generate(model, draft, reqs, SpecParams(**setup.speculative))
-        return generate(model, reqs, **_generate_kwargs(setup, forced))
-    finally:
-        model.trace = before
+    if speculative:
+        from engine.speculative import SpecParams, speculative_generate
+        draft = draft_for(setup.draft, setup.checkpoint, model, ROOT)
+        return speculative_generate(model, draft, reqs, SpecParams(**setup.speculative), observer=log)
+    return generate(model, reqs, observer=log, **_generate_kwargs(setup, forced))
 
 
 def _topology(setup: Setup, reqs, log, forced, speculative: bool):
@@ -155,25 +137,15 @@ def forced_requests(requests: list[Request], tokens: list[list[int]]) -> list[Re
                     seed=None) for r, t in zip(requests, tokens)]
 
 
-@dataclass
-class ForcedResult:
-    tokens: list[int]
-    logprobs: object                 # [len(tokens)] float32, as engine.generate's Result
-    finish_reason: str = "length"
-
-
 def teacher_force_prefill(model, reqs: list[Request], forced: list[list[int]], chunk: int, group: int,
-                          trace=None) -> list[ForcedResult]:
+                          trace=None) -> list[Result]:
     """Teacher forcing shaped as a prefill: each request's prompt and recorded tokens go through the
     model's forward in chunks of `chunk` positions (`group` requests per forward), and token k's
     logprob is read from the logits of position prompt + k - 1. D3 makes these the bits of the
     decode steps; the tests hold it. `trace` (a StepLog or engine Trace) is told each row's
     request and step as engine.generate tells it."""
-    before, model.trace = model.trace, trace
-    try:
+    with observing(model, trace):
         return _prefill_shaped(model, reqs, forced, chunk, group, trace)
-    finally:
-        model.trace = before
 
 
 def _prefill_shaped(model, reqs, forced, chunk: int, group: int, trace):
@@ -208,7 +180,7 @@ def _prefill_shaped(model, reqs, forced, chunk: int, group: int, trace):
             chosen = chosen_logprobs(res.logits, torch.tensor([forced[i][k] for i, k in wanted], device=dev))
             for (i, k), x in zip(wanted, chosen.tolist()):       # float32 values, exact as Python floats
                 out[i][k] = x
-    return [ForcedResult(list(t), torch.tensor(lp, dtype=torch.float32)) for t, lp in zip(forced, out)]
+    return [Result(list(t), torch.tensor(lp, dtype=torch.float32), "length") for t, lp in zip(forced, out)]
 
 
 ROWS_AT_ONCE = 1024        # logits rows per log_softmax: bounds its float64 temporaries (~1.6 GB at V = 201k)

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import math
 
-from engine.generate import Request
+from engine.request import Request
 from harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits
 from harness.replay.identity import checkpoint_identity, platform_identity
 from harness.replay.record import RNG_GREEDY
-from harness.replay.run import Setup, checkpoint_folder, sampling_dict
+from harness.replay.run import Setup, checkpoint_folder
 
 
 def load(name: str):
@@ -77,19 +77,10 @@ def rng_of(target, request: Request) -> str:
                                        "stateful (generator)")
 
 
-def _gen_request(r: Request):
-    from harness.targets.base import GenRequest
-
-    p = r.params
-    return GenRequest(prompt=list(r.prompt), seed=r.seed, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                      min_p=p.min_p, max_new_tokens=p.max_new_tokens, greedy=p.is_greedy,
-                      stop_token_ids=None if p.stop_token_ids is None else tuple(p.stop_token_ids))
-
-
 def generation(target, requests: list[Request], setup: Setup):
-    """(call(checkpoint_dir, [GenRequest]) -> [GenOutput], the operation's name), or a TraceError
+    """(call(checkpoint_dir, [Request]) -> [Result], the operation's name), or a TraceError
     naming what the target lacks for these requests here."""
-    from harness.targets.base import GenOutput, NotApplicable
+    from harness.targets.base import NotApplicable, Result
 
     sampled = any(not r.params.is_greedy for r in requests)
     chunked = setup.prefill_chunk is not None
@@ -109,7 +100,7 @@ def generation(target, requests: list[Request], setup: Setup):
             greedy = target.op("greedy_generate", setup.device)
         except NotApplicable as e:
             raise TraceError(f"{why}: {_line(e)}") from None
-        return (lambda ckpt, reqs: [GenOutput(*greedy(ckpt, r.prompt, r.max_new_tokens, r.stop_token_ids))
+        return (lambda ckpt, reqs: [Result(*greedy(ckpt, r.prompt, r.params.max_new_tokens, r.params.stop_token_ids))
                                     for r in reqs]), "greedy_generate"
     if "greedy_generate" in target.ops:
         what = "seeded sampling" if sampled else "chunked prefill (--prefill-chunk)"
@@ -135,7 +126,7 @@ def record_target(name: str, setup: Setup, requests: list[Request]) -> Trace:
     rngs = [rng_of(target, r) for r in requests]
     folder = checkpoint_folder(setup)
     try:
-        outputs = call(folder, [_gen_request(r) for r in requests])
+        outputs = call(folder, list(requests))
     except Exception as e:  # noqa: BLE001 - the target's code crashed: one located line
         raise TraceError(f"target {target.label}: {op} crashed: {_line(located(e))}") from None
     outputs = _checked(target, outputs, requests, _vocab(folder))
@@ -150,7 +141,7 @@ def record_target(name: str, setup: Setup, requests: list[Request]) -> Trace:
          "draft": None, "speculative": None, "requests": len(requests)}
     reqs, steps = [], []
     for i, (r, (tokens, logprobs, reason), rng) in enumerate(zip(requests, outputs, rngs)):
-        reqs.append({"index": i, "prompt": list(r.prompt), "sampling": sampling_dict(r.params), "seed": r.seed,
+        reqs.append({"index": i, **r.to_dict(),
                      "rng": rng, "eagle3": None, "finish_reason": reason, "tokens": len(tokens)})
         steps.append([{"request": i, "step": k, "token": t, "logprob": lp if math.isfinite(lp) else None,
                        "logprob_bits": f32_bits(lp),

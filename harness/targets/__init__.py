@@ -13,7 +13,7 @@ import importlib
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from harness.targets.base import (GenOutput, GenRequest, NotApplicable, Op, Refused, Target,  # noqa: F401
+from harness.targets.base import (NotApplicable, Op, Refused, Request, Result, Target,  # noqa: F401
                                   UpstreamChanged)
 
 GROUP = "lockstep.targets"

@@ -16,17 +16,17 @@ operations, with the default target `harness/targets/lockstep.py` implementing e
     greedy_generate(checkpoint_dir, prompt, max_new_tokens, stop_ids)
               -> (tokens, logprobs [n] f32, finish_reason "stop" | "length")
               the minimal decode loop; a target with `generate` needs no `greedy_generate`
-    generate(checkpoint_dir, requests: list[GenRequest], *, capture=(), prefill_chunk=None, max_batch=8)
-              -> list[GenOutput]: the whole decode loop, a batch at once. Op.features says what
+    generate(checkpoint_dir, requests: list[Request], *, capture=(), prefill_chunk=None, max_batch=8)
+              -> list[Result]: the whole decode loop, a batch at once. Op.features says what
               it offers beyond greedy batch-of-one generation:
                 "sampling"       seeded sampling under the coin contract (DESIGN §5: the request's
                                  seed, Gumbel-max over vocab ids at the input token's position)
                 "batch"          several requests in one call (else each request is its own call,
                                  and specs that demand batch invariance are n/a)
-                "capture"        captured boundary states per position (GenOutput.captured)
+                "capture"        captured boundary states per position (Result.captured)
                 "prefill_chunk"  chunked prefill of the given chunk size (D3 specs)
     speculative_generate(checkpoint_dir, draft_dir, convention, requests, speculative: dict)
-              -> list[GenOutput] with accept_lengths (accepted drafts + 1 per verify round).
+              -> list[Result] with accept_lengths (accepted drafts + 1 per verify round).
               `speculative`: num_steps, topk, draft_token_num, verify, threshold_single,
               threshold_acc (as a generate spec's `speculative`). Op.features: the verify modes
               it implements ("greedy", "target-only", "rejection") and "tree" when topk > 1 works;
@@ -39,7 +39,7 @@ operations, with the default target `harness/targets/lockstep.py` implementing e
               top_draft_ids [R, k], top_target_ids [R, k]. Its draft proposals: the top-k.
     prefix_cache(checkpoint_dir, block) -> a fresh, empty prefix cache of the target's engine on that
               checkpoint (the optional prefix-cache capability), an object with
-                generate(requests: list[GenRequest], prefill_chunk=None) -> list[GenOutput]
+                generate(requests: list[Request], prefill_chunk=None) -> list[Result]
                                  generation through this cache (a lookup before each prefill
                                  reuses cached prompt KV, the prompt's KV is stored after it)
                 hits, hit_tokens lookups that reused at least one position, positions reused
@@ -58,6 +58,10 @@ operations, with the default target `harness/targets/lockstep.py` implementing e
               scale) -> [T, Hq, D]       query t sees keys max(0, pos - window + 1) … pos
     rmsnorm(x [M, N], weight [N], eps) -> [M, N]
     sampling(logp [R, V] f64, seeds [R], positions [R]) -> [R] int64   seeded Gumbel-max
+
+Requests and results are the engine's own types (engine.request): a `Request` is a prompt, its
+`SamplingParams` (`params`) and a seed; a `Result` is tokens, logprobs [n] f32, finish_reason,
+and, where the operation gives them, `captured` and `accept_lengths`.
 
 `Target.rng` names the RNG model of the target's seeded sampling (`generate` with seeded requests),
 as `lockstep record --target` writes it into a trace: "lockstep-coins-1" (DESIGN §5's coin
@@ -86,6 +90,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine.request import Request, Result  # noqa: F401  (the request and result of every generation operation)
+
 CPU, INTERPRETER, CUDA = "cpu", "cpu-interpreter", "cuda"
 RNG_COINS = "lockstep-coins-1"
 RNG_MODELS = {RNG_COINS: "DESIGN §5's coin contract (murmur3(seed, position, column) Gumbel-max)",
@@ -103,29 +109,6 @@ class UpstreamChanged(RuntimeError):
 
 class Refused(Exception):
     """An implementation's clean refusal of bad input (see "Refusals" above)."""
-
-
-@dataclass
-class GenRequest:
-    """One request of `generate` / `speculative_generate`. seed None: greedy (then `greedy` is True)."""
-    prompt: list[int]
-    seed: int | None = None
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    max_new_tokens: int = 16
-    greedy: bool = False
-    stop_token_ids: tuple[int, ...] | None = None     # None: the model's EOS list
-
-
-@dataclass
-class GenOutput:
-    tokens: list[int]
-    logprobs: object                       # [len(tokens)] float32 tensor: log_softmax of the raw logits
-    finish_reason: str                     # "stop" | "length"
-    captured: object = None                # [T_prompt + len(tokens) - 1, count * H] f32, with capture
-    accept_lengths: list[int] | None = None   # speculative: per verify round
 
 
 @dataclass

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from harness.targets.base import CPU, CUDA, INTERPRETER, RNG_COINS, GenOutput, Op, Target
+from harness.targets.base import CPU, CUDA, INTERPRETER, RNG_COINS, Op, Target
 
 
 def _hash(seed, pos, col):
@@ -54,8 +54,8 @@ def _capture(checkpoint, prompt, boundaries):
 
 
 def _greedy_generate(checkpoint, prompt, max_new_tokens, stop_ids):
-    from engine.generate import Request, generate
-    from engine.sampling import SamplingParams
+    from engine.generate import generate
+    from engine.request import Request, SamplingParams
 
     params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens,
                             stop_token_ids=tuple(stop_ids) if stop_ids is not None else None)
@@ -63,22 +63,11 @@ def _greedy_generate(checkpoint, prompt, max_new_tokens, stop_ids):
     return r.tokens, r.logprobs, r.finish_reason
 
 
-def _engine_requests(requests):
-    from engine.generate import Request
-    from engine.sampling import SamplingParams
-
-    return [Request(prompt=list(r.prompt), seed=r.seed, params=SamplingParams(
-        temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, max_new_tokens=r.max_new_tokens,
-        greedy=r.greedy, stop_token_ids=tuple(r.stop_token_ids) if r.stop_token_ids is not None else None))
-        for r in requests]
-
-
 def _generate(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8):
     from engine.generate import generate
 
-    results = generate(_model(str(checkpoint)), _engine_requests(requests), capture=tuple(capture),
-                       max_batch=max_batch, prefill_chunk=prefill_chunk)
-    return [GenOutput(r.tokens, r.logprobs, r.finish_reason, captured=r.captured) for r in results]
+    return generate(_model(str(checkpoint)), list(requests), capture=tuple(capture), max_batch=max_batch,
+                    prefill_chunk=prefill_chunk)
 
 
 @functools.lru_cache(maxsize=4)
@@ -90,9 +79,8 @@ def _draft(checkpoint, draft_dir, convention):
 def _speculative_generate(checkpoint, draft_dir, convention, requests, speculative):
     from engine.speculative import SpecParams, speculative_generate
 
-    results = speculative_generate(_model(str(checkpoint)), _draft(str(checkpoint), str(draft_dir), convention),
-                                   _engine_requests(requests), SpecParams(**speculative))
-    return [GenOutput(r.tokens, r.logprobs, r.finish_reason, accept_lengths=list(r.accept_lengths)) for r in results]
+    return speculative_generate(_model(str(checkpoint)), _draft(str(checkpoint), str(draft_dir), convention),
+                                list(requests), SpecParams(**speculative))
 
 
 class _PrefixSession:
@@ -104,8 +92,7 @@ class _PrefixSession:
 
     def generate(self, requests, prefill_chunk=None):
         from engine.generate import generate
-        results = generate(self.model, _engine_requests(requests), prefix_cache=self.cache, prefill_chunk=prefill_chunk)
-        return [GenOutput(r.tokens, r.logprobs, r.finish_reason) for r in results]
+        return generate(self.model, list(requests), prefix_cache=self.cache, prefill_chunk=prefill_chunk)
 
     @property
     def hits(self):

@@ -31,7 +31,8 @@ from harness.golden import CorruptGolden, GoldenStore, json_roundtrip
 from harness.intseq import materialize
 from harness.result import Result, RunContext
 from harness.specfile import Spec
-from harness.targets.base import GenOutput, GenRequest, NotApplicable, Refused, Target, UpstreamChanged
+from harness.targets.base import NotApplicable, Refused, Target, UpstreamChanged
+from engine.request import Request, Result as Generation
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 BITWISE, TOLERANCE, CHI_SQUARE = "bitwise", "tolerance", "chi-square"
@@ -244,20 +245,14 @@ def _kernel(spec, ctx, t: Target):
 
 
 # --------------------------------------------------------------------------- generate
-def _gen_requests(spec) -> list[GenRequest]:
-    from harness.kinds.generate import _params
+def _gen_requests(spec) -> list[Request]:
+    from harness.kinds.generate import _requests
 
-    out = []
-    for r in spec.inputs["requests"]:
-        p = _params(r["sampling"])
-        out.append(GenRequest(prompt=materialize(r["prompt"]).tolist(), seed=r["seed"], temperature=p.temperature,
-                              top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, max_new_tokens=p.max_new_tokens,
-                              greedy=p.is_greedy, stop_token_ids=p.stop_token_ids))
-    return out
+    return _requests(spec)
 
 
 def _plain_call(spec, t: Target, device: str, sampled: bool):
-    """call(requests, prefill_chunk) -> [GenOutput] through `generate`, or `greedy_generate` for
+    """call(requests, prefill_chunk) -> [Generation] through `generate`, or `greedy_generate` for
     what the minimal loop can run (greedy, no capture, no chunking); NotApplicable otherwise."""
     inp, exp = spec.inputs, spec.expect
     chunked = (inp["schedule"] or {}).get("prefill_chunk") is not None or bool(exp.get("prefill_chunks"))
@@ -268,7 +263,8 @@ def _plain_call(spec, t: Target, device: str, sampled: bool):
         greedy = t.op("greedy_generate", device)
 
         def call(requests, ckpt, prefill_chunk=None):
-            return [GenOutput(*greedy(ckpt, r.prompt, r.max_new_tokens, r.stop_token_ids)) for r in requests]
+            return [Generation(*greedy(ckpt, r.prompt, r.params.max_new_tokens, r.params.stop_token_ids))
+                    for r in requests]
         return call
     op = t.ops.get("generate")
     gen = t.op("generate", device, needs)
@@ -309,14 +305,14 @@ def _generate_plan(spec, t: Target, device: str):
     if inp.get("topologies"):
         raise NotApplicable(f"{t.name}: generate specs with 'topologies' split Lockstep's own engine over "
                             f"torch.distributed; a topology is not an operation of a target")
-    sampled = any(not r.greedy for r in _gen_requests(spec))
+    sampled = any(not r.params.is_greedy for r in _gen_requests(spec))
     if inp["draft"] is not None:
         plain = _plain_call(spec, t, device, sampled) if exp.get("equals_plain") else None
         return _speculative_call(spec, t, device, sampled), plain
     return _plain_call(spec, t, device, sampled), None
 
 
-def _bits(o: GenOutput) -> tuple:
+def _bits(o: Generation) -> tuple:
     """What must be bit-identical between two runs of one implementation (as in the generate kind)."""
     def raw(x):
         return None if x is None else x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
@@ -460,10 +456,7 @@ def _distribution(spec, ctx, t: Target):
     root = project_root(spec)
     params, sp, K = D._sampling_params(inp), D._spec_params(inp), inp["tokens"]
     prompt = materialize(inp["prompt"]).tolist()
-    requests = [GenRequest(prompt=prompt, seed=s, temperature=params.temperature, top_k=params.top_k,
-                           top_p=params.top_p, min_p=params.min_p, max_new_tokens=params.max_new_tokens,
-                           greedy=params.greedy, stop_token_ids=params.stop_token_ids)
-                for s in materialize(inp["seeds"]).tolist()]
+    requests = [Request(prompt, params, seed=s) for s in materialize(inp["seeds"]).tolist()]
     results = op(target_dir(inp["checkpoint"], root), draft_dir(inp["draft"], inp["checkpoint"], root),
                  inp["draft"]["convention"], requests, dataclasses.asdict(sp))
     model = model_for(inp["checkpoint"], "torch", root, "cpu", "fp32")
@@ -507,9 +500,7 @@ def _prefix_cache(spec, ctx, t: Target):
     cold_reuse = []
 
     def run(cache, prompt):
-        req = GenRequest(prompt=list(prompt), seed=inp["seed"], temperature=p.temperature, top_k=p.top_k,
-                         top_p=p.top_p, min_p=p.min_p, max_new_tokens=p.max_new_tokens, greedy=p.is_greedy,
-                         stop_token_ids=p.stop_token_ids)
+        req = Request(list(prompt), p, seed=inp["seed"])
         out = list(cache.generate([req], **kw))
         if len(out) != 1:
             raise ValueError(f"{t.name}'s prefix cache returned {len(out)} results for 1 request")

@@ -30,25 +30,24 @@ def bits(results) -> list:
              getattr(r, "accept_lengths", None)) for r in results]
 
 
-def traced(model, run, request, step):
-    model.trace = Trace(request, step)
-    try:
-        return run(), model.trace
-    finally:
-        model.trace = None
+def traced(run, request, step):
+    """run(observer) with a Trace of (request, step) passed in as the observer."""
+    trace = Trace(request, step)
+    return run(trace), trace
 
 
 def test_a_traced_generation_gives_the_untraced_bits(tiny_model):
-    run = lambda: generate(tiny_model, requests(), capture=[0, 2], max_batch=2, prefill_chunk=7)  # noqa: E731
+    run = lambda observer=None: generate(tiny_model, requests(), capture=[0, 2], max_batch=2,  # noqa: E731
+                                         prefill_chunk=7, observer=observer)
     plain = run()
     for request, step in ((0, 0), (1, 2)):
-        results, trace = traced(tiny_model, run, request, step)
+        results, trace = traced(run, request, step)
         assert bits(results) == bits(plain), (request, step)
 
 
 def test_a_trace_keeps_its_request_and_step_op_by_op(tiny_model):
     cfg = tiny_model.config
-    results, trace = traced(tiny_model, lambda: generate(tiny_model, requests(), prefill_chunk=7), 1, 2)
+    results, trace = traced(lambda o: generate(tiny_model, requests(), prefill_chunk=7, observer=o), 1, 2)
     prompt = len(requests()[1].prompt)
     assert trace.positions == [prompt + 1]                      # decode step 2 reads token 1
     names = list(trace.ops)
@@ -72,7 +71,7 @@ def test_a_trace_keeps_its_request_and_step_op_by_op(tiny_model):
 
 
 def test_the_prefill_is_step_0_over_every_chunk(tiny_model):
-    _, trace = traced(tiny_model, lambda: generate(tiny_model, requests(), prefill_chunk=7), 0, 0)
+    _, trace = traced(lambda o: generate(tiny_model, requests(), prefill_chunk=7, observer=o), 0, 0)
     assert trace.positions == list(range(30))                   # five chunks, in position order
     assert trace.ops["boundary.1"].shape[0] == 30
     assert trace.row_positions["lm_head"] == [29]               # logits of the last prompt row only
@@ -104,9 +103,9 @@ def test_a_traced_speculative_run_gives_the_untraced_bits_and_records_the_round(
             Request([287, 360, 200, 489, 460, 215, 373, 180], SamplingParams(temperature=0.2, max_new_tokens=8),
                     seed=14)]
     spec = SpecParams(num_steps=3, topk=2, draft_token_num=6, verify="target-only")
-    run = lambda: speculative_generate(target, draft, reqs, spec)  # noqa: E731
+    run = lambda observer=None: speculative_generate(target, draft, reqs, spec, observer=observer)  # noqa: E731
     plain = run()
-    results, trace = traced(target, run, 0, 1)
+    results, trace = traced(run, 0, 1)
     assert bits(results) == bits(plain)
     assert list(trace.ops)[:2] == ["draft.tokens", "draft.parents"]
     tree = trace.ops["draft.tokens"].tolist()

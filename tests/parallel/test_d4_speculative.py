@@ -101,12 +101,11 @@ def test_the_harness_compares_accept_lengths_of_speculative_runs():
     """A topology run of a speculative spec must also give the same accept lengths; the
     speculative-vs-plain comparison (plain generate has none) stays on tokens and logprobs."""
     import torch
-    from engine.generate import Result
-    from engine.speculative import SpecResult
+    from engine.request import Result
     from harness.kinds.generate import _bytes, _same
     lp = torch.tensor([-0.5, -1.25], dtype=torch.float32)
-    a = SpecResult([4, 5], lp, "length", accept_lengths=[2])
-    b = SpecResult([4, 5], lp.clone(), "length", accept_lengths=[1, 1])
+    a = Result([4, 5], lp, "length", accept_lengths=[2])
+    b = Result([4, 5], lp.clone(), "length", accept_lengths=[1, 1])
     plain = Result([4, 5], lp.clone(), "length", None)
     assert not _same(_bytes(b), _bytes(a))
     assert _same(_bytes(plain), _bytes(a)) and _same(_bytes(a), _bytes(a))

@@ -20,16 +20,15 @@ def one_device(ckpt: str) -> dict:
     out = {}
     model = GptOssModel.from_checkpoint(ckpt)
     for r, s in GENERATE_AT:
-        model.trace = Trace(r, s)
-        generate(model, scenarios.requests(), capture=scenarios.CAPTURE)
-        out["generate", r, s] = model.trace
+        out["generate", r, s] = trace = Trace(r, s)
+        generate(model, scenarios.requests(), capture=scenarios.CAPTURE, observer=trace)
     pair = speculative_scenarios.fitted_pair()
     target = GptOssModel.from_checkpoint(pair.target)
     draft = load_draft(pair.draft, target, convention=pair.convention)
     for r, s in SPECULATIVE_AT:
-        target.trace = Trace(r, s)
-        speculative_generate(target, draft, speculative_scenarios.requests(), speculative_scenarios.SPECS["tree"])
-        out["speculative", r, s] = target.trace
+        out["speculative", r, s] = trace = Trace(r, s)
+        speculative_generate(target, draft, speculative_scenarios.requests(), speculative_scenarios.SPECS["tree"],
+                             observer=trace)
     return out
 
 
@@ -46,9 +45,8 @@ def run(ckpt: str, topologies: list[tuple[int, int]]) -> dict:
         ctx = ParallelContext(Topology(tp, ep))
         model = parallel.shard(GptOssModel(config, weights), ctx)
         for r, s in GENERATE_AT:
-            model.trace = Trace(r, s)
-            generate(model, scenarios.requests(), capture=scenarios.CAPTURE)
-            out[tp, ep, "generate", r, s] = model.trace
+            out[tp, ep, "generate", r, s] = trace = Trace(r, s)
+            generate(model, scenarios.requests(), capture=scenarios.CAPTURE, observer=trace)
         for r, s in SPECULATIVE_AT:
             _, trace = parallel._speculative_rank(ctx, pair.target, speculative_scenarios.requests(), pair.draft,
                                                   pair.convention, speculative_scenarios.SPECS["tree"],

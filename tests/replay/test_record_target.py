@@ -20,7 +20,7 @@ CKPT = "models/tiny-target"
 # claim of the coin contract, no generation at all, a factory that crashes).
 ADAPTER = '''
 import torch
-from harness.targets import GenOutput, Op, Target
+from harness.targets import Op, Result, Target
 from harness.targets.lockstep import _generate
 
 def _shifted(checkpoint, requests, **kw):
@@ -34,7 +34,7 @@ def _crash(checkpoint, requests, **kw):
     raise RuntimeError("the toy engine fell over")
 
 def _outside(checkpoint, requests, **kw):
-    return [GenOutput([1, 99999], torch.tensor([-1.0, -2.0]), "length") for _ in requests]
+    return [Result([1, 99999], torch.tensor([-1.0, -2.0]), "length") for _ in requests]
 
 def _op(fn):
     return Op(fn, features=frozenset({"sampling", "batch", "prefill_chunk"}))

@@ -189,11 +189,11 @@ def test_a_speculative_sampler_that_ignores_its_seeds_fails_the_distribution_spe
     checkpoint (and the acceptance bounds) turns red; the default target applies."""
     import torch
 
-    from harness.targets import GenOutput
+    from harness.targets import Result
     from harness.targets.runners import CHI_SQUARE, applicability
 
     def same_for_every_seed(checkpoint, draft, convention, requests, speculative):
-        return [GenOutput([1, 2, 3], torch.zeros(3), "length", accept_lengths=[1, 1, 1]) for _ in requests]
+        return [Result([1, 2, 3], torch.zeros(3), "length", accept_lengths=[1, 1, 1]) for _ in requests]
     t = Target("toy", "1", ops={"speculative_generate": Op(same_for_every_seed, features=frozenset(
         {"sampling", "batch", "rejection", "target-only", "tree"}))})
     o = run(t, "speculative/rejection-distribution")

@@ -11,7 +11,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import myengine
-from harness.targets import GenOutput, Op, Target
+from harness.targets import Op, Result, Target
 from harness.targets.base import CPU, CUDA
 
 
@@ -21,20 +21,22 @@ def _model(checkpoint: str):
 
 
 def _requests(requests) -> list:
-    return [myengine.SamplingRequest(prompt=r.prompt, seed=r.seed, temperature=r.temperature, top_k=r.top_k,
-                                     top_p=r.top_p, min_p=r.min_p, max_new_tokens=r.max_new_tokens, greedy=r.greedy,
-                                     stop_token_ids=r.stop_token_ids) for r in requests]
+    """Lockstep's requests (engine.request.Request) as myengine's own."""
+    return [myengine.SamplingRequest(prompt=r.prompt, seed=r.seed, temperature=r.params.temperature,
+                                     top_k=r.params.top_k, top_p=r.params.top_p, min_p=r.params.min_p,
+                                     max_new_tokens=r.params.max_new_tokens, greedy=r.params.is_greedy,
+                                     stop_token_ids=r.params.stop_token_ids) for r in requests]
 
 
 def generate(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8):
     results = myengine.generate(_model(str(checkpoint)), _requests(requests))
-    return [GenOutput(r.tokens, r.logprobs, r.finish_reason) for r in results]
+    return [Result(r.tokens, r.logprobs, r.finish_reason) for r in results]
 
 
 def speculative_generate(checkpoint, draft_dir, convention, requests, speculative):
     results = myengine.speculative(_model(str(checkpoint)), str(draft_dir), convention, _requests(requests),
                                    **speculative)
-    return [GenOutput(r.tokens, r.logprobs, r.finish_reason, accept_lengths=list(r.accept_lengths)) for r in results]
+    return [Result(r.tokens, r.logprobs, r.finish_reason, accept_lengths=list(r.accept_lengths)) for r in results]
 
 
 def eagle3_layers(draft_config, convention, num_layers, fc_in, hidden, name, direct_ids=False):
