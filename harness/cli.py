@@ -392,9 +392,11 @@ def cmd_check(args, explain: bool = False) -> int:
     _golden_exists(args)
     ctx = _context(args)
     runner.self_check()  # a comparator or loader that calls -0.0 == 0.0 would pass everything: refuse first
-    if args.target != "lockstep":             # another implementation: harness/targets
-        from harness.targets.check import cmd_check_target
-        return cmd_check_target(args, specs, errors, ctx, explain, Progress(len(specs), lines=args.json))
+    from harness.targets.check import check_against_expectations, target_for
+    target = target_for(args.target)          # lockstep: its engine, judged against the goldens below
+    if not target.engine:                     # another implementation: against its expectations
+        return check_against_expectations(target, args, specs, errors, ctx, explain,
+                                          Progress(len(specs), lines=args.json))
     start = time.perf_counter()
     rows = _plan(args, specs, ctx)
     table = StatusTable([s.id for s, _, _ in rows], [folder for _, _, folder in rows])

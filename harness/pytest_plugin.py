@@ -306,7 +306,7 @@ class SpecItem(pytest.Item):
 
     def _run_on_target(self, store):
         from harness.targets.check import verdict
-        from harness.targets.runners import FAIL, NA, run_on_target
+        from harness.targets.judge import FAIL, NA, run_on_target
 
         target, expected = self.config.stash[_TARGET]
         out = run_on_target(self.spec, self._context(), target, store)

@@ -24,6 +24,7 @@ from harness.platform import bit_dependencies, dependency_report, device_name, l
 from harness.result import Result, RunContext
 from harness.selfcheck import SelfCheckFailed, verify  # noqa: F401 - SelfCheckFailed is re-exported
 from harness.specfile import Spec
+from harness.targets.lockstep import engine
 
 # Outcome statuses, and the exit code each one earns `lockstep check` (DESIGN of the CLI).
 # STALE: the bits match, but the golden was recorded for another version of the spec (--strict).
@@ -114,7 +115,8 @@ def self_check() -> None:
 
 
 def run_spec(spec: Spec, ctx: RunContext) -> Result:
-    result = kinds.KINDS[spec.kind].run(spec, ctx)
+    """The spec's kind run on Lockstep's engine, the default target (harness/targets/lockstep.py)."""
+    result = kinds.KINDS[spec.kind].run(spec, ctx, engine())
     result.tensors = {name: standard(t) for name, t in result.tensors.items()}  # what a golden stores
     result.data = json_roundtrip(result.data)  # compare exactly what a manifest stores
     return result

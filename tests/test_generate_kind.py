@@ -7,6 +7,7 @@ from harness.kinds import generate as kind
 from harness.platform import detect
 from harness.result import RunContext
 from harness.specfile import SpecErrors, parse_spec
+from harness.targets.lockstep import engine
 
 SPEC = """\
 kind: generate
@@ -36,7 +37,7 @@ def test_invalid_sampling_is_located_with_the_engine_message():
 
 def test_checks_pass_on_the_engine():
     spec = parse_spec(SPEC, "f.yaml", "g/x")
-    result = kind.run(spec, RunContext(detect("cpu")))
+    result = kind.run(spec, RunContext(detect("cpu")), engine())
     assert kind.check(spec, result) == []
     assert sorted(result.tensors) == ["logprobs_0", "logprobs_1", "tokens_0", "tokens_1"]
 
@@ -52,7 +53,7 @@ def test_a_batch_variant_linear_fails_the_d2_and_d3_checks(monkeypatch):
     real = engine.ops.TORCH.linear
     object.__setattr__(engine.ops.TORCH, "linear", batched_linear)      # the ops table is frozen on purpose
     try:
-        fails = kind.check(spec, kind.run(spec, RunContext(detect("cpu"))))
+        fails = kind.check(spec, kind.run(spec, RunContext(detect("cpu")), engine()))
     finally:
         object.__setattr__(engine.ops.TORCH, "linear", real)
     assert any("each request alone" in f or "prefill chunks of 5" in f for f in fails), fails
@@ -60,7 +61,7 @@ def test_a_batch_variant_linear_fails_the_d2_and_d3_checks(monkeypatch):
 
 def test_world_sizes_add_topologies_and_name_unsupported_splits():
     spec = parse_spec(SPEC.replace("expect:\n  batch_invariant: true\n  prefill_chunks: [5]\n", ""), "f.yaml", "g/x")
-    result = kind.run(spec, RunContext(detect("cpu"), world_sizes=(1, 4)))
+    result = kind.run(spec, RunContext(detect("cpu"), world_sizes=(1, 4)), engine())
     # tiny has 2 KV heads (no TP 4) but 4 experts (EP 4 runs)
     assert list(result.facts["variants_differing"]) == ["topology tp=1 ep=4"]
     assert kind.check(spec, result) == []

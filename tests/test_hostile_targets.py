@@ -83,7 +83,7 @@ def test_a_crash_recorded_as_expected_stays_the_same_observed_line(plugins, caps
     from harness.result import RunContext
     from harness.specfile import load_specs, select
     from harness.targets import get
-    from harness.targets.runners import FAIL, run_on_target
+    from harness.targets.judge import FAIL, run_on_target
 
     specs, _ = load_specs(plugins / "specs")
     (spec,) = select(specs, ["coins/known-answers"], [])

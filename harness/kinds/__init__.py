@@ -1,4 +1,4 @@
-"""Spec kinds: one runner module per kind.
+"""Spec kinds: a kind is one module here plus its line in KINDS below.
 
 A kind module defines
     NAME                     the `kind:` value of its specs
@@ -6,8 +6,22 @@ A kind module defines
     EXTRA_FIELDS (optional)  schemas of further top-level fields
     validate(doc) (optional) cross-field rules → list[harness.schema.Problem]
     golden_platform(spec, ctx) → the platform name its golden is stored under
-    run(spec, ctx) → harness.result.Result
+    run(spec, ctx, target) → harness.result.Result: the spec run against `target`
+                             (harness.targets.base.TargetInterface); Lockstep's engine is the
+                             default target (harness/targets/lockstep.py: engine(), whose
+                             `engine` is True), judged against the goldens bit for bit
     check(spec, result) → list[str], one message per failed expectation
+and, for targets other than Lockstep's engine (harness/targets/judge.py):
+    applicability(spec, target, device) (optional) → how a run is compared ("bitwise",
+                             "tolerance", "chi-square"), or NotApplicable with the reason;
+                             without it, the kind is n/a on every other target
+    compared(spec, ctx, result) (optional) → (how, golden platform or None); default: bitwise
+                             against golden_platform(spec, ctx)
+    refusal(result) (optional) → the message of a refusal the result records, or None: an
+                             expected refusal is then judged by its facts, not its wording
+    locate_golden(spec, golden, got) (optional) → where a golden mismatch first parts
+tests/test_kind_registry.py shows a whole kind in one module: registered, it runs through `check`
+on Lockstep's engine and through `check --target` on another target.
 """
 
 from harness.kinds import coins, distribution, draft, generate, kernel, layer_ids, mxfp4, prefix_cache, primitive, verify

@@ -40,6 +40,7 @@ from harness.limits import MAX_COIN_CELLS, MAX_COIN_KEYS
 from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
+from harness.targets.base import BITWISE, NotApplicable, TargetInterface
 from kernels.coins import (COIN_MAX, coins_from_hash, gumbel_from_hash, murmur_hash32_torch, murmur_hash32_triton,
                            verify_coins)
 
@@ -197,17 +198,73 @@ def _agree(by_backend: dict[str, torch.Tensor]) -> None:
             raise BackendDisagreement(f"backends {ref_name!r} and {name!r} disagree, first at {bad}")
 
 
-def run(spec, ctx) -> Result:
-    tensors = _compute(spec, ctx.device)
+def run(spec, ctx, target: TargetInterface) -> Result:
+    """On Lockstep's engine: every backend the spec names, which must agree bitwise. On another
+    target: its `hash`, `verify_coins` and `gumbel` operations on the spec's keys."""
+    compute = (lambda: _compute(spec, ctx.device)) if target.engine else _on_target(spec, ctx, target)
+    tensors = compute()
     data = {}
     if spec.expect.get("reproducible"):
-        again = _compute(spec, ctx.device)
+        again = compute()
         data["second_run_identical"] = all(
             again[k].view(torch.uint8).equal(v.view(torch.uint8)) for k, v in tensors.items())
     return Result(tensors=tensors, data=data)
 
 
-# --------------------------------------------------------------------------- expectations
+TARGET_OPS = (("hash", "hash"), ("coins", "verify_coins"), ("gumbel", "gumbel"))   # output -> operation
+
+
+def applicability(spec, target: TargetInterface, device: str) -> str:
+    for output, op in TARGET_OPS:
+        if output in spec.inputs["outputs"]:
+            target.op(op, device)
+    return BITWISE
+
+
+def _on_target(spec, ctx, t: TargetInterface):
+    """compute() -> the outputs through the target's operations (NotApplicable up front)."""
+    inp = spec.inputs
+    wanted, dev = inp["outputs"], str(ctx.device)
+    ops = {op: t.op(op, dev) for output, op in TARGET_OPS if output in wanted}
+    if inp["keys"] is not None and "coins" in wanted and "verify_coins" in ops:
+        # a keys-mode coin is the coin of one hash; verify_coins gives it as column col of row (seed, pos)
+        if any(k[2] < 0 or k[2] > 4096 for k in inp["keys"]):
+            raise NotApplicable("keys-mode coins with columns outside 0 … 4096 need the coin of one hash, "
+                                "which this target only exposes through verify_coins")
+    return lambda: _keys_on_target(inp, ops) if inp["keys"] is not None else _grid_on_target(inp, ops)
+
+
+def _keys_on_target(inp, ops) -> dict[str, torch.Tensor]:
+    """Keys mode, one key per call: the hash, the coin (column `col` of verify coins at (seed, pos))."""
+    wanted, out = inp["outputs"], {}
+    keys = torch.tensor(inp["keys"], dtype=torch.int64)
+    s, p, c = keys[:, 0].contiguous(), keys[:, 1].contiguous(), keys[:, 2].contiguous()
+    one = [(s[i:i + 1], p[i:i + 1], c[i:i + 1]) for i in range(len(s))]
+    if "hash" in wanted:
+        out["hash"] = torch.stack([ops["hash"](*key)[0, 0] for key in one])
+    if "coins" in wanted:
+        vc = [ops["verify_coins"](s[i:i + 1], p[i:i + 1], int(c[i]) + 1) for i in range(len(s))]
+        out["coins"] = torch.stack([torch.cat([cs[0], f])[int(c[i])] for i, (cs, f) in enumerate(vc)])
+    if "gumbel" in wanted:
+        out["gumbel"] = torch.stack([ops["gumbel"](*key)[0, 0] for key in one])
+    return out
+
+
+def _grid_on_target(inp, ops) -> dict[str, torch.Tensor]:
+    wanted, out = inp["outputs"], {}
+    seeds, pos = _rows(inp, torch.device("cpu"))
+    if inp["columns"] is not None:
+        cols = materialize(inp["columns"])
+        if "hash" in wanted:
+            out["hash"] = ops["hash"](seeds, pos, cols).to(torch.int64)
+        if "gumbel" in wanted:
+            out["gumbel"] = ops["gumbel"](seeds, pos, cols).to(torch.float64)
+    if "coins" in wanted:
+        coins, final = ops["verify_coins"](seeds, pos, inp["draft_token_num"])
+        out["coins"], out["final"] = coins.contiguous(), final.contiguous()
+    return {k: v.cpu() for k, v in out.items()}
+
+
 def _f32(x: float) -> float:
     """Round a Python float to the nearest float32, as torch's cast does."""
     return struct.unpack("<f", struct.pack("<f", x))[0]

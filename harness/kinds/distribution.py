@@ -47,12 +47,14 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.checkpoints import CHECKPOINT, DRAFT, checkpoint_config, draft_for, draft_problems, model_for
+from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, draft_dir, draft_for, draft_problems, model_for,
+                                 target_dir)
 from harness.intseq import IntSeq, length, materialize, max_value
 from harness.limits import (MAX_DISTRIBUTION_SEEDS, MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK,
                             MAX_REQUEST_TOKENS)
 from harness.result import Result
 from harness.schema import Field, Float, Int, Map, Problem, Str
+from harness.targets.base import CHI_SQUARE, Request, TargetInterface
 from kernels import portable
 
 NAME = "distribution"
@@ -249,7 +251,12 @@ def _one_cpu_thread():
         torch.set_num_threads(before)
 
 
-def run(spec, ctx) -> Result:
+def run(spec, ctx, target: TargetInterface) -> Result:
+    """On Lockstep's engine: its speculative sampling under the run's backend and dtype policy, one
+    request per seed. On another target: its `speculative_generate` (features: sampling, batch,
+    the verify mode, tree)."""
+    if not target.engine:
+        return _on_target(spec, ctx, target)
     with _one_cpu_thread():
         return _run(spec, ctx)
 
@@ -288,6 +295,55 @@ def _run(spec, ctx) -> Result:
     return Result(tensors={"counts": counts, "expected": law, "accept_lengths": accept_hist}, data=data,
                   notes=[f"chi-square X² = {test.statistic:.2f}, df = {test.df}, p = {test.p_value:.3g}; "
                          f"acceptance rate {data['acceptance_rate']:.3f} over {len(rounds)} verify rounds"])
+
+
+def _target_call(spec, t: TargetInterface, device: str):
+    sp = spec.inputs["speculative"]
+    needs = ("sampling", "batch", sp["verify"]) + (("tree",) if sp["topk"] > 1 else ())
+    return t.op("speculative_generate", device, needs)
+
+
+def _on_target(spec, ctx, t: TargetInterface) -> Result:
+    """The target's speculative sampling, counted, against the exact law of Lockstep's own forward
+    of the same checkpoint (the kind's chi-square test and acceptance bounds; no golden: a target
+    may draw from its own RNG and still follow the law)."""
+    import dataclasses
+
+    from harness.kinds.generate import project_root
+
+    inp = spec.inputs
+    op = _target_call(spec, t, str(ctx.device))
+    root = project_root(spec)
+    params, sp, K = _sampling_params(inp), _spec_params(inp), inp["tokens"]
+    prompt = materialize(inp["prompt"]).tolist()
+    requests = [Request(prompt, params, seed=s) for s in materialize(inp["seeds"]).tolist()]
+    results = op(target_dir(inp["checkpoint"], root), draft_dir(inp["draft"], inp["checkpoint"], root),
+                 inp["draft"]["convention"], requests, dataclasses.asdict(sp))
+    model = model_for(inp["checkpoint"], "torch", root, "cpu", "fp32")
+    V = model.config.vocab_size
+    counts = torch.zeros([V] * K, dtype=torch.int64)
+    for r in results:
+        counts[tuple(list(r.tokens)[:K])] += 1
+    law = exact_law(model, prompt, params, K)
+    test = chi_square(counts, law, inp["min_expected"])
+    rounds = [a for r in results for a in (r.accept_lengths or [])]
+    data = {"requests": len(requests), "rounds": len(rounds),
+            "acceptance_rate": sum(a > 1 for a in rounds) / max(len(rounds), 1),
+            "statistic": test.statistic, "df": test.df, "p_value": test.p_value,
+            "impossible": [[list(seq), c] for seq, c in test.impossible],
+            "largest_terms": [[list(n) if isinstance(n, tuple) else n, o, e] for n, o, e in test.largest]}
+    return Result(tensors={"counts": counts, "expected": law}, data=data)
+
+
+def applicability(spec, target: TargetInterface, device: str) -> str:
+    _target_call(spec, target, device)
+    return CHI_SQUARE
+
+
+def compared(spec, ctx, result: Result) -> tuple[str, None]:
+    """The chi-square test is the comparison (the kind's check): no golden on a target."""
+    return CHI_SQUARE, None
+
 
 
 def check(spec, result: Result) -> list[str]:

@@ -37,11 +37,13 @@ import math
 import torch
 from safetensors import safe_open
 
-from harness.checkpoints import CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_tie_problems, model_for
+from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_tie_problems,
+                                 model_for, target_dir)
 from harness.intseq import IntSeq, length, materialize
 from harness.kinds.generate import project_root
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, Problem
+from harness.targets.base import TOLERANCE, TargetInterface
 
 NAME = "draft"
 
@@ -127,24 +129,49 @@ def _stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
             "top_logprobs": top_lp, "top_draft_ids": top_ids, "top_target_ids": draft.to_target_ids(top_ids)}
 
 
-def run(spec, ctx) -> Result:
+def run(spec, ctx, target: TargetInterface) -> Result:
+    """On Lockstep's engine: its draft head under the run's backend and dtype policy. On another
+    target: its `draft_stages` on the aux rows of Lockstep's own fp32 target forward (or the spec's
+    written-out aux), so the draft is judged apart from the target's forward."""
     inp, exp = spec.inputs, spec.expect
     root = project_root(spec)
-    model = model_for(inp["target"], ctx.backend, root, ctx.device, ctx.platform.dtype)
+    ddir = draft_dir(inp["draft"], inp["target"], root)
+    if target.engine:
+        model = model_for(inp["target"], ctx.backend, root, ctx.device, ctx.platform.dtype)
+    else:
+        op = target.op("draft_stages", str(ctx.device))
+        model = model_for(inp["target"], "torch", root, "cpu", "fp32")
     draft = draft_for(inp["draft"], inp["target"], model, root)
-    if inp["top_k"] > draft.config.draft_vocab_size:
+    if target.engine and inp["top_k"] > draft.config.draft_vocab_size:
         raise ValueError(f"top_k {inp['top_k']} exceeds the draft vocabulary ({draft.config.draft_vocab_size})")
     rows = _rows(spec, model, draft)
-    stages = _stages(draft, *rows, inp["top_k"])
-    tensors = {n: t.detach().cpu().clone() for n, t in stages.items()}     # clone: no shared storage
-    facts = {"checkpoint": str(draft_dir(inp["draft"], inp["target"], root)), "n_aux": draft.n_aux,
-             "eps": draft.config.rms_norm_eps}
+
+    def stages() -> dict:
+        if target.engine:
+            return _stages(draft, *rows, inp["top_k"])
+        aux, tokens, _ = rows
+        got = op(target_dir(inp["target"], root), ddir, inp["draft"]["convention"], aux.cpu(), tokens.cpu(),
+                 inp["top_k"])
+        return {"aux": aux} | {k: torch.as_tensor(v) for k, v in got.items()}
+
+    tensors = {n: t.detach().cpu().clone() for n, t in stages().items()}     # clone: no shared storage
+    facts = {"checkpoint": str(ddir), "n_aux": draft.n_aux, "eps": draft.config.rms_norm_eps}
     if exp.get("reproducible"):
-        again = _stages(draft, *rows, inp["top_k"])
-        facts["differs_on_rerun"] = [n for n, t in again.items()
-                                     if not t.cpu().contiguous().view(torch.uint8).equal(tensors[n].view(torch.uint8))]
+        facts["differs_on_rerun"] = [n for n, t in stages().items()
+                                     if not t.detach().cpu().contiguous().view(torch.uint8)
+                                     .equal(tensors[n].contiguous().view(torch.uint8))]
     data = {"boundaries": list(draft.boundaries), "top_target_ids": tensors["top_target_ids"].tolist()}
     return Result(tensors=tensors, data=data, facts=facts)
+
+
+def applicability(spec, target: TargetInterface, device: str) -> str:
+    target.op("draft_stages", device)
+    return TOLERANCE
+
+
+def compared(spec, ctx, result: Result) -> tuple[str, str]:
+    """Every stage within the cross-implementation bound of the golden, and the kind's own checks."""
+    return TOLERANCE, golden_platform(spec, ctx)
 
 
 # --------------------------------------------------------------------------- independent checks

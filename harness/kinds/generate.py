@@ -52,8 +52,9 @@ from harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK, MA
 from harness.locate import Located, RequestBits, first_divergence, locate
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
+from harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
 from engine.generate import generate
-from engine.request import Request, SamplingParams
+from engine.request import Request, Result as Generation, SamplingParams
 
 NAME = "generate"
 
@@ -289,12 +290,13 @@ class _Variant(NamedTuple):
 
 def _bytes(result) -> tuple:
     """Everything of one request's result that must be bit-identical, as comparable values:
-    (tokens, logprob bytes, captured bytes or None, accept lengths or None)."""
-    captured = getattr(result, "captured", None)
-    cap = captured.contiguous().view(torch.uint8).numpy().tobytes() if captured is not None else None
+    (tokens, logprob bytes, captured bytes or None, accept lengths or None); of the engine's
+    results and of a target's Result alike."""
+    def raw(x):
+        return None if x is None else x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
     accept = getattr(result, "accept_lengths", None)
-    return (tuple(result.tokens), result.logprobs.contiguous().view(torch.uint8).numpy().tobytes(), cap,
-            None if accept is None else tuple(accept))
+    return (tuple(result.tokens), raw(torch.as_tensor(result.logprobs, dtype=torch.float32)),
+            raw(getattr(result, "captured", None)), None if accept is None else tuple(accept))
 
 
 def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
@@ -326,7 +328,11 @@ def _same(a: tuple, b: tuple) -> bool:
     return a[:2] == b[:2] and all(x is None or y is None or x == y for x, y in zip(a[2:], b[2:]))
 
 
-def run(spec, ctx) -> Result:
+def run(spec, ctx, target: TargetInterface) -> Result:
+    """On Lockstep's engine: the run's backend and dtype policy, every variant of the spec and its
+    topologies, each difference located. On another target: its generation operations."""
+    if not target.engine:
+        return _on_target(spec, ctx, target)
     exp = spec.expect
     runner = _Runner(spec, ctx)
     requests = _requests(spec)
@@ -369,6 +375,126 @@ def run(spec, ctx) -> Result:
     notes = [f"checked at {', '.join(v.name for v in variants if v.name.startswith('topology'))}"] if topologies else []
     notes += [f"not run at {s}" for s in skipped]
     return Result(tensors=tensors, data=data, facts={"variants_differing": differing}, notes=notes, located=located)
+
+
+def _plain_call(spec, t: TargetInterface, device: str, sampled: bool):
+    """call(requests, prefill_chunk) -> [Generation] through `generate`, or `greedy_generate` for
+    what the minimal loop can run (greedy, no capture, no chunking); NotApplicable otherwise."""
+    inp, exp = spec.inputs, spec.expect
+    chunked = (inp["schedule"] or {}).get("prefill_chunk") is not None or bool(exp.get("prefill_chunks"))
+    needs = tuple(n for n, on in (("sampling", sampled), ("capture", bool(inp["capture"])),
+                                  ("prefill_chunk", chunked),
+                                  ("batch", bool(exp.get("batch_invariant")) and len(inp["requests"]) > 1)) if on)
+    if "generate" not in t.ops and "greedy_generate" in t.ops and not needs:
+        greedy = t.op("greedy_generate", device)
+
+        def call(requests, ckpt, prefill_chunk=None):
+            return [Generation(*greedy(ckpt, r.prompt, r.params.max_new_tokens, r.params.stop_token_ids))
+                    for r in requests]
+        return call
+    op = t.ops.get("generate")
+    gen = t.op("generate", device, needs)
+    batched = "batch" in op.features
+    capture = tuple(inp["capture"] or ())
+    max_batch = (inp["schedule"] or {}).get("max_batch") or 8
+
+    def call(requests, ckpt, prefill_chunk=None):
+        kw = {"capture": capture} if capture else {}
+        if prefill_chunk is not None:
+            kw["prefill_chunk"] = prefill_chunk
+        if batched:
+            return list(gen(ckpt, requests, max_batch=max_batch, **kw))
+        return [out for r in requests for out in gen(ckpt, [r], max_batch=1, **kw)]
+    return call
+
+
+def _speculative_call(spec, t: TargetInterface, device: str, sampled: bool):
+    inp, exp = spec.inputs, spec.expect
+    sp = inp["speculative"]
+    mode = sp["verify"] if sampled else "greedy"     # greedy requests are verified greedily (DESIGN §6)
+    needs = (mode,) + (("tree",) if sp["topk"] > 1 else ()) + (("sampling",) if sampled else ()) + \
+        (("batch",) if exp.get("batch_invariant") and len(inp["requests"]) > 1 else ())
+    op = t.op("speculative_generate", device, needs)
+    batched = "batch" in t.ops["speculative_generate"].features
+
+    def call(requests, ckpt, draft, prefill_chunk=None):
+        args = (ckpt, draft, inp["draft"]["convention"])
+        if batched:
+            return list(op(*args, requests, dict(sp)))
+        return [out for r in requests for out in op(*args, [r], dict(sp))]
+    return call
+
+
+def _generate_plan(spec, t: TargetInterface, device: str):
+    """(the spec's own call, the plain call for equals_plain or None); NotApplicable with the reason."""
+    inp, exp = spec.inputs, spec.expect
+    if inp.get("topologies"):
+        raise NotApplicable(f"{t.name}: generate specs with 'topologies' split Lockstep's own engine over "
+                            f"torch.distributed; a topology is not an operation of a target")
+    sampled = any(not r.params.is_greedy for r in _requests(spec))
+    if inp["draft"] is not None:
+        plain = _plain_call(spec, t, device, sampled) if exp.get("equals_plain") else None
+        return _speculative_call(spec, t, device, sampled), plain
+    return _plain_call(spec, t, device, sampled), None
+
+
+def _on_target(spec, ctx, t: TargetInterface) -> Result:
+    """The spec's requests through the target's `generate` (or `greedy_generate`), or with a draft
+    its `speculative_generate`; the spec's variants re-run through the same operation, bitwise
+    against the target's own run (topologies are n/a: they split Lockstep's own engine)."""
+    inp, exp = spec.inputs, spec.expect
+    own, plain = _generate_plan(spec, t, str(ctx.device))
+    root = project_root(spec)
+    ckpt = target_dir(inp["checkpoint"], root)
+    requests = _requests(spec)
+    if inp["draft"] is not None:
+        ddir = draft_dir(inp["draft"], inp["checkpoint"], root)
+        run = lambda reqs, chunk=None: own(reqs, ckpt, ddir)                       # noqa: E731
+    else:
+        chunk0 = (inp["schedule"] or {}).get("prefill_chunk")
+        run = lambda reqs, chunk=None: own(reqs, ckpt, chunk if chunk is not None else chunk0)  # noqa: E731
+    results = run(requests)
+    if len(results) != len(requests):
+        raise ValueError(f"{t.name} returned {len(results)} results for {len(requests)} requests")
+    tensors, data = {}, {"tokens": [list(r.tokens) for r in results],
+                         "finish_reasons": [r.finish_reason for r in results]}
+    for i, r in enumerate(results):
+        tensors[f"tokens_{i}"] = torch.tensor(list(r.tokens), dtype=torch.int64)
+        tensors[f"logprobs_{i}"] = torch.as_tensor(r.logprobs).to(torch.float32).cpu()
+        if inp["capture"]:
+            tensors[f"captured_{i}"] = torch.as_tensor(r.captured).to(torch.float32).cpu()
+        if inp["draft"] is not None:
+            tensors[f"accept_lengths_{i}"] = torch.tensor(list(r.accept_lengths or []), dtype=torch.int64)
+    if inp["draft"] is not None:
+        data["mean_accept_length"] = [sum(r.accept_lengths) / len(r.accept_lengths) if r.accept_lengths else 0.0
+                                      for r in results]
+    reference = [_bytes(r) for r in results]
+    variants = []
+    n = len(requests)
+    if exp.get("reproducible"):
+        variants.append(("a second run", lambda: run(requests)))
+    if exp.get("batch_invariant"):
+        variants.append(("each request alone", lambda: [run([r])[0] for r in requests]))
+        variants.append(("reversed order", lambda: run(requests[::-1])[::-1]))
+    for c in exp.get("prefill_chunks") or []:
+        variants.append((f"prefill chunks of {c}", lambda c=c: run(requests, c)))
+    if plain is not None:
+        variants.append(("plain (non-speculative) generate", lambda: plain(requests, ckpt, None)))
+    differing = {}
+    for name, call in variants:
+        got = call()
+        differing[name] = [i for i in range(n) if not _same(_bytes(got[i]), reference[i])]
+    return Result(tensors=tensors, data=data, facts={"variants_differing": differing})
+
+
+def applicability(spec, target: TargetInterface, device: str) -> str:
+    _generate_plan(spec, target, device)
+    return TOLERANCE
+
+
+def compared(spec, ctx, result: Result) -> tuple[str, str]:
+    """Tokens and accept lengths exactly, logprobs and captured states within the cross bound."""
+    return TOLERANCE, golden_platform(spec, ctx)
 
 
 def _locate(own: _Variant, other: _Variant, requests, results, got) -> Located | None:

@@ -44,6 +44,7 @@ from harness.limits import MAX_KERNEL_ELEMENTS
 from kernels import portable
 from harness.result import Result
 from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
+from harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
 
 NAME = "kernel"
 KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "experts", "sampling")
@@ -333,34 +334,88 @@ def _first(mask: torch.Tensor) -> list[int]:
     return mask.nonzero()[0].tolist()
 
 
-def run(spec, ctx) -> Result:
-    exp = spec.expect
+def run(spec, ctx, target: TargetInterface) -> Result:
+    """On Lockstep's engine: the Triton kernel against its torch reference. On another target: the
+    target's operation for the kernel (attention, rmsnorm, sampling) against the same reference."""
+    if not target.engine:
+        return _on_target(spec, ctx, target)
     call, rows = _inputs(spec, ctx.device)
-    out = call("triton")
+    return _measure(spec, lambda r=slice(None): call("triton", r), lambda: call("torch"), rows,
+                    " in the Triton output", "triton - torch")
+
+
+def _measure(spec, call, reference, rows: int | None, output: str, difference: str) -> Result:
+    """The spec's expectations of one implementation: `call(rows)` runs it (all rows by default),
+    `reference()` gives the reference output; `output` and `difference` name them in failures;
+    `rows` None: the output's."""
+    exp = spec.expect
+    out = call()
+    rows = out.shape[0] if rows is None else rows
     where = describe(spec)
     failures: list[str] = []
     if exp.get("finite"):
         bad = ~torch.isfinite(out.to(torch.float64))
         if bad.any():
-            failures.append(f"{where}: {int(bad.sum())} non-finite values in the Triton output, first at {_first(bad)}")
+            failures.append(f"{where}: {int(bad.sum())} non-finite values{output}, first at {_first(bad)}")
     if exp.get("tolerance") is not None:
-        ref = call("torch")
-        err = (out.to(torch.float64) - ref.to(torch.float64)).abs().nan_to_num(nan=math.inf)
-        if err.numel() and float(err.max()) > exp["tolerance"]:
-            failures.append(f"{where}: max |triton - torch| = {float(err.max()):.3g} at {_first(err == err.max())}, "
-                            f"above the tolerance {exp['tolerance']:.3g}")
+        ref = reference()
+        if out.shape != ref.shape:
+            failures.append(f"{where}: output shape {list(out.shape)}, the reference has {list(ref.shape)}")
+        else:
+            err = (out.to(torch.float64) - ref.to(torch.float64)).abs().nan_to_num(nan=math.inf)
+            if err.numel() and float(err.max()) > exp["tolerance"]:
+                failures.append(f"{where}: max |{difference}| = {float(err.max()):.3g} at {_first(err == err.max())}, "
+                                f"above the tolerance {exp['tolerance']:.3g}")
     for key, what in (("batch_invariant", "row alone"), ("prefill_decode", "decode step (query alone)")):
         if exp.get(key):
             for r in sorted({0, rows // 2, rows - 1}):
-                one = call("triton", slice(r, r + 1))
+                one = call(slice(r, r + 1))
                 if not one.contiguous().view(torch.uint8).equal(out[r:r + 1].contiguous().view(torch.uint8)):
                     failures.append(f"{where}: {what} differs bitwise from row {r} of the batch of {rows}")
                     break
     if exp.get("reproducible"):
-        again = call("triton")
+        again = call()
         if not again.contiguous().view(torch.uint8).equal(out.contiguous().view(torch.uint8)):
             failures.append(f"{where}: a second run gave different bits")
     return Result(tensors={"out": out.cpu()}, data={"failures": failures})
+
+
+TARGET_OPS = {"attention": "attention", "rmsnorm": "rmsnorm", "sampling": "sampling"}   # kernel -> operation
+
+
+def applicability(spec, target: TargetInterface, device: str) -> str:
+    name = spec.inputs["kernel"]
+    if name not in TARGET_OPS:
+        raise NotApplicable(target.missing.get(name, f"no target operation for kernel {name}"))
+    target.op(TARGET_OPS[name], device)
+    return TOLERANCE
+
+
+def compared(spec, ctx, result: Result) -> tuple[str, None]:
+    """On a target, the spec's tolerance against the reference is the comparison: no golden."""
+    return TOLERANCE, None
+
+
+def _on_target(spec, ctx, t: TargetInterface) -> Result:
+    name = spec.inputs["kernel"]
+    if name not in TARGET_OPS:
+        raise NotApplicable(t.missing.get(name, f"kernel {name}: no target operation is defined for it "
+                                                f"(Lockstep's own kernel interface)"))
+    op = t.op(TARGET_OPS[name], str(ctx.device))
+    x = kernel_inputs(spec, ctx.device)
+    if name == "attention":
+        def call(r=slice(None)):
+            return op(x["q"][r], x["k"], x["v"], x["positions"][r], x["sinks"], x["window"], x["scale"])
+    elif name == "rmsnorm":
+        def call(r=slice(None)):
+            return op(x["x"][r], x["weight"], 1e-5)
+    else:
+        def call(r=slice(None)):
+            return op(x["logp"][r], x["seeds"][r], x["positions"][r])
+    ref = reference(spec, x)
+    result = _measure(spec, call, lambda: ref, None, "", f"{t.name} - reference")
+    result.data["failures"] = [f"{t.name}: {f}" for f in result.data["failures"]]
+    return result
 
 
 def check(spec, result: Result) -> list[str]:

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import torch
 
-from harness.checkpoints import model_for
+from harness.checkpoints import checkpoint_dir, model_for
 from harness.checkpoints import preset_config
 from harness.intseq import IntSeq, materialize, max_value
 from harness.limits import MAX_REQUEST_TOKENS
 from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Any_, Field, Int, List, Map, Problem, Str, describe
+from harness.targets.base import BITWISE, TOLERANCE, NotApplicable, Refused, TargetInterface
 from engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
 from engine.config import preset
 from engine.model import Step
@@ -133,7 +134,13 @@ def walk_boundaries(model, tokens: torch.Tensor) -> list[torch.Tensor]:
     return states
 
 
-def run(spec, ctx) -> Result:
+def run(spec, ctx, target: TargetInterface) -> Result:
+    """On Lockstep's engine: the resolution, and with `forward` the capture checked against a walk
+    of the blocks. On another target: its `eagle3_layers` (and `capture`), if it implements the
+    spec's convention; a target without resolution but with `capture` captures the spec's own
+    boundaries."""
+    if not target.engine:
+        return _on_target(spec, ctx, target)
     try:
         boundaries, width = _resolve(spec)
     except LayerIdError as e:
@@ -162,6 +169,67 @@ def run(spec, ctx) -> Result:
                                walked[b].contiguous().view(torch.int32))]
         tensors["captured"] = out.captured.cpu()
     return Result(tensors=tensors, data=data)
+
+
+def applicability(spec, t: TargetInterface, device: str) -> str:
+    inp = spec.inputs
+    if "eagle3_layers" not in t.ops and inp["forward"] and "capture" in t.ops:
+        return TOLERANCE
+    if inp["convention"] not in t.conventions:
+        raise NotApplicable(f"convention {inp['convention']!r} is not {t.name}'s")
+    t.op("eagle3_layers", device)
+    if inp["forward"]:
+        t.op("capture", device)
+        return TOLERANCE
+    return BITWISE
+
+
+def compared(spec, ctx, result: Result) -> tuple[str, str | None]:
+    """A capture is compared within the cross-implementation bound; boundaries and refusals have no golden."""
+    if spec.inputs["forward"] and "error" not in result.data:
+        return TOLERANCE, golden_platform(spec, ctx)
+    return BITWISE, None
+
+
+def refusal(result: Result) -> str | None:
+    return result.data["message"] if "error" in result.data else None
+
+
+def _on_target(spec, ctx, t: TargetInterface) -> Result:
+    inp = spec.inputs
+    if "eagle3_layers" not in t.ops and inp["forward"] and "capture" in t.ops:
+        return _capture_on_target(spec, ctx, t, spec.expect["boundaries"])
+    if inp["convention"] not in t.conventions:
+        raise NotApplicable(f"{t.name} reads layer ids under the {'/'.join(t.conventions) or 'no'} convention, "
+                            f"not {inp['convention']!r}" if t.conventions else
+                            f"{t.name} has no EAGLE3 layer-id resolution")
+    resolve = t.op("eagle3_layers", str(ctx.device))
+    if inp["forward"]:
+        t.op("capture", str(ctx.device))
+    cfg = preset(inp["target"])
+    draft_config = inp["draft_config"] if inp["draft_config"] is not None else (
+        {"eagle_aux_hidden_state_layer_ids": inp["ids"]} if inp["ids"] is not None else {})
+    fc_in = inp["draft_fc_in"] or 3 * cfg.hidden_size
+    try:
+        boundaries = [int(b) for b in resolve(draft_config, inp["convention"], cfg.num_hidden_layers, fc_in,
+                                              cfg.hidden_size, inp["config_name"] or spec.id,
+                                              direct_ids=inp["ids"] is not None)]
+    except (Refused, LayerIdError, ValueError, AssertionError, *t.refusals) as e:
+        return Result(data={"error": type(e).__name__, "message": str(e)})
+    if not inp["forward"]:
+        return Result(data={"boundaries": boundaries, "aux_width": len(boundaries) * cfg.hidden_size})
+    return _capture_on_target(spec, ctx, t, boundaries)
+
+
+def _capture_on_target(spec, ctx, t: TargetInterface, boundaries: list[int]) -> Result:
+    """The target's `capture` of `boundaries` on the spec's forward (its width checked by the kind)."""
+    inp = spec.inputs
+    H = preset(inp["target"]).hidden_size
+    ckpt = checkpoint_dir(inp["target"], inp["forward"]["seed"], "bf16")
+    got = t.op("capture", str(ctx.device))(ckpt, materialize(inp["forward"]["prompt"]).tolist(), boundaries)
+    data = {"boundaries": boundaries, "aux_width": len(boundaries) * H, "captured_width": int(got.shape[-1]),
+            "expected_width": len(boundaries) * H, "chunks_differing_from_walk": []}
+    return Result(tensors={"captured": got}, data=data)
 
 
 def check(spec, result: Result) -> list[str]:

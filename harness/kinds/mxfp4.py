@@ -43,6 +43,7 @@ import torch
 from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Bool, Field, Int, List, Map, Problem, Schema, Str
+from harness.targets.base import BITWISE, Refused, TargetInterface
 
 NAME = "mxfp4"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -170,19 +171,25 @@ def _same(got: torch.Tensor, want: float, dt: torch.dtype) -> bool:
     return bool(got.reshape(1).view(_INT[dt]) == w.reshape(1).view(_INT[dt]))
 
 
-def _decode(spec, ctx) -> Result:
-    from engine.mxfp4 import dequantize
-    from kernels.matmul import mxfp4_decode_triton
-
+def _decode(spec, ctx, t: TargetInterface) -> Result:
+    """Each decoded value against the hand-written one: on Lockstep's engine its backend's decode
+    (Triton: the decode the matmul and grouped-expert kernels do in their tile loads), on another
+    target its `mxfp4_decode`."""
     inp = spec.inputs
     dt = DTYPES[inp["dtype"]]
     n, rows = len(inp["blocks"]), inp["rows"]
     blocks = torch.tensor([b["bytes"] for b in inp["blocks"]], dtype=torch.uint8).reshape(rows, n // rows, 16)
     scales = torch.tensor([b["scale"] for b in inp["blocks"]], dtype=torch.uint8).reshape(rows, n // rows)
-    # the triton backend: the decode the matmul and grouped-expert kernels do in their tile loads
-    decode, name = (mxfp4_decode_triton, "the kernels' tile decode") if ctx.backend == "triton" else \
-        (dequantize, "dequantize")
-    out = decode(blocks.to(ctx.device), scales.to(ctx.device), dt).cpu()      # [rows, G / rows * 32]
+    if t.engine:
+        from engine.mxfp4 import dequantize
+        from kernels.matmul import mxfp4_decode_triton
+
+        decode, name = (mxfp4_decode_triton, "the kernels' tile decode") if ctx.backend == "triton" else \
+            (dequantize, "dequantize")
+        out = decode(blocks.to(ctx.device), scales.to(ctx.device), dt).cpu()      # [rows, G / rows * 32]
+    else:
+        name = f"{t.name}: mxfp4_decode"
+        out = torch.as_tensor(t.op("mxfp4_decode", str(ctx.device))(blocks, scales, dt)).cpu()
     failures = []
     if tuple(out.shape) != (rows, n // rows * 32) or out.dtype != dt:
         failures.append(f"{name} returned {out.dtype} {list(out.shape)}, expected {dt} [{rows}, {n // rows * 32}]")
@@ -219,19 +226,37 @@ def edited_checkpoint(spec):
     return edited_copy(checkpoint_dir(ck["preset"], ck["seed"], "mxfp4"), f"mxfp4-{spec.id.replace('/', '_')}", edit)
 
 
-def _load(spec) -> Result:
+def _load(spec, ctx, t: TargetInterface) -> Result:
+    """Lockstep's loader (a CheckpointError is its refusal), or the target's `load_checkpoint` (a
+    clean refusal: harness/targets/base.py, "Refusals")."""
     from engine.checkpoint import CheckpointError, load_checkpoint
 
+    load, refusals = (load_checkpoint, (CheckpointError,)) if t.engine else \
+        (t.op("load_checkpoint", str(ctx.device)), (Refused, ValueError, *t.refusals))
     path = edited_checkpoint(spec)
     try:
-        load_checkpoint(path)
-    except CheckpointError as e:
+        load(path)
+    except refusals as e:
         return Result(data={"loaded": False, "error": str(e).replace(str(path), "<checkpoint>")})
     return Result(data={"loaded": True})
 
 
-def run(spec, ctx) -> Result:
-    return _decode(spec, ctx) if spec.inputs["blocks"] is not None else _load(spec)
+def run(spec, ctx, target: TargetInterface) -> Result:
+    return (_decode if spec.inputs["blocks"] is not None else _load)(spec, ctx, target)
+
+
+def applicability(spec, target: TargetInterface, device: str) -> str:
+    target.op("mxfp4_decode" if spec.inputs["blocks"] is not None else "load_checkpoint", device)
+    return BITWISE
+
+
+def compared(spec, ctx, result: Result) -> tuple[str, str | None]:
+    """Decoded values bitwise against the golden; a load (or its refusal) has none."""
+    return BITWISE, golden_platform(spec, ctx) if spec.inputs["blocks"] is not None else None
+
+
+def refusal(result: Result) -> str | None:
+    return result.data["error"] if result.data.get("loaded") is False else None
 
 
 def check(spec, result: Result) -> list[str]:

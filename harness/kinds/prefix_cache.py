@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import torch
 
-from harness.checkpoints import CHECKPOINT, checkpoint_config, checkpoint_problems, model_for
+from harness.checkpoints import CHECKPOINT, checkpoint_config, checkpoint_problems, model_for, target_dir
 from harness.intseq import IntSeq, length, materialize, max_value
 from harness.kinds.generate import SAMPLING, _params, project_root
 from harness.limits import MAX_REQUEST_TOKENS
 from harness.result import Result
 from harness.schema import Field, Int, List, Map, Problem
+from harness.targets.base import TOLERANCE, Request, TargetInterface
 from engine.generate import Request, generate
 from engine.prefix_cache import PrefixCache
 
@@ -111,7 +112,11 @@ def cases(spec) -> list[tuple[str, list[list[int]], list[int], int]]:
     return out
 
 
-def run(spec, ctx) -> Result:
+def run(spec, ctx, target: TargetInterface) -> Result:
+    """The cases on Lockstep's engine (its PrefixCache under the run's backend and dtype policy), or
+    through another target's own prefix cache (its optional `prefix_cache` capability)."""
+    if not target.engine:
+        return _on_target(spec, ctx, target)
     inp = spec.inputs
     model = model_for(inp["checkpoint"], ctx.backend, project_root(spec), ctx.device, ctx.platform.dtype)
     params = _params({**SAMPLING.check({}, (), []), **(inp["sampling"] or {})})
@@ -128,7 +133,7 @@ def run_cases(spec, cold, new_cache, warm, counters) -> Result:
     `new_cache()` makes an empty cache, `warm(cache, prompt)` runs a prompt through it, and
     `counters(cache)` -> (lookups that reused KV, positions reused). Each returns what
     generate() does (.tokens, .logprobs float32). Lockstep's engine runs it here; a target's
-    prefix-cache capability through harness/targets/runners.py."""
+    prefix-cache capability (`_on_target` below)."""
     inp = spec.inputs
     tensors, names, differing, hits, reused = {}, [], [], 0, []
     caches: dict[str, object] = {}
@@ -162,6 +167,53 @@ def run_cases(spec, cold, new_cache, warm, counters) -> Result:
         names.append(name)
     data = {"cases": names, "reused_positions": reused, "hits": hits}
     return Result(tensors=tensors, data=data, facts={"differing": differing, "hits": hits})
+
+
+def _target_call(spec, t: TargetInterface, device: str):
+    inp = spec.inputs
+    params = _params({**SAMPLING.check({}, (), []), **(inp["sampling"] or {})})
+    needs = (("sampling",) if not params.is_greedy else ()) + (("prefill_chunk",) if inp["prefill_chunk"] else ())
+    return t.op("prefix_cache", device, needs), params
+
+
+def _on_target(spec, ctx, t: TargetInterface) -> Result:
+    """The kind's cases through the target's own prefix cache: every cold run is a fresh, empty
+    cache's run (which must reuse nothing), every warm run goes through the case's cache; a hit
+    must give the cold bits of the same target, and its counters the predicted reuse."""
+    inp = spec.inputs
+    new_cache, p = _target_call(spec, t, str(ctx.device))
+    ckpt = target_dir(inp["checkpoint"], project_root(spec))
+    kw = {"prefill_chunk": inp["prefill_chunk"]} if inp["prefill_chunk"] else {}
+    cold_reuse = []
+
+    def run(cache, prompt):
+        req = Request(list(prompt), p, seed=inp["seed"])
+        out = list(cache.generate([req], **kw))
+        if len(out) != 1:
+            raise ValueError(f"{t.name}'s prefix cache returned {len(out)} results for 1 request")
+        return out[0]
+
+    def cold(prompt):
+        cache = new_cache(ckpt, inp["block"])
+        out = run(cache, prompt)
+        if cache.hit_tokens:
+            cold_reuse.append(f"a fresh cache reused {cache.hit_tokens} positions of the cold run of "
+                              f"{len(prompt)} tokens")
+        return out
+    result = run_cases(spec, cold=cold, new_cache=lambda: new_cache(ckpt, inp["block"]), warm=run,
+                         counters=lambda c: (int(c.hits), int(c.hit_tokens)))
+    result.facts["differing"] = cold_reuse + result.facts["differing"]
+    return result
+
+
+def applicability(spec, target: TargetInterface, device: str) -> str:
+    _target_call(spec, target, device)
+    return TOLERANCE
+
+
+def compared(spec, ctx, result: Result) -> tuple[str, str]:
+    """Warm against cold bitwise within the target (the kind's check); cold runs within the cross bound."""
+    return TOLERANCE, golden_platform(spec, ctx)
 
 
 def check(spec, result: Result) -> list[str]:

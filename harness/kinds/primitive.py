@@ -43,6 +43,7 @@ from harness.digest import tensor_sha256
 from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Bool, Field, Int, Map, Problem, Str
+from harness.targets.base import NotApplicable, TargetInterface
 
 NAME = "primitive"
 # function -> (input grid, the torch implementation's name in kernels.portable or a lambda key)
@@ -409,7 +410,10 @@ def inputs(fn: str) -> dict[str, torch.Tensor]:
     return {"x": grid(fn)}
 
 
-def run(spec, ctx) -> Result:
+def run(spec, ctx, target: TargetInterface) -> Result:
+    """Lockstep's own primitives against their oracles: no operation of a target computes them."""
+    if not target.engine:
+        raise NotApplicable(f"kind {NAME!r} has no target runner")
     fn, impl, exp = spec.inputs["function"], spec.inputs["implementation"], spec.expect
     xs = inputs(fn)
     outs = {}

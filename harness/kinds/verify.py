@@ -46,6 +46,7 @@ from harness.intseq import INT64_MAX, INT64_MIN, IntSeq, length, materialize
 from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Field, Float, Int, List, Map, OneOf, Problem, Str
+from harness.targets.base import BITWISE, TargetInterface
 
 NAME = "verify"
 MODES = ("greedy", "target-only", "rejection")
@@ -279,27 +280,36 @@ def _coins(spec, n_nodes: int) -> tuple[torch.Tensor, float]:
     return coins[0], float(final[0])
 
 
-def run(spec, ctx) -> Result:
-    import engine.speculative as speculative
+OPS = {"greedy": "verify_greedy", "target-only": "verify_target_only", "rejection": "verify_rejection"}
 
+
+def run(spec, ctx, target: TargetInterface) -> Result:
+    """The mode's verify operation on the spec's tree, rows and coins: one path for every target,
+    Lockstep's engine included (its operations are engine.speculative's)."""
     inp = spec.inputs
+    verify = target.op(OPS[inp["mode"]], str(ctx.device))
     tree = _tree(spec)
     n_nodes = len(tree.parents)
     tensors = {}
     if inp["mode"] == "greedy":
         rows = _per_node(inp["probs"] if inp["probs"] is not None else inp["logits"], n_nodes)
-        accepted, nxt = speculative.verify_greedy(tree, [int(torch.argmax(row)) for row in rows])
+        accepted, nxt = verify(tree, [int(torch.argmax(row)) for row in rows])
     else:
         p = _target(spec, n_nodes)
         coins, final = _coins(spec, n_nodes)
         tensors["coins"] = torch.cat([coins, torch.tensor([final], dtype=torch.float32)])
         if inp["mode"] == "target-only":
             th = inp["thresholds"] or {"single": 1.0, "acc": 1.0}
-            accepted, nxt = speculative.verify_target_only(tree, p, coins, final, th["single"], th["acc"])
+            accepted, nxt = verify(tree, p, coins, final, th["single"], th["acc"])
         else:
             tree.q = [None] + list(_per_node(inp["q"], n_nodes - 1))
-            accepted, nxt = speculative.verify_rejection(tree, p, coins, final)
+            accepted, nxt = verify(tree, p, coins, final)
     return verify_result(tree, accepted, nxt, tensors)
+
+
+def applicability(spec, target: TargetInterface, device: str) -> str:
+    target.op(OPS[spec.inputs["mode"]], device)
+    return BITWISE
 
 
 def verify_result(tree, accepted, nxt, tensors: dict) -> Result:

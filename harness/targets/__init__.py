@@ -1,4 +1,5 @@
-"""Targets: implementations under test (see base.py for the interface, runners.py for the kinds).
+"""Targets: implementations under test (base.py: the interface; each spec kind runs against it, judge.py
+judges a run on a target other than Lockstep's engine).
 
 Built in: `lockstep` (the default), `sglang`, `vllm`, `hf`. A package adds its own with an entry
 point in the group `lockstep.targets` whose value is a callable returning a `Target`:
@@ -14,7 +15,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from harness.targets.base import (NotApplicable, Op, Refused, Request, Result, Target,  # noqa: F401
-                                  UpstreamChanged)
+                                  TargetInterface, UpstreamChanged)
 
 GROUP = "lockstep.targets"
 BUILTIN = {
@@ -38,7 +39,7 @@ def names() -> list[str]:
     return list(BUILTIN) + sorted(n for n in _plugins() if n not in BUILTIN)
 
 
-def get(name: str) -> Target:
+def get(name: str) -> TargetInterface:
     """Load a target by name; UnknownTarget lists the known ones. Adapters that cannot load
     (a peer missing, or moved upstream) raise NotApplicable / UpstreamChanged with the reason."""
     if name in BUILTIN:
@@ -51,7 +52,7 @@ def get(name: str) -> Target:
                                 f"the entry point group {GROUP!r})")
         factory = eps[name].load()
     target = factory()
-    if not isinstance(target, Target):
+    if not isinstance(target, TargetInterface):
         raise TypeError(f"target {name!r}: its factory returned {type(target).__name__}, not a harness.targets.Target")
     return target
 

@@ -83,16 +83,21 @@ refusal is judged by its facts, not by Lockstep's wording: every whole number th
 message fragments contain (ids, bounds, counts, widths, indices) must appear as a number in the
 message, and every tensor name (a dotted name) as it is.
 Where a spec expects no refusal, any exception is a crash.
+
+Spec kinds run against this interface (`run(spec, ctx, target)` in harness/kinds/<kind>.py, typed
+with `TargetInterface`); Lockstep's engine is the default target (harness/targets/lockstep.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 from engine.request import Request, Result  # noqa: F401  (the request and result of every generation operation)
 
 CPU, INTERPRETER, CUDA = "cpu", "cpu-interpreter", "cuda"
+# How a spec's result on a target is compared (a kind's `compared`; the HOW column of `check --target`).
+BITWISE, TOLERANCE, CHI_SQUARE = "bitwise", "tolerance", "chi-square"
 RNG_COINS = "lockstep-coins-1"
 RNG_MODELS = {RNG_COINS: "DESIGN §5's coin contract (murmur3(seed, position, column) Gumbel-max)",
               "stateless": "stateless: a draw depends only on the request's seed and the token position",
@@ -119,6 +124,29 @@ class Op:
     features: frozenset[str] = frozenset()   # optional features it offers (see the operations above)
 
 
+@runtime_checkable
+class TargetInterface(Protocol):
+    """What a spec kind sees of an implementation under test: `run(spec, ctx, target)` asks it for
+    operations (`op`) and reads its declarations. `Target` below is the one implementation every
+    adapter builds; `harness.targets.get` accepts any object with these members."""
+    name: str
+    version: str
+    description: str
+    ops: dict[str, Op]
+    missing: dict[str, str]
+    conventions: tuple[str, ...]
+    notes: dict[str, str]
+    expectations: str | None
+    refusals: tuple[type, ...]
+    rng: str | None
+    engine: bool
+
+    def op(self, name: str, device: str = CPU, needs: tuple[str, ...] = ()) -> Callable: ...
+
+    @property
+    def label(self) -> str: ...
+
+
 @dataclass
 class Target:
     name: str
@@ -131,6 +159,10 @@ class Target:
     expectations: str | None = None                          # a plugin's own expectations file
     refusals: tuple[type, ...] = ()                          # its engine's own clean-refusal exception types
     rng: str | None = None                                   # its seeded sampling's RNG model (RNG_MODELS)
+    # Lockstep's engine itself (harness/targets/lockstep.py: engine()): the kinds run their whole
+    # engine path on it (the run's backend, dtype policy and topologies), judged against the goldens
+    # bit for bit by harness/runner.py. Every adapter, Lockstep's own `load()` too, leaves it False.
+    engine: bool = False
 
     def op(self, name: str, device: str = CPU, needs: tuple[str, ...] = ()) -> Callable:
         """The operation's callable, or NotApplicable with the target's reason (also when the

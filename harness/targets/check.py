@@ -35,12 +35,12 @@ import sys
 import time
 from pathlib import Path
 
-
 from harness.errors import UsageError, located
 from harness.golden import GoldenStore
 from harness.targets import expectations_path, get
-from harness.targets.base import NotApplicable, Target, UpstreamChanged
-from harness.targets.runners import FAIL, NA, PASS, run_on_target
+from harness.targets.base import NotApplicable, Target, TargetInterface, UpstreamChanged
+from harness.targets.lockstep import engine
+from harness.targets.judge import FAIL, NA, PASS, run_on_target
 
 def load_expectations(target: Target, explicit: Path | None = None) -> dict:
     """The failures expected of `target` ({} when no file applies); ExpectationsError (a
@@ -117,8 +117,17 @@ def run_target(specs, ctx, target: Target, store: GoldenStore, progress=None):
     return outcomes
 
 
-def cmd_check_target(args, specs, errors, ctx, explain=False, progress=None) -> int:
-    target = load_target(args.target)
+def target_for(name: str) -> TargetInterface:
+    """What `check --target NAME` runs the specs against: for `lockstep` (the default) Lockstep's
+    engine, judged against the goldens (harness/runner.py); any other target is judged here, against
+    its expectations (`check_against_expectations`)."""
+    return engine() if name == "lockstep" else load_target(name)
+
+
+def check_against_expectations(target: TargetInterface, args, specs, errors, ctx, explain=False,
+                               progress=None) -> int:
+    """`check --target NAME`'s judgement and report for a target other than Lockstep's engine: each
+    spec pass, fail or n/a (harness/targets/judge.py), the failures against its expectations file."""
     store = GoldenStore(args.golden)
     start = time.perf_counter()
     expected = _expected(target, args)              # a bad file is refused before anything runs
@@ -214,7 +223,7 @@ def cmd_list_target(args, specs) -> int:
         print(f"#   {name:<19} {', '.join(op.where):<28} {op.note}{features}")
     for name, why in target.missing.items():
         print(f"#   {name:<19} {'n/a':<28} {why}")
-    from harness.targets.runners import applicability
+    from harness.targets.judge import applicability
     for s in specs:
         how, why = applicability(s, target)
         print(f"{s.id:<44} {s.kind:<10} {how:<9} {why}")

@@ -1,12 +1,16 @@
 """The default target: Lockstep's own kernels and engine, through the target operations.
 
-`lockstep check` without `--target` runs the spec kinds' own runners, exactly as before; this
-object gives the same implementation to the target runners (harness/targets/runners.py), so
-the target path is itself checked against Lockstep's goldens (tests/targets/).
+Two views of one implementation. `engine()` is what plain `lockstep check` (and `regen`, and the
+pytest plugin) runs every spec against: a kind's `run(spec, ctx, target)` on it takes the run's
+whole engine path (backend, dtype policy, topologies) and harness/runner.py judges it against the
+goldens bit for bit. `load()` (`--target lockstep` of `report` and `record`, and tests/targets) is
+the same code as a peer sees it, through the operations below only, so the target path is itself
+checked against Lockstep's goldens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -144,6 +148,12 @@ def _rmsnorm(x, w, eps):
 def _sampling(logp, seeds, positions):
     from kernels.sampling import gumbel_argmax_triton
     return gumbel_argmax_triton(logp, seeds, positions)
+
+
+@functools.lru_cache(maxsize=1)
+def engine() -> Target:
+    """Lockstep's engine itself: the default target of `check` (see the module's docstring)."""
+    return dataclasses.replace(load(), engine=True)
 
 
 def load() -> Target:

@@ -13,6 +13,7 @@ from harness.platform import detect
 from harness.result import RunContext
 from harness.specfile import load_specs
 from tests.kernels.conftest import DEVICE
+from harness.targets.lockstep import engine
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 
@@ -32,7 +33,7 @@ def platform():
 
 def check(spec):
     ctx = RunContext(platform=platform())
-    return kernel_kind.check(spec, kernel_kind.run(spec, ctx))
+    return kernel_kind.check(spec, kernel_kind.run(spec, ctx, engine()))
 
 
 def test_there_are_enough_specs(kernel_specs):

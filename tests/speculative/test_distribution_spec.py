@@ -16,6 +16,7 @@ from harness.result import RunContext
 from harness.specfile import load_spec_file
 
 from tests.speculative.verify_bugs import rejection
+from harness.targets.lockstep import engine
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 REJECTION_SPEC = SPECS / "speculative" / "rejection-distribution.yaml"
@@ -81,7 +82,7 @@ def test_the_exact_law_applies_temperature_and_filters_per_prefix():
 def run_spec():
     spec = load_spec_file(REJECTION_SPEC, SPECS)
     with torch.inference_mode():
-        result = distribution.run(spec, RunContext(detect("cpu")))
+        result = distribution.run(spec, RunContext(detect("cpu")), engine())
     return spec, result, distribution.check(spec, result)
 
 

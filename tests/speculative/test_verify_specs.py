@@ -20,6 +20,7 @@ from harness.result import RunContext
 from harness.specfile import SpecErrors, load_spec_file, parse_spec
 
 from tests.speculative.verify_bugs import rejection
+from harness.targets.lockstep import engine
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 VERIFY_IDS = sorted(f"verify/{p.stem}" for p in (SPECS / "verify").glob("*.yaml"))
@@ -29,7 +30,7 @@ def failures(spec_id: str) -> list[str]:
     """The spec's failed expectations, or the crash, as messages."""
     spec = load_spec_file(SPECS / f"{spec_id}.yaml", SPECS)
     try:
-        return verify.check(spec, verify.run(spec, RunContext(detect("cpu"))))
+        return verify.check(spec, verify.run(spec, RunContext(detect("cpu")), engine()))
     except Exception as e:                       # a crash of the code under test is a red spec too
         return [f"crash: {type(e).__name__}: {e}"]
 

@@ -13,7 +13,7 @@ from harness.result import RunContext
 from harness.specfile import load_specs, select
 from harness.targets.base import Op, Target
 from harness.targets.expectfile import ExpectationsError, find, load
-from harness.targets.runners import FAIL, PASS, error_facts, run_on_target
+from harness.targets.judge import FAIL, PASS, error_facts, run_on_target
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENTRY = ("failures:\n  coins/known-answers:\n    observed: the first line\n    judgement: peer bug\n"

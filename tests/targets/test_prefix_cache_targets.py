@@ -16,7 +16,7 @@ from harness.result import RunContext
 from harness.specfile import load_specs, select
 from harness.targets import get
 from harness.targets.base import Op, Target
-from harness.targets.runners import FAIL, NA, PASS, TOLERANCE, applicability, run_on_target
+from harness.targets.judge import FAIL, NA, PASS, TOLERANCE, applicability, run_on_target
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPEC = "prefix-cache/tile-block-chunk-splits"

@@ -14,7 +14,7 @@ from harness.result import RunContext
 from harness.specfile import load_specs, select
 from harness.targets import get
 from harness.targets.base import Op, Target
-from harness.targets.runners import FAIL, NA, PASS, run_on_target
+from harness.targets.judge import FAIL, NA, PASS, run_on_target
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_lockstep_decode_loop_and_draft_through_the_target_path_pass(spec_id):
 
 
 def test_a_feature_the_target_does_not_declare_is_na_with_its_reason():
-    from harness.targets.runners import applicability
+    from harness.targets.judge import applicability
 
     full = get("lockstep").ops["generate"]
     t = Target("toy", "1", ops={"generate": Op(full.fn, full.where, features=frozenset({"batch"}))},
@@ -190,7 +190,7 @@ def test_a_speculative_sampler_that_ignores_its_seeds_fails_the_distribution_spe
     import torch
 
     from harness.targets import Result
-    from harness.targets.runners import CHI_SQUARE, applicability
+    from harness.targets.judge import CHI_SQUARE, applicability
 
     def same_for_every_seed(checkpoint, draft, convention, requests, speculative):
         return [Result([1, 2, 3], torch.zeros(3), "length", accept_lengths=[1, 1, 1]) for _ in requests]

@@ -1,0 +1,176 @@
+"""Judging one spec's run on a target other than Lockstep's engine: pass, fail or n/a.
+
+The run itself is the kind's own (`harness/kinds/<kind>.py: run(spec, ctx, target)`); how each
+kind applies to a target, and how its result is compared, live in that module too (its
+`applicability` and `compared`). What is judged here is the same for every kind:
+
+- n/a: the target lacks an operation or feature the spec needs (`NotApplicable`, with its reason);
+- the kind's own checks (`check`), except that an expected refusal is judged by its facts
+  (harness/targets/base.py, "Refusals"): the kind's `refusal(result)` gives the message;
+- the golden, when the kind compares with one: bitwise (the same golden bit for bit) or within
+  CROSS_ATOL + CROSS_RTOL |golden| (two implementations of one whole model);
+- a crash of the implementation under test: a failure with one located line.
+
+Anything a target cannot run is `n/a` with the reason, never skipped or passed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from harness import kinds
+from harness.compare import diff_data, diff_tensors
+from harness.errors import full_traceback, where
+from harness.golden import CorruptGolden, GoldenStore, json_roundtrip
+from harness.result import Result, RunContext
+from harness.specfile import Spec
+from harness.targets.base import (BITWISE, CHI_SQUARE, TOLERANCE, NotApplicable, Target,  # noqa: F401
+                                  UpstreamChanged)
+
+PASS, FAIL, NA = "pass", "fail", "n/a"
+# Two implementations of one whole model in fp32 sum in different orders: |a - b| <= ATOL + RTOL |b|
+# (tests/engine/test_hf_agreement.py: max ~5e-6 on logits of size ~5 for 2 blocks).
+# Measured on the 2-block tiny preset; over the 24 and 36 blocks of tiny-d24 / tiny-d36 the same
+# rounding reaches 5e-4 (HF, layer_ids forward specs), so whole-model comparisons use 1e-3: a real
+# convention error (window off by one, sink scaled, RoPE interleaved, router softmax) moves 1e-2 or more.
+CROSS_ATOL = CROSS_RTOL = 1e-3
+
+
+@dataclass
+class TargetOutcome:
+    spec: Spec
+    target: str
+    status: str                      # pass | fail | n/a
+    compare: str = ""                # bitwise | tolerance
+    message: str = ""                # the first mismatch (fail) or the reason (n/a)
+    messages: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    traceback: str = ""              # of a crash: shown with --debug (and in pytest's report)
+
+    def to_json(self) -> dict:
+        return {"id": self.spec.id, "kind": self.spec.kind, "target": self.target, "status": self.status,
+                "compare": self.compare, "message": self.message, "messages": list(self.messages),
+                "seconds": round(self.seconds, 3)}
+
+
+# --------------------------------------------------------------------------- refusals judged by their facts
+_NUMBER = re.compile(r"(?<![\w.-])-?\d+(?![\w.])")
+_TENSOR = re.compile(r"^[A-Za-z_][\w]*(\.[\w]+)+$")       # model.layers.2.mlp.experts.down_proj_scales
+
+
+def error_facts(fragments: list[str]) -> list:
+    """The facts an error spec's expected fragments name — whole numbers (ids, bounds, counts,
+    widths, indices) and tensor names: a target's refusal must name these, in its own words."""
+    return [f for f in fragments if _TENSOR.match(f)] + \
+        [int(m) for f in fragments if not _TENSOR.match(f) for m in _NUMBER.findall(f)]
+
+
+def _missing_facts(fragments: list[str], message: str) -> list:
+    named = {int(m) for m in _NUMBER.findall(message)}
+    return [f for f in error_facts(fragments) if (f not in message if isinstance(f, str) else f not in named)]
+
+
+def check_on_target(spec, result: Result) -> list[str]:
+    """The kind's checks, except that an expected refusal is judged by its facts, not its wording
+    (the kind's `refusal(result)`: the refusal's message, or None when the run did not refuse)."""
+    kind = kinds.KINDS[spec.kind]
+    error = spec.expect.get("error") if isinstance(spec.expect, dict) else None
+    message = kind.refusal(result) if error and hasattr(kind, "refusal") else None
+    if message is not None:
+        missing = _missing_facts(error, message)
+        return [f"the refusal does not name {missing}: {message}"] if missing else []
+    return list(kind.check(spec, result))
+
+
+def compared(spec: Spec, ctx: RunContext, result: Result) -> tuple[str, str | None]:
+    """(how the result is compared, the golden platform or None): the kind's `compared`, or
+    bitwise against the kind's golden when it defines none."""
+    kind = kinds.KINDS[spec.kind]
+    if hasattr(kind, "compared"):
+        return kind.compared(spec, ctx, result)
+    return BITWISE, kind.golden_platform(spec, ctx)
+
+
+# --------------------------------------------------------------------------- comparison
+def _tolerance_diff(golden: dict, got: dict) -> list[str]:
+    out = []
+    for name in sorted(set(golden) | set(got)):
+        if name not in got or name not in golden:
+            out.append(f"tensor {name!r} is {'missing' if name not in got else 'not in the golden'}")
+            continue
+        g, x = golden[name], got[name]
+        if g.shape != x.shape:
+            out.append(f"tensor {name!r}: shape {list(x.shape)}, the golden has {list(g.shape)}")
+            continue
+        if not g.is_floating_point():
+            if not torch.equal(g, x.to(g.dtype)):
+                i = (g != x.to(g.dtype)).nonzero()[0].tolist()
+                out.append(f"tensor {name!r} differs at {i}: {x[tuple(i)].item()} instead of {g[tuple(i)].item()}")
+            continue
+        g64, x64 = g.to(torch.float64), x.to(torch.float64)
+        err = (x64 - g64).abs().nan_to_num(nan=math.inf)
+        bound = CROSS_ATOL + CROSS_RTOL * g64.abs()
+        bad = err > bound
+        if bad.any():
+            i = bad.nonzero()[0].tolist()
+            out.append(f"tensor {name!r}: {int(bad.sum())} of {g.numel()} values outside |d| <= "
+                       f"{CROSS_ATOL:g} + {CROSS_RTOL:g}|golden|, first at {i}: {x64[tuple(i)].item():.9g} instead "
+                       f"of {g64[tuple(i)].item():.9g} (max |d| {float(err.max()):.3g})")
+    return out
+
+
+def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStore) -> TargetOutcome:
+    start = time.perf_counter()
+    out = TargetOutcome(spec, target.label, PASS)
+    try:
+        with torch.inference_mode():
+            result = kinds.KINDS[spec.kind].run(spec, ctx, target)
+        result.data = json_roundtrip(result.data)
+        out.compare, platform = compared(spec, ctx, result)
+        fails = check_on_target(spec, result)
+        if platform is not None:
+            try:
+                golden = store.load(platform, spec.id)
+            except CorruptGolden as e:
+                golden, fails = None, fails + [f"corrupt golden: {e}"]
+            if golden is None:
+                fails.append(f"no golden on {platform} to compare with (record it with lockstep regen {spec.id})")
+            elif out.compare == BITWISE:
+                fails += [d.describe() for d in diff_tensors(golden.tensors, result.tensors)]
+                dd = diff_data(golden.data, result.data)
+                if dd:
+                    fails.append(f"data differs from the golden: {dd}")
+            else:
+                fails += _tolerance_diff(golden.tensors, result.tensors)
+        if fails:
+            out.status, out.messages = FAIL, fails
+    except NotApplicable as e:
+        out.status, out.message = NA, str(e)
+    except UpstreamChanged as e:
+        out.status, out.messages = FAIL, [f"adapter refused: {e}"]
+    except Exception as e:                  # the implementation under test crashed: one located line
+        crash = f"crash: {type(e).__name__}: {e}".strip().splitlines()[0]
+        out.status, out.traceback = FAIL, full_traceback(e)
+        out.messages = [crash + (f" (at {where(e)})" if where(e) else "")]
+        out.message = crash[:300]           # what an expectations file records: no path of this machine
+    if out.status == FAIL and not out.message:
+        out.message = out.messages[0].splitlines()[0][:300]
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]:
+    """(how it compares, or 'n/a'; the reason) without running the spec: the kind's
+    `applicability(spec, target, device)`, which raises NotApplicable with the reason."""
+    kind = kinds.KINDS[spec.kind]
+    try:
+        if not hasattr(kind, "applicability"):
+            raise NotApplicable(f"kind {spec.kind}")
+        return kind.applicability(spec, t, device), ""
+    except NotApplicable as e:
+        return NA, str(e)
