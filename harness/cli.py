@@ -130,6 +130,12 @@ def _world_sizes(text: str) -> list[int]:
     return sizes
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
 def _tag(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("a tag must not be empty")
@@ -382,7 +388,7 @@ class StatusTable:
 
 
 def cmd_check(args, explain: bool = False) -> int:
-    from harness import runner
+    from harness import parallel, runner
     from harness.golden import GoldenStore
 
     if getattr(args, "expectations", None) is not None and args.target == "lockstep":
@@ -402,9 +408,9 @@ def cmd_check(args, explain: bool = False) -> int:
     if rows and not args.json:
         print(table.header(), flush=True)
     outcomes = []
-    for i, (spec, row_ctx, _) in enumerate(rows, 1):
-        progress.show(i, spec.id)
-        outcomes.append(runner.check_spec(spec, row_ctx, store, strict=args.strict))
+    checked = parallel.check_rows(rows, store, args.strict, getattr(args, "jobs", 1), waiting=progress.show)
+    for i, outcome in enumerate(checked, 1):
+        outcomes.append(outcome)
         progress.clear()
         progress.finished(i, table.outcome(outcomes[-1]))
         if not args.json:
@@ -705,6 +711,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone, or was edited "
                                                          "after they were recorded)")
+    p.add_argument("-j", "--jobs", type=_positive, default=None, metavar="N",
+                   help="check in N worker processes, reported as a serial run (default: the cores available)")
     _target(p)
     _expectations(p)
     p.set_defaults(func=cmd_check)
