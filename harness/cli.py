@@ -2,7 +2,7 @@
 
     lockstep list     [PATTERN ...] [--tag T]       the specs, one a line
     lockstep validate [PATTERN ...]                 check spec files only, run nothing
-    lockstep check    [PATTERN ...] [--json] [--strict]   the CI gate
+    lockstep check    [PATTERN ...] [--json] [--strict] [-j N]   the CI gate
     lockstep diff     PATTERN ...                   run and explain against the golden
     lockstep regen    [PATTERN ...] [--dry-run] [--allow-ci]
     lockstep report   [PATTERN ...] [--target T ...] --out PATH.md
