@@ -2,7 +2,7 @@
 
     lockstep list     [PATTERN ...] [--tag T]       the specs, one a line
     lockstep validate [PATTERN ...]                 check spec files only, run nothing
-    lockstep check    [PATTERN ...] [--json] [--strict]   the CI gate
+    lockstep check    [PATTERN ...] [--json] [--strict] [-j N]   the CI gate
     lockstep diff     PATTERN ...                   run and explain against the golden
     lockstep regen    [PATTERN ...] [--dry-run] [--allow-ci]
     lockstep report   [PATTERN ...] [--target T ...] --out PATH.md
@@ -128,6 +128,12 @@ def _world_sizes(text: str) -> list[int]:
     if len(set(sizes)) != len(sizes):
         raise argparse.ArgumentTypeError(f"a world size is listed twice in {text!r}")
     return sizes
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
 
 
 def _tag(text: str) -> str:
@@ -382,7 +388,7 @@ class StatusTable:
 
 
 def cmd_check(args, explain: bool = False) -> int:
-    from harness import runner
+    from harness import parallel, runner
     from harness.golden import GoldenStore
 
     if getattr(args, "expectations", None) is not None and args.target == "lockstep":
@@ -404,9 +410,9 @@ def cmd_check(args, explain: bool = False) -> int:
     if rows and not args.json:
         print(table.header(), flush=True)
     outcomes = []
-    for i, (spec, row_ctx, _) in enumerate(rows, 1):
-        progress.show(i, spec.id)
-        outcomes.append(runner.check_spec(spec, row_ctx, store, strict=args.strict))
+    checked = parallel.check_rows(rows, store, args.strict, getattr(args, "jobs", 1), waiting=progress.show)
+    for i, outcome in enumerate(checked, 1):
+        outcomes.append(outcome)
         progress.clear()
         progress.finished(i, table.outcome(outcomes[-1]))
         if not args.json:
@@ -707,6 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone, or was edited "
                                                          "after they were recorded)")
+    p.add_argument("-j", "--jobs", type=_positive, default=None, metavar="N",
+                   help="check in N worker processes, reported as a serial run (default: the cores available)")
     _target(p)
     _expectations(p)
     p.set_defaults(func=cmd_check)

@@ -53,6 +53,11 @@ def map_checkpoints(pairs) -> None:
         _MAPPED[key] = Path(os.path.abspath(path))
 
 
+def explicit_mappings() -> dict[str, Path]:
+    """The mappings added by map_checkpoints (a `check -j N` worker starts with the parent's)."""
+    return dict(_MAPPED)
+
+
 def _from_env() -> dict[str, Path]:
     out = {}
     for item in filter(None, os.environ.get("LOCKSTEP_CHECKPOINT_PATHS", "").split(os.pathsep)):

@@ -1,3 +1,4 @@
+import os
 import shutil
 from pathlib import Path
 
@@ -7,6 +8,10 @@ from harness.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["pytester"]
+# `lockstep check` defaults to a worker per core (harness/parallel.py); the suite's xdist workers
+# already fill the cores, so its many small in-process and subprocess checks run serially.
+# tests/test_parallel_check.py passes -j itself.
+os.environ.setdefault("LOCKSTEP_JOBS", "1")
 
 # A minimal valid coins spec, for tests that write spec files of their own.
 COINS = """\

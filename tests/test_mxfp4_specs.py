@@ -42,10 +42,9 @@ def decoder(*, lut=mx.E2M1_VALUES, swap_nibbles=False, bias=mx.SCALE_BIAS, nan_r
     return dequantize
 
 
-def test_the_specs_pass_and_the_reference_decoder_is_the_engines(monkeypatch):
+def test_the_reference_decoder_is_the_engines(monkeypatch):
+    # that every mxfp4 spec passes is its own pytest item's job (pyproject testpaths: specs)
     assert len(SPECS) >= 6
-    for spec_id in SPECS:
-        assert status(spec_id).status == runner.PASS, status(spec_id).report()
     monkeypatch.setattr(mx, "dequantize", decoder())          # the copy above, unchanged, still passes
     for spec_id in ("mxfp4/e2m1-table", "mxfp4/scale-edges", "mxfp4/scale-255-nan"):
         assert status(spec_id).status == runner.PASS, spec_id

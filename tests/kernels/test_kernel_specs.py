@@ -43,16 +43,9 @@ def test_there_are_enough_specs(kernel_specs):
     assert kernel_kind.golden_platform(next(iter(kernel_specs.values())), RunContext(platform=platform())).endswith("-triton")
 
 
-FAST = ["kernels/attention-empty-tiles-window-128", "kernels/attention-no-sink", "kernels/matmul-n127-k129",
-        "kernels/rmsnorm-n2881", "kernels/router-top4-ties", "kernels/sampling-vocab-1025",
-        "kernels/rope-bf16-odd-heads", "kernels/swiglu-clamps", "kernels/attention-all-masked",
-        "kernels/experts-block-tails"]
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered")
-@pytest.mark.parametrize("spec_id", FAST)
-def test_specs_hold(kernel_specs, spec_id):
-    assert check(kernel_specs[spec_id]) == []
+# That each spec's expectations hold is not tested here: every spec is a pytest item of its own
+# (pyproject testpaths: specs), and the item fails unless `runner.check_spec` passes, which checks
+# the expectations before the golden. (Ten of them were re-run here: docs/gate.md.)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")

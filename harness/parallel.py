@@ -1,0 +1,73 @@
+"""`lockstep check -j N`: the planned rows checked in N worker processes, reported as one serial run.
+
+Each row (spec, RunContext, golden folder) is checked by `runner.check_spec` exactly as the serial
+loop does; only where it runs changes. Outcomes come back in the rows' order whatever order the
+workers finish in, so the table, the report, the JSON document and the exit code are the ones a
+serial run gives (the seconds aside). Workers are fresh "spawn" processes (no state forked from a
+half-initialised torch) with one torch thread each: N workers already fill N cores, and the bits
+do not depend on the thread count (DESIGN D0). A spec that starts ranks of its own (topologies)
+can: pool workers are not daemons.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+
+from harness import runner, suite
+from harness.golden import GoldenStore
+
+
+def default_jobs() -> int:
+    """$LOCKSTEP_JOBS when set (the test suite sets 1: its xdist workers already fill the cores),
+    else the cores this process may run on (its affinity mask, not the machine's count)."""
+    if os.environ.get("LOCKSTEP_JOBS", "").isdigit() and int(os.environ["LOCKSTEP_JOBS"]) >= 1:
+        return int(os.environ["LOCKSTEP_JOBS"])
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:                    # macOS, Windows: no affinity masks
+        return max(1, os.cpu_count() or 1)
+
+
+def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | None,
+               waiting: Callable[[int, str], None] | None = None) -> Iterator[runner.Outcome]:
+    """Yield each row's Outcome in the rows' order, from `jobs` processes (None: default_jobs());
+    `waiting(i, spec id)` (1-based) is called before the i-th is awaited (the live progress line)."""
+    jobs = min(jobs or default_jobs(), len(rows))
+    if jobs <= 1:
+        for i, (spec, ctx, _) in enumerate(rows, 1):
+            if waiting:
+                waiting(i, spec.id)
+            yield runner.check_spec(spec, ctx, store, strict=strict)
+        return
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker, initargs=(suite.explicit_mappings(),))
+    try:
+        futures = [pool.submit(runner.check_spec, spec, ctx, store, strict) for spec, ctx, _ in rows]
+        for i, ((spec, ctx, folder), future) in enumerate(zip(rows, futures), 1):
+            if waiting:
+                waiting(i, spec.id)
+            yield _outcome(future, spec, folder)
+    finally:                                  # an interrupted check leaves no worker behind
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_worker(mapped: dict) -> None:
+    """A worker starts as the parent was set up: its --checkpoint-path mappings, one torch thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    suite.map_checkpoints(mapped.items())
+
+
+def _outcome(future: Future, spec, folder: str) -> runner.Outcome:
+    """The worker's Outcome; a worker that died (a segfault, the OOM killer) is this row's CRASH,
+    since a serial run would have died there too."""
+    try:
+        return future.result()
+    except Exception as e:  # noqa: BLE001 - BrokenProcessPool, or an Outcome that cannot be sent back
+        return runner.Outcome(spec, runner.CRASH, folder, messages=[
+            f"crashed: the worker process checking it failed: {type(e).__name__}: {e} "
+            f"(run `lockstep check {spec.id} -j 1` to see it in this process)"])
