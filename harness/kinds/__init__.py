@@ -10,7 +10,8 @@ A kind module defines
     check(spec, result) → list[str], one message per failed expectation
 """
 
-from harness.kinds import coins, distribution, draft, generate, kernel, layer_ids, mxfp4, prefix_cache, primitive, verify
+from harness.kinds import (coins, distribution, draft, generate, kernel, layer_ids, mxfp4, prefix_cache, primitive,
+                           replay, verify)
 
 KINDS = {module.NAME: module for module in (coins, layer_ids, generate, kernel, verify, distribution, mxfp4,
-                                            draft, primitive, prefix_cache)}
+                                            draft, primitive, prefix_cache, replay)}

@@ -43,3 +43,15 @@ def test_ulp_is_a_distance_monotone_in_the_value(a, b, c):
     assert ac == ab + bc                              # points on one line: distances add up
     assert (ab == 0) == (a == b)                      # zero exactly for equal values (±0 included)
 
+
+@given(finite, st.integers(-1000, 1000))
+def test_an_ulp_edit_of_the_replay_kind_moves_exactly_that_many_values(x, n):
+    from harness.kinds.replay import _moved
+
+    bits = f32_bits(x)
+    moved = _moved(bits, {"ulp": n, "add": None})
+    value = struct.unpack(">f", bytes.fromhex(moved))[0]
+    if value != value or abs(value) == float("inf"):
+        return                                        # walked off the finite floats
+    assert ulp_distance(bits, moved) == abs(n)
+    assert value > x if n > 0 else value < x if n < 0 else value == x
