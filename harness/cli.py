@@ -43,7 +43,7 @@ from harness.errors import UsageError, full_traceback, located  # noqa: F401 - U
 from harness.limits import MAX_CHECKPOINT_GB, MAX_GENERATE_SECONDS, WORLD_SIZES
 from harness.specfile import load_headers, load_specs, select, spec_files, spec_id_for
 
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_MISSING, EXIT_INCOMPARABLE = 0, 1, 2, 3, 4
 EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a Unix tool killed by a closed pipe reports
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 MAX_COLUMN = 48  # a column of `list` wider than this is cut with "…", so one long tag cannot push every line
@@ -363,6 +363,8 @@ def _exit_code(outcomes, errors, stale_failing: bool) -> int:
         return EXIT_USAGE
     if stale_failing or any(o.status in runner.FAILING for o in outcomes):
         return EXIT_MISMATCH
+    if any(o.status == runner.INCOMPARABLE for o in outcomes):
+        return EXIT_INCOMPARABLE
     if any(o.status == runner.MISSING for o in outcomes):
         return EXIT_MISSING
     return EXIT_OK

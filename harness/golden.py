@@ -101,6 +101,25 @@ class GoldenStore:
         return out
 
     # ------------------------------------------------------------------ read
+    def other_triton(self, platform: str, spec_id: str, here: str) -> str | None:
+        """Why the golden is not comparable here, or None: a Triton folder's golden (`*-triton`:
+        the interpreter on a CPU, the compiled kernels on a GPU) whose provenance names another
+        Triton than `here` (this machine's version). Triton releases differ in what a kernel
+        computes and in what the interpreter accepts, so such a golden can neither pass nor
+        honestly fail. A manifest that cannot be read is left to `load` to report."""
+        if not platform.endswith("-triton"):
+            return None
+        try:
+            manifest = json.loads(_read_bytes(self.paths(platform, spec_id)[1]).decode("utf-8"))
+            recorded = manifest["provenance"]["bit_dependencies"]["triton"]
+        except (CorruptGolden, OSError, ValueError, UnicodeDecodeError, KeyError, TypeError):
+            return None
+        if not isinstance(recorded, str) or recorded == here:
+            return None
+        return (f"not comparable: the golden was recorded under triton {recorded}, this machine has triton "
+                f"{here}; check under triton {recorded} (the goldens' version, see pyproject.toml), or "
+                f"record goldens for {here} in another --golden folder")
+
     def load(self, platform: str, spec_id: str) -> Golden | None:
         """The golden, None when there is none, CorruptGolden when it cannot be trusted."""
         tpath, mpath = self.paths(platform, spec_id)

@@ -28,10 +28,12 @@ from harness.targets.lockstep import engine
 
 # Outcome statuses, and the exit code each one earns `lockstep check` (DESIGN of the CLI).
 # STALE: the bits match, but the golden was recorded for another version of the spec (--strict).
+# INCOMPARABLE: the golden holds another Triton's bits (GoldenStore.other_triton): not run.
 PASS, MISMATCH, FAILED, CRASH, CORRUPT, MISSING, STALE = ("pass", "mismatch", "failed", "crash", "corrupt",
                                                           "missing", "stale")
+INCOMPARABLE = "incomparable"
 FAILING = (MISMATCH, FAILED, CRASH, CORRUPT, STALE)
-STATUSES = (PASS, MISMATCH, FAILED, CRASH, CORRUPT, STALE, MISSING)
+STATUSES = (PASS, MISMATCH, FAILED, CRASH, CORRUPT, STALE, MISSING, INCOMPARABLE)
 
 
 def repro_command(spec_id: str, ctx: RunContext, verb: str = "diff", specs: Path | None = None,
@@ -154,6 +156,10 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore, strict: bool = F
     out = Outcome(spec, PASS, platform, repro=repro_command(spec.id, ctx, specs=_specs_dir(spec), golden=store.root,
                                                            pair=runs_the_engine(spec, ctx.platform.device)),
                   pair=f"{ctx.platform.dtype}/{ctx.backend}")
+    other = store.other_triton(platform, spec.id, versions()["triton"])
+    if other:                                  # neither a pass nor a mismatch: say which versions
+        out.status, out.messages, out.repro = INCOMPARABLE, [other], ""
+        return out
     result, failed, crash = _run_and_expect(spec, ctx)
     if crash:
         out.status, out.messages, out.traceback = CRASH, [crash.summary], crash.traceback

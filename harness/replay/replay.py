@@ -12,10 +12,12 @@ Modes:
   teacher-forced  feed the recorded tokens and recompute each step (plain generation with forced
                   tokens): logprob bits, the logits row's digest and the routed experts must match.
 
-A step's verdict (STATUSES): `bitwise`; `bits` (same token, other bits: |Δlogprob| and ULP);
+A step's verdict (`Verdict`): `bitwise`; `bits` (same token, other bits: |Δlogprob| and ULP);
 `token` (another token; `near-tie` when the recorded top-1/top-2 margin is below the threshold);
 `control` (another control flow: accept length or draft tree, routed experts, or where it
-stopped). The first step that is not bitwise is handed to harness.locate, which re-runs that
+stopped); `not recorded` (teacher-forced: the chosen logprob is bitwise, but the trace lacks a
+measurement the mode checks, the logits row's digest or the routed experts: it was not checked,
+and the step says so rather than passing silently; not a divergence). The first step that is not bitwise is handed to harness.locate, which re-runs that
 step of that request on both sides (the recorded setup and the replay's) with every op traced
 and names the layer and op where they part.
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 
 from engine.request import Request
 from harness.replay.format import Trace, TraceError, f32_bits, f32_from_bits
@@ -47,14 +50,33 @@ THRESHOLD = 1e-3          # another engine's trace: |Δlogprob| accepted per ste
 REPLAYABLE_RNG = ("lockstep-coins-1", "none (greedy)")     # the RNG models free-run can draw again
 
 
+class Verdict(str, Enum):
+    """A step's verdict; its value is what the text and JSON reports print."""
+    BITWISE = "bitwise"
+    BITS = "bits"
+    TOKEN = "token"
+    NEAR_TIE = "near-tie"
+    CONTROL = "control"
+    NOT_RECORDED = "not recorded"
+
+    def __str__(self) -> str:             # the value, on every Python (3.12 changed mixed-in enums' format)
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @dataclass
 class StepVerdict:
     request: int
     step: int                 # token index (plain and teacher-forced), as the trace's step records
-    status: str               # bitwise | bits | token | near-tie | control
+    status: Verdict
     detail: str = ""
     dlogprob: float = 0.0
     ulp: int = 0
+
+    def to_json(self) -> dict:
+        return {**vars(self), "status": self.status.value}
 
 
 @dataclass
@@ -69,7 +91,7 @@ class ReplayReport:
 
     @property
     def bitwise(self) -> bool:
-        return all(v.status == "bitwise" for v in self.verdicts)
+        return all(v.status == Verdict.BITWISE for v in self.verdicts)
 
     @property
     def ok(self) -> bool:
@@ -79,7 +101,7 @@ class ReplayReport:
     def counts(self) -> dict:
         out: dict[str, int] = {}
         for v in self.verdicts:
-            out[v.status] = out.get(v.status, 0) + 1
+            out[v.status.value] = out.get(v.status.value, 0) + 1
         return out
 
     def text(self) -> str:
@@ -92,7 +114,11 @@ class ReplayReport:
                          f"p99 {st['p99']:.3g}, max {st['max']:.3g} (mean {st['mean']:.3g}); "
                          f"{100 * st['share_over_threshold']:.1f}% over {self.threshold:g}; "
                          f"{st['bitwise_equal']} of {st['tokens']} bitwise equal")
-        if self.first is None:
+        unchecked = c.get(Verdict.NOT_RECORDED.value, 0)
+        if self.first is None and unchecked:
+            lines.append(f"no step diverges, but {unchecked} of {len(self.verdicts)} steps were not fully checked: "
+                         f"the trace did not record what teacher-forcing compares (not recorded)")
+        elif self.first is None:
             lines.append("every step is bitwise equal to the trace" if self.bitwise else
                          f"every step is within |Δlogprob| <= {self.threshold:g} of the trace (not bitwise: "
                          f"another implementation)")
@@ -106,15 +132,17 @@ class ReplayReport:
     def to_json(self) -> dict:
         return {"mode": self.mode, "setup": self.setup, "bitwise": self.bitwise, "ok": self.ok,
                 "threshold": self.threshold, "stats": self.stats, "counts": self.counts(),
-                "first": None if self.first is None else vars(self.first),
+                "first": None if self.first is None else self.first.to_json(),
                 "located": None if self.located is None else self.located.to_json(),
-                "divergent": [vars(v) for v in self.verdicts if v.status != "bitwise"][:200]}
+                "divergent": [v.to_json() for v in self.verdicts if v.status != Verdict.BITWISE][:200]}
 
 
 def ulp_distance(a_bits: str, b_bits: str) -> int:
+    """How many float32 values lie between two (hex bits): -0.0 and +0.0 are one value (0 apart),
+    the smallest subnormals of either sign are 1 from zero."""
     def ordered(h):
         u = int(h, 16)
-        return (1 << 31) - u if u & (1 << 31) else u + (1 << 31)       # monotone in the float's value
+        return -(u & 0x7FFFFFFF) if u & (1 << 31) else u      # sign-magnitude to a line monotone in the value
     return abs(ordered(a_bits) - ordered(b_bits))
 
 
@@ -160,26 +188,27 @@ def _token_verdicts(trace: Trace, i: int, tokens: list[int], logprobs, threshold
     rec = trace.steps[i]
     for k, s in enumerate(rec):
         if k >= len(tokens):
-            out.append(StepVerdict(i, k, "control", f"the replay stopped after {len(tokens)} tokens, "
+            out.append(StepVerdict(i, k, Verdict.CONTROL, f"the replay stopped after {len(tokens)} tokens, "
                                                     f"the trace has {len(rec)}"))
             break
         bits = f32_bits(float(logprobs[k]))
         if tokens[k] != s["token"]:
-            margin = f32_from_bits(s["margin_bits"]) if s.get("margin_bits") else math.inf
-            near = margin < threshold
-            out.append(StepVerdict(i, k, "near-tie" if near else "token",
-                                   f"token {tokens[k]}, the trace has {s['token']} (recorded margin {margin:.3g}"
-                                   f"{' < ' if near else ' >= '}{threshold:g})"))
+            margin = f32_from_bits(s["margin_bits"]) if s.get("margin_bits") else None
+            near = margin is not None and margin < threshold       # no recorded margin: never a near-tie
+            why = ("no recorded margin" if margin is None else
+                   f"recorded margin {margin:.3g}{' < ' if near else ' >= '}{threshold:g}")
+            out.append(StepVerdict(i, k, Verdict.NEAR_TIE if near else Verdict.TOKEN,
+                                   f"token {tokens[k]}, the trace has {s['token']} ({why})"))
             break                                           # later steps follow another sequence
         if bits != s["logprob_bits"]:
             d = abs(float(logprobs[k]) - f32_from_bits(s["logprob_bits"]))
-            out.append(StepVerdict(i, k, "bits", f"logprob {bits} vs the trace's {s['logprob_bits']} "
+            out.append(StepVerdict(i, k, Verdict.BITS, f"logprob {bits} vs the trace's {s['logprob_bits']} "
                                                  f"(|Δ| {d:.3g}, {ulp_distance(bits, s['logprob_bits'])} ULP)",
                                    d, ulp_distance(bits, s["logprob_bits"])))
         else:
-            out.append(StepVerdict(i, k, "bitwise"))
-    if len(tokens) > len(rec) and (not out or out[-1].status == "bitwise"):
-        out.append(StepVerdict(i, len(rec), "control", f"the replay went on to {len(tokens)} tokens, the trace "
+            out.append(StepVerdict(i, k, Verdict.BITWISE))
+    if len(tokens) > len(rec) and (not out or out[-1].status == Verdict.BITWISE):
+        out.append(StepVerdict(i, len(rec), Verdict.CONTROL, f"the replay went on to {len(tokens)} tokens, the trace "
                                                        f"stopped at {len(rec)}"))
     return out
 
@@ -192,10 +221,10 @@ def _speculative_control(trace: Trace, i: int, result, log: StepLog) -> StepVerd
         ev = log.events.get((i, r), {})
         got = result.accept_lengths[r - 1] if r - 1 < len(result.accept_lengths) else None
         if got != rec["accept_length"]:
-            return StepVerdict(i, emitted, "control", f"verify round {r}: accept length {got}, the trace has "
+            return StepVerdict(i, emitted, Verdict.CONTROL, f"verify round {r}: accept length {got}, the trace has "
                                                       f"{rec['accept_length']}")
         if ev.get("draft.tokens") != rec["draft_tokens"] or ev.get("draft.parents") != rec["draft_parents"]:
-            return StepVerdict(i, emitted, "control", f"verify round {r}: another draft tree "
+            return StepVerdict(i, emitted, Verdict.CONTROL, f"verify round {r}: another draft tree "
                                                       f"({ev.get('draft.tokens')} vs {rec['draft_tokens']})")
         emitted += rec["accept_length"]
     return None
@@ -206,21 +235,30 @@ def _forced_verdicts(trace: Trace, i: int, result, flog: StepLog) -> list[StepVe
     lps = result.logprobs.tolist() if hasattr(result.logprobs, "tolist") else list(result.logprobs)  # one copy
     for k, s in enumerate(trace.steps[i]):
         bits = f32_bits(float(lps[k]))
-        got = flog.logits.get((i, k), {})
+        digest = flog.logits.get((i, k), {}).get("logits_sha256")
         experts = [v for _, v in sorted(flog.experts.get((i, k), {}).items())]
+        # a measurement the trace lacks is named, never taken as agreement ([] is "no layer routed"
+        # only when the replay routed none either)
+        missing = [what for what, absent in (("routed experts", not s.get("experts") and bool(experts)),
+                                             ("logits row's digest", not s.get("logits_sha256"))) if absent]
         if bits != s["logprob_bits"]:
             d = abs(float(lps[k]) - f32_from_bits(s["logprob_bits"]))
             u = ulp_distance(bits, s["logprob_bits"])
-            out.append(StepVerdict(i, k, "bits", f"logprob {bits} vs the trace's {s['logprob_bits']} "
-                                                 f"(|Δ| {d:.3g}, {u} ULP)", d, u))
+            out.append(StepVerdict(i, k, Verdict.BITS, f"logprob {bits} vs the trace's {s['logprob_bits']} "
+                                                       f"(|Δ| {d:.3g}, {u} ULP)", d, u))
         elif s.get("experts") and experts != s["experts"]:
-            layer = next(j for j, (a, b) in enumerate(zip(experts, s["experts"])) if a != b)
-            out.append(StepVerdict(i, k, "control", f"routing: layer {layer} routes to {experts[layer]}, "
-                                                    f"the trace to {s['experts'][layer]}"))
-        elif s.get("logits_sha256") and got.get("logits_sha256") != s["logits_sha256"]:
-            out.append(StepVerdict(i, k, "bits", "the logits row's digest differs (the chosen logprob is equal)"))
+            layer = next((j for j, (a, b) in enumerate(zip(experts, s["experts"])) if a != b),
+                         min(len(experts), len(s["experts"])))
+            out.append(StepVerdict(i, k, Verdict.CONTROL, f"routing: layer {layer} routes to "
+                                                          f"{experts[layer] if layer < len(experts) else None}, "
+                                                          f"the trace to {(s['experts'] + [None])[layer]}"))
+        elif s.get("logits_sha256") and digest != s["logits_sha256"]:
+            out.append(StepVerdict(i, k, Verdict.BITS, "the logits row's digest differs (the chosen logprob is equal)"))
+        elif missing:
+            out.append(StepVerdict(i, k, Verdict.NOT_RECORDED, f"the chosen logprob is bitwise; the trace has no "
+                                                               f"{' and no '.join(missing)}: not checked"))
         else:
-            out.append(StepVerdict(i, k, "bitwise"))
+            out.append(StepVerdict(i, k, Verdict.BITWISE))
     return out
 
 
@@ -257,8 +295,8 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
                 c = _speculative_control(trace, i, res, log)
                 if c is not None:
                     vs = [v for v in vs if v.step < c.step] + [c]
-            if res.finish_reason != trace.requests[i]["finish_reason"] and all(v.status == "bitwise" for v in vs):
-                vs.append(StepVerdict(i, len(res.tokens) - 1, "control", f"finish {res.finish_reason}, the trace "
+            if res.finish_reason != trace.requests[i]["finish_reason"] and all(v.status == Verdict.BITWISE for v in vs):
+                vs.append(StepVerdict(i, len(res.tokens) - 1, Verdict.CONTROL, f"finish {res.finish_reason}, the trace "
                                                                          f"{trace.requests[i]['finish_reason']}"))
             report.verdicts += vs
     else:
@@ -266,11 +304,11 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
         results = run(setup, forced_requests(requests, tokens), flog, tokens)
         for i, res in enumerate(results):
             report.verdicts += _forced_verdicts(trace, i, res, flog)
-    bad = [v for v in report.verdicts if v.status != "bitwise"]
+    bad = [v for v in report.verdicts if v.status not in (Verdict.BITWISE, Verdict.NOT_RECORDED)]
     if foreign(trace):
         report.threshold = threshold
         report.stats = _stats(trace, results, threshold)
-        bad = [v for v in bad if not (v.status == "bits" and v.dlogprob <= threshold)]
+        bad = [v for v in bad if not (v.status == Verdict.BITS and v.dlogprob <= threshold)]
         locate_first = False                       # the trace's side is another engine: nothing to re-run
     if bad:
         report.first = min(bad, key=lambda v: (v.step, v.request))

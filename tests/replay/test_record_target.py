@@ -119,7 +119,7 @@ def test_hf_generation_recorded_and_teacher_forced_on_the_reference(tmp_path, ca
     code, doc = replay_json(capsys, out)
     # HF sums in other orders: within the threshold, not a claim of bitwise equality
     assert code == 0 and doc["ok"] and doc["first"] is None, doc
-    assert set(doc["counts"]) <= {"bitwise", "bits"} and sum(doc["counts"].values()) == 5
+    assert set(doc["counts"]) <= {"not recorded", "bits"} and sum(doc["counts"].values()) == 5
     assert 0 < doc["stats"]["max"] < 1e-3 and doc["stats"]["share_over_threshold"] == 0.0
     code, doc = replay_json(capsys, out, "--threshold", "1e-12")       # the same bits, a threshold too tight
     assert code == 1 and doc["first"]["status"] == "bits" and "ULP" in doc["first"]["detail"]
@@ -137,7 +137,8 @@ def test_outside_target_recorded_with_its_rng_model_and_replayed(outside_targets
     assert [r["rng"] for r in t.requests] == ["none (greedy)", "target:toy stateless (seed, position)"]
     code, doc = replay_json(capsys, out, "--order", "1,0")
     # the toy engine is Lockstep's engine: its tokens teacher-forced on the reference give its bits
-    assert code == 0 and doc["bitwise"] and doc["counts"] == {"bitwise": 11}, doc
+    # the toy records no logits digest nor routed experts: those steps are "not recorded", not bitwise
+    assert code == 0 and doc["ok"] and not doc["bitwise"] and doc["counts"] == {"not recorded": 11}, doc
     assert doc["stats"]["bitwise_equal"] == 11
     refused(capsys, ["replay", str(out)], "request 1", "stateless", "teacher-forced")   # its seed is not ours
 
@@ -153,7 +154,7 @@ def test_a_departing_target_is_named_at_its_step(outside_targets, tmp_path, caps
     assert (doc["first"]["request"], doc["first"]["step"], doc["first"]["status"]) == (0, 2, "bits"), doc
     assert doc["first"]["dlogprob"] == pytest.approx(0.01, rel=1e-3)
     assert doc["stats"]["share_over_threshold"] == pytest.approx(2 / 11)
-    assert doc["counts"] == {"bitwise": 9, "bits": 2}
+    assert doc["counts"] == {"not recorded": 9, "bits": 2}          # no digest nor experts recorded
     code, doc = replay_json(capsys, out, "--threshold", "0.02")
     assert code == 0 and doc["ok"] and not doc["bitwise"]
 
@@ -168,7 +169,9 @@ def test_lockstep_through_its_target_adapter_replays_bitwise(tmp_path, capsys):
     assert main(["replay", str(out), "--max-batch", "1", "--prefill-chunk", "3"]) == 0    # free-run: our coins
     assert "every step is bitwise equal" in capsys.readouterr().out
     code, doc = replay_json(capsys, out)
-    assert code == 0 and doc["bitwise"] and doc["stats"] is None
+    # a target's recording holds no logits digest nor routed experts: teacher-forced, each step is
+    # "not recorded" (the logprob bits agree; the rest was not checked), never silently bitwise
+    assert code == 0 and doc["ok"] and doc["stats"] is None and doc["counts"] == {"not recorded": 11}, doc
 
 
 @pytest.mark.parametrize("argv, words", [

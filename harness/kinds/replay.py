@@ -1,0 +1,229 @@
+"""Spec kind `replay`: a recorded trace with a known divergence gets the verdict report it must (DESIGN §10).
+
+    kind: replay
+    description: …
+    inputs:
+      checkpoint: {path: models/tiny-target}             # what the trace is recorded on
+      requests: [{prompt: [20, 21, 22], seed: 11, sampling: {temperature: 0.9, max_new_tokens: 4}}]
+      draft: {path: models/tiny-eagle3, convention: sglang}     # optional, with speculative:
+      speculative: {num_steps: 3, topk: 2, draft_token_num: 6, verify: target-only}
+      mode: free-run                                     # or teacher-forced
+      near_tie: 0.001                                    # optional: replay's --near-tie
+      threshold: 0.001                                   # optional: another engine's |Δlogprob| tolerance
+      edits:                                             # the known divergence, applied to the recording
+        - {request: 0, step: 2, field: logprob, ulp: 3}  # the trace's logprob 3 float32 steps away
+      promote: true                                      # optional: also the spec promote writes from it
+    expect:
+      ok: false                                          # the report's verdict (exit 0 or 1)
+      counts: {bitwise: 3, bits: 1}                      # steps per verdict
+      first: {request: 0, step: 2, status: bits, ulp: 3}     # the first divergence (or null)
+      refused: "another checkpoint"                      # or: the replay must refuse, with these words
+
+The run records the trace by running the engine (fp32, torch ops, on the check's device; the
+golden is under the device's fp32 folder, once per device) (harness.replay.record: never hand-written
+numbers), applies the edits to what was recorded (each moves one recorded value, so the
+divergence is known by construction), writes and reads the trace back (the format's hash chain)
+and replays it (harness.replay.replay, nothing located). The golden holds the whole verdict
+report as data (every step's verdict and detail, the statistics of another engine's trace, the
+refusal), so any change in how a verdict is chosen, ordered, worded or measured shows as a
+mismatch; the expectations say what the report must mean, so a golden recorded from a wrong
+verdict cannot pass. `promote: true` also pins the spec `lockstep promote` would write, and
+checks its requests read back (as the generate kind reads them) to the trace's own requests.
+
+Edit fields: on a step (`request`, `step`): `logprob` (`ulp: n` or `add: x`), `token` (`add`),
+`margin` (`ulp`, `add` or `drop`), `experts` (`add`: layer 0's first expert, or `drop`),
+`logits_sha256` (`drop`, or `add`: another digest); on a verify round (`request`, `round`):
+`accept_length` (`add`), `draft_tokens` (`add`: the first drafted token); on a request:
+`finish_reason` (`set`); on the trace: `source` (`set`: another engine's trace, e.g. "target:peer"),
+`checkpoint` (`add`: another digest of its first weight tensor, as another checkpoint would give).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+
+from harness.checkpoints import CHECKPOINT, DRAFT
+from harness.intseq import materialize
+from harness.kinds.generate import REQUEST, SAMPLING, _params
+from harness.kinds.generate import INPUTS as GENERATE_INPUTS
+from harness.replay.format import TraceError, canonical, f32_bits, f32_from_bits, read_trace, write_trace
+from harness.replay.promote import spec_document
+from harness.replay.record import record
+from harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, replay, requests_of
+from harness.replay.run import Setup
+from harness.result import Result
+from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
+from engine.generate import Request
+
+NAME = "replay"
+STEP_FIELDS = ("logprob", "token", "margin", "experts", "logits_sha256")
+ROUND_FIELDS = ("accept_length", "draft_tokens")
+TRACE_FIELDS = ("finish_reason", "source", "checkpoint")
+
+EDIT = Map({
+    "field": Field(Str(choices=list(STEP_FIELDS + ROUND_FIELDS + TRACE_FIELDS)), required=True),
+    "request": Field(Int(min=0)),
+    "step": Field(Int(min=0)),
+    "round": Field(Int(min=1)),
+    "ulp": Field(Int()),
+    "add": Field(Float()),
+    "drop": Field(Bool(), default=False),
+    "set": Field(Any_()),
+})
+INPUTS = Map({
+    "checkpoint": Field(CHECKPOINT, required=True),
+    "requests": Field(List(REQUEST, min_len=1, max_len=8), required=True),
+    "draft": Field(DRAFT),
+    "speculative": GENERATE_INPUTS.fields["speculative"],
+    "mode": Field(Str(choices=list(MODES)), default="free-run"),
+    "near_tie": Field(Float(), default=NEAR_TIE),
+    "threshold": Field(Float(), default=THRESHOLD),
+    "edits": Field(List(EDIT, max_len=16), default=list),
+    "promote": Field(Bool(), default=False),
+})
+EXPECT = Map({
+    "ok": Field(Bool()),
+    "counts": Field(Any_(), doc="steps per verdict, e.g. {bitwise: 5, bits: 1}"),
+    "first": Field(Any_(), doc="request, step, status (and optionally ulp) of the first divergence, or null"),
+    "refused": Field(Str(), doc="words the replay's refusal must contain"),
+})
+
+
+def validate(doc: dict, root=None) -> list[Problem]:
+    inp, exp, out = doc["inputs"], doc["expect"] or {}, []
+    if (inp["draft"] is None) != (inp["speculative"] is None):
+        out.append(Problem(("inputs",), "draft and speculative go together"))
+    for j, e in enumerate(inp["edits"]):
+        where, f = ("inputs", "edits", j), e["field"]
+        need = ("request", "step") if f in STEP_FIELDS else ("request", "round") if f in ROUND_FIELDS else \
+            ("request",) if f == "finish_reason" else ()
+        out += [Problem(where, f"an edit of {f} needs {k!r}") for k in need if e[k] is None]
+        if sum((e["ulp"] is not None, e["add"] is not None, e["drop"], e["set"] is not None)) != 1:
+            out.append(Problem(where, "give exactly one of ulp, add, drop, set"))
+    if "refused" in exp and exp["refused"] is not None and any(exp.get(k) is not None for k in ("ok", "counts")):
+        out.append(Problem(("expect",), "a refused replay has no verdicts: expect refused, or ok/counts/first"))
+    return out
+
+
+def golden_platform(spec, ctx) -> str:
+    return ctx.fixed_platform              # the verdict logic is pinned, on one dtype policy and backend
+
+
+def run(spec, ctx) -> Result:
+    inp = spec.inputs                      # the engine only produces the trace: fp32, torch ops, any device
+    setup = Setup(inp["checkpoint"], dtype="fp32", backend="torch", device=str(ctx.device),
+                  draft=inp["draft"], speculative=inp["speculative"])
+    return judge(spec, record(setup, requests(spec)))
+
+
+def requests(spec) -> list[Request]:
+    return [Request(materialize(r["prompt"]).tolist(), _params({**SAMPLING.check({}, (), []), **(r["sampling"] or {})}), r["seed"])
+            for r in spec.inputs["requests"]]
+
+
+def judge(spec, trace) -> Result:
+    """Edit the recorded `trace`, write it and read it back, replay it; the report is the result."""
+    inp = spec.inputs
+    for e in inp["edits"]:
+        apply_edit(trace, e)
+    data: dict = {"refused": None, "report": None, "promoted": None}
+    facts: dict = {"promote_problems": []}
+    with tempfile.TemporaryDirectory(prefix="lockstep-replay-") as tmp:
+        trace = read_trace(write_trace(trace, Path(tmp) / "edited.jsonl"))
+    try:
+        report = replay(trace, inp["mode"], near_tie=inp["near_tie"], threshold=inp["threshold"], locate_first=False)
+        data["report"] = {**report.to_json(), "text": report.text()}
+    except TraceError as e:
+        data["refused"] = str(e)
+    if inp["promote"]:
+        doc = spec_document(trace, list(range(len(trace.requests))), "promoted by a replay spec")
+        data["promoted"] = doc
+        facts["promote_problems"] = promote_problems(trace, doc)
+    return Result(data=data, facts=facts)
+
+
+def promote_problems(trace, doc: dict) -> list[str]:
+    """Each promoted request must read back (as the generate kind reads a spec) to the trace's."""
+    out = []
+    for i, (want, item) in enumerate(zip(requests_of(trace), doc["inputs"]["requests"])):
+        got = Request(item["prompt"], _params({**SAMPLING.check({}, (), []), **item["sampling"]}), item.get("seed"))
+        if (got.prompt, got.params, got.seed) != (list(want.prompt), want.params, want.seed):
+            out.append(f"promote: request {i} reads back as {got}, the trace has {want}")
+    return out
+
+
+# ---------------------------------------------------------------- the known divergences
+def _moved(bits: str, e: dict) -> str:
+    """The float32 `ulp` values up (toward +inf; down when negative) on replay's ULP line, or + `add`."""
+    if e["ulp"] is None:
+        return f32_bits(f32_from_bits(bits) + e["add"])
+    u = int(bits, 16)
+    line = (-(u & 0x7FFFFFFF) if u & 0x80000000 else u) + e["ulp"]
+    return f"{(0x80000000 | -line) if line < 0 else line:08x}"
+
+
+def apply_edit(trace, e: dict) -> None:
+    f = e["field"]
+    if f in STEP_FIELDS:
+        _edit_step(trace.steps[e["request"]][e["step"]], e)
+    elif f in ROUND_FIELDS:
+        rnd = trace.rounds[e["request"]][e["round"] - 1]
+        if f == "accept_length":
+            rnd[f] += int(e["add"])
+        else:
+            rnd[f] = [rnd[f][0] + int(e["add"])] + rnd[f][1:]
+    elif f == "finish_reason":
+        trace.requests[e["request"]][f] = e["set"]
+    elif f == "source":
+        trace.manifest[f] = e["set"]
+    else:                                      # checkpoint: another first tensor, its whole digest recomputed
+        ck = trace.manifest["checkpoint"]
+        name = sorted(ck["tensors"])[0]
+        ck["tensors"][name] = hashlib.sha256(ck["tensors"][name].encode()).hexdigest()
+        ck["sha256"] = hashlib.sha256(canonical({"config": ck["config_sha256"], "tensors": ck["tensors"]})).hexdigest()
+
+
+def _edit_step(s: dict, e: dict) -> None:
+    f = e["field"]
+    if f == "logprob":
+        s["logprob_bits"] = _moved(s["logprob_bits"], e)
+        s["logprob"] = f32_from_bits(s["logprob_bits"])
+    elif f == "token":
+        s["token"] += int(e["add"])
+    elif f == "margin":
+        s["margin_bits"] = None if e["drop"] else _moved(s["margin_bits"], e)
+        s["margin"] = None if e["drop"] else f32_from_bits(s["margin_bits"])
+    elif f == "experts":
+        s["experts"] = [] if e["drop"] else [[s["experts"][0][0] + int(e["add"])] + s["experts"][0][1:]] + \
+            s["experts"][1:]
+    else:
+        s["logits_sha256"] = None if e["drop"] else hashlib.sha256(s["logits_sha256"].encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- what the report must mean
+def check(spec, result: Result) -> list[str]:
+    exp, data = spec.expect or {}, result.data
+    fails = list(result.facts["promote_problems"])
+    if exp.get("refused") is not None:
+        if data["refused"] is None or exp["refused"] not in data["refused"]:
+            fails.append(f"the replay must refuse with {exp['refused']!r}; it "
+                         + (f"refused with {data['refused']!r}" if data["refused"] else "ran"))
+        return fails
+    if data["refused"] is not None:
+        return fails + [f"the replay refused: {data['refused']}"]
+    rep = data["report"]
+    if exp.get("ok") is not None and rep["ok"] != exp["ok"]:
+        fails.append(f"the report's ok is {rep['ok']}, the spec expects {exp['ok']}")
+    if exp.get("counts") is not None and rep["counts"] != exp["counts"]:
+        fails.append(f"verdict counts {rep['counts']}, the spec expects {exp['counts']}")
+    want, got = exp.get("first"), rep["first"]          # no first divergence at all is `ok: true`
+    if want is not None:
+        if got is None or any(got.get(k) != v for k, v in want.items()):
+            fails.append(f"first divergence {_brief(got)}, the spec expects {want}")
+    return fails
+
+
+def _brief(v) -> str:
+    return "none" if v is None else str({k: v[k] for k in ("request", "step", "status", "ulp")})

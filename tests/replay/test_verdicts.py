@@ -1,0 +1,57 @@
+"""Replay's verdict vocabulary and its float32 distance (harness.replay.replay): the values the
+reports print, ULP across signs, and a missing measurement named as such."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from hypothesis import given, strategies as st
+
+from harness.replay.format import f32_bits
+from harness.replay.replay import ReplayReport, StepVerdict, Verdict, ulp_distance
+
+
+def test_verdict_values_are_the_report_strings():
+    assert [v.value for v in Verdict] == ["bitwise", "bits", "token", "near-tie", "control", "not recorded"]
+    assert f"{Verdict.NEAR_TIE}" == "near-tie" and str(Verdict.BITS) == "bits" and Verdict.TOKEN == "token"
+    r = ReplayReport("free-run", {}, [StepVerdict(0, 0, Verdict.BITWISE), StepVerdict(0, 1, Verdict.NEAR_TIE, "x")])
+    r.first = r.verdicts[1]
+    doc = json.loads(json.dumps(r.to_json()))
+    assert doc["counts"] == {"bitwise": 1, "near-tie": 1} and doc["first"]["status"] == "near-tie"
+    assert "1 bitwise, 1 near-tie" in r.text() and "step 1: near-tie: x" in r.text()
+
+
+def test_ulp_across_signs():
+    pos0, neg0 = f32_bits(0.0), f32_bits(-0.0)
+    tiny = struct.pack(">I", 1).hex()                 # the smallest positive subnormal
+    ntiny = struct.pack(">I", 0x80000001).hex()       # and its negative
+    assert ulp_distance(pos0, neg0) == 0
+    assert ulp_distance(pos0, ntiny) == ulp_distance(neg0, ntiny) == 1
+    assert ulp_distance(tiny, ntiny) == 2
+    assert ulp_distance(f32_bits(1.0), f32_bits(-1.0)) == 2 * 0x3F800000
+    assert ulp_distance(f32_bits(1.0), f32_bits(1.0000001192092896)) == 1
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+
+
+@given(finite, finite, finite)
+def test_ulp_is_a_distance_monotone_in_the_value(a, b, c):
+    a, b, c = sorted((a, b, c))
+    ab, bc, ac = (ulp_distance(f32_bits(x), f32_bits(y)) for x, y in ((a, b), (b, c), (a, c)))
+    assert ac == ab + bc                              # points on one line: distances add up
+    assert (ab == 0) == (a == b)                      # zero exactly for equal values (±0 included)
+
+
+@given(finite, st.integers(-1000, 1000))
+def test_an_ulp_edit_of_the_replay_kind_moves_exactly_that_many_values(x, n):
+    from harness.kinds.replay import _moved
+
+    bits = f32_bits(x)
+    moved = _moved(bits, {"ulp": n, "add": None})
+    value = struct.unpack(">f", bytes.fromhex(moved))[0]
+    if value != value or abs(value) == float("inf"):
+        return                                        # walked off the finite floats
+    assert ulp_distance(bits, moved) == abs(n)
+    assert value > x if n > 0 else value < x if n < 0 else value == x
