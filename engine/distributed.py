@@ -112,7 +112,7 @@ class ParallelContext:
                                           f"the process group has {self.world_size}")
         self.tp_rank, self.ep_rank = self.rank % tp, self.rank // tp
         self.device, self.transport = _rank_device(self.backend, self.rank, device)
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.device.index is not None:    # a rank's own GPU
             torch.cuda.set_device(self.device)
         if device is not None and torch.device(device).type != self.device.type:
             raise ValueError(f"ParallelContext: device {device} was asked for, but the {self.transport} process "

@@ -86,7 +86,7 @@ def test_a_cuda_trace_replays_bitwise_at_another_topology(recorded, replayed):
     from harness.replay.record import record
     from harness.replay.replay import replay
     from harness.replay.run import Setup
-    setup = Setup(checkpoint={"preset": "tiny-parallel", "seed": 0}, tp=recorded[0], ep=recorded[1], device="cuda")
+    setup = Setup(checkpoint={"preset": "tiny-parallel", "seed": 0, "format": "bf16"}, tp=recorded[0], ep=recorded[1], device="cuda")
     trace = record(setup, scenarios.requests()[:2])
     for mode in ("free-run", "teacher-forced"):
         report = replay(trace, mode=mode, overrides={"tp": replayed[0], "ep": replayed[1]})
