@@ -16,7 +16,10 @@ afterwards on every rank in one fixed order (engine.linear.tree_sum, slot order)
 K chunks are an aligned block of the 8-chunk tree, so it adds them as that subtree before
 the gather: the tree is shared within and across ranks (TBIK's idea, reference/determinism §4).
 
-The same code runs on gloo (CPU) and NCCL (GPU): the device comes from the backend.
+The same code runs over every transport engine.launch chooses: gloo (CPU), NCCL (a GPU per
+rank) and gloo-host (ranks sharing a GPU: each collective copies its CUDA tensor to a fresh host
+buffer, gloo moves the bytes, and the result is copied back to the rank's GPU). A collective
+moves bytes either way, so the transport never changes a bit.
 """
 
 from __future__ import annotations
@@ -108,16 +111,13 @@ class ParallelContext:
                 raise UnsupportedTopology(f"topology {topology} needs world size {topology.world_size}, "
                                           f"the process group has {self.world_size}")
         self.tp_rank, self.ep_rank = self.rank % tp, self.rank // tp
-        if self.backend == "nccl":
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", self.rank % torch.cuda.device_count())))
+        self.device, self.transport = _rank_device(self.backend, self.rank, device)
+        if self.device.type == "cuda" and self.device.index is not None:    # a rank's own GPU
             torch.cuda.set_device(self.device)
-        elif self.backend == "none":
-            self.device = torch.device(device if device is not None else "cpu")
-        else:
-            self.device = torch.device("cpu")
         if device is not None and torch.device(device).type != self.device.type:
-            raise ValueError(f"ParallelContext: device {device} was asked for, but the {self.backend} process "
+            raise ValueError(f"ParallelContext: device {device} was asked for, but the {self.transport} process "
                              f"group runs on {self.device.type}")
+        self.host_copies = self.transport == "gloo-host"
         # Every rank creates every group, in the same order (a torch.distributed rule).
         self.tp_group = self.ep_group = None
         if tp > 1 and ep > 1:
@@ -145,25 +145,50 @@ class ParallelContext:
     # ------------------------------------------------------------------ collectives
     def gather_tp(self, t: torch.Tensor) -> torch.Tensor:
         """[*] -> [tp, *]: every TP-group member's tensor, in tp_rank order (bytes, no sums)."""
-        return all_gather_stack(t, self.tp, self.tp_group)
+        return all_gather_stack(t, self.tp, self.tp_group, self.host_copies)
 
     def gather_ep(self, t: torch.Tensor) -> torch.Tensor:
         """[*] -> [ep, *]: every EP-group member's tensor, in ep_rank order."""
-        return all_gather_stack(t, self.ep, self.ep_group)
+        return all_gather_stack(t, self.ep, self.ep_group, self.host_copies)
 
 
-def _all_gather_flat(flat: torch.Tensor, size: int, group) -> torch.Tensor:
+def _rank_device(backend: str, rank: int, asked) -> tuple[torch.device, str]:
+    """(this rank's device, its transport): what engine.launch put in the environment, else the
+    backend's default (NCCL: GPU LOCAL_RANK; gloo: the CPU; no group: `asked`, default cpu)."""
+    if backend == "none":
+        return torch.device(asked if asked is not None else "cpu"), "none"
+    transport = os.environ.get("LOCKSTEP_TRANSPORT", backend)
+    if "LOCKSTEP_DEVICE" in os.environ:
+        return torch.device(os.environ["LOCKSTEP_DEVICE"]), transport
+    if backend == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))), transport
+    return torch.device("cpu"), transport
+
+
+def _via_host(collective, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+    """collective(out, inp) over gloo-host: `inp` copied to a fresh host buffer, gloo moves the
+    bytes between host buffers, and `out` (on the rank's device) gets them back. Fresh buffers
+    even on the CPU, so the path is the same one a GPU rank takes."""
+    host_out = torch.empty(out.shape, dtype=out.dtype, device="cpu")
+    collective(host_out, inp.to("cpu", copy=True))
+    return out.copy_(host_out)
+
+
+def _all_gather_flat(flat: torch.Tensor, size: int, group, host_copies: bool = False) -> torch.Tensor:
     out = flat.new_empty(size * flat.numel())
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    if host_copies:
+        return _via_host(lambda o, i: gather(o, i, group=group), out, flat)
     gather(out, flat, group=group)                        # one buffer, no stacking copy
     return out
 
 
-def all_gather_stack(t: torch.Tensor, size: int, group) -> torch.Tensor:
-    """All-gather equal-shaped tensors of a group of `size` ranks -> [size, *t.shape]."""
+def all_gather_stack(t: torch.Tensor, size: int, group, host_copies: bool = False) -> torch.Tensor:
+    """All-gather equal-shaped tensors of a group of `size` ranks -> [size, *t.shape].
+    `host_copies`: through host buffers (the gloo-host transport)."""
     if size == 1:
         return t.unsqueeze(0)
-    return _all_gather_flat(t.contiguous().reshape(-1), size, group).view((size,) + tuple(t.shape))
+    return _all_gather_flat(t.contiguous().reshape(-1), size, group, host_copies).view((size,) + tuple(t.shape))
 
 
 # At or above this many elements, invariant_sum scatters before it gathers (bandwidth of a
@@ -171,7 +196,8 @@ def all_gather_stack(t: torch.Tensor, size: int, group) -> torch.Tensor:
 SCATTER_MIN_ELEMENTS = 1 << 16
 
 
-def invariant_sum(local_parts: list[torch.Tensor], size: int, group, algorithm: str = "auto") -> torch.Tensor:
+def invariant_sum(local_parts: list[torch.Tensor], size: int, group, algorithm: str = "auto",
+                  host_copies: bool = False) -> torch.Tensor:
     """The row-parallel reduction. Each of `size` ranks holds K_CHUNKS / size consecutive
     partials, an aligned block of the fixed tree, so it adds them as that subtree locally;
     the `size` subtree sums are then added as the tree's top levels, on every rank. Same
@@ -182,6 +208,8 @@ def invariant_sum(local_parts: list[torch.Tensor], size: int, group, algorithm: 
       "scatter"  all_to_all: rank j receives everyone's slice j of the flattened sum and adds
                  those top levels; then all_gather the summed slices. Moves what a ring
                  all_reduce moves.
+
+    `host_copies`: every collective through host buffers (the gloo-host transport).
     """
     if len(local_parts) * size != K_CHUNKS:
         raise ValueError(f"invariant_sum: {len(local_parts)} partials on each of {size} ranks, "
@@ -192,7 +220,7 @@ def invariant_sum(local_parts: list[torch.Tensor], size: int, group, algorithm: 
     if algorithm == "auto":
         algorithm = "scatter" if subtree.numel() >= SCATTER_MIN_ELEMENTS else "gather"
     if algorithm == "gather":
-        return tree_sum(list(all_gather_stack(subtree, size, group).unbind(0)))
+        return tree_sum(list(all_gather_stack(subtree, size, group, host_copies).unbind(0)))
     if algorithm != "scatter":
         raise ValueError(f"invariant_sum: algorithm must be 'auto', 'gather' or 'scatter', got {algorithm!r}")
     flat = subtree.contiguous().reshape(-1)
@@ -200,6 +228,7 @@ def invariant_sum(local_parts: list[torch.Tensor], size: int, group, algorithm: 
     block = -(-n // size)
     padded = torch.cat([flat, flat.new_zeros(block * size - n)])     # the padding is dropped
     received = torch.empty_like(padded)                              # [j] = rank j's slice `rank`
-    dist.all_to_all_single(received, padded, group=group)
+    to_all = lambda o, i: dist.all_to_all_single(o, i, group=group)    # noqa: E731
+    _via_host(to_all, received, padded) if host_copies else to_all(received, padded)
     mine = tree_sum(list(received.view(size, block).unbind(0)))
-    return _all_gather_flat(mine, size, group)[:n].view(subtree.shape)
+    return _all_gather_flat(mine, size, group, host_copies)[:n].view(subtree.shape)

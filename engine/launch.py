@@ -6,9 +6,20 @@
 Each rank is a fresh process (multiprocessing "spawn": `fn` must be importable by module and
 name, and its arguments and result picklable). Before `fn` runs, torch.distributed is
 initialised on MASTER_ADDR=127.0.0.1 and a free port, with RANK, WORLD_SIZE and LOCAL_RANK set,
-backend gloo (CPU) or nccl (GPU; rank r on GPU r, given as the group's `device_id`), and
-`collective_timeout_s` as the process group's timeout, so a collective waiting for a dead or
+and `collective_timeout_s` as the process group's timeout, so a collective waiting for a dead or
 stuck peer fails instead of hanging (see process_group_options).
+
+Where the ranks run and how they talk (`plan`, a pure function of the device and GPU count):
+
+    device "cpu"                      transport "gloo"        every rank on the CPU
+    device "cuda", a GPU per rank     transport "nccl"        rank r on GPU r (the group's device_id)
+    device "cuda", fewer GPUs         transport "gloo-host"   rank r on GPU r mod G; gloo moves host
+                                                              copies of the CUDA tensors (NCCL
+                                                              refuses two ranks on one GPU)
+
+Each rank finds its device and transport in LOCKSTEP_DEVICE and LOCKSTEP_TRANSPORT
+(engine.distributed.ParallelContext reads them). The transport only moves bytes, so the bits
+are the same whichever is chosen.
 
 A run never hangs and never fails silently: RankFailure is raised, naming the ranks, when
 
@@ -59,18 +70,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world_size: int, port: int, backend: str, collective_timeout_s: float,
+TRANSPORTS = ("gloo", "nccl", "gloo-host")
+
+
+def plan(device: str, world_size: int, gpus: int, transport: str | None = None) -> tuple[str, list[str]]:
+    """(transport, the device of each rank) for `world_size` ranks on `device` ("cpu" or "cuda")
+    with `gpus` GPUs here: rank r on GPU r mod gpus; NCCL when every rank has its own GPU, else
+    gloo over host copies. `transport` forces one ("gloo-host" on the CPU stages through fresh
+    host buffers all the same: how the tests exercise that path without a GPU)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"launch: device must be 'cpu' or 'cuda', got {device!r}")
+    if transport is not None and transport not in TRANSPORTS:
+        raise ValueError(f"launch: transport must be one of {TRANSPORTS}, got {transport!r}")
+    if device == "cpu":
+        if transport == "nccl":
+            raise ValueError("launch: the nccl transport needs device 'cuda'")
+        return transport or "gloo", ["cpu"] * world_size
+    if gpus < 1:
+        raise ValueError("launch: device 'cuda' asked for, but this machine has no CUDA GPU")
+    if transport == "nccl" and gpus < world_size:
+        raise ValueError(f"launch: nccl needs a GPU per rank ({world_size}), this machine has {gpus}; "
+                         f"ranks sharing a GPU use gloo-host")
+    chosen = transport or ("nccl" if gpus >= world_size else "gloo-host")
+    return chosen, [f"cuda:{r % gpus}" for r in range(world_size)]
+
+
+def _rank_main(rank: int, world_size: int, port: int, transport: str, rank_device: str, collective_timeout_s: float,
                threads: int | None, fn: Callable, args: tuple, kwargs: dict, out_dir: str) -> None:
     out = Path(out_dir)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCKSTEP_DEVICE=rank_device, LOCKSTEP_TRANSPORT=transport)
     try:
         if threads:
             torch.set_num_threads(threads)
         import torch.distributed as dist
+        backend = "nccl" if transport == "nccl" else "gloo"
+        if rank_device != "cpu":
+            torch.cuda.set_device(torch.device(rank_device))
+        gpu = torch.device(rank_device).index if rank_device != "cpu" else rank
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=collective_timeout_s),
-                                **process_group_options(backend, rank))
+                                **process_group_options(backend, gpu))
         result = fn(*args, **kwargs)
         dist.barrier()                  # nobody tears down the store while a peer still needs it
         tmp = out / f"rank{rank}.pt.tmp"
@@ -114,11 +155,18 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else "(empty traceback)"
 
 
+def _gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def launch(fn: Callable, world_size: int, args: tuple = (), kwargs: dict | None = None, *,
-           backend: str | None = None, timeout_s: float = 600.0, collective_timeout_s: float = 60.0,
+           backend: str | None = None, device: str | None = None, transport: str | None = None,
+           timeout_s: float = 600.0, collective_timeout_s: float = 60.0,
            grace_s: float | None = None, threads: int | None = 1) -> list[Any]:
     """fn(*args, **kwargs) on ranks 0 … world_size-1 -> [result of rank 0, rank 1, ...].
-    `backend`: "gloo" or "nccl" (default: nccl if CUDA has a device per rank, else gloo).
+    `device`: "cpu" or "cuda"; the transport follows (`plan`; `transport` forces one).
+    `backend` (older form, when `device` is not given): "gloo" (the CPU) or "nccl" (CUDA, a GPU
+    per rank); neither: nccl if CUDA has a device per rank, else gloo on the CPU.
     `threads`: torch threads per rank (None leaves torch's default).
     `grace_s` (default collective_timeout_s + 2): how long the other ranks may still report
     after the first failure; a peer blocked in a collective fails within its timeout, so a
@@ -127,14 +175,19 @@ def launch(fn: Callable, world_size: int, args: tuple = (), kwargs: dict | None 
         grace_s = collective_timeout_s + 2.0
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    if device is None:
+        if backend not in (None, "gloo", "nccl"):
+            raise ValueError(f"launch: backend must be 'gloo' or 'nccl', got {backend!r}")
+        device = "cuda" if backend == "nccl" or (backend is None and _gpu_count() >= world_size) else "cpu"
+        transport = transport or backend
+    transport, rank_devices = plan(device, world_size, _gpu_count() if device == "cuda" else 0, transport)
     kwargs = kwargs or {}
     out_dir = tempfile.mkdtemp(prefix="lockstep-launch-")
     ctx = mp.get_context("spawn")
     port = free_port()
     procs = [ctx.Process(target=_rank_main, name=f"lockstep-rank{r}", daemon=True,
-                         args=(r, world_size, port, backend, collective_timeout_s, threads, fn, args, kwargs, out_dir))
+                         args=(r, world_size, port, transport, rank_devices[r], collective_timeout_s, threads, fn, args,
+                               kwargs, out_dir))
              for r in range(world_size)]
     out = Path(out_dir)
     try:

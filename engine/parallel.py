@@ -208,31 +208,31 @@ def from_checkpoint(path: str | Path, ctx: ParallelContext, backend: str = "torc
 def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -> torch.Tensor:
     """This rank's K-chunk partials -> the full sum, in the fixed tree (engine.distributed).
     A module-level function so the tests can swap in a wrong order and watch D4 fail."""
-    return invariant_sum(local_parts, ctx.tp, ctx.tp_group)
+    return invariant_sum(local_parts, ctx.tp, ctx.tp_group, host_copies=ctx.host_copies)
 
 
 # ---------------------------------------------------------------- one call for a runner
 def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | torch.device, timeout_s: float,
            collective_timeout_s: float, what: str, trace=None) -> list:
     """fn(ParallelContext, *args, trace) on every rank of `topology` -> rank 0's result, once every
-    rank returned the same bits. device "cpu": gloo, one process per rank; "cuda": NCCL, one GPU per
-    rank (refused up front, naming the count, when the machine has fewer: a CPU fallback would be
-    compared with one-device CUDA bits). World size 1 runs in this process, no process group.
+    rank returned the same bits. device "cpu": gloo, one process per rank; "cuda": rank r on GPU
+    r mod G, NCCL when every rank has its own GPU, else gloo over host copies (engine.launch.plan;
+    `transport`). A CUDA topology whose ranks would not fit their GPU's free memory is refused up
+    front, with the estimate. World size 1 runs in this process, no process group.
     `trace` (engine.trace.Trace or None): each rank's model records into a copy of it, and rank 0's
     records come back into it (fn returns (results, trace) then)."""
     from engine.config import GptOssConfig
     from engine.launch import launch
     topology.check(GptOssConfig.from_json_file(Path(ckpt) / "config.json"))   # before any process starts
     device = torch.device(device)
-    missing = missing_gpus(topology, device)
-    if missing:
-        raise UnsupportedTopology(f"topology {topology} {missing}")
+    problem = missing_gpus(topology, device) or memory_problem(topology, ckpt, device)
+    if problem:
+        raise UnsupportedTopology(f"topology {topology} {problem}")
     args = args + (trace,)
     if topology.world_size == 1:
         per_rank = [fn(ParallelContext(topology, device=device), *args)]
     else:
-        per_rank = launch(_on_rank, topology.world_size, args=(fn, topology, args),
-                          backend="nccl" if device.type == "cuda" else "gloo",
+        per_rank = launch(_on_rank, topology.world_size, args=(fn, topology, args), device=device.type,
                           timeout_s=timeout_s, collective_timeout_s=collective_timeout_s)
     if trace is not None:
         trace.merge(per_rank[0][1])
@@ -240,16 +240,76 @@ def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | 
     return _rank_0_if_all_agree(per_rank, what)
 
 
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def missing_gpus(topology: Topology, device: str | torch.device) -> str | None:
-    """Why `topology` cannot run on `device` here (CUDA runs one GPU per rank), or None."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if torch.device(device).type == "cuda" and topology.world_size > 1 and gpus < topology.world_size:
-        return f"on cuda needs {topology.world_size} GPUs (one per rank), this machine has {gpus}"
+    """Why `topology` cannot run on `device` here (CUDA needs at least one GPU; ranks may share
+    it), or None."""
+    if torch.device(device).type == "cuda" and _gpus() == 0:
+        return "on cuda needs a CUDA GPU, this machine has none"
     return None
 
 
+def transport(topology: Topology, device: str | torch.device) -> str:
+    """How `topology`'s ranks would run on `device` here, in words: "gloo", "nccl: 2 ranks on 2
+    GPUs", "gloo-host (host copies): 4 ranks on 1 GPU"."""
+    from engine.launch import plan
+    dev = torch.device(device).type
+    if topology.world_size == 1:
+        return "one device"
+    name, devices = plan(dev, topology.world_size, _gpus() if dev == "cuda" else 0)
+    if dev == "cpu":
+        return name
+    where = f"{topology.world_size} ranks on {len(set(devices))} GPU{'s' if len(set(devices)) > 1 else ''}"
+    return f"{name}{' (host copies)' if name == 'gloo-host' else ''}: {where}"
+
+
+# A rank's CUDA context, allocator slack, cuBLAS workspace and compiled kernels, beyond its weights.
+RANK_OVERHEAD_BYTES = 1 << 30
+
+
+def rank_weight_bytes(ckpt: str | Path, world_size: int) -> int:
+    """An upper estimate of one rank's weight bytes on its GPU: the checkpoint's safetensors bytes
+    as dense fp32 (MXFP4 experts are decoded when sharded: 4.25 bits -> 32, at most 8x; bf16 -> 2x),
+    1/world_size of it plus a quarter for the replicated parts (router, norms, biases)."""
+    import json
+    folder = Path(ckpt)
+    disk = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    quantized = "quantization_config" in json.loads((folder / "config.json").read_text())
+    return int(disk * (8 if quantized else 2) * 1.25 / world_size)
+
+
+def fit_problem(ranks_on_gpu: dict[int, int], per_rank_bytes: int, free_bytes: dict[int, int]) -> str | None:
+    """Why ranks_on_gpu[g] ranks of per_rank_bytes (+ RANK_OVERHEAD_BYTES) each do not fit GPU g's
+    free_bytes[g], for the first GPU that is short; None when all fit."""
+    gib = 1 << 30
+    for g, n in sorted(ranks_on_gpu.items()):
+        need = n * (per_rank_bytes + RANK_OVERHEAD_BYTES)
+        if need > free_bytes[g]:
+            return (f"on cuda does not fit: {n} rank(s) on GPU {g} need about {need / gib:.1f} GiB "
+                    f"({n} x ({per_rank_bytes / gib:.2f} GiB of weights + {RANK_OVERHEAD_BYTES / gib:.0f} GiB "
+                    f"per process)), GPU {g} has {free_bytes[g] / gib:.1f} GiB free")
+    return None
+
+
+def memory_problem(topology: Topology, ckpt: str | Path, device: str | torch.device) -> str | None:
+    """fit_problem for `topology`'s ranks on this machine's GPUs (None on the CPU and at world size 1)."""
+    if torch.device(device).type != "cuda" or topology.world_size == 1:
+        return None
+    from engine.launch import plan
+    _, devices = plan("cuda", topology.world_size, _gpus())
+    on_gpu: dict[int, int] = {}
+    for d in devices:
+        g = torch.device(d).index
+        on_gpu[g] = on_gpu.get(g, 0) + 1
+    free = {g: torch.cuda.mem_get_info(g)[0] for g in on_gpu}
+    return fit_problem(on_gpu, rank_weight_bytes(ckpt, topology.world_size), free)
+
+
 def _on_rank(fn, topology: Topology, args: tuple):
-    return fn(ParallelContext(topology), *args)      # the device follows the process group's backend
+    return fn(ParallelContext(topology), *args)      # the device and transport are the launcher's
 
 
 def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, generate_kwargs: dict,

@@ -316,9 +316,20 @@ def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
                 skipped.append(f"tp={tp} ep={ep}: " + "; ".join(problems) + " (unsupported split)")
             else:
                 wanted.append((tp, ep))
-    missing = {t: missing_gpus(Topology(*t), ctx.device) for t in wanted}   # CUDA: one GPU per rank
+    missing = {t: missing_gpus(Topology(*t), ctx.device) for t in wanted}   # CUDA: at least one GPU
     skipped += [f"tp={tp} ep={ep}: {why}" for (tp, ep), why in missing.items() if why]
     return [t for t in wanted if not missing[t]], skipped
+
+
+def _transports(topologies: list, device) -> list[str]:
+    """A note per topology run on CUDA naming how its ranks talked (engine.parallel.transport):
+    NCCL with a GPU per rank, or gloo over host copies when ranks share a GPU."""
+    from engine.distributed import Topology
+    from engine.parallel import transport
+
+    if torch.device(device).type != "cuda":
+        return []
+    return [f"tp={tp} ep={ep} over {transport(Topology(tp, ep), device)}" for tp, ep in topologies]
 
 
 def _same(a: tuple, b: tuple) -> bool:
@@ -373,6 +384,7 @@ def run(spec, ctx, target: TargetInterface) -> Result:
             located.append(_locate(own, v, requests, results, got))
     located = [x for x in located if x is not None]
     notes = [f"checked at {', '.join(v.name for v in variants if v.name.startswith('topology'))}"] if topologies else []
+    notes += _transports(topologies, runner.model.device)
     notes += [f"not run at {s}" for s in skipped]
     return Result(tensors=tensors, data=data, facts={"variants_differing": differing}, notes=notes, located=located)
 

@@ -36,3 +36,10 @@ def one_dies() -> dict:
     if dist.get_rank() == 1:
         os._exit(7)                                     # no traceback, no result
     return gather_ranks("unreachable")
+
+
+def placement() -> tuple:
+    """(this rank's device, transport, whether its collectives go through host copies)."""
+    from engine.distributed import ParallelContext, Topology
+    ctx = ParallelContext(Topology(dist.get_world_size(), 1))
+    return str(ctx.device), ctx.transport, ctx.host_copies

@@ -70,8 +70,10 @@ def run(ckpt: str, topologies: list[tuple], d2_d3: bool = False) -> dict:
         tp, ep, variant = (tuple(key) + (None,))[:3]
         parallel.reduce_row_parallel = getattr(wrong_orders, variant) if variant else invariant
         try:
-            model = parallel.shard(GptOssModel(config, weights), ParallelContext(Topology(tp, ep)))
+            ctx = ParallelContext(Topology(tp, ep))
+            model = parallel.shard(GptOssModel(config, weights), ctx)
             results[key] = workload(model, d2_d3=d2_d3 and variant is None)
+            results["transport"] = ctx.transport
         finally:
             parallel.reduce_row_parallel = invariant
     results["invariant_sum"] = invariant_sum_bits()

@@ -60,3 +60,11 @@ def test_generate_at_a_topology(par_ckpt, one_device):
     for tp, ep in ((1, 1), (1, 2)):
         results = generate_at(par_ckpt, tp, ep, scenarios.requests(), capture=scenarios.CAPTURE, timeout_s=240)
         assert scenarios.bits(results) == one_device["generate"], (tp, ep)
+
+def test_gloo_host_copies_give_the_same_bits(par_ckpt, one_device):
+    """The transport of ranks that share a GPU (every collective through fresh host buffers),
+    here with CPU tensors standing in for the GPU's: the same bits as one device."""
+    keys = [(2, 1), (1, 2)]
+    per_rank = launch(scenarios.run, 2, args=(par_ckpt, keys), device="cpu", transport="gloo-host", **TIMEOUTS)
+    assert [res["transport"] for res in per_rank] == ["gloo-host", "gloo-host"]
+    check_all_ranks(per_rank, one_device, keys)

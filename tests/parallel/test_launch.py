@@ -69,3 +69,35 @@ def test_process_group_options_bind_nccl_ranks_to_their_gpu(monkeypatch):
     assert chosen == [torch.device("cuda", 1)]
     import os
     assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "1"
+
+
+def test_plan_places_rank_r_on_gpu_r_mod_g_and_picks_the_transport():
+    """NCCL only when every rank has its own GPU; ranks sharing a GPU go over gloo-host."""
+    from engine.launch import plan
+    assert plan("cpu", 3, 0) == ("gloo", ["cpu"] * 3)
+    assert plan("cpu", 3, 8) == ("gloo", ["cpu"] * 3)                  # GPUs here do not matter on the CPU
+    assert plan("cuda", 2, 2) == ("nccl", ["cuda:0", "cuda:1"])
+    assert plan("cuda", 2, 8) == ("nccl", ["cuda:0", "cuda:1"])
+    assert plan("cuda", 4, 1) == ("gloo-host", ["cuda:0"] * 4)
+    assert plan("cuda", 4, 3) == ("gloo-host", ["cuda:0", "cuda:1", "cuda:2", "cuda:0"])
+    assert plan("cuda", 2, 2, "gloo-host") == ("gloo-host", ["cuda:0", "cuda:1"])   # forced
+    assert plan("cpu", 2, 0, "gloo-host") == ("gloo-host", ["cpu", "cpu"])           # the CPU stand-in
+
+
+@pytest.mark.parametrize("args, match", [
+    (("cuda", 2, 0), "no CUDA GPU"),
+    (("cuda", 4, 2, "nccl"), r"nccl needs a GPU per rank \(4\), this machine has 2"),
+    (("cpu", 2, 0, "nccl"), "nccl transport needs device 'cuda'"),
+    (("tpu", 2, 0), "device must be"),
+    (("cpu", 2, 0, "mpi"), "transport must be one of"),
+])
+def test_plan_refuses_what_cannot_run(args, match):
+    from engine.launch import plan
+    with pytest.raises(ValueError, match=match):
+        plan(*args)
+
+
+def test_each_rank_is_told_its_device_and_transport():
+    res = launch(rank_fns.placement, 2, device="cpu", transport="gloo-host", timeout_s=120)
+    assert res == [("cpu", "gloo-host", True), ("cpu", "gloo-host", True)]
+    assert launch(rank_fns.placement, 2, timeout_s=120)[1][1:] == ("gloo", False)

@@ -14,7 +14,7 @@ def rank_order(local_parts, ctx):
     """Each rank adds its own chunks (a tree), then the rank sums are added in rank order:
     the usual "gather and sum in fixed rank order". Fixed at one world size, not across them."""
     mine = tree_sum(local_parts)
-    every = all_gather_stack(mine, ctx.tp, ctx.tp_group)
+    every = all_gather_stack(mine, ctx.tp, ctx.tp_group, ctx.host_copies)
     total = every[0]
     for r in range(1, ctx.tp):
         total = total + every[r]
@@ -31,7 +31,7 @@ def all_reduce(local_parts, ctx):
 
 def sequential(local_parts, ctx):
     """All chunks gathered (as the invariant path does), but added left to right."""
-    every = all_gather_stack(torch.stack(local_parts), ctx.tp, ctx.tp_group).flatten(0, 1)
+    every = all_gather_stack(torch.stack(local_parts), ctx.tp, ctx.tp_group, ctx.host_copies).flatten(0, 1)
     total = every[0]
     for p in every[1:]:
         total = total + p
@@ -48,7 +48,7 @@ def one_rank_sequential(local_parts, ctx):
             mine = mine + p
     else:
         mine = tree_sum(local_parts)
-    return tree_sum(list(all_gather_stack(mine, ctx.tp, ctx.tp_group).unbind(0)))
+    return tree_sum(list(all_gather_stack(mine, ctx.tp, ctx.tp_group, ctx.host_copies).unbind(0)))
 
 
 def _planted(rank_fn, variant: str):
