@@ -27,6 +27,17 @@ exactly the bits `sample(logits[r], ...)` gives (tests/engine/test_sampling_rows
 temperature division is done per distinct temperature, with the temperature a Python float as
 in `sample`: a tensor divisor would be a different operation on some devices (CUDA multiplies
 by a scalar divisor's reciprocal).
+
+On a GPU, `sample_with`, `chosen_logprobs` and `target_distributions` run one launch of
+kernels.sampling's fused kernel instead (fused=None picks it by device; fused=False forces the
+torch path): the same IEEE operations in the same order (portable_tl's polynomials, tree sums in
+portable.tree_sum's order, no FMA contraction, and the CUDA torch path's reciprocal multiplies),
+so the bits are the torch path's (tests/engine/test_sampling_fused.py in the interpreter, the
+kernels/sample-fused-* specs). Two parts stay torch: the top-k / top-p / min-p masks of rows
+that use them (keep_mask_rows: a stable sort and a Hillis-Steele scan, whose order the kernel
+would have to reproduce over the whole sorted row), and rows without a seed (their noise comes
+from the host generator). NaN results are NaN where the torch path's are; which NaN (sign,
+payload) is the hardware's.
 """
 
 from __future__ import annotations
