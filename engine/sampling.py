@@ -27,6 +27,17 @@ exactly the bits `sample(logits[r], ...)` gives (tests/engine/test_sampling_rows
 temperature division is done per distinct temperature, with the temperature a Python float as
 in `sample`: a tensor divisor would be a different operation on some devices (CUDA multiplies
 by a scalar divisor's reciprocal).
+
+On a GPU, `sample_with`, `chosen_logprobs` and `target_distributions` run one launch of
+kernels.sampling's fused kernel instead (fused=None picks it by device; fused=False forces the
+torch path): the same IEEE operations in the same order (portable_tl's polynomials, tree sums in
+portable.tree_sum's order, no FMA contraction, and the CUDA torch path's reciprocal multiplies),
+so the bits are the torch path's (tests/engine/test_sampling_fused.py in the interpreter, the
+kernels/sample-fused-* specs). Two parts stay torch: the top-k / top-p / min-p masks of rows
+that use them (keep_mask_rows: a stable sort and a Hillis-Steele scan, whose order the kernel
+would have to reproduce over the whole sorted row), and rows without a seed (their noise comes
+from the host generator). NaN results are NaN where the torch path's are; which NaN (sign,
+payload) is the hardware's.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import torch
 from engine.request import SamplingParams, seed_as_int64  # noqa: F401  (re-exported: the request type lives in engine.request)
 from kernels import portable
 from kernels.coins import SAMPLE_COLUMNS, gumbel_from_hash, gumbel_noise
+from kernels.sampling import FORCED, GREEDY, SEEDED, distributions_triton, fused_temperature, sample_fused_triton
 
 
 def keep_mask(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
@@ -142,17 +154,23 @@ class RowSettings:
     seeded_rows: torch.Tensor | None    # [s] the same rows as indices into the batch
     seeds: torch.Tensor | None          # [s] int64
     unseeded: list[int]                 # indices into rows that draw from the generator
+    fused: tuple | None = None          # the fused kernel's per-row (modes, temps, seeds, keep_idx) [R]
 
     @property
     def capturable(self) -> bool:
         return not self.unseeded
 
+    @property
+    def filtered(self) -> bool:
+        return self.top_k is not None or self.top_p is not None or self.min_p is not None
+
 
 def row_settings(params: list[SamplingParams], seeds: list[int | None], device) -> RowSettings:
     """The RowSettings of a batch whose row r has params[r] and seeds[r] (no host sync)."""
     rows = [r for r in range(len(params)) if not params[r].is_greedy]
+    fused = _fused_settings(params, seeds, rows, device)
     if not rows:
-        return RowSettings(None, [], None, None, None, None, None, None, [])
+        return RowSettings(None, [], None, None, None, None, None, None, [], fused)
     ps = [params[r] for r in rows]
     temps = [p.temperature for p in ps]
     temperatures = [(t, host_to(device, [i for i, u in enumerate(temps) if u == t])) for t in dict.fromkeys(temps)]
@@ -167,22 +185,57 @@ def row_settings(params: list[SamplingParams], seeds: list[int | None], device) 
         seeded=host_to(device, seeded) if seeded else None,
         seeded_rows=host_to(device, [rows[i] for i in seeded]) if seeded else None,
         seeds=host_to(device, [seed_as_int64(seeds[rows[i]]) for i in seeded]) if seeded else None,
-        unseeded=[i for i, r in enumerate(rows) if seeds[r] is None])
+        unseeded=[i for i, r in enumerate(rows) if seeds[r] is None], fused=fused)
+
+
+def _fused_settings(params, seeds, rows, device):
+    """kernels.sampling.sample_fused_triton's per-row operands, or None where a sampled row has
+    no seed (its noise comes from the host generator: the torch path draws it)."""
+    if any(seeds[r] is None for r in rows):
+        return None
+    where = {r: i for i, r in enumerate(rows)}
+    return (host_to(device, [SEEDED if r in where else GREEDY for r in range(len(params))], torch.int32),
+            host_to(device, [fused_temperature(p.temperature, device) if r in where else 1.0
+                             for r, p in enumerate(params)], torch.float64),
+            host_to(device, [seed_as_int64(seeds[r]) if r in where else 0 for r in range(len(params))]),
+            host_to(device, [where.get(r, -1) for r in range(len(params))]))
+
+
+def _scaled_rows(logits: torch.Tensor, settings: RowSettings) -> torch.Tensor:
+    """z of the sampled rows [S, V] float64: the temperature division with a Python float."""
+    z = logits.index_select(0, settings.rows).to(torch.float64)
+    for t, same in settings.temperatures:
+        z[same] = z.index_select(0, same) / t
+    return z
+
+
+def _keep_rows(z: torch.Tensor, settings: RowSettings) -> torch.Tensor | None:
+    """The sampled rows' filter masks [S, V] bool (None when no row filters)."""
+    if not settings.filtered:
+        return None
+    return keep_mask_rows(z, settings.top_k, settings.top_p, settings.min_p)
+
+
+def use_fused(device) -> bool:
+    """The fused sampling kernel runs compiled on a GPU; the CPU keeps the torch path (in the
+    interpreter the kernel is a spec's subject at small vocabularies, not the engine's path)."""
+    return torch.device(device).type == "cuda"
 
 
 def sample_with(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+                generator: torch.Generator | None = None, fused: bool | None = None) -> torch.Tensor:
     """logits [R, V] fp32, positions [R] int64 (both on one device) -> token ids [R] int64 there,
-    row r as `sample(logits[r], params[r], seeds[r], positions[r])` (module docstring)."""
+    row r as `sample(logits[r], params[r], seeds[r], positions[r])` (module docstring).
+    fused (default: on a GPU): one kernels.sampling launch, the same bits as the torch path."""
+    if settings.fused is not None and (use_fused(logits.device) if fused is None else fused):
+        return sample_fused(logits, settings, positions)[0]
     tokens = torch.argmax(logits, dim=-1)                       # greedy rows: the first maximum
     if settings.rows is None:
         return tokens
     V, dev = logits.shape[1], logits.device
-    z = logits.index_select(0, settings.rows).to(torch.float64)            # [S, V]
-    for t, same in settings.temperatures:                       # the temperature as a Python float
-        z[same] = z.index_select(0, same) / t
-    if settings.top_k is not None or settings.top_p is not None or settings.min_p is not None:
-        keep = keep_mask_rows(z, settings.top_k, settings.top_p, settings.min_p)
+    z = _scaled_rows(logits, settings)                          # [S, V]
+    keep = _keep_rows(z, settings)
+    if keep is not None:
         z = torch.where(keep, z, float("-inf"))
     logp = portable.log_softmax(z, dim=-1)
     noise = torch.empty_like(logp)
@@ -198,6 +251,16 @@ def sample_with(logits: torch.Tensor, settings: RowSettings, positions: torch.Te
     return tokens
 
 
+def sample_fused(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor):
+    """sample_with and chosen_logprobs in one kernels.sampling launch (settings.fused set):
+    -> (tokens [R] int64, logprobs [R] fp32); the filter masks, where a row has one, come from
+    keep_mask_rows (a sort and a scan) first."""
+    modes, temps, seeds, keep_idx = settings.fused
+    keep = None if settings.rows is None else _keep_rows(_scaled_rows(logits, settings), settings)
+    return sample_fused_triton(logits, modes, temps, seeds, positions, torch.zeros_like(positions),
+                               keep, None if keep is None else keep_idx)
+
+
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int | None],
                 positions: list[int], generator: torch.Generator | None = None) -> torch.Tensor:
     """Row r of logits [R, V] (fp32) sampled as `sample(logits[r], params[r], seeds[r],
@@ -208,7 +271,28 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
     return sample_with(logits, row_settings(params, seeds, dev), host_to(dev, positions), generator)
 
 
-def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """`chosen_logprob` of every row: logits [R, V], tokens [R] int64 -> [R] float32."""
+def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, fused: bool | None = None) -> torch.Tensor:
+    """`chosen_logprob` of every row: logits [R, V], tokens [R] int64 -> [R] float32. fused
+    (default: on a GPU): kernels.sampling's FORCED rows, no [R, V] log-softmax in memory."""
+    if use_fused(logits.device) if fused is None else fused:
+        R = logits.shape[0]
+        z = torch.zeros(R, dtype=torch.int64, device=logits.device)
+        return sample_fused_triton(logits.to(torch.float32), torch.full_like(z, FORCED, dtype=torch.int32),
+                                   torch.ones(R, dtype=torch.float64, device=logits.device), z, z, tokens)[1]
     lp = portable.log_softmax(logits.to(torch.float32), dim=-1)
     return lp.gather(-1, tokens[:, None])[:, 0]
+
+
+def target_distributions(logits: torch.Tensor, params: list[SamplingParams], fused: bool | None = None) -> torch.Tensor:
+    """softmax(z masked by the filters) of every row of logits [R, V] fp32 (row r sampled with
+    params[r], none greedy) -> [R, V] float64: engine.speculative.target_probs for each row.
+    fused (default: on a GPU): kernels.sampling.distributions_triton, the same bits."""
+    dev = logits.device
+    settings = row_settings(params, [0] * len(params), dev)
+    if use_fused(dev) if fused is None else fused:
+        keep = _keep_rows(_scaled_rows(logits, settings), settings) if settings.filtered else None
+        _, temps, _, keep_idx = settings.fused
+        return distributions_triton(logits, temps, keep, None if keep is None else keep_idx)
+    z = _scaled_rows(logits, settings)
+    keep = _keep_rows(z, settings)
+    return portable.softmax(z if keep is None else torch.where(keep, z, float("-inf")), dim=-1)

@@ -72,7 +72,7 @@ from engine.generate import Decoding, generator_for, observing, validate_request
 from engine.model import GptOssModel
 from engine.request import Request, Result, SamplingParams, seed_as_int64
 from engine.small_ops import top_k_lowest_index
-from engine.sampling import chosen_logprob, keep_mask, sample
+from engine.sampling import chosen_logprob, keep_mask, sample, target_distributions
 from kernels import portable
 from kernels.coins import COIN_MAX, DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise, verify_coins
 
@@ -254,8 +254,11 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 # bodies of these two helpers; nothing else in this module samples or filters a target row.
 def _target_distributions(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """target_probs of every node row: logits [M, N, V] fp32, params[m] for request m -> [M, N, V]
-    float64. Row by row (keep_mask takes one row); on the device, no host read."""
-    return torch.stack([torch.stack([target_probs(row, prm) for row in rows]) for rows, prm in zip(logits, params)])
+    float64, all rows at once (engine.sampling.target_distributions: the fused kernel on a GPU,
+    the batched torch path elsewhere; either gives target_probs' bits); no host read."""
+    M, N, V = logits.shape
+    rows = target_distributions(logits.reshape(M * N, V), [prm for prm in params for _ in range(N)])
+    return rows.view(M, N, V)
 
 
 def _chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,13 @@ _SQRT2 = tl.constexpr(1.41421356237309514547e+00)
 
 
 @triton.jit
+def _c(v: tl.constexpr):
+    """A float64 constant made as float64 (an older Triton may round a bare Python float to fp32
+    before promoting it, which would change these polynomials' bits on the GPU)."""
+    return tl.full((), v, tl.float64)
+
+
+@triton.jit
 def _pow2(k):
     """2.0 ** k for int64 k in [-1022, 1023], from its bits."""
     return ((k + 1023) << 52).to(tl.float64, bitcast=True)
@@ -29,28 +36,28 @@ def _pow2(k):
 def exp64(x):
     """e^x, float64 in and out (kernels.portable.exp64, step for step)."""
     x = x.to(tl.float64)
-    xc = tl.minimum(tl.maximum(x, -746.0), 710.0)
-    k = tl.floor(xc * _INV_LN2 + 0.5)
-    r = (xc - k * _LN2_HI) - k * _LN2_LO
-    p = 1.0 / 6227020800.0                       # 1/13!, then Horner down to 1/0!
-    p = p * r + 1.0 / 479001600.0
-    p = p * r + 1.0 / 39916800.0
-    p = p * r + 1.0 / 3628800.0
-    p = p * r + 1.0 / 362880.0
-    p = p * r + 1.0 / 40320.0
-    p = p * r + 1.0 / 5040.0
-    p = p * r + 1.0 / 720.0
-    p = p * r + 1.0 / 120.0
-    p = p * r + 1.0 / 24.0
-    p = p * r + 1.0 / 6.0
-    p = p * r + 0.5
-    p = p * r + 1.0
-    p = p * r + 1.0
+    xc = tl.minimum(tl.maximum(x, -_c(746.0)), _c(710.0))
+    k = tl.floor(xc * _c(_INV_LN2) + _c(0.5))
+    r = (xc - k * _c(_LN2_HI)) - k * _c(_LN2_LO)
+    p = _c(1.0 / 6227020800.0)                       # 1/13!, then Horner down to 1/0!
+    p = p * r + _c(1.0 / 479001600.0)
+    p = p * r + _c(1.0 / 39916800.0)
+    p = p * r + _c(1.0 / 3628800.0)
+    p = p * r + _c(1.0 / 362880.0)
+    p = p * r + _c(1.0 / 40320.0)
+    p = p * r + _c(1.0 / 5040.0)
+    p = p * r + _c(1.0 / 720.0)
+    p = p * r + _c(1.0 / 120.0)
+    p = p * r + _c(1.0 / 24.0)
+    p = p * r + _c(1.0 / 6.0)
+    p = p * r + _c(0.5)
+    p = p * r + _c(1.0)
+    p = p * r + _c(1.0)
     ki = k.to(tl.int64)
     k1 = ki >> 1                                 # floor(k / 2)
     y = (p * _pow2(k1)) * _pow2(ki - k1)
-    y = tl.where(x > 709.782712893384, float("inf"), y)
-    y = tl.where(x < -745.2, 0.0, y)
+    y = tl.where(x > _c(709.782712893384), float("inf"), y)
+    y = tl.where(x < -_c(745.2), _c(0.0), y)
     return tl.where(x != x, x, y)
 
 
@@ -58,35 +65,35 @@ def exp64(x):
 def log64(x):
     """ln x, float64 in and out (kernels.portable.log64, step for step)."""
     x = x.to(tl.float64)
-    tiny = x < 2.2250738585072014e-308
-    xs = tl.where(tiny, x * 18446744073709551616.0, x)
+    tiny = x < _c(2.2250738585072014e-308)
+    xs = tl.where(tiny, x * _c(18446744073709551616.0), x)
     bits = xs.to(tl.int64, bitcast=True)
     e = ((bits >> 52) & 0x7FF) - 1023 - tl.where(tiny, 64, 0)
     m = ((bits & 0xFFFFFFFFFFFFF) | (1023 << 52)).to(tl.float64, bitcast=True)
-    big = m > _SQRT2
-    m = tl.where(big, m * 0.5, m)
+    big = m > _c(_SQRT2)
+    m = tl.where(big, m * _c(0.5), m)
     e = e + big.to(tl.int64)
-    f = m - 1.0
-    s = f / (f + 2.0)
+    f = m - _c(1.0)
+    s = f / (f + _c(2.0))
     s2 = s * s
-    q = 2.0 / 23.0                               # 2/(2i+1) for i = 11 .. 0, Horner in s^2
-    q = q * s2 + 2.0 / 21.0
-    q = q * s2 + 2.0 / 19.0
-    q = q * s2 + 2.0 / 17.0
-    q = q * s2 + 2.0 / 15.0
-    q = q * s2 + 2.0 / 13.0
-    q = q * s2 + 2.0 / 11.0
-    q = q * s2 + 2.0 / 9.0
-    q = q * s2 + 2.0 / 7.0
-    q = q * s2 + 2.0 / 5.0
-    q = q * s2 + 2.0 / 3.0
-    q = q * s2 + 2.0
+    q = _c(2.0 / 23.0)                               # 2/(2i+1) for i = 11 .. 0, Horner in s^2
+    q = q * s2 + _c(2.0 / 21.0)
+    q = q * s2 + _c(2.0 / 19.0)
+    q = q * s2 + _c(2.0 / 17.0)
+    q = q * s2 + _c(2.0 / 15.0)
+    q = q * s2 + _c(2.0 / 13.0)
+    q = q * s2 + _c(2.0 / 11.0)
+    q = q * s2 + _c(2.0 / 9.0)
+    q = q * s2 + _c(2.0 / 7.0)
+    q = q * s2 + _c(2.0 / 5.0)
+    q = q * s2 + _c(2.0 / 3.0)
+    q = q * s2 + _c(2.0)
     log_m = s * q
     ef = e.to(tl.float64)
-    y = ef * _LN2_HI + (ef * _LN2_LO + log_m)
-    y = tl.where(x == 0.0, float("-inf"), y)
+    y = ef * _c(_LN2_HI) + (ef * _c(_LN2_LO) + log_m)
+    y = tl.where(x == _c(0.0), float("-inf"), y)
     y = tl.where(x == float("inf"), float("inf"), y)
-    return tl.where((x < 0.0) | (x != x), float("nan"), y)
+    return tl.where((x < _c(0.0)) | (x != x), float("nan"), y)
 
 
 @triton.jit

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from kernels._common import PORTABLE_MATH
 from kernels.coins import SAMPLE_COLUMNS, _fmix, _mix, gumbel_noise
-from kernels.portable_tl import log_f64
+from kernels.portable_tl import _c, exp64, log64, log_f64
 
 BLOCK_V = 1024
 DBL_MAX = 1.7976931348623157e308
@@ -83,3 +83,293 @@ def _check(logp, seeds, positions):
         if t.dtype != torch.int64 or t.shape != (logp.shape[0],):
             raise ValueError(f"gumbel_argmax: {name} must be int64 [{logp.shape[0]}], got {t.dtype} {tuple(t.shape)}")
     return logp.contiguous(), seeds.contiguous(), positions.contiguous()
+
+
+# =========================================================================== the fused sampler
+# One program per row does the whole of engine.sampling's per-row path, every step the torch
+# path's own IEEE operations in its own order, so the bits are the torch path's on every row:
+#
+#   z      = float64(x) / t   (CPU)   or   float64(x) * (1 / t)   (CUDA: torch multiplies by a
+#            scalar divisor's reciprocal there, so the CUDA torch path does too)
+#   z'     = z where keep (top-k / top-p / min-p mask, computed by the caller) else -inf
+#   logp   = (z' - max z') - log64(tree_sum(exp64(z' - max z')))     portable.log_softmax
+#   token  = argmax(logp + gumbel(hash(seed, pos, col_base + v)))     first maximum, NaN first
+#   lp     = (x[token] - max x) - log(tree_sum(exp(x - max x)))      fp32 portable.log_softmax
+#
+# tree_sum is portable.tree_sum's order (fold the tail past P onto the head, then halve),
+# which is a halving tree over the B-strided blocks followed by one over the B lanes: the
+# blocks are visited in bit-reversed order and summed pairwise on a stack (_push), so the
+# additions are exactly the tree's. The float64 math is kernels.portable_tl's polynomials
+# (never the GPU's own exp/log) and the launch turns FMA contraction off.
+
+MAX_LEVELS = 8                      # the block stack: up to 2^8 blocks of FUSED_BLOCK ids
+FUSED_BLOCK = 1024
+GREEDY, SEEDED, FORCED = 0, 1, 2    # what a row does (the mode of the row)
+
+
+@triton.jit
+def _level(s, c, go, t, k: tl.constexpr):
+    bit = (t >> k) & 1
+    s_new = tl.where(go & (bit == 0), c, s)
+    c_new = tl.where(go & (bit == 1), s + c, c)
+    return s_new, c_new, go & (bit == 1)
+
+
+@triton.jit
+def _push(s0, s1, s2, s3, s4, s5, s6, s7, leaf, t, L: tl.constexpr):
+    """Leaf number t of a pairwise sum (binary counter): merges while t's low bits are 1."""
+    c = leaf
+    go = t >= 0
+    if L > 0:
+        s0, c, go = _level(s0, c, go, t, 0)
+    if L > 1:
+        s1, c, go = _level(s1, c, go, t, 1)
+    if L > 2:
+        s2, c, go = _level(s2, c, go, t, 2)
+    if L > 3:
+        s3, c, go = _level(s3, c, go, t, 3)
+    if L > 4:
+        s4, c, go = _level(s4, c, go, t, 4)
+    if L > 5:
+        s5, c, go = _level(s5, c, go, t, 5)
+    if L > 6:
+        s6, c, go = _level(s6, c, go, t, 6)
+    if L > 7:
+        s7, c, go = _level(s7, c, go, t, 7)
+    return s0, s1, s2, s3, s4, s5, s6, s7, c
+
+
+@triton.jit
+def _halve(w, N: tl.constexpr):
+    """w [N] -> [N / 2]: w[i] + w[i + N / 2] (one addition each)."""
+    return tl.sum(tl.reshape(w, (2, N // 2)), axis=0)
+
+
+@triton.jit
+def _halve_all(w, B: tl.constexpr):
+    if B >= 1024:
+        w = _halve(w, 1024)
+    if B >= 512:
+        w = _halve(w, 512)
+    if B >= 256:
+        w = _halve(w, 256)
+    if B >= 128:
+        w = _halve(w, 128)
+    if B >= 64:
+        w = _halve(w, 64)
+    if B >= 32:
+        w = _halve(w, 32)
+    if B >= 16:
+        w = _halve(w, 16)
+    if B >= 8:
+        w = _halve(w, 8)
+    if B >= 4:
+        w = _halve(w, 4)
+    if B >= 2:
+        w = _halve(w, 2)
+    return tl.sum(w, axis=0)
+
+
+@triton.jit
+def _scaled(x_row, keep_row, has_keep, j, V, temp, RECIP: tl.constexpr):
+    """z' at ids j (float64): temperature-scaled, -inf where the keep mask drops the id."""
+    ok = j < V
+    z = tl.load(x_row + j, mask=ok, other=0.0).to(tl.float64)
+    if RECIP:
+        z = z * temp
+    else:
+        z = z / temp
+    keep = tl.load(keep_row + j, mask=ok, other=1)
+    return tl.where(keep != 0, z, float("-inf"))
+
+
+@triton.jit
+def _leaf(x_row, keep_row, has_keep, j, V, m, temp, F64: tl.constexpr, RECIP: tl.constexpr):
+    """One summand of a softmax denominator: exp64(z' - m) (F64) or fp32 exp(x - m)."""
+    if F64:
+        return exp64(_scaled(x_row, keep_row, has_keep, j, V, temp, RECIP) - m)
+    else:
+        x = tl.load(x_row + j, mask=j < V, other=0.0)
+        return exp64((x - m).to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def _tree_sum(x_row, keep_row, has_keep, V, m, temp, F64: tl.constexpr, RECIP: tl.constexpr,
+              P: tl.constexpr, B: tl.constexpr, Q: tl.constexpr, L: tl.constexpr):
+    """portable.tree_sum over the row's V leaves (see the section comment)."""
+    i = tl.arange(0, B).to(tl.int64)
+    if F64:
+        zero = tl.zeros((B,), dtype=tl.float64)
+    else:
+        zero = tl.zeros((B,), dtype=tl.float32)
+    s0, s1, s2, s3, s4, s5, s6, s7, total = zero, zero, zero, zero, zero, zero, zero, zero, zero
+    for t in range(Q):
+        q = t * 0
+        for k in tl.static_range(L):
+            q = q | (((t >> k) & 1) << (L - 1 - k))           # block bitrev(t): the tree's order
+        j = q.to(tl.int64) * B + i
+        a = _leaf(x_row, keep_row, has_keep, j, V, m, temp, F64, RECIP)
+        b = _leaf(x_row, keep_row, has_keep, j + P, V, m, temp, F64, RECIP)
+        leaf = tl.where(j + P < V, a + b, a)                     # the tail folded onto the head
+        s0, s1, s2, s3, s4, s5, s6, s7, total = _push(s0, s1, s2, s3, s4, s5, s6, s7, leaf, t, L)
+    return _halve_all(total, B)
+
+
+@triton.jit
+def _row_max(x_row, keep_row, has_keep, V, temp, F64: tl.constexpr, RECIP: tl.constexpr, B: tl.constexpr):
+    """amax of the row (z' when F64, else the raw fp32 logits), NaN if any entry is NaN."""
+    best = tl.full((), float("-inf"), tl.float64)
+    nan = tl.full((), 0, tl.int32)
+    for v0 in range(0, V, B):
+        j = v0 + tl.arange(0, B).to(tl.int64)
+        if F64:
+            val = _scaled(x_row, keep_row, has_keep, j, V, temp, RECIP)
+        else:
+            val = tl.load(x_row + j, mask=j < V, other=float("-inf")).to(tl.float64)
+        isn = val != val
+        nan = tl.maximum(nan, tl.max(isn.to(tl.int32), axis=0))
+        best = tl.maximum(best, tl.max(tl.where(isn, float("-inf"), val), axis=0))
+    return tl.where(nan > 0, float("nan"), best)
+
+
+@triton.jit
+def _argmax_step(val, j, ok, best, best_id, nan_id, BIG):
+    """One chunk of torch.argmax: the first maximum, or the first NaN if there is one."""
+    isn = ok & (val != val)
+    nan_id = tl.minimum(nan_id, tl.min(tl.where(isn, j, BIG), axis=0))
+    clean = tl.where(ok & (val == val), val, float("-inf"))
+    cm = tl.max(clean, axis=0)
+    cid = tl.min(tl.where(ok & (val == val) & (clean == cm), j, BIG), axis=0)
+    take = (cm > best) | (best_id == BIG)
+    return tl.where(take, cm, best), tl.where(take, cid, best_id), nan_id
+
+
+@triton.jit
+def _gumbel(seed, pos, j, col_base, RECIP: tl.constexpr):
+    """kernels.coins.gumbel_from_hash at columns col_base + j, with the portable log."""
+    h = tl.zeros(j.shape, dtype=tl.uint32)
+    h = _mix(h, (seed & 0xFFFFFFFF).to(tl.uint32))
+    h = _mix(h, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    h = _mix(h, (pos & 0xFFFFFFFF).to(tl.uint32))
+    h = _fmix(_mix(h, ((col_base + j) & 0xFFFFFFFF).to(tl.uint32)))
+    if RECIP:
+        u = h.to(tl.float64) * _c(1.0 / 4294967295.0)
+    else:
+        u = h.to(tl.float64) / _c(4294967295.0)
+    log_u = tl.minimum(tl.maximum(log64(u), -_c(1.7976931348623157e308)), -_c(2.3283064365386963e-10))
+    return -log64(-log_u)
+
+
+@triton.jit
+def _sample_kernel(x_ptr, keep_ptr, keep_idx_ptr, mode_ptr, temp_ptr, seed_ptr, pos_ptr, tok_ptr, lp_ptr,
+                   V, col_base, P: tl.constexpr, B: tl.constexpr, Q: tl.constexpr, L: tl.constexpr,
+                   RECIP: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + r * V
+    mode = tl.load(mode_ptr + r)
+    keep_row = keep_ptr + tl.load(keep_idx_ptr + r) * V            # a row of ones if unfiltered
+    has_keep = 0
+    temp = tl.load(temp_ptr + r)
+    BIG = V + B
+    token = tl.load(tok_ptr + r)                                      # FORCED rows keep theirs
+    if mode == 0:                                                     # GREEDY: argmax of the raw logits
+        best, best_id, nan_id = tl.full((), float("-inf"), tl.float64), BIG.to(tl.int64), BIG.to(tl.int64)
+        for v0 in range(0, V, B):
+            j = v0 + tl.arange(0, B).to(tl.int64)
+            val = tl.load(x_row + j, mask=j < V, other=0.0).to(tl.float64)
+            best, best_id, nan_id = _argmax_step(val, j, j < V, best, best_id, nan_id, BIG)
+        token = tl.where(nan_id < BIG, nan_id, best_id)
+    if mode == 1:                                                     # SEEDED: Gumbel-max over logp
+        m = _row_max(x_row, keep_row, has_keep, V, temp, True, RECIP, B)
+        log_s = log64(_tree_sum(x_row, keep_row, has_keep, V, m, temp, True, RECIP, P, B, Q, L))
+        seed = tl.load(seed_ptr + r)
+        pos = tl.load(pos_ptr + r)
+        best, best_id, nan_id = tl.full((), float("-inf"), tl.float64), BIG.to(tl.int64), BIG.to(tl.int64)
+        for v0 in range(0, V, B):
+            j = v0 + tl.arange(0, B).to(tl.int64)
+            logp = (_scaled(x_row, keep_row, has_keep, j, V, temp, RECIP) - m) - log_s
+            best, best_id, nan_id = _argmax_step(logp + _gumbel(seed, pos, j, col_base, RECIP), j, j < V,
+                                                 best, best_id, nan_id, BIG)
+        token = tl.where(nan_id < BIG, nan_id, best_id)
+    m32 = _row_max(x_row, keep_row, has_keep, V, temp, False, RECIP, B).to(tl.float32)
+    s32 = _tree_sum(x_row, keep_row, has_keep, V, m32, temp, False, RECIP, P, B, Q, L)
+    x_tok = tl.load(x_row + token)
+    tl.store(tok_ptr + r, token)
+    tl.store(lp_ptr + r, (x_tok - m32) - log64(s32.to(tl.float64)).to(tl.float32))
+
+
+@triton.jit
+def _distribution_kernel(x_ptr, keep_ptr, keep_idx_ptr, temp_ptr, out_ptr, V,
+                         P: tl.constexpr, B: tl.constexpr, Q: tl.constexpr, L: tl.constexpr,
+                         RECIP: tl.constexpr):
+    """portable.softmax(z') of each row: exp64(z' - max) / tree_sum(...), float64 [R, V]."""
+    r = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + r * V
+    keep_row = keep_ptr + tl.load(keep_idx_ptr + r) * V            # a row of ones if unfiltered
+    has_keep = 0
+    temp = tl.load(temp_ptr + r)
+    m = _row_max(x_row, keep_row, has_keep, V, temp, True, RECIP, B)
+    s = _tree_sum(x_row, keep_row, has_keep, V, m, temp, True, RECIP, P, B, Q, L)
+    for v0 in range(0, V, B):
+        j = v0 + tl.arange(0, B).to(tl.int64)
+        e = exp64(_scaled(x_row, keep_row, has_keep, j, V, temp, RECIP) - m)
+        tl.store(out_ptr + r * V + j, e / s, mask=j < V)
+
+
+def _tree_shape(V: int) -> dict:
+    """The constexprs of _tree_sum for a vocabulary of V ids."""
+    P = 1 << (V.bit_length() - 1)
+    B = min(FUSED_BLOCK, P)
+    Q = P // B
+    L = Q.bit_length() - 1
+    if L > MAX_LEVELS:
+        raise ValueError(f"fused sampler: a vocabulary of {V} ids needs {L} stack levels (at most {MAX_LEVELS})")
+    return dict(P=P, B=B, Q=Q, L=L)
+
+
+def _row_inputs(logits, temps, keep, keep_idx):
+    """The kernels' operands; keep gains a last row of ones, where keep_idx -1 points."""
+    R, V = logits.shape
+    ones = torch.ones((1, V), dtype=torch.uint8, device=logits.device)
+    if keep is None:
+        keep, keep_idx = ones, torch.zeros(R, dtype=torch.int64, device=logits.device)
+    else:
+        keep_idx = torch.where(keep_idx < 0, keep.shape[0], keep_idx)
+        keep = torch.cat([keep.to(torch.uint8), ones])
+    return logits.contiguous(), temps.to(torch.float64).contiguous(), keep.contiguous(), keep_idx.contiguous()
+
+
+def fused_temperature(t: float, device) -> float:
+    """What the kernel is given for temperature t on `device`: t itself (it divides, as torch does
+    on the CPU) or 1 / t (it multiplies, as torch does on CUDA for a scalar divisor)."""
+    return 1.0 / t if torch.device(device).type == "cuda" else t
+
+
+def sample_fused_triton(logits: torch.Tensor, modes: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor,
+                        positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None = None,
+                        keep_idx: torch.Tensor | None = None, col_base: int = SAMPLE_COLUMNS):
+    """Every row of logits [R, V] fp32 sampled by its mode (GREEDY, SEEDED, FORCED: tokens[r] is
+    kept) -> (tokens [R] int64, chosen logprobs [R] fp32). temps [R] float64 from
+    fused_temperature; keep [K, V] bool and keep_idx [R] (-1: no mask) the rows' filter masks."""
+    R, V = logits.shape
+    x, temps, keep, keep_idx = _row_inputs(logits, temps, keep, keep_idx)
+    tok = tokens.to(torch.int64).clone()
+    lp = torch.empty(R, dtype=torch.float32, device=logits.device)
+    if R:
+        _sample_kernel[(R,)](x, keep, keep_idx, modes.to(torch.int32).contiguous(), temps, seeds.contiguous(),
+                             positions.contiguous(), tok, lp, V, int(col_base), **_tree_shape(V),
+                             RECIP=logits.device.type == "cuda", num_warps=8, enable_fp_fusion=False)
+    return tok, lp
+
+
+def distributions_triton(logits: torch.Tensor, temps: torch.Tensor, keep: torch.Tensor | None = None,
+                         keep_idx: torch.Tensor | None = None) -> torch.Tensor:
+    """portable.softmax(z') of every row (the target distributions of speculative verification):
+    logits [R, V] fp32 -> [R, V] float64; temps, keep, keep_idx as in sample_fused_triton."""
+    R, V = logits.shape
+    x, temps, keep, keep_idx = _row_inputs(logits, temps, keep, keep_idx)
+    out = torch.empty((R, V), dtype=torch.float64, device=logits.device)
+    if R:
+        _distribution_kernel[(R,)](x, keep, keep_idx, temps, out, V, **_tree_shape(V),
+                                   RECIP=logits.device.type == "cuda", num_warps=8, enable_fp_fusion=False)
+    return out

@@ -47,11 +47,11 @@ from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, St
 from harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
 
 NAME = "kernel"
-KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "experts", "sampling")
+KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "experts", "sampling", "sample_fused")
 DIMS = {
     "matmul": ("M", "K", "N"), "attention": ("Hq", "Hkv", "D", "S", "window"), "rmsnorm": ("M", "N"),
     "rope": ("T", "H", "D"), "router_top_k": ("T", "E", "k"), "swiglu": ("M", "I"),
-    "experts": ("T", "H", "I", "E", "k"), "sampling": ("R", "V"),
+    "experts": ("T", "H", "I", "E", "k"), "sampling": ("R", "V"), "sample_fused": ("R", "V"),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -70,7 +70,9 @@ INPUTS = Map({
         "seed": Field(Int(min=-(2**63), max=2**63 - 1), required=True),
         "position": Field(Int(min=0, max=2**63 - 1), required=True),
         "logits": Field(Any_(), doc="{vocab id: logit}: the row's only finite logits (the rest masked)"),
-    }), min_len=1), doc="sampling: each row's key (and logits)"),
+        "fill": Field(Any_(), doc="sample_fused: every unlisted logit (default: random)"),
+        "params": Field(Any_(), doc="sample_fused: the row's SamplingParams fields (default: greedy)"),
+    }), min_len=1), doc="sampling, sample_fused: each row's key (and logits)"),
     "col_base": Field(Int(min=0, max=2**32 - 1), doc="sampling: the hash column of vocab id 0"),
     "experts_used": Field(Int(min=1), doc="experts: the tokens' experts drawn from the first n"),
     "mxfp4": Field(Bool(), default=False, doc="experts: MXFP4-packed weights"),
@@ -81,6 +83,7 @@ EXPECT = Map({
     "batch_invariant": Field(Bool(), default=False),
     "prefill_decode": Field(Bool(), default=False),
     "reproducible": Field(Bool(), default=False),
+    "bitwise": Field(Bool(), default=False, doc="the Triton output has the torch reference's bits"),
 })
 
 
@@ -121,9 +124,9 @@ def validate(doc: dict, root=None) -> list[Problem]:
         out.append(Problem(("expect", "prefill_decode"), "only the attention kernel has prefill and decode", at_key=True))
     for name, allowed in (("sink", "attention"), ("positions", "attention"), ("ties", "router_top_k"),
                           ("rows", "sampling"), ("col_base", "sampling"), ("experts_used", "experts")):
-        if inp[name] is not None and kernel != allowed:
+        if inp[name] is not None and kernel != allowed and not (name == "rows" and kernel == "sample_fused"):
             out.append(Problem(("inputs", name), f"only for kernel {allowed}", at_key=True))
-    if kernel == "sampling" and inp["rows"] is not None:
+    if kernel in ("sampling", "sample_fused") and inp["rows"] is not None:
         if len(inp["rows"]) != shape["R"]:
             out.append(Problem(("inputs", "rows"), f"expected R = {shape['R']} rows, found {len(inp['rows'])}"))
         for i, row in enumerate(inp["rows"]):
@@ -159,6 +162,8 @@ def elements(kernel: str, s: dict) -> int:
         return 2 * T * H + 4 * E * H * I + 3 * E * I + E * H + T * E + T * k * (3 * I + 3 * H) + 2 * 8 * T * k * H
     if kernel == "sampling":
         return 3 * s["R"] * s["V"]
+    if kernel == "sample_fused":
+        return 8 * s["R"] * s["V"]
     raise ValueError(f"unknown kernel {kernel!r}")
 
 
@@ -225,6 +230,8 @@ def _inputs(spec, device):
         return (lambda be, r=slice(None): swiglu[be](x[r])), s["M"]
     if k == "experts":
         return _experts_call(inp, s, rnd, g)
+    if k == "sample_fused":
+        return _sample_fused_call(inp, s, rnd, device)
     if k == "sampling":
         from kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
         sample = {"torch": gumbel_argmax_torch, "triton": gumbel_argmax_triton}
@@ -270,6 +277,40 @@ def _experts_call(inp, s, rnd, g):
             parts = expert_down_partials_torch(clamped_swiglu_torch(h, alpha, limit), flat, dn_w, bounds)
         return parts.view(len(bounds), xr.shape[0], kk, H).permute(1, 2, 0, 3).reshape(xr.shape[0], -1)
     return call, T
+
+
+def _sample_fused_call(inp, s, rnd, device):
+    """engine.sampling's fused kernel (be = triton) against its torch path (be = torch) on rows
+    written in the spec. -> (call, R); call's output [rows, 2 + V] int64: the token, the chosen
+    logprob's bits and the bits of the row's target distribution (greedy rows: temperature 1).
+    Every NaN is written as one NaN: which NaN an operation on NaNs returns (sign, payload) is
+    the hardware's and the library's choice (x86 keeps an operand's, a GPU gives its own), so
+    the contract is that a value is NaN where the torch path's is, not its NaN bits."""
+    from engine.sampling import SamplingParams, row_settings, sample_fused, sample_with, target_distributions
+    from engine.sampling import chosen_logprobs
+    rows, V = inp["rows"] or [{"seed": i, "position": i} for i in range(s["R"])], s["V"]
+    x = rnd(len(rows), V, scale=3.0 * inp["scale"], dtype=torch.float32)
+    for i, row in enumerate(rows):
+        if row.get("fill") is not None:
+            x[i] = row["fill"]
+        for v, val in (row.get("logits") or {}).items():
+            x[i, int(v)] = float(val)
+    params = [SamplingParams(**(row.get("params") or {"greedy": True})) for row in rows]
+    seeds = torch.tensor([row["seed"] for row in rows], dtype=torch.int64)
+    pos = torch.tensor([row["position"] for row in rows], dtype=torch.int64, device=device)
+
+    def call(be, r=slice(None)):
+        ps, xr = params[r], x[r]
+        settings = row_settings(ps, seeds[r].tolist(), device)
+        if be == "triton":
+            tok, lp = sample_fused(xr, settings, pos[r])
+        else:
+            tok = sample_with(xr, settings, pos[r], fused=False)
+            lp = chosen_logprobs(xr, tok, fused=False)
+        dist = target_distributions(xr, [SamplingParams() if p.is_greedy else p for p in ps], fused=be == "triton")
+        lp, dist = (torch.where(t.isnan(), math.nan, t) for t in (lp, dist))   # one NaN: see below
+        return torch.cat([tok[:, None], lp.view(torch.int32).to(torch.int64)[:, None], dist.view(torch.int64)], 1)
+    return call, len(rows)
 
 
 def kernel_inputs(spec, device) -> dict:
@@ -357,6 +398,13 @@ def _measure(spec, call, reference, rows: int | None, output: str, difference: s
         bad = ~torch.isfinite(out.to(torch.float64))
         if bad.any():
             failures.append(f"{where}: {int(bad.sum())} non-finite values{output}, first at {_first(bad)}")
+    if exp.get("bitwise"):
+        ref = reference()
+        diff = out.contiguous().view(torch.uint8).reshape(out.shape[0], -1) != \
+            ref.contiguous().view(torch.uint8).reshape(ref.shape[0], -1)
+        if diff.any():
+            failures.append(f"{where}: {output.strip() or 'the output'} differs bitwise from the reference in rows "
+                            f"{sorted(set(diff.any(1).nonzero()[:, 0].tolist()))}")
     if exp.get("tolerance") is not None:
         ref = reference()
         if out.shape != ref.shape:

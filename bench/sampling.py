@@ -1,0 +1,66 @@
+"""The fused sampling kernel (kernels.sampling.sample_fused_triton) against the torch path it
+replaces (engine.sampling's portable float64 log-softmax, hash, Gumbel and argmax, then the fp32
+chosen logprob), in one process on the same logits, with the bits checked equal first.
+
+    python3 bench/sampling.py                       # V = 201088 (gpt-oss), batches 1, 8, 32
+    python3 bench/sampling.py --vocab 4096 --batches 1,4 --repeat 1   # CPU smoke (interpreter)
+
+Rows: seeded sampling at temperature 0.8 (no filters: generate's common case), greedy, and the
+replay's forced chosen logprobs. Each figure is the time of one batched call; ratio = torch /
+fused (> 1: the kernel is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))        # this checkout's engine, not an installed copy
+
+import torch  # noqa: E402
+
+from _util import DEVICE, device_line, timed  # noqa: E402
+from engine.sampling import SamplingParams, chosen_logprobs, row_settings, sample_fused, sample_with  # noqa: E402
+
+
+def case(name, logits, params, positions, repeat):
+    settings = row_settings(params, list(range(len(params))), logits.device)
+    want = sample_with(logits, settings, positions, fused=False)
+    want_lp = chosen_logprobs(logits, want, fused=False)
+    got, got_lp = sample_fused(logits, settings, positions)
+    forced = chosen_logprobs(logits, want, fused=True)
+    same = torch.equal(got, want) and torch.equal(got_lp.view(torch.int32), want_lp.view(torch.int32)) \
+        and torch.equal(forced.view(torch.int32), want_lp.view(torch.int32))
+    if not same:
+        print(f"{name}: the fused kernel's bits differ from the torch path")
+        sys.exit(3)
+    t_torch = timed(lambda: chosen_logprobs(logits, sample_with(logits, settings, positions, fused=False),
+                                            fused=False), repeat)
+    t_fused = timed(lambda: sample_fused(logits, settings, positions), repeat)
+    t_lp_torch = timed(lambda: chosen_logprobs(logits, want, fused=False), repeat)
+    t_lp_fused = timed(lambda: chosen_logprobs(logits, want, fused=True), repeat)
+    R = logits.shape[0]
+    print(f"{name:>8} {R:>4} {t_torch * 1e3:>10.3f}ms {t_fused * 1e3:>9.3f}ms {t_torch / t_fused:>7.1f}x"
+          f" | chosen logprobs {t_lp_torch * 1e3:>9.3f}ms {t_lp_fused * 1e3:>9.3f}ms {t_lp_torch / t_lp_fused:>7.1f}x")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vocab", type=int, default=201088)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--repeat", type=int)
+    args = ap.parse_args(argv)
+    print(f"sampling, V = {args.vocab}, {device_line()}; bits checked equal before timing")
+    print(f"{'rows':>8} {'R':>4} {'torch':>12} {'fused':>11} {'ratio':>8} | {'':15} {'torch':>11} {'fused':>11}")
+    g = torch.Generator().manual_seed(0)
+    for R in [int(b) for b in args.batches.split(",")]:
+        logits = (torch.randn(R, args.vocab, generator=g) * 3).to(DEVICE)
+        positions = torch.arange(R, device=DEVICE) + 100
+        case("seeded", logits, [SamplingParams(temperature=0.8)] * R, positions, args.repeat)
+        case("greedy", logits, [SamplingParams(greedy=True)] * R, positions, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
