@@ -17,5 +17,5 @@ Read in this order:
   speculative.py speculative_generate: chain/tree drafting, greedy/target-only/rejection verify
   distributed.py Topology (tp × ep), ParallelContext, all-gather + fixed-tree invariant_sum (D4)
   parallel.py    shard(model, ctx): a GptOssModel made one TP/EP rank, bitwise equal to one device; generate_at
-  launch.py      launch(fn, world_size): local ranks over gloo/NCCL, dead or hung ranks named
+  launch.py      launch(fn, world_size): local ranks over gloo, NCCL or gloo-host (a shared GPU); failures named
 """

@@ -80,7 +80,8 @@ def test_a_failing_rank_on_a_shared_gpu_is_named():
 
 
 @needs_gpus(1)
-@pytest.mark.parametrize("recorded, replayed", [((1, 1), (2, 1)), ((1, 1), (1, 2)), ((2, 1), (1, 1)), ((1, 2), (1, 1))])
+@pytest.mark.parametrize("recorded, replayed", [((1, 1), (2, 1)), ((1, 1), (1, 2)),
+                                                ((2, 1), (1, 1)), ((1, 2), (1, 1))])
 def test_a_cuda_trace_replays_bitwise_at_another_topology(recorded, replayed):
     """Recorded at one topology on the GPU, replayed at another (free-run and teacher-forced)."""
     from harness.replay.record import record
