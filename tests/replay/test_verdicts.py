@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import struct
 
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
+from harness.kinds.replay import _moved
 from harness.replay.format import f32_bits
 from harness.replay.replay import ReplayReport, StepVerdict, Verdict, ulp_distance
 
@@ -44,10 +45,9 @@ def test_ulp_is_a_distance_monotone_in_the_value(a, b, c):
     assert (ab == 0) == (a == b)                      # zero exactly for equal values (±0 included)
 
 
+@settings(deadline=None)                              # a shared machine's first call can be slow
 @given(finite, st.integers(-1000, 1000))
 def test_an_ulp_edit_of_the_replay_kind_moves_exactly_that_many_values(x, n):
-    from harness.kinds.replay import _moved
-
     bits = f32_bits(x)
     moved = _moved(bits, {"ulp": n, "add": None})
     value = struct.unpack(">f", bytes.fromhex(moved))[0]
