@@ -53,6 +53,7 @@ from harness.replay.promote import spec_document
 from harness.replay.record import record
 from harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, replay, requests_of
 from harness.replay.run import Setup
+from harness.targets.base import NotApplicable, TargetInterface
 from harness.result import Result
 from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
 from engine.generate import Request
@@ -111,7 +112,10 @@ def golden_platform(spec, ctx) -> str:
     return ctx.fixed_platform              # the verdict logic is pinned, on one dtype policy and backend
 
 
-def run(spec, ctx) -> Result:
+def run(spec, ctx, target: TargetInterface) -> Result:
+    """Replay's verdict logic on traces Lockstep's engine records: no target operation judges traces."""
+    if not target.engine:
+        raise NotApplicable(f"kind {NAME!r} has no target runner")
     inp = spec.inputs                      # the engine only produces the trace: fp32, torch ops, any device
     setup = Setup(inp["checkpoint"], dtype="fp32", backend="torch", device=str(ctx.device),
                   draft=inp["draft"], speculative=inp["speculative"])
