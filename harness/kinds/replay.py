@@ -46,7 +46,7 @@ from pathlib import Path
 
 from harness.checkpoints import CHECKPOINT, DRAFT
 from harness.intseq import materialize
-from harness.kinds.generate import REQUEST, SAMPLING, _params
+from harness.kinds.generate import REQUEST, SAMPLING, _params, project_root
 from harness.kinds.generate import INPUTS as GENERATE_INPUTS
 from harness.replay.format import TraceError, canonical, f32_bits, f32_from_bits, read_trace, write_trace
 from harness.replay.promote import spec_document
@@ -132,15 +132,16 @@ def judge(spec, trace) -> Result:
     inp = spec.inputs
     for e in inp["edits"]:
         apply_edit(trace, e)
+    root = str(project_root(spec))         # goldens must not depend on where the suite is checked out
     data: dict = {"refused": None, "report": None, "promoted": None}
     facts: dict = {"promote_problems": []}
     with tempfile.TemporaryDirectory(prefix="lockstep-replay-") as tmp:
         trace = read_trace(write_trace(trace, Path(tmp) / "edited.jsonl"))
     try:
         report = replay(trace, inp["mode"], near_tie=inp["near_tie"], threshold=inp["threshold"], locate_first=False)
-        data["report"] = {**report.to_json(), "text": report.text()}
+        data["report"] = {**report.to_json(), "text": report.text().replace(root, "<suite>")}
     except TraceError as e:
-        data["refused"] = str(e)
+        data["refused"] = str(e).replace(root, "<suite>")
     if inp["promote"]:
         doc = spec_document(trace, list(range(len(trace.requests))), "promoted by a replay spec")
         data["promoted"] = doc
