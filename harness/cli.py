@@ -39,8 +39,10 @@ import sys
 import time
 from pathlib import Path
 
+from harness.commands.options import (bound, int_at_least, int_in, int_list, per_prompt_seeds, seeds as seed_list,
+                                      tag, token_ids, world_sizes)
 from harness.errors import UsageError, full_traceback, located  # noqa: F401 - UsageError: also harness.cli's
-from harness.limits import MAX_CHECKPOINT_GB, MAX_GENERATE_SECONDS, WORLD_SIZES
+from harness.limits import MAX_CHECKPOINT_GB, MAX_DOCTOR_INPUTS, MAX_GENERATE_SECONDS, WORLD_SIZES
 from harness.specfile import load_headers, load_specs, select, spec_files, spec_id_for
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
@@ -50,66 +52,11 @@ MAX_COLUMN = 48  # a column of `list` wider than this is cut with "…", so one 
 
 
 # --------------------------------------------------------------------------- argument types
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {v}")
-        return v
-    return parse
-
-
-def _int_list(text: str) -> list[int]:
-    """Comma-separated integers; an empty item (`1,,2`, a trailing comma) is an error, not skipped."""
-    items = text.split(",")
-    try:
-        if any(not item.strip() for item in items):
-            raise ValueError
-        return [int(item, 0) for item in items]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _token_ids(text: str) -> list[int]:
-    ids = _int_list(text)
-    for i in ids:
-        if i < 0:
-            raise argparse.ArgumentTypeError(f"token ids are >= 0, got {i} (a negative id is not a token)")
-    return ids
-
-
-def _int_in(low: int, end: int, shown: str):
-    """An argparse type: an integer in [low, end), refused as a usage error naming the range otherwise
-    (a seed past int64 used to reach torch and come back as `Overflow when unpacking long long`)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value < end:
-            raise argparse.ArgumentTypeError(f"must be an integer in {shown}, got {text}")
-        return value
-    return parse
-
-
-def _bound(text: str) -> float:
-    """A bound a flag raises: a positive number (`inf`: no bound); NaN would compare as no bound too, silently."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number (inf: no bound), got {text}")
-    return value
-
-
+# The types themselves are in harness/commands/options.py, shared with the replay commands.
 def _attach_dash_values(argv: list[str]) -> list[str]:
     """`--prompt-ids -1,2` as `--prompt-ids=-1,2`: argparse takes a value that starts with '-' (and
     is not a plain negative number) for an option and says "expected one argument"; attached, the
-    value reaches _token_ids, which names what is wrong with it."""
+    value reaches token_ids, which names what is wrong with it."""
     out = []
     for tok in argv:
         if out and out[-1] in ("--prompt-ids", "--stop-ids") and re.fullmatch(r"-\d[\d,\s+-]*", tok):
@@ -117,23 +64,6 @@ def _attach_dash_values(argv: list[str]) -> list[str]:
         else:
             out.append(tok)
     return out
-
-
-def _world_sizes(text: str) -> list[int]:
-    sizes = _int_list(text)
-    for w in sizes:
-        if w not in WORLD_SIZES:
-            raise argparse.ArgumentTypeError(f"world size {w} is not one of {', '.join(map(str, WORLD_SIZES))} "
-                                             "(the tensor-parallel degrees DESIGN D4 covers)")
-    if len(set(sizes)) != len(sizes):
-        raise argparse.ArgumentTypeError(f"a world size is listed twice in {text!r}")
-    return sizes
-
-
-def _tag(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("a tag must not be empty")
-    return text
 
 
 # --------------------------------------------------------------------------- shared plumbing
@@ -144,7 +74,7 @@ def _debug(p: argparse.ArgumentParser) -> None:
 
 def _common(p: argparse.ArgumentParser, patterns: str = "*") -> None:
     p.add_argument("patterns", nargs=patterns, metavar="PATTERN", help="spec id globs, e.g. 'coins/*'")
-    p.add_argument("--tag", action="append", default=[], type=_tag, help="only specs carrying this tag (repeatable)")
+    p.add_argument("--tag", action="append", default=[], type=tag, help="only specs carrying this tag (repeatable)")
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
     p.add_argument("--golden", type=Path, default=Path("golden"), help="golden directory (default: ./golden)")
     p.add_argument("--suite", type=Path, action=_SuiteAction, metavar="DIR",
@@ -173,7 +103,7 @@ def _running(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["fp32", "bf16"], help="dtype policy (default: every pair with goldens "
                                                              "here; regen: every pair the spec supports)")
     p.add_argument("--backend", choices=["torch", "triton"], help="engine kernel backend (default: as --dtype)")
-    p.add_argument("--world-size", type=_world_sizes, default=[], metavar="W[,W...]",
+    p.add_argument("--world-size", type=world_sizes, default=[], metavar="W[,W...]",
                    help="also run generate specs at tensor parallel tp=W and expert parallel ep=W, W in "
                         f"{{{', '.join(map(str, WORLD_SIZES))}}} (torch.distributed; gloo on CPU, NCCL on GPU) "
                         "and require the one-device bits")
@@ -206,13 +136,23 @@ def _load(args, loader=load_specs, also_ids=()) -> tuple[list, list]:
     all_ids = [spec_id_for(f, args.specs) for f in spec_files(args.specs)] + list(also_ids)
     for pattern in args.patterns:
         if not any(fnmatch.fnmatchcase(i, pattern) for i in all_ids):
-            raise UsageError(f"no spec matches {pattern!r} (see `lockstep list`)")
+            raise UsageError(f"no spec matches {pattern!r}{_not_spec_files(args.specs, pattern)} (see `lockstep list`)")
     if args.patterns:  # report the errors of the files the patterns name, not of every file
         errors = [e for e in errors if _matches(e.file, args)]
     goldens_named = [i for i in also_ids if any(fnmatch.fnmatchcase(i, p) for p in args.patterns)]
     if not chosen and not errors and not goldens_named:
         raise UsageError(_nothing_selected(args))
     return chosen, errors
+
+
+def _not_spec_files(specs: Path, pattern: str) -> str:
+    """Files the pattern would name but that are not spec files (`x.yml`, `x.json`): said, since
+    "no spec matches" alone reads as a typo in the pattern."""
+    near = sorted(str(f) for f in specs.rglob("*") if f.is_file() and f.suffix != ".yaml" and
+                  fnmatch.fnmatchcase(f.relative_to(specs).with_suffix("").as_posix(), pattern))
+    if not near:
+        return ""
+    return f"; {', '.join(near[:3])}{' …' if len(near) > 3 else ''} would match but spec files end in .yaml"
 
 
 def _matches(file: str, args) -> bool:
@@ -562,6 +502,9 @@ def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
 def cmd_suite(args) -> int:
     from harness.suite import installed_root
     root = installed_root()
+    if os.environ.get("LOCKSTEP_SUITE") and not (root / "specs").is_dir():
+        raise UsageError(f"LOCKSTEP_SUITE={os.environ['LOCKSTEP_SUITE']} holds no specs/ folder (set it to a folder "
+                         "holding specs/ and golden/, or unset it to use the installed suite)")
     if root is None or not (root / "specs").is_dir():
         raise UsageError("no suite installed with this lockstep (install it from a clone: pip install -e CLONE, or "
                          "set LOCKSTEP_SUITE to a folder holding specs/ and golden/)")
@@ -597,12 +540,9 @@ def _generate_settings(args) -> tuple[list, dict]:
                          "(one, or one per --prompt-ids) to sample")
     if args.logprobs and not args.json:
         raise UsageError("--logprobs is printed only in --json output; add --json")
-    n = len(args.prompt_ids)
-    seeds = args.seed or [None]
-    if len(seeds) not in (1, n):
-        raise UsageError(f"--seed gives {len(seeds)} seeds for {n} prompts: give one (every prompt) or one per prompt")
     defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
-    return seeds * n if len(seeds) == 1 else seeds, {k: defaults[k] if v is None else v for k, v in sampling.items()}
+    return per_prompt_seeds(args.seed, len(args.prompt_ids)), {k: defaults[k] if v is None else v
+                                                               for k, v in sampling.items()}
 
 
 def cmd_generate(args) -> int:
@@ -740,33 +680,34 @@ def build_parser() -> argparse.ArgumentParser:
     _debug(p)
     p.set_defaults(func=cmd_suite)
     p = sub.add_parser("doctor", help="check that every primitive of the CPU reference is IEEE on this machine")
-    p.add_argument("--inputs", type=_int_at_least(1024), default=65536, help="inputs per op (default 65536)")
+    p.add_argument("--inputs", type=int_at_least(1024, MAX_DOCTOR_INPUTS), default=65536,
+                   help=f"inputs per op (default 65536, at most {MAX_DOCTOR_INPUTS})")
     _debug(p)
     p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
-    p.add_argument("--seed", type=_int_in(0, 2**63, "[0, 2^63)"), default=0)
+    p.add_argument("--seed", type=int_in(0, 2**63, "[0, 2^63)"), default=0)
     p.add_argument("--format", choices=["bf16", "mxfp4"], default="bf16")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
-    p.add_argument("--max-gb", type=_bound, default=MAX_CHECKPOINT_GB, metavar="GB",
+    p.add_argument("--max-gb", type=bound, default=MAX_CHECKPOINT_GB, metavar="GB",
                    help=f"refuse to write more parameter bytes than this (default {MAX_CHECKPOINT_GB:g})")
     p.add_argument("out", type=Path, metavar="OUT")
     _debug(p)
     p.set_defaults(func=cmd_make_checkpoint)
     p = sub.add_parser("generate", help="generate from a checkpoint with the reference engine")
     p.add_argument("--checkpoint", type=Path, required=True)
-    p.add_argument("--prompt-ids", type=_token_ids, action="append", required=True,
+    p.add_argument("--prompt-ids", type=token_ids, action="append", required=True,
                    help="comma-separated token ids; repeat for a batch")
-    p.add_argument("--seed", type=_int_list, metavar="S[,S...]",
+    p.add_argument("--seed", type=seed_list, metavar="S[,S...]",
                    help="seeded sampling: one seed for every prompt, or one per --prompt-ids (without: greedy)")
     p.add_argument("--temperature", type=float, help="default 1.0; needs --seed")
     p.add_argument("--top-k", type=int, help="default 0 (off); needs --seed")
     p.add_argument("--top-p", type=float, help="default 1.0 (off); needs --seed")
     p.add_argument("--min-p", type=float, help="default 0.0 (off); needs --seed")
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--stop-ids", type=_token_ids, help="replace the EOS list, e.g. --stop-ids 509,510")
+    p.add_argument("--stop-ids", type=token_ids, help="replace the EOS list, e.g. --stop-ids 509,510")
     p.add_argument("--logprobs", action="store_true", help="include each token's logprob (and its float32 bits)")
-    p.add_argument("--max-seconds", type=_bound, default=MAX_GENERATE_SECONDS, metavar="S",
+    p.add_argument("--max-seconds", type=bound, default=MAX_GENERATE_SECONDS, metavar="S",
                    help=f"on the CPU, refuse a run estimated above S seconds (default {MAX_GENERATE_SECONDS})")
     p.add_argument("--backend", choices=["torch", "triton"], default="torch")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
@@ -785,7 +726,14 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse exits 2 on usage errors, as our contract wants, and 0 for --help
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
-        code = args.func(args)
+        try:
+            code = args.func(args)
+        except ModuleNotFoundError as e:         # a third-party dependency missing: name it and its install
+            missing = _missing_package(e)
+            if missing is None:
+                raise
+            raise UsageError(f"this command needs the Python package {missing!r}, which is not installed here: "
+                             f"pip install {missing}") from None
         sys.stdout.flush()  # inside the boundary: a closed pipe is noticed here, not at interpreter exit
         return code
     except UsageError as e:
@@ -804,6 +752,19 @@ def main(argv=None) -> int:
         print(f"lockstep: internal error: {located(e)}" + ("" if args.debug else "; --debug shows the traceback"),
               file=sys.stderr)
         return EXIT_MISMATCH
+
+
+# Modules whose pip package has another name; any other third-party module is its own package's name.
+PACKAGES = {"yaml": "pyyaml", "packaging": "packaging"}
+OWN_PACKAGES = ("harness", "engine", "kernels", "models", "tests")
+
+
+def _missing_package(e: ModuleNotFoundError) -> str | None:
+    """The pip package behind a missing module; None for one of Lockstep's own (an internal error)."""
+    top = (e.name or "").split(".")[0]
+    if not top or top in OWN_PACKAGES:
+        return None
+    return PACKAGES.get(top, top)
 
 
 def _stdout_closed() -> int:
