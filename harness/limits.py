@@ -1,7 +1,7 @@
 """Every limit a spec file or a command line is held to, in one place, each with its reason.
 
 A spec that goes past a limit gets a located error at `validate` time (exit 2), never a hang,
-a memory blow-up or a crash at run time. README § "Limits" lists the same numbers for users;
+a memory blow-up or a crash at run time. docs/specs.md § "Limits" lists the same numbers for users;
 change both together.
 
 The numbers leave a wide margin over what the shipped specs use (the largest file is 1.7 KB,

@@ -23,14 +23,13 @@ and record's cost (the KV cache it allocates and its time, harness/estimates.py)
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from pathlib import Path
 
 from harness.commands.options import bound, int_at_least, int_list, per_prompt_seeds, seeds, token_ids
-from harness.errors import UsageError, check_output_file
+from harness.errors import check_output_file
 from harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
 from harness.replay.format import Trace, TraceError, f32_from_bits, read_trace, write_trace
 
