@@ -1,7 +1,7 @@
-"""What a `generate` or `make-checkpoint` command line will cost, known before it starts.
+"""What a `generate`, `record` or `make-checkpoint` command line will cost, known before it starts.
 
-`checkpoint_size` and `generate_time` are the CLI's checks: they say it up front and refuse above
-a bound (harness/limits.py) unless a flag raises it. A 5 000-token prompt used to run for many
+`checkpoint_size`, `generate_time` and `record_cost` are the CLI's checks: they say it up front and
+refuse above a bound (harness/limits.py) unless a flag raises it. A 5 000-token prompt used to run for many
 minutes printing nothing, and `make-checkpoint --preset gpt-oss-120b` wrote gigabytes with no end
 in sight.
 
@@ -48,14 +48,28 @@ def active_params(config) -> int:
 def generate_seconds(config, prompt_lengths: list[int], max_new_tokens: int) -> float:
     """Rough seconds the CPU engine takes for these requests (each run as if alone: an upper bound
     for a batch, whose decode steps share the fixed cost)."""
+    return requests_seconds(config, [(p, max_new_tokens) for p in prompt_lengths])
+
+
+def requests_seconds(config, lengths: list[tuple[int, int]]) -> float:
+    """generate_seconds for requests of their own lengths: [(prompt tokens, new tokens)]."""
     units = config.num_hidden_layers * config.num_attention_heads / 16
     total = 0.0
-    for p in prompt_lengths:
-        n = max_new_tokens
+    for p, n in lengths:
         total += PREFILL_PER_KEY * units * p * p
         total += n * DECODE_PER_BLOCK * config.num_hidden_layers + DECODE_PER_KEY * units * (n * p + n * n / 2)
         total += (p + n) * active_params(config) / DENSE_MACS_PER_SECOND
     return total
+
+
+def kv_cache_bytes(config, requests: int, longest: int, dtype: str) -> int:
+    """Bytes of the KV cache a run of `requests` allocates (engine/kv_cache.py: one slot per request
+    plus a padding slot, each as long as the longest request rounded up to a KV tile; K and V)."""
+    from engine.attention import KV_TILE
+
+    capacity = -(-longest // KV_TILE) * KV_TILE
+    per_slot = config.num_hidden_layers * config.num_key_value_heads * capacity * config.head_dim
+    return 2 * (requests + 1) * per_slot * (4 if dtype == "fp32" else 2)
 
 
 # --------------------------------------------------------------------------- what the CLI says and refuses
@@ -112,3 +126,23 @@ def generate_time(args, config, device) -> None:
                          "it, or shorten the prompt or --max-new-tokens")
     if seconds > 10:
         print(f"generate: about {seconds:.0f} s on the CPU ({what}; a rough estimate)", file=sys.stderr, flush=True)
+
+
+def record_cost(config, lengths: list[tuple[int, int]], dtype: str, max_seconds: float, max_gb: float) -> None:
+    """`record`'s up-front check: the KV cache it allocates (refused above --max-gb) and, on the CPU,
+    its time (two runs: the recording and its teacher-forced check; refused above --max-seconds).
+    10^6 requests used to run for minutes before a 32 GB allocation failed as an internal error."""
+    longest = max(p + n for p, n in lengths)
+    size = kv_cache_bytes(config, len(lengths), longest, dtype)
+    what = f"{len(lengths)} request(s) of up to {longest} tokens, {config.num_hidden_layers} blocks"
+    if size > max_gb * 1e9:
+        raise UsageError(f"record would allocate a {size / 1e9:.3g} GB KV cache ({what}), above --max-gb "
+                         f"{max_gb:g}; pass --max-gb {math.ceil(size / 1e9)} to run it, or record fewer or "
+                         "shorter requests")
+    seconds = 2 * requests_seconds(config, lengths)
+    if seconds > max_seconds:
+        raise UsageError(f"record would take about {seconds:.0f} s on the CPU ({what}; a rough estimate), above "
+                         f"--max-seconds {max_seconds:g}; pass --max-seconds {math.ceil(seconds * 1.5)} to run it, "
+                         "or record fewer or shorter requests")
+    if seconds > 10:
+        print(f"record: about {seconds:.0f} s on the CPU ({what}; a rough estimate)", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """Every limit a spec file or a command line is held to, in one place, each with its reason.
 
 A spec that goes past a limit gets a located error at `validate` time (exit 2), never a hang,
-a memory blow-up or a crash at run time. README § "Limits" lists the same numbers for users;
+a memory blow-up or a crash at run time. docs/specs.md § "Limits" lists the same numbers for users;
 change both together.
 
 The numbers leave a wide margin over what the shipped specs use (the largest file is 1.7 KB,
@@ -65,3 +65,12 @@ MAX_GENERATE_SECONDS = 300
 # `lockstep make-checkpoint` refuses to write more parameter bytes than this unless --max-gb raises
 # it: the largest test preset writes 6 MB; the real gpt-oss presets 14 to 234 GB, made in memory first.
 MAX_CHECKPOINT_GB = 1.0
+# `lockstep record` refuses a KV cache (harness/estimates.py: kv_cache_bytes) larger than this unless
+# --max-gb raises it: the shipped request files need well under 1 MB; 10^6 requests asked for 32 GB.
+MAX_RECORD_GB = 4.0
+# Requests of one `lockstep record` (a request file's lines): the shipped ones hold at most a few;
+# parsing 10^6 lines took minutes on the CI machine before the KV-cache estimate could refuse them.
+MAX_RECORD_REQUESTS = 4096
+# `lockstep doctor --inputs` above this is refused: each op holds a few float64 tensors of this many
+# inputs (4 M: about 200 MB in all); 10^12 used to end in a MemoryError.
+MAX_DOCTOR_INPUTS = 1 << 22

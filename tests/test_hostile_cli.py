@@ -38,7 +38,7 @@ def test_an_unexpected_error_is_one_located_line_and_exit_1(project, capsys, mon
     def boom(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("harness.cli.load_headers", boom)
+    monkeypatch.setattr("harness.commands.listing.load_headers", boom)
     code, out = run(capsys, "list")
     assert code == 1 and "Traceback" not in out
     assert "lockstep: internal error: RuntimeError: boom (at tests/test_hostile_cli.py:" in out and "--debug" in out

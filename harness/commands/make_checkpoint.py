@@ -1,0 +1,24 @@
+"""`lockstep make-checkpoint`: a synthetic checkpoint in the HF layout, its size said (and
+bounded by --max-gb) before anything is made."""
+
+from __future__ import annotations
+
+from engine.checkpoint import make_checkpoint
+from harness.commands.exits import EXIT_OK
+from harness.errors import UsageError
+from harness.estimates import CheckpointProgress, checkpoint_size
+
+
+def cmd_make_checkpoint(args) -> int:
+    checkpoint_size(args)                      # refused above --max-gb before anything is made
+    try:
+        out = make_checkpoint(args.preset, args.seed, args.format, args.out, overwrite=args.overwrite,
+                              progress=CheckpointProgress())
+    except FileExistsError:
+        raise UsageError(f"{args.out} exists and is not empty; use --overwrite to replace it") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"cannot write {args.out}: {e.strerror or e}") from None
+    print(f"wrote {args.format} checkpoint of preset {args.preset!r} (seed {args.seed}) to {out}")
+    return EXIT_OK

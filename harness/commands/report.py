@@ -1,0 +1,25 @@
+"""`lockstep report` (the conformance matrix of targets) and `lockstep expectations` (a target's
+expectations file written from its observed failures); both run through harness/targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.commands.display import Progress
+from harness.commands.selection import context, golden_exists, load
+from harness.errors import check_output_file
+from harness.targets.check import cmd_report as report_targets_cmd, cmd_write_expectations, report_out
+
+
+def cmd_report(args) -> int:
+    for path, what in ((Path(args.out), "--out"), (Path(args.out).with_suffix(".json"), "--out (its JSON)")):
+        check_output_file(path, what)         # before any spec loads or any target runs
+    report_out(args.out)
+    specs, errors = load(args)
+    golden_exists(args)
+    return report_targets_cmd(args, specs, errors, context(args), Progress(len(specs), True))
+
+
+def cmd_expectations(args) -> int:
+    specs, errors = load(args)
+    return cmd_write_expectations(args, specs, errors, context(args), Progress(len(specs), True))
