@@ -9,7 +9,8 @@ from pathlib import Path
 
 import triton
 
-from harness.cli import EXIT_INCOMPARABLE, EXIT_OK, main
+from harness.cli import main
+from harness.commands.exits import EXIT_INCOMPARABLE, EXIT_OK
 from harness.golden import GoldenStore
 
 ROOT = Path(__file__).resolve().parent.parent

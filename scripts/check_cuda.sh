@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Check the CUDA goldens of every spec on one GPU, for both engine backends and both dtype
+# policies, in parallel shards that share the GPU (each shard one `lockstep check` process), and
+# print one summary line per pair. The topology specs run their ranks on the same GPU (gloo over
+# host copies, docs/topology.md).
+#
+#   [BACKENDS="torch triton"] [DTYPES="fp32 bf16"] [SPECS="generate/* ..."] scripts/check_cuda.sh [SHARDS] [LOG_DIR]
+#
+# Exit status 1 when any shard fails (a mismatch, a crash or a missing golden of a pair that has
+# goldens); the failing lines are printed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+shards=${1:-8}
+logs=${2:-$(mktemp -d)}
+mkdir -p "$logs"
+export PYTHONUNBUFFERED=1
+if [ -n "${SPECS:-}" ]; then
+  ids=$(for s in $SPECS; do echo "$s"; done)
+else
+  ids=$(find specs -name '*.yaml' | sed 's|^specs/||; s|\.yaml$||' | sort)
+fi
+status=0
+pids=()
+for dtype in ${DTYPES:-fp32 bf16}; do
+  for backend in ${BACKENDS:-torch triton}; do
+    for ((s = 0; s < shards; s++)); do
+      mine=$(echo "$ids" | awk -v n="$shards" -v s="$s" 'NR % n == s')
+      [ -n "$mine" ] || continue
+      # shellcheck disable=SC2086
+      python3 -m harness check --device cuda --dtype "$dtype" --backend "$backend" $mine \
+        > "$logs/$dtype-$backend-$s.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+done
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+for dtype in ${DTYPES:-fp32 bf16}; do
+  for backend in ${BACKENDS:-torch triton}; do
+    cat "$logs/$dtype-$backend"-*.log | grep -E '^(mismatch|failed|crash|corrupt|missing|incomparable|lockstep: )' || true
+    echo "$dtype $backend: $(cat "$logs/$dtype-$backend"-*.log | grep -c '^pass ') pass," \
+         "$(cat "$logs/$dtype-$backend"-*.log | grep -c -E '^(mismatch|failed|crash|corrupt) ') failing," \
+         "$(cat "$logs/$dtype-$backend"-*.log | grep -c -E '^(missing|incomparable) ') missing"
+  done
+done
+exit $status
