@@ -37,9 +37,10 @@ depend on its batchmates:
      only positions no query reads before they are written again. A node's logits are then
      computed exactly as in sequential decoding (same keys, same order; DESIGN D3), so greedy
      speculative decoding reproduces engine.generate bit for bit, logprobs included.
-  3. Accept: the pure functions below (one per mode) define the rules; the round applies them to
-     every node of every tree at once (_accept_greedy, _accept_target_only, _accept_rejection,
-     then _walk), with coins from kernels.coins.verify_coins(seed, n, N) (n = committed length,
+  3. Accept: the rules exist once, batched over every node of every tree at once
+     (_accept_greedy, _accept_target_only, _accept_rejection, then _walk and _final_draw_weights);
+     verify_greedy / verify_target_only / verify_rejection are that code on a batch of one tree
+     (what the verify specs and the default target run), with coins from kernels.coins.verify_coins(seed, n, N) (n = committed length,
      root included) or, without a seed, from the explicit generator. The host read: accepted
      counts, nodes and tokens, and for sampled requests the distribution of the final draw,
      which is then drawn on the host (inverse_cdf_rows: DESIGN §5's left-to-right running sum).
@@ -157,34 +158,43 @@ class Tree:
         return out
 
 
-# ---------------------------------------------------------------------- verify (pure)
+# ---------------------------------------------------------------------- verify (one tree)
+# The rules of DESIGN §6 exist once: the batched acceptance the round runs (_accept_greedy,
+# _accept_target_only, _accept_rejection, _walk, _final_draw_weights, inverse_cdf_rows, below).
+# These functions are that code on a batch of one host-made tree: the verify specs and the
+# default target call them, so a spec pins what the round runs.
 def inverse_cdf(weights: torch.Tensor, coin: float) -> int:
-    """First index whose running sum (float64, left to right: portable.running_sum) exceeds coin * total, among ids with
-    non-zero weight (DESIGN §5). total is the running sum's last value, so coin < 1 always lands.
-    A coin outside [0, 1) is refused (an unclamped float32 coin of 1.0 would walk past the CDF)."""
+    """inverse_cdf_rows on one row: the first index whose float64 running sum (left to right)
+    exceeds coin * total, among ids with non-zero weight (DESIGN §5). A coin outside [0, 1) is
+    refused (an unclamped float32 coin of 1.0 would walk past the CDF)."""
     if not 0.0 <= float(coin) < 1.0:
         raise ValueError(f"inverse_cdf: coin must be in [0, 1), got {float(coin)!r}")
-    w = weights.to(torch.float64).clamp(min=0)
-    cs = portable.running_sum(w)
-    target = float(coin) * float(cs[-1])
-    hit = ((cs > target) & (w > 0)).nonzero()
-    if hit.numel():
-        return int(hit[0, 0])
-    nz = (w > 0).nonzero()
-    if not nz.numel():
-        raise ValueError("inverse_cdf: all weights are zero")
-    return int(nz[-1, 0])
+    return inverse_cdf_rows(weights.to("cpu", torch.float64)[None],
+                            torch.tensor([float(coin)], dtype=torch.float64))[0]
+
+
+def _one_tree(tree: Tree) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A host tree as a batch of one: (tokens [1, N], children [1, N, K] as _layout numbers them,
+    W = the deepest path's node count, so _walk can reach every leaf)."""
+    parents = tree.parents
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):                   # parents[i] < i
+        depth[i] = depth[parents[i]] + 1
+    K = max([parents[1:].count(p) for p in set(parents[1:])] or [1])
+    return torch.tensor([tree.tokens]), _children(torch.tensor([parents]), K), max(depth) + 1
+
+
+def _outcome(choice: torch.Tensor, W: int, next_token) -> tuple[list[int], int]:
+    """Walk the chosen children (_walk) -> (accepted nodes incl. root, next token of the last one)."""
+    nodes, count = _walk(choice, W)
+    return nodes[0, :int(count[0])].tolist(), int(next_token(nodes[:, -1]))
 
 
 def verify_greedy(tree: Tree, argmax: Sequence[int]) -> tuple[list[int], int]:
     """argmax[i]: target argmax at node i. -> (accepted nodes incl. root, bonus token)."""
-    cur, accepted = 0, [0]
-    while True:
-        nxt = next((c for c in tree.children(cur) if tree.tokens[c] == argmax[cur]), None)
-        if nxt is None:
-            return accepted, int(argmax[cur])
-        cur = nxt
-        accepted.append(cur)
+    tokens, children, W = _one_tree(tree)
+    am = torch.tensor([list(argmax)], dtype=torch.int64)
+    return _outcome(_accept_greedy(tokens, children, am), W, lambda last: am[0, last[0]])
 
 
 def verify_target_only(tree: Tree, p: torch.Tensor, coins: torch.Tensor, final_coin: float,
@@ -192,28 +202,10 @@ def verify_target_only(tree: Tree, p: torch.Tensor, coins: torch.Tensor, final_c
     """DESIGN §6 target-only. p [N, V]: target sampling distribution at each node (float64).
     coins [N]: node i's children are tried with coins[i]; final_coin draws the last token.
     A zero-probability child is never accepted (it is no inverse-CDF outcome either)."""
-    cur, accepted = 0, [0]
-    while True:
-        kids = tree.children(cur)
-        if not kids:                                   # every depth accepted: bonus from full p
-            return accepted, inverse_cdf(p[cur], final_coin)
-        u = float(coins[cur])
-        acc = 0.0
-        chosen = None
-        for c in kids:
-            pc = float(p[cur, tree.tokens[c]])
-            acc += pc
-            if pc > 0 and (u <= acc / threshold_acc or pc >= threshold_single):
-                chosen = c
-                break
-        if chosen is None:                             # remove the rejected children's mass
-            residual = p[cur].clone()
-            residual[[tree.tokens[c] for c in kids]] = 0
-            if not bool((residual > 0).any()):
-                residual = p[cur]                      # nothing left: fall back to the full p
-            return accepted, inverse_cdf(residual, final_coin)
-        cur = chosen
-        accepted.append(cur)
+    tokens, children, W = _one_tree(tree)
+    p = p.to(torch.float64)[None]
+    choice = _accept_target_only(tokens, children, p, coins[None], threshold_single, threshold_acc)
+    return _outcome(choice, W, lambda last: _final_draw(p, tokens, children, last, None, final_coin))
 
 
 def verify_rejection(tree: Tree, p: torch.Tensor, coins: torch.Tensor, final_coin: float
@@ -221,24 +213,19 @@ def verify_rejection(tree: Tree, p: torch.Tensor, coins: torch.Tensor, final_coi
     """Leviathan et al. on a chain: node i (drawn from q_i = tree.q[i]) is accepted iff
     coins[parent] * q_i(x) < p_parent(x); on rejection draw from normalize(max(p - q_i, 0)) with
     final_coin; if all accepted, the bonus comes from p at the last node."""
-    cur, accepted = 0, [0]
-    while True:
-        kids = tree.children(cur)
-        if not kids:
-            return accepted, inverse_cdf(p[cur], final_coin)
-        if len(kids) != 1:
-            raise ValueError("verify_rejection: the tree must be a chain (topk=1)")
-        c = kids[0]
-        x = tree.tokens[c]
-        q = tree.q[c]
-        if float(coins[cur]) * float(q[x]) < float(p[cur, x]):
-            cur = c
-            accepted.append(c)
-            continue
-        residual = (p[cur] - q).clamp(min=0)
-        if not bool((residual > 0).any()):
-            residual = p[cur]
-        return accepted, inverse_cdf(residual, final_coin)
+    if len(set(tree.parents[1:])) != len(tree.parents) - 1:
+        raise ValueError("verify_rejection: the tree must be a chain (topk=1)")
+    tokens, children, W = _one_tree(tree)
+    p = p.to(torch.float64)[None]
+    q = torch.stack([torch.zeros_like(p[0, 0])] + [row.to(torch.float64) for row in tree.q[1:]])[None]
+    choice = _accept_rejection(tokens, children, p, q, coins[None])
+    return _outcome(choice, W, lambda last: _final_draw(p, tokens, children, last, q, final_coin))
+
+
+def _final_draw(p, tokens, children, last, q, final_coin: float) -> int:
+    """The round's final draw for a batch of one: _final_draw_weights, then inverse_cdf_rows."""
+    w = _final_draw_weights(p, tokens, children, last, q)
+    return inverse_cdf_rows(w.cpu(), torch.tensor([float(final_coin)], dtype=torch.float64))[0]
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -391,7 +378,7 @@ def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch
         cand_parent.append(beam_cand[:, :, None].expand(R, Kb, K).reshape(R, Kb * K))
         cand_score.append(score)
         cand_q.append(None if q is None else q.view(R, Kb * K, -1))
-        pick = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :K].sort(dim=1).values
+        pick = _best(score, K)
         parent = pick // K                                      # which beam each new beam came from
         own_k, own_v = step.k.view(R, Kb, 1, Hkv, D), step.v.view(R, Kb, 1, Hkv, D)
         take = lambda t: t.gather(1, parent.view(R, K, *[1] * (t.dim() - 2)).expand(R, K, *t.shape[2:]))  # noqa: E731
@@ -400,20 +387,37 @@ def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch
         beam_tok, beam_score, beam_cand = tok.gather(1, pick), score.gather(1, pick), base + pick
         Kb, base = K, base + Kb * K
         beam_rows = rows.repeat(Kb)
-    scores = torch.cat(cand_score, dim=1)                       # [R, C]
+    tokens, parents, order = number_tree(root_tok, torch.cat(cand_tok, dim=1), torch.cat(cand_parent, dim=1),
+                                         torch.cat(cand_score, dim=1), spec.draft_token_num)
     N = spec.draft_token_num
-    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :N - 1].sort(dim=1).values
-    node_of = torch.full_like(scores, -1, dtype=torch.int64)
-    node_of.scatter_(1, order, torch.arange(1, N, device=r.device).expand(R, N - 1))
-    par = torch.cat(cand_parent, dim=1).gather(1, order)
-    parents = torch.where(par < 0, 0, node_of.gather(1, par.clamp(min=0)))
-    parents = torch.cat([torch.full_like(parents[:, :1], -1), parents], dim=1)
-    tokens = torch.cat([root_tok[:, None], torch.cat(cand_tok, dim=1).gather(1, order)], dim=1)
     qs = None
     if cand_q[0] is not None:
         allq = torch.cat(cand_q, dim=1)
         qs = torch.cat([allq[:, :1], allq.gather(1, order[:, :, None].expand(R, N - 1, allq.shape[-1]))], dim=1)
     return TreeBatch(tokens, parents, qs)
+
+
+def _best(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The k best candidates of each row of scores [R, C]: score descending, equal scores to the
+    earlier candidate (a stable sort), returned in candidate (creation) order -> [R, k]."""
+    return torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k].sort(dim=1).values
+
+
+def number_tree(root_tok: torch.Tensor, cand_tok: torch.Tensor, cand_parent: torch.Tensor, scores: torch.Tensor,
+                N: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draft tree of each request from its candidates (creation order; cand_parent = the
+    parent's candidate index, -1 = the root; a child's score <= its parent's): the best N - 1
+    (_best) become nodes 1 .. N-1 in creation order, node 0 is the root root_tok [R].
+    -> (tokens [R, N], parents [R, N], the chosen candidates [R, N - 1])."""
+    R = scores.shape[0]
+    order = _best(scores, N - 1)
+    node_of = torch.full_like(scores, -1, dtype=torch.int64)
+    node_of.scatter_(1, order, torch.arange(1, N, device=scores.device).expand(R, N - 1))
+    par = cand_parent.gather(1, order)
+    parents = torch.where(par < 0, 0, node_of.gather(1, par.clamp(min=0)))
+    parents = torch.cat([torch.full_like(parents[:, :1], -1), parents], dim=1)
+    tokens = torch.cat([root_tok[:, None], cand_tok.gather(1, order)], dim=1)
+    return tokens, parents, order
 
 
 # ---------------------------------------------------------------------- verify layout and acceptance (batched)
@@ -457,16 +461,24 @@ def _layout(parents: torch.Tensor, P: int, W: int, K: int) -> _Layout:
     p_idx = torch.arange(P, device=dev)[None, :, None]
     node_path = torch.where(in_path, p_idx, P).amin(dim=1)                      # [R, N]
     node_row = (torch.arange(R, device=dev)[:, None] * P + node_path) * W + depth
-    # children in ascending order: a child's rank = its earlier siblings
+    return _Layout(path_nodes, valid, node_row, node_path, _children(parents, K))
+
+
+def _children(parents: torch.Tensor, K: int) -> torch.Tensor:
+    """parents [R, N] -> children [R, N, K]: each node's children in ascending node index (the
+    order siblings are tried in), -1 = none. A child's rank = its earlier siblings."""
+    R, N = parents.shape
+    par = parents.clamp(min=0)
+    nodes = torch.arange(N, device=parents.device)
     same = (par[:, 1:, None] == par[:, None, 1:]) & (nodes[1:, None] > nodes[None, 1:])
     rank = same.sum(dim=2)                                                      # [R, N-1]
-    children = torch.full((R, N * K), -1, dtype=torch.int64, device=dev)
+    children = torch.full((R, N * K), -1, dtype=torch.int64, device=parents.device)
     children.scatter_(1, par[:, 1:] * K + rank, nodes[1:].expand(R, N - 1).contiguous())
-    return _Layout(path_nodes, valid, node_row, node_path, children.view(R, N, K))
+    return children.view(R, N, K)
 
 
 def _accept_greedy(tokens: torch.Tensor, children: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
-    """verify_greedy's step at every node at once: the first child whose token is the node's
+    """The greedy step at every node at once: the first child whose token is the node's
     target argmax, or -1. tokens, argmax [R, N]; children [R, N, K] -> [R, N]."""
     kid_tok = tokens.gather(1, children.clamp(min=0).flatten(1)).view(children.shape)
     ok = (children >= 0) & (kid_tok == argmax[:, :, None])
@@ -475,8 +487,9 @@ def _accept_greedy(tokens: torch.Tensor, children: torch.Tensor, argmax: torch.T
 
 def _accept_target_only(tokens: torch.Tensor, children: torch.Tensor, p: torch.Tensor, coins: torch.Tensor,
                         threshold_single: float, threshold_acc: float) -> torch.Tensor:
-    """verify_target_only's step at every node at once: siblings in ascending order, acc the
-    float64 running sum of their target probabilities (left to right, as the pure function)."""
+    """The target-only step at every node at once: siblings in ascending order, acc the float64
+    running sum of their target probabilities (left to right); child j is accepted iff its p > 0
+    and (coin <= acc / threshold_acc or p >= threshold_single); the first accepted child wins."""
     kid_tok = tokens.gather(1, children.clamp(min=0).flatten(1)).view(children.shape)
     pc = p.gather(2, kid_tok)                                                   # [R, N, K] float64
     u = coins.to(torch.float64)
@@ -491,7 +504,7 @@ def _accept_target_only(tokens: torch.Tensor, children: torch.Tensor, p: torch.T
 
 def _accept_rejection(tokens: torch.Tensor, children: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
                       coins: torch.Tensor) -> torch.Tensor:
-    """verify_rejection's test at every node of the chains: child c (drawn from q_c) is kept iff
+    """The rejection test at every node of the chains: child c (drawn from q_c) is kept iff
     coin * q_c(x) < p(x)."""
     kid = children[:, :, 0].clamp(min=0)
     x = tokens.gather(1, kid)
@@ -523,14 +536,24 @@ def _walk(choice: torch.Tensor, W: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(path, dim=1), count
 
 
-def _final_weights(p_last: torch.Tensor, removed: torch.Tensor | None) -> torch.Tensor:
-    """The distribution the bonus/correction token is drawn from: p_last, minus `removed`
-    (rejection: q of the rejected child; target-only: the rejected children's mass, given as a
-    mask-sized tensor of p) clamped at 0; the full p where nothing is left."""
-    if removed is None:
-        return p_last
+def _final_draw_weights(p: torch.Tensor, tokens: torch.Tensor, children: torch.Tensor, last: torch.Tensor,
+                        q: torch.Tensor | None) -> torch.Tensor:
+    """The distribution the bonus/correction token is drawn from, per request: p [R, N, V] at the
+    last accepted node last [R]; if it has children (they were all rejected), minus q of its child
+    (rejection: q [R, N, V]) or minus the children's mass (target-only: q None), clamped at 0,
+    and the full p where nothing is left."""
+    p_last = p.gather(1, last[:, None, None].expand(-1, 1, p.shape[2]))[:, 0]
+    kids_last = children.gather(1, last[:, None, None].expand(-1, 1, children.shape[2]))[:, 0]   # [R, K]
+    if q is not None:
+        removed = q.gather(1, kids_last[:, :1, None].clamp(min=0).expand(-1, 1, q.shape[2]))[:, 0]
+    else:
+        kid_tok = tokens.gather(1, kids_last.clamp(min=0))                     # [R, K]
+        ids = torch.arange(p_last.shape[1], device=p.device)
+        mask = ((ids == kid_tok[:, :, None]) & (kids_last >= 0)[:, :, None]).any(dim=1)
+        removed = torch.where(mask, p_last, 0.0)                               # p - removed: exact zeros there
     residual = (p_last - removed).clamp(min=0)
-    return torch.where((residual > 0).any(dim=1, keepdim=True), residual, p_last)
+    residual = torch.where((residual > 0).any(dim=1, keepdim=True), residual, p_last)
+    return torch.where((kids_last >= 0).any(dim=1, keepdim=True), residual, p_last)
 
 
 def inverse_cdf_rows(weights: torch.Tensor, coins: torch.Tensor) -> list[int]:
@@ -872,28 +895,10 @@ def _accept_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch, ver: _Verified)
     last = acc_nodes[:, -1]
     bonus = torch.argmax(node_logits.gather(1, last[:, None, None].expand(R, 1, node_logits.shape[2]))[:, 0], -1)
     if sampled:
-        weights = _final_distribution(last.index_select(0, s_idx), p, q, s_tok, s_kids)
+        weights = _final_draw_weights(p, s_tok, s_kids, last.index_select(0, s_idx), q)   # q None: target-only
     acc_tok = tokens.gather(1, acc_nodes)                                       # [R, W]; column 0 = the root
     ints = torch.cat([n_acc[:, None], acc_tok, bonus[:, None], acc_nodes], dim=1)
     return _Accepted(acc_nodes, last, ints, sampled, weights, fin)
-
-
-def _final_distribution(s_last: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, s_tok: torch.Tensor,
-                        s_kids: torch.Tensor) -> torch.Tensor:
-    """The sampled requests' final draw at their last accepted node: p there, minus the rejected
-    child's q (rejection) or the rejected children's mass (target-only), or the full p at a leaf."""
-    tdev = p.device
-    p_last = p.gather(1, s_last[:, None, None].expand(-1, 1, p.shape[2]))[:, 0]
-    kids_last = s_kids.gather(1, s_last[:, None, None].expand(-1, 1, s_kids.shape[2]))[:, 0]   # [Rs, K]
-    if q is not None:
-        removed = q.gather(1, kids_last[:, :1, None].clamp(min=0).expand(-1, 1, q.shape[2]))[:, 0]
-    else:
-        kid_tok = s_tok.gather(1, kids_last.clamp(min=0))                     # [Rs, K]
-        ids = torch.arange(p_last.shape[1], device=tdev)
-        mask = ((ids == kid_tok[:, :, None]) & (kids_last >= 0)[:, :, None]).any(dim=1)
-        removed = torch.where(mask, p_last, 0.0)                               # p - removed: exact zeros there
-    has_kids = (kids_last >= 0).any(dim=1, keepdim=True)
-    return torch.where(has_kids, _final_weights(p_last, removed), p_last)
 
 
 def _commit(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accepted, host: list, finals: list[int]) -> None:

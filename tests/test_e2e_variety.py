@@ -113,8 +113,8 @@ def test_verify_distribution_after_filters(specs, monkeypatch, planted, red, gre
 
 # --------------------------------------------------------------------------- deep and wide trees
 def test_siblings_in_descending_order(specs, monkeypatch):
-    real = engine.speculative.Tree.children
-    monkeypatch.setattr(engine.speculative.Tree, "children", lambda self, i: real(self, i)[::-1])
+    real = engine.speculative._children                  # the sibling order the round tries
+    monkeypatch.setattr(engine.speculative, "_children", lambda parents, k: real(parents, k).flip(2))
     assert "accepted the node path [0, 2, 7]" in specs.red(TREE_SPEC)
 
 

@@ -30,7 +30,7 @@
 N is the number of tree nodes (the root included), so seeded coins are columns 0 … N-1 and the
 final coin is column N (DESIGN §5). The runner calls engine.speculative.verify_greedy,
 verify_target_only or verify_rejection (looked up at call time, so a test can swap in a broken
-one) and check compares the outcome with the spec's hand-worked one: the spec is the oracle, the
+one): the batched acceptance the speculative round runs, on a batch of one tree and check compares the outcome with the spec's hand-worked one: the spec is the oracle, the
 golden (shared by every platform: the outcome is integers, the coins are correctly rounded)
 stores the outcome and the coins used.
 """
@@ -60,7 +60,15 @@ INPUTS = Map({
         "parents": Field(IntSeq(min_value=-1), required=True, doc="parents[0] = -1, parents[i] < i"),
         "tokens": Field(OneOf(Int(min=0), IntSeq(min_value=0, max_len=MAX_NODES)), required=True,
                         doc="one id per node, or one id for every node"),
-    }), required=True),
+    }), doc="the tree (or give `draft`)"),
+    "draft": Field(Map({
+        "parents": Field(List(Int(min=-1), min_len=1), required=True,
+                         doc="each candidate's parent candidate (creation order), -1 = the root"),
+        "tokens": Field(List(Int(min=0), min_len=1), required=True, doc="each candidate's token"),
+        "scores": Field(List(Float(), min_len=1), required=True, doc="each candidate's float64 draft score"),
+        "root": Field(Int(min=0), required=True, doc="the root's token"),
+        "nodes": Field(Int(min=2), required=True, doc="N, the tree's node count, the root included"),
+    }), doc="instead of tree: draft candidates, numbered into the tree by the round's number_tree"),
     "probs": Field(ROWS, doc="target distribution at each node (or one row for all)"),
     "logits": Field(ROWS, doc="target logits at each node (or one row for all), instead of probs"),
     "sampling": Field(Map({
@@ -88,6 +96,9 @@ EXPECT = Map({
                              doc="draft tokens of the accepted nodes"),
     "next_token": Field(Int(min=0), doc="the bonus or correction token"),
     "next_from": Field(Str(choices=["bonus", "correction"])),
+    "tree": Field(Map({"parents": Field(List(Int(min=-1)), required=True),
+                       "tokens": Field(List(Int(min=0)), required=True)}),
+                  doc="with draft: the tree number_tree builds (node numbering and parents)"),
 })
 
 
@@ -99,6 +110,15 @@ def _tokens(tokens, n_nodes: int) -> list[int]:
 def validate(doc: dict, root=None) -> list[Problem]:
     inp, exp = doc["inputs"], doc["expect"] or {}
     mode = inp["mode"]
+    if (inp["tree"] is None) == (inp["draft"] is None):
+        return [Problem(("inputs",), "give exactly one of 'tree' and 'draft'")]
+    if inp["draft"] is not None:
+        out = _validate_draft(inp["draft"])
+        if out:
+            return out
+        inp = {**inp, "tree": drafted_tree(inp["draft"])}
+    elif exp.get("tree") is not None:
+        return [Problem(("expect", "tree"), "only with inputs.draft (the tree is given)", at_key=True)]
     out = _validate_tree(inp)
     if out:
         return out
@@ -132,6 +152,34 @@ def validate(doc: dict, root=None) -> list[Problem]:
     if exp.get("next_token") is not None and exp["next_token"] >= vocab:
         out.append(Problem(("expect", "next_token"), f"{exp['next_token']} is outside the vocabulary [0, {vocab})"))
     return out
+
+
+def _validate_draft(d) -> list[Problem]:
+    where = ("inputs", "draft")
+    C = len(d["parents"])
+    if len(d["tokens"]) != C or len(d["scores"]) != C:
+        return [Problem(where, f"expected as many tokens and scores as parents ({C}), found {len(d['tokens'])} "
+                               f"and {len(d['scores'])}")]
+    for c, p in enumerate(d["parents"]):
+        if not -1 <= p < c:
+            return [Problem(where + ("parents", c), f"a candidate's parent precedes it: expected -1 … {c - 1}, found {p}")]
+        if p >= 0 and not d["scores"][c] <= d["scores"][p]:
+            return [Problem(where + ("scores", c), f"a child's score (a sum of log-probs) is at most its parent's: "
+                                                   f"{d['scores'][c]!r} > {d['scores'][p]!r}")]
+    if not d["nodes"] - 1 <= C:
+        return [Problem(where + ("nodes",), f"expected at most {C + 1} nodes (the candidates and the root), "
+                                            f"found {d['nodes']}")]
+    return []
+
+
+def drafted_tree(d) -> dict:
+    """The tree (parents, tokens lists) the round's number_tree makes of the draft candidates."""
+    from engine.speculative import number_tree
+
+    tokens, parents, _ = number_tree(torch.tensor([d["root"]]), torch.tensor([d["tokens"]]),
+                                     torch.tensor([d["parents"]]), torch.tensor([d["scores"]], dtype=torch.float64),
+                                     d["nodes"])
+    return {"parents": parents[0].tolist(), "tokens": tokens[0].tolist()}
 
 
 def _validate_tree(inp) -> list[Problem]:
@@ -244,7 +292,7 @@ def golden_platform(spec, ctx) -> str:
 def _tree(spec):
     from engine.speculative import Tree
 
-    t = spec.inputs["tree"]
+    t = spec.inputs["tree"] if spec.inputs["draft"] is None else drafted_tree(spec.inputs["draft"])
     parents = materialize(t["parents"]).tolist()
     return Tree(tokens=_tokens(t["tokens"], len(parents)), parents=parents)
 
@@ -304,7 +352,10 @@ def run(spec, ctx, target: TargetInterface) -> Result:
         else:
             tree.q = [None] + list(_per_node(inp["q"], n_nodes - 1))
             accepted, nxt = verify(tree, p, coins, final)
-    return verify_result(tree, accepted, nxt, tensors)
+    result = verify_result(tree, accepted, nxt, tensors)
+    if inp["draft"] is not None:                       # the numbering is part of the outcome
+        result.data["tree"] = {"parents": tree.parents, "tokens": tree.tokens}
+    return result
 
 
 def applicability(spec, target: TargetInterface, device: str) -> str:
@@ -356,4 +407,7 @@ def check(spec, result: Result) -> list[str]:
         fails.append(f"the token after the accepted path is a {data['next_from']} (the last accepted node "
                      f"{data['accepted'][-1]} {'has' if data['next_from'] == 'correction' else 'has no'} children), "
                      f"the spec expects a {exp['next_from']}")
+    if exp.get("tree") is not None and data.get("tree") != exp["tree"]:
+        fails.append(f"the draft candidates were numbered into the tree {data.get('tree')}, the spec expects "
+                     f"{exp['tree']}")
     return fails

@@ -54,6 +54,8 @@ operations, with the default target `harness/targets/lockstep.py` implementing e
     verify_greedy(tree, argmax per node) -> (accepted path, next token)        verify decisions
     verify_target_only(tree, p [N, V], coins [N], final, single, acc) -> (accepted, next)
     verify_rejection(tree with q, p, coins, final) -> (accepted, next)
+              Lockstep's are the batched acceptance its speculative round runs, on a batch of one
+              tree (engine.speculative: one implementation of each rule).
     attention(q [T, Hq, D], k [S, Hkv, D], v [S, Hkv, D], positions [T], sinks [Hq], window,
               scale) -> [T, Hq, D]       query t sees keys max(0, pos - window + 1) … pos
     rmsnorm(x [M, N], weight [N], eps) -> [M, N]

@@ -1,5 +1,5 @@
-"""The batched speculative round (engine.speculative._round) against the per-row definitions it
-replaces, and its host-read budget: no scalar read anywhere in a round but the one _read_round."""
+"""The batched speculative round (engine.speculative._round) against node-by-node re-implementations
+of DESIGN §6 (the tests' oracles), and its host-read budget: no scalar read anywhere in a round but the one _read_round."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from engine.speculative import (SpecParams, Tree, inverse_cdf, inverse_cdf_rows,
                                 verify_greedy, verify_rejection, verify_target_only)
 
 from tests.speculative.conftest import training_prompts
+from tests.speculative.test_verify_specs import target_only
+from tests.speculative.verify_bugs import rejection
 
 V = 11
 
@@ -40,7 +42,8 @@ def random_tree(rng: random.Random, n: int, k: int, depth: int) -> Tree:
 
 
 def batched(trees, mode, argmax=None, p=None, q=None, coins=None, fin=None, ts=1.0, ta=1.0):
-    """The round's acceptance (steps 3 of _round) on host-made trees -> [(accepted nodes, token)]."""
+    """The round's acceptance (step 3 of _round) on host-made trees, all in one batch ->
+    [(accepted nodes, token)]."""
     R, N = len(trees), len(trees[0].tokens)
     K, W = max(len(t.children(i)) for t in trees for i in range(N)), N
     tokens = torch.tensor([t.tokens for t in trees])
@@ -56,21 +59,27 @@ def batched(trees, mode, argmax=None, p=None, q=None, coins=None, fin=None, ts=1
     if mode == "greedy":
         final = argmax.gather(1, last[:, None])[:, 0].tolist()
     else:
-        p_last = p[torch.arange(R), last]
-        kids = lay.children[torch.arange(R), last]
-        if mode == "rejection":
-            removed = q[torch.arange(R), kids[:, 0].clamp(min=0)]
-        else:
-            kid_tok = tokens.gather(1, kids.clamp(min=0))
-            mask = ((torch.arange(V) == kid_tok[:, :, None]) & (kids >= 0)[:, :, None]).any(dim=1)
-            removed = torch.where(mask, p_last, 0.0)
-        has = (kids >= 0).any(dim=1, keepdim=True)
-        final = inverse_cdf_rows(torch.where(has, spec_mod._final_weights(p_last, removed), p_last), fin)
+        weights = spec_mod._final_draw_weights(p, tokens, lay.children, last, q if mode == "rejection" else None)
+        final = inverse_cdf_rows(weights, fin)
     return [(nodes[a, :count[a]].tolist(), final[a]) for a in range(R)]
 
 
+def by_hand_greedy(tree, argmax):
+    """DESIGN §6 greedy, written node by node (an oracle independent of the batched code)."""
+    cur, accepted = 0, [0]
+    while (nxt := next((c for c in tree.children(cur) if tree.tokens[c] == argmax[cur]), None)) is not None:
+        cur = nxt
+        accepted.append(cur)
+    return accepted, int(argmax[cur])
+
+
 @pytest.mark.parametrize("mode", ["greedy", "target-only", "rejection"])
-def test_batched_acceptance_equals_the_pure_rules(mode):
+def test_batched_acceptance_equals_the_rules_by_hand_and_a_batch_of_one(mode):
+    """A batch of four trees decides each tree as the node-by-node rules of DESIGN §6 do (the
+    tests' own re-implementations) and as the same code on a batch of one (verify_*, what the
+    verify specs run): a request's outcome does not depend on its batchmates."""
+    by_hand = {"greedy": by_hand_greedy, "target-only": target_only(), "rejection": rejection()}[mode]
+    one = {"greedy": verify_greedy, "target-only": verify_target_only, "rejection": verify_rejection}[mode]
     rng = random.Random(7)
     g = torch.Generator().manual_seed(7)
     for trial in range(30):
@@ -92,12 +101,12 @@ def test_batched_acceptance_equals_the_pure_rules(mode):
         got = batched(trees, mode, argmax, p, q, coins, fin, ts, ta)
         for a, t in enumerate(trees):
             if mode == "greedy":
-                want = verify_greedy(t, argmax[a].tolist())
+                args = (t, argmax[a].tolist())
             elif mode == "target-only":
-                want = verify_target_only(t, p[a], coins[a], float(fin[a]), ts, ta)
+                args = (t, p[a], coins[a], float(fin[a]), ts, ta)
             else:
-                want = verify_rejection(t, p[a], coins[a], float(fin[a]))
-            assert got[a] == (want[0], want[1]), (mode, trial, a, t)
+                args = (t, p[a], coins[a], float(fin[a]))
+            assert got[a] == tuple(by_hand(*args)) == tuple(one(*args)), (mode, trial, a, t)
 
 
 def test_layout_paths_are_the_tree_paths():

@@ -14,12 +14,12 @@ from kernels.coins import COIN_MAX, verify_coins
 
 from tests.speculative.verify_bugs import rejection
 
-#        0 (root)
+#        0 (root, tok 4: committed, never tested; a vocabulary id as in every round)
 #       /        \
 #   1 (tok 3)   2 (tok 1)
 #    /     \        \
 # 3 (tok 0) 4 (tok 2) 5 (tok 4)
-TREE = Tree(tokens=[9, 3, 1, 0, 2, 4], parents=[-1, 0, 0, 1, 1, 2])
+TREE = Tree(tokens=[4, 3, 1, 0, 2, 4], parents=[-1, 0, 0, 1, 1, 2])
 P = torch.tensor([
     [.10, .20, .05, .30, .35],     # at node 0: children tokens 3 (.30), 1 (.20)
     [.40, .10, .20, .10, .20],     # at node 1: children tokens 0 (.40), 2 (.20)
@@ -90,7 +90,7 @@ def test_greedy_verify():
 
 
 def test_rejection_rule_by_hand():
-    chain = Tree([9, 3, 0], [-1, 0, 1])
+    chain = Tree([4, 3, 0], [-1, 0, 1])
     q1 = torch.tensor([.1, .1, .1, .5, .2], dtype=torch.float64)     # drew node 1 (token 3)
     q2 = torch.tensor([.6, .1, .1, .1, .1], dtype=torch.float64)     # drew node 2 (token 0)
     chain.q = [None, q1, q2]

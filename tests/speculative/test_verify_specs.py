@@ -113,12 +113,13 @@ def test_target_only_bugs_turn_specs_red(monkeypatch, bug):
 def test_inverse_cdf_at_or_above_the_coin_is_caught(monkeypatch):
     """The draw picks the first running sum that strictly exceeds coin x total: with >= the bonus
     of target-only-equality (running sums .25 .5 1.0, coin .5) would be id 1 instead of 2."""
-    def at_or_above(weights, coin):
+    def at_or_above(weights, coins):          # the round's draw (inverse_cdf_rows), with >=
         w = weights.to(torch.float64).clamp(min=0)
-        cs = torch.cumsum(w, 0)
-        return int(((cs >= coin * float(cs[-1])) & (w > 0)).nonzero()[0, 0])
+        cs = torch.cumsum(w, 1)
+        hit = (cs >= coins.to(torch.float64)[:, None] * cs[:, -1:]) & (w > 0)
+        return torch.where(hit, torch.arange(w.shape[1]), w.shape[1]).amin(dim=1).tolist()
 
-    monkeypatch.setattr(speculative, "inverse_cdf", at_or_above)
+    monkeypatch.setattr(speculative, "inverse_cdf_rows", at_or_above)
     assert set(red(T + "equality")) == {T + "equality"}
 
 
@@ -170,7 +171,7 @@ def test_an_unclamped_final_coin_is_caught(monkeypatch):
     monkeypatch.setattr(kernels.coins, "COIN_MAX", 1.0)
     got = red(T + "clamped-final-coin")
     assert list(got) == [T + "clamped-final-coin"]
-    assert "coin must be in [0, 1), got 1.0" in got[T + "clamped-final-coin"][0]
+    assert "coins must be in [0, 1), got [1.0]" in got[T + "clamped-final-coin"][0]
 
 
 # ---------------------------------------------------------------------- bad specs
