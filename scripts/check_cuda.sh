@@ -14,6 +14,7 @@ shards=${1:-8}
 logs=${2:-$(mktemp -d)}
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1
+export LOCKSTEP_JOBS=1     # the shards are the parallelism: one worker each (16 x 16 CUDA contexts ran out of memory)
 if [ -n "${SPECS:-}" ]; then
   ids=$(for s in $SPECS; do echo "$s"; done)
 else
@@ -36,10 +37,10 @@ done
 for p in "${pids[@]}"; do wait "$p" || status=1; done
 for dtype in ${DTYPES:-fp32 bf16}; do
   for backend in ${BACKENDS:-torch triton}; do
-    cat "$logs/$dtype-$backend"-*.log | grep -E '^(mismatch|failed|crash|corrupt|missing|incomparable|lockstep: )' || true
-    echo "$dtype $backend: $(cat "$logs/$dtype-$backend"-*.log | grep -c '^pass ') pass," \
-         "$(cat "$logs/$dtype-$backend"-*.log | grep -c -E '^(mismatch|failed|crash|corrupt) ') failing," \
-         "$(cat "$logs/$dtype-$backend"-*.log | grep -c -E '^(missing|incomparable) ') missing"
+    cat "$logs/$dtype-$backend"-*.log | grep -i -E '^(mismatch|failed|crash|corrupt|missing|incomparable|lockstep: )' || true
+    echo "$dtype $backend: $(cat "$logs/$dtype-$backend"-*.log | grep -c -i '^pass ') pass," \
+         "$(cat "$logs/$dtype-$backend"-*.log | grep -c -i -E '^(mismatch|failed|crash|corrupt) ') failing," \
+         "$(cat "$logs/$dtype-$backend"-*.log | grep -c -i -E '^(missing|incomparable) ') missing"
   done
 done
 exit $status

@@ -1,6 +1,8 @@
 """The fused sampling kernel (kernels.sampling.sample_fused_triton, in the interpreter here) gives
 the torch path's bits on every row: tokens, chosen logprobs and target distributions, with
-greedy, seeded, filtered, tied, masked and NaN rows mixed in one batch (DESIGN §5)."""
+greedy, seeded, filtered, tied, masked and NaN rows mixed in one batch (DESIGN §5). On a GPU
+machine the same tests run the compiled kernel against torch's CUDA path (CPU tensors reach
+Triton only through the interpreter)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from engine.speculative import target_probs
 from tests.engine.test_sampling_rows import _logits, _params
 
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32 if t.element_size() == 4 else torch.int64)
 
@@ -24,11 +29,11 @@ def test_fused_equals_torch_path(case):
     rng = random.Random(100 + case)
     gen = torch.Generator().manual_seed(case)
     R, V = rng.choice([2, 5, 9]), rng.choice([7, 301, 1100, 5000])      # 5000: 4 blocks, bit-reversed
-    logits = _logits(R, V, gen)
+    logits = _logits(R, V, gen).to(DEV)
     params = [_params(rng) for _ in range(R)]
     seeds = [rng.randrange(-2**63, 2**64) for _ in range(R)]
-    positions = torch.tensor([rng.randrange(0, 5000) for _ in range(R)])
-    settings = row_settings(params, seeds, "cpu")
+    positions = torch.tensor([rng.randrange(0, 5000) for _ in range(R)], device=DEV)
+    settings = row_settings(params, seeds, DEV)
     torch_tokens = sample_with(logits, settings, positions, fused=False)
     tokens, lps = sample_fused(logits, settings, positions)
     assert tokens.tolist() == torch_tokens.tolist(), params
@@ -52,6 +57,6 @@ def test_unseeded_rows_stay_on_the_torch_path():
 def test_tree_order_over_blocks():
     """The float64 denominator over 4 blocks of 1024 ids (V = 5000 folds 904 onto them): its order
     decides the last bit of a row's sum about one row in six, so 24 rows pin it."""
-    x = torch.randn(24, 5000, generator=torch.Generator().manual_seed(0)) * 3
+    x = (torch.randn(24, 5000, generator=torch.Generator().manual_seed(0)) * 3).to(DEV)
     ps = [SamplingParams(temperature=1.0)] * 24
     assert torch.equal(_bits(target_distributions(x, ps, fused=True)), _bits(target_distributions(x, ps, fused=False)))
