@@ -232,6 +232,55 @@ class DraftStep:
         self.v = v                # [T, Hkv, D]
 
 
+def _check_tensors(name: str, cfg: Eagle3Config, weights: dict, expected: dict) -> None:
+    """The checkpoint's tensors are exactly those config.json implies, each of its shape and kind."""
+    missing = [n for n in expected if n not in weights]
+    unexpected = [n for n in weights if n not in expected and n != "t2d"]
+    if missing or unexpected:
+        hint = ""
+        if "input_norm.weight" in unexpected:
+            hint = " (input_norm.weight is present but norm_before_fc is false)"
+        if "input_norm.weight" in missing:
+            hint = " (norm_before_fc is true but input_norm.weight is missing)"
+        if "d2t" in missing:
+            hint = (f" (no d2t, but the draft vocabulary ({cfg.draft_vocab_size}) is smaller than the "
+                    f"target's ({cfg.vocab_size}))")
+        raise CheckpointError(f"{name}: tensors do not match config.json{hint}: missing {missing}, "
+                              f"unexpected {unexpected}")
+    for n, (shape, kind) in expected.items():
+        t = weights[n]
+        if tuple(t.shape) != shape:
+            raise CheckpointError(f"{name}: tensor {n}: shape {tuple(t.shape)}, expected {shape}")
+        if kind == "int" and t.dtype not in (torch.int64, torch.int32):
+            raise CheckpointError(f"{name}: tensor {n}: dtype {t.dtype}, expected int64")
+        if kind == "float" and not t.dtype.is_floating_point:
+            raise CheckpointError(f"{name}: tensor {n}: dtype {t.dtype}, expected a float dtype")
+
+
+def _shared_embed(name: str, cfg: Eagle3Config, target_embed: torch.Tensor | None, Ht: int,
+                  device: torch.device) -> torch.Tensor:
+    """A draft without embed_tokens.weight reads the target's full embedding table."""
+    if target_embed is None or cfg.hidden_size != Ht:
+        raise CheckpointError(f"{name}: no embed_tokens.weight, and the target's embedding cannot be "
+                              f"shared (pass the target model; hidden sizes {cfg.hidden_size} vs {Ht})")
+    if tuple(target_embed.shape) != (cfg.vocab_size, Ht):      # e.g. a vocab-parallel shard
+        raise CheckpointError(f"{name}: no embed_tokens.weight, and the target embedding passed is "
+                              f"{tuple(target_embed.shape)}, not the full [{cfg.vocab_size}, {Ht}] "
+                              f"(a sharded target: pass target_embed=the checkpoint's table)")
+    return target_embed.to(device, torch.float32)
+
+
+def _check_d2t(name: str, cfg: Eagle3Config, hot_ids: torch.Tensor) -> None:
+    """d2t must map the draft vocabulary one to one into the target's."""
+    bad = (hot_ids < 0) | (hot_ids >= cfg.vocab_size)
+    if bool(bad.any()):
+        d = int(bad.nonzero()[0, 0])
+        raise CheckpointError(f"{name}: d2t maps draft id {d} to target id {int(hot_ids[d])}, outside "
+                              f"[0, {cfg.vocab_size})")
+    if len(set(hot_ids.tolist())) != cfg.draft_vocab_size:
+        raise CheckpointError(f"{name}: d2t maps two draft ids to one target id")
+
+
 class Eagle3Draft:
     """An EAGLE3 draft head bound to one target: its aux boundaries are resolved at load."""
 
@@ -268,39 +317,10 @@ class Eagle3Draft:
         expected = expected_draft_tensors(cfg, n_aux, Ht, with_embed)
         if "d2t" not in weights and cfg.draft_vocab_size == cfg.vocab_size:
             del expected["d2t"]                                # no d2t: draft id d is target id d
-        missing = [n for n in expected if n not in weights]
-        unexpected = [n for n in weights if n not in expected and n != "t2d"]
-        if missing or unexpected:
-            hint = ""
-            if "input_norm.weight" in unexpected:
-                hint = " (input_norm.weight is present but norm_before_fc is false)"
-            if "input_norm.weight" in missing:
-                hint = " (norm_before_fc is true but input_norm.weight is missing)"
-            if "d2t" in missing:
-                hint = (f" (no d2t, but the draft vocabulary ({cfg.draft_vocab_size}) is smaller than the "
-                        f"target's ({cfg.vocab_size}))")
-            raise CheckpointError(f"{name}: tensors do not match config.json{hint}: missing {missing}, "
-                                  f"unexpected {unexpected}")
-        for n, (shape, kind) in expected.items():
-            t = weights[n]
-            if tuple(t.shape) != shape:
-                raise CheckpointError(f"{name}: tensor {n}: shape {tuple(t.shape)}, expected {shape}")
-            if kind == "int" and t.dtype not in (torch.int64, torch.int32):
-                raise CheckpointError(f"{name}: tensor {n}: dtype {t.dtype}, expected int64")
-            if kind == "float" and not t.dtype.is_floating_point:
-                raise CheckpointError(f"{name}: tensor {n}: dtype {t.dtype}, expected a float dtype")
+        _check_tensors(name, cfg, weights, expected)
         f32 = lambda n: weights[n].to(self.device, torch.float32).contiguous()   # noqa: E731
-        if with_embed:
-            self.embed = f32("embed_tokens.weight")
-        else:
-            if target_embed is None or cfg.hidden_size != Ht:
-                raise CheckpointError(f"{name}: no embed_tokens.weight, and the target's embedding cannot be "
-                                      f"shared (pass the target model; hidden sizes {cfg.hidden_size} vs {Ht})")
-            if tuple(target_embed.shape) != (cfg.vocab_size, Ht):      # e.g. a vocab-parallel shard
-                raise CheckpointError(f"{name}: no embed_tokens.weight, and the target embedding passed is "
-                                      f"{tuple(target_embed.shape)}, not the full [{cfg.vocab_size}, {Ht}] "
-                                      f"(a sharded target: pass target_embed=the checkpoint's table)")
-            self.embed = target_embed.to(self.device, torch.float32)
+        self.embed = (f32("embed_tokens.weight") if with_embed else
+                      _shared_embed(name, cfg, target_embed, Ht, self.device))
         self.input_norm = f32("input_norm.weight") if cfg.norm_before_fc else None
         self.fc_norm = [f32(f"fc_norm.{i}.weight") for i in range(n_aux)] if cfg.fc_norm else None
         self.fc = f32("fc.weight")
@@ -318,13 +338,7 @@ class Eagle3Draft:
                     torch.zeros(cfg.draft_vocab_size, dtype=torch.int64, device=self.device))
         self.hot_ids = self.d2t + torch.arange(cfg.draft_vocab_size, dtype=torch.int64,
                                                device=self.device)                 # draft id -> target id
-        bad = (self.hot_ids < 0) | (self.hot_ids >= cfg.vocab_size)
-        if bool(bad.any()):
-            d = int(bad.nonzero()[0, 0])
-            raise CheckpointError(f"{name}: d2t maps draft id {d} to target id {int(self.hot_ids[d])}, outside "
-                                  f"[0, {cfg.vocab_size})")
-        if len(set(self.hot_ids.tolist())) != cfg.draft_vocab_size:
-            raise CheckpointError(f"{name}: d2t maps two draft ids to one target id")
+        _check_d2t(name, cfg, self.hot_ids)
         self.inv_freq, _ = rope_frequencies(cfg.head_dim, RopeParams(rope_type="default", theta=cfg.rope_theta))
         self.inv_freq = self.inv_freq.to(self.device)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
