@@ -44,18 +44,18 @@ def test_checks_pass_on_the_engine():
 
 def test_a_batch_variant_linear_fails_the_d2_and_d3_checks(monkeypatch):
     """torch's own matmul over all rows at once (MKL: M = 1 differs from M >= 2) must be caught."""
-    import engine.ops
+    from engine import ops                 # not `import engine.ops`: it would shadow the default target `engine()`
 
     def batched_linear(x, weight, bias=None, out_dtype=None):
         return F.linear(x, weight, bias).to(out_dtype or x.dtype)
 
     spec = parse_spec(SPEC, "f.yaml", "g/x")
-    real = engine.ops.TORCH.linear
-    object.__setattr__(engine.ops.TORCH, "linear", batched_linear)      # the ops table is frozen on purpose
+    real = ops.TORCH.linear
+    object.__setattr__(ops.TORCH, "linear", batched_linear)      # the ops table is frozen on purpose
     try:
         fails = kind.check(spec, kind.run(spec, RunContext(detect("cpu")), engine()))
     finally:
-        object.__setattr__(engine.ops.TORCH, "linear", real)
+        object.__setattr__(ops.TORCH, "linear", real)
     assert any("each request alone" in f or "prefill chunks of 5" in f for f in fails), fails
 
 

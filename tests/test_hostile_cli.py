@@ -223,7 +223,7 @@ def _prompt(n):
 def test_generate_refuses_a_run_estimated_above_max_seconds_before_it_starts(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     calls = []
-    monkeypatch.setattr("engine.generate.generate", lambda model, requests, **k: calls.append(requests) or [])
+    monkeypatch.setattr("harness.commands.generate.generate", lambda model, requests, **k: calls.append(requests) or [])
     base = ["generate", "--checkpoint", "models/tiny-target", "--device", "cpu", "--prompt-ids", _prompt(5000)]
     code, out = run(capsys, *base)
     assert code == 2 and not calls and "above --max-seconds 300; pass --max-seconds" in out, out
@@ -236,7 +236,7 @@ def test_generate_refuses_a_run_estimated_above_max_seconds_before_it_starts(cap
 def test_generate_bound_counts_new_tokens_too(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     calls = []
-    monkeypatch.setattr("engine.generate.generate", lambda model, requests, **k: calls.append(requests) or [])
+    monkeypatch.setattr("harness.commands.generate.generate", lambda model, requests, **k: calls.append(requests) or [])
     base = ["generate", "--checkpoint", "models/tiny-target", "--device", "cpu", "--prompt-ids", "1,2,3"]
     assert run(capsys, *base, "--max-new-tokens", "16")[0] == 0 and len(calls) == 1   # a short run: no word
     code, out = run(capsys, *base, "--max-new-tokens", "8000")

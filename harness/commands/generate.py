@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint import CheckpointError, checkpoint_digest
-from engine.generate import Request, generate
+from engine.generate import generate
+from engine.request import Request
 from engine.model import GptOssModel
 from engine.sampling import SamplingParams
 from harness.commands.exits import EXIT_OK
