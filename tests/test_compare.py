@@ -104,6 +104,15 @@ def test_the_ulp_distance_counts_across_zero(dtype):
     assert ulps(minus_tiny, tiny) == 2, f"{dtype}: -tiny to +tiny is 2 ULPs (through the one zero)"
     assert ulps(tiny, minus_tiny) == 2, f"{dtype}: the distance has no direction"
     assert ulps(sign | 5, 3) == 8, f"{dtype}: -5 ULPs below zero to 3 above is 8"
+    if width < 64:   # float64's widest distances overflow int64 (the report may wrap there)
+        top = int(_bits_of(torch.tensor([torch.finfo(dtype).max], dtype=dtype)))
+        assert ulps(top, sign | top) == 2 * top, f"{dtype}: max to -max counts every value, past the int{width} range"
+
+
+def _bits_of(t: torch.Tensor) -> int:
+    width = t.element_size() * 8
+    view = {8: torch.int8, 16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+    return t.view(view).item() & ((1 << width) - 1)
 
 
 def test_the_report_of_a_bit_difference_in_full():
@@ -183,13 +192,18 @@ def test_tensors_in_both_are_compared_bit_for_bit_and_only_the_differing_are_lis
     assert diffs[0].expected_value == "2.0 (0x40000000)" and diffs[0].actual_value == "2.5 (0x40200000)"
 
 
-def test_to_json_is_plain_json():
+def test_to_json_is_plain_json_with_one_key_per_field():
+    import dataclasses
     import json
+
+    from harness.compare import TensorDiff
 
     d = diff_tensor("x", torch.zeros(2, 2), torch.eye(2))
     d.sides = ("the trace", "the replay")
-    out = json.loads(json.dumps(d.to_json()))
-    assert out["first_index"] == [0, 0] and out["columns"] == [0, 1] and out["sides"] == ["the trace", "the replay"]
+    out = d.to_json()
+    assert set(out) == {f.name for f in dataclasses.fields(TensorDiff)}, sorted(out)
+    assert (out["first_index"], out["columns"], out["sides"]) == ([0, 0], [0, 1], ["the trace", "the replay"])
+    assert json.loads(json.dumps(out)) == out, "tuples are lists already: the JSON reads back the same"
     assert {k: out[k] for k in ("name", "problem", "n_diff", "numel", "first_flat", "max_ulp")} == {
         "name": "x", "problem": "bits", "n_diff": 2, "numel": 4, "first_flat": 0, "max_ulp": 0x3F800000}
 
