@@ -162,3 +162,101 @@ def test_sigterm_delivered_to_another_thread_waits_for_both_renames(tmp_path):
     assert b"not stopped" not in proc.stdout
     g = GoldenStore(tmp_path).load("shared", "coins/a")      # whole, new golden: not CorruptGolden
     assert g.data["i"] == 1 and torch.equal(g.tensors["v"], torch.ones(8))
+
+
+# ------------------------------------------------------------------ found by mutation testing
+# Each test below pins a behaviour of harness/golden.py that mutmut showed no fast test held
+# (docs/contributing.md).
+
+def test_exists_sees_either_file_of_a_golden(tmp_path):
+    store = GoldenStore(tmp_path)
+    assert not store.exists("shared", "coins/a")
+    write(store)
+    assert store.exists("shared", "coins/a") and not store.exists("shared", "coins/b")
+    assert not store.exists("cpu-fp32", "coins/a"), "another platform's folder"
+    tpath, mpath = store.paths("shared", "coins/a")
+    mpath.unlink()
+    assert store.exists("shared", "coins/a"), "a tensor file alone is a (corrupt) golden, not a missing one"
+    tpath.unlink()
+    write(store)
+    store.paths("shared", "coins/a")[0].unlink()
+    assert store.exists("shared", "coins/a"), "a manifest alone too"
+
+
+def test_the_manifest_is_reviewable_text_with_kind_and_provenance(tmp_path):
+    """Two-space indented, keys sorted at every level, one trailing newline: a golden's diff in
+    review shows only what changed. It names the kind and carries the provenance it was given."""
+    store = GoldenStore(tmp_path)
+    store.write("shared", "coins/a", TENSORS, {"z": 1, "a": {"y": 2, "b": 3}}, "f" * 64, "coins",
+                {"versions": {"torch": "x"}, "created": "now"})
+    text = store.paths("shared", "coins/a")[1].read_text()
+    manifest = json.loads(text)
+    assert text == json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    assert text.startswith('{\n  "data": {\n    "a": {\n      "b": 3,'), text[:60]
+    assert manifest["kind"] == "coins" and manifest["provenance"] == {"versions": {"torch": "x"}, "created": "now"}
+    assert store.load("shared", "coins/a").manifest["kind"] == "coins"
+
+
+def test_a_golden_with_no_tensors_round_trips(tmp_path):
+    """Data-only results (a kind that stores tokens, counts) write an empty tensor file."""
+    store = GoldenStore(tmp_path)
+    write(store, tensors={}, data={"tokens": [3, 1]})
+    g = store.load("shared", "coins/a")
+    assert g.tensors == {} and g.data == {"tokens": [3, 1]} and g.manifest["tensors"] == {}
+
+
+def test_json_roundtrip_gives_data_as_a_manifest_reads_back():
+    """What a fresh run is compared in: JSON types (tuples are lists) and keys in the manifest's
+    sorted order, so a report of fresh data reads like the golden's."""
+    from harness.golden import json_roundtrip
+
+    out = json_roundtrip({"z": (1, 2), "a": {"y": 2.5, "b": None}})
+    assert out == {"a": {"b": None, "y": 2.5}, "z": [1, 2]}
+    assert list(out) == ["a", "z"] and list(out["a"]) == ["b", "y"]
+
+
+def test_stale_temps_are_regular_files_only_and_removal_reports_what_it_removed(tmp_path, monkeypatch):
+    store = GoldenStore(tmp_path)
+    write(store)
+    folder = tmp_path / "shared/coins"
+    debris = folder / "a.json.123.tmp-lockstep"
+    debris.write_text("{")
+    (folder / "b.tmp-lockstep").mkdir()                                     # not a file
+    (folder / "c.tmp-lockstep").symlink_to(tmp_path / "shared/coins/a.json")   # a link: never followed
+    assert store.stale_temps() == [debris]
+    assert store.remove_stale_temps() == [debris] and not debris.exists()
+    assert (folder / "a.json").exists() and (folder / "b.tmp-lockstep").is_dir()
+    gone = folder / "gone.tmp-lockstep"                                      # removed by another process meanwhile
+    monkeypatch.setattr(GoldenStore, "stale_temps", lambda self: [gone])
+    assert store.remove_stale_temps() == []
+
+
+def test_new_goldens_get_exactly_0666_less_the_umask(tmp_path):
+    from harness.golden import new_file_mode
+    import stat
+
+    old = os.umask(0)
+    try:
+        assert new_file_mode() == 0o666, "no execute bit, whatever the umask"
+        write(GoldenStore(tmp_path))
+    finally:
+        os.umask(old)
+    for f in (tmp_path / "shared/coins").iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666, f
+
+
+def test_the_umask_is_read_without_setting_it(monkeypatch):
+    """Setting the umask to read it back races with other threads creating files: on Linux it is
+    read from /proc/self/status."""
+    from harness.golden import current_umask
+
+    expected = os.umask(0o023)
+    os.umask(expected)
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("no /proc here: the os.umask fallback is the only way")
+
+    def no_umask(mask):
+        raise AssertionError("current_umask set the umask to read it")
+
+    monkeypatch.setattr(os, "umask", no_umask)
+    assert current_umask() == expected
