@@ -260,3 +260,49 @@ def test_the_umask_is_read_without_setting_it(monkeypatch):
 
     monkeypatch.setattr(os, "umask", no_umask)
     assert current_umask() == expected
+
+
+def test_the_umask_fallback_reads_it_and_puts_it_back(monkeypatch):
+    """Where /proc cannot be read, the umask is read by setting it and restoring it at once."""
+    from pathlib import Path
+
+    from harness.golden import current_umask
+
+    def unreadable(self, *args, **kwargs):
+        raise OSError("no /proc here")
+
+    old = os.umask(0o037)
+    try:
+        monkeypatch.setattr(Path, "read_text", unreadable)
+        assert current_umask() == 0o037
+        assert os.umask(0o037) == 0o037, "the umask was left changed"
+    finally:
+        os.umask(old)
+
+
+def test_temporary_files_are_written_beside_the_golden_under_the_temp_suffix(tmp_path, monkeypatch):
+    """Beside it (the rename is atomic only within one filesystem, and stale_temps looks for
+    debris only under the golden folder), named <file>.<random>.tmp-lockstep."""
+    store = GoldenStore(tmp_path)
+    renamed = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (renamed.append((src, dst)), real_replace(src, dst)))
+    write(store)
+    tpath, mpath = store.paths("shared", "coins/a")
+    assert [dst for _, dst in renamed] == [tpath, mpath]
+    for path, dst in renamed:
+        src = os.path.basename(path)
+        assert os.path.dirname(path) == str(tpath.parent), path
+        assert src.startswith(dst.name + ".") and src.endswith(".tmp-lockstep") and len(src) > len(dst.name) + 14, src
+
+
+def test_a_write_that_fails_inside_a_temporary_file_removes_it_and_raises_its_error(tmp_path, monkeypatch):
+    store = GoldenStore(tmp_path)
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        write(store)
+    assert list((tmp_path / "shared/coins").iterdir()) == [], "no temporary file and no golden left"
