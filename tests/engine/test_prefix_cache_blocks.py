@@ -121,6 +121,15 @@ def test_a_prompt_one_block_long_reuses_all_but_its_last_token():
     assert reused(cache, [5])[0] == 0 and cache.hits == 2, "one token: nothing may be reused"
 
 
+def test_a_prompt_ending_on_a_block_edge_still_leaves_its_last_token():
+    """Two full blocks stored, the same two blocks looked up: the second block is taken only up
+    to the prompt's last token (a partial hit), never whole."""
+    cache = PrefixCache(block=4)
+    stored(cache, list(range(8)), tag=5)
+    assert reused(cache, list(range(8)))[:2] == (7, [(5, p) for p in range(7)])
+    assert reused(cache, list(range(9)))[:2] == (8, [(5, p) for p in range(8)])
+
+
 def test_storing_again_keeps_one_block_per_prefix():
     cache = PrefixCache(block=4)
     stored(cache, [5, 6, 7, 8, 9], tag=1)
