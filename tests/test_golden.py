@@ -306,3 +306,58 @@ def test_a_write_that_fails_inside_a_temporary_file_removes_it_and_raises_its_er
     with pytest.raises(OSError, match="No space left"):
         write(store)
     assert list((tmp_path / "shared/coins").iterdir()) == [], "no temporary file and no golden left"
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("truncate", r"coins/a\.safetensors: sha256 [0-9a-f]{16}… does not match the manifest's [0-9a-f]{16}… "
+                 r"\(truncated or edited\)$"),
+    ("no_manifest", r"coins/a\.safetensors has no manifest a\.json beside it$"),
+    ("no_tensors", r"coins/a\.json has no tensor file a\.safetensors beside it$"),
+    ("bad_json", r"coins/a\.json: manifest is not valid JSON \(Expecting"),
+    ("format_2", r"coins/a\.json: not a lockstep golden manifest of format 1$"),
+    ("a_list", r"coins/a\.json: not a lockstep golden manifest of format 1$"),
+    ("other_spec", r"coins/a\.json: the manifest names spec 'coins/b', not 'coins/a' "
+                   r"\(copied or renamed from another golden\?\)$"),
+])
+def test_a_damaged_golden_says_what_is_wrong_with_which_file(tmp_path, damage, says):
+    """The CorruptGolden message a user acts on: the file, and what about it is wrong."""
+    import re
+
+    store = GoldenStore(tmp_path)
+    write(store)
+    tpath, mpath = store.paths("shared", "coins/a")
+    manifest = json.loads(mpath.read_text())
+    if damage == "truncate":
+        tpath.write_bytes(tpath.read_bytes()[:40])
+    elif damage == "no_manifest":
+        mpath.unlink()
+    elif damage == "no_tensors":
+        tpath.unlink()
+    elif damage == "bad_json":
+        mpath.write_text("{not json")
+    elif damage == "format_2":
+        mpath.write_text(json.dumps(manifest | {"format": 2}))
+    elif damage == "a_list":
+        mpath.write_text(json.dumps([manifest]))
+    elif damage == "other_spec":
+        mpath.write_text(json.dumps(manifest | {"spec": "coins/b"}))
+    with pytest.raises(CorruptGolden) as e:
+        store.load("shared", "coins/a")
+    assert re.search(says, str(e.value)), str(e.value)
+    if damage == "truncate":
+        digest = json.loads(mpath.read_text())["tensors_file_sha256"]
+        assert f"the manifest's {digest[:16]}…" in str(e.value), "the recorded digest, cut to 16 characters"
+
+
+def test_an_unreadable_golden_names_the_os_error(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    store = GoldenStore(tmp_path)
+    write(store)
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(CorruptGolden, match=r"coins/a\.json: cannot be read \(Permission denied\)$"):
+        store.load("shared", "coins/a")
