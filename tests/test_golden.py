@@ -318,6 +318,10 @@ def test_a_write_that_fails_inside_a_temporary_file_removes_it_and_raises_its_er
     ("a_list", r"coins/a\.json: not a lockstep golden manifest of format 1$"),
     ("other_spec", r"coins/a\.json: the manifest names spec 'coins/b', not 'coins/a' "
                    r"\(copied or renamed from another golden\?\)$"),
+    ("not_safetensors", r"coins/a\.safetensors: unreadable safetensors \(.+\)$"),
+    ("no_tensor_list", r"coins/a\.safetensors: holds tensors \['bf', 'coins', 'f8', 'ids'\], manifest lists \[\]$"),
+    ("tensors_a_list", r"coins/a\.json: 'tensors' and 'data' must be JSON objects$"),
+    ("data_a_list", r"coins/a\.json: 'tensors' and 'data' must be JSON objects$"),
 ])
 def test_a_damaged_golden_says_what_is_wrong_with_which_file(tmp_path, damage, says):
     """The CorruptGolden message a user acts on: the file, and what about it is wrong."""
@@ -341,6 +345,16 @@ def test_a_damaged_golden_says_what_is_wrong_with_which_file(tmp_path, damage, s
         mpath.write_text(json.dumps([manifest]))
     elif damage == "other_spec":
         mpath.write_text(json.dumps(manifest | {"spec": "coins/b"}))
+    elif damage == "not_safetensors":                   # its digest recorded: only the format is wrong
+        from harness.golden import sha256
+        tpath.write_bytes(b"\x08" + b"\0" * 7 + b"not json")
+        mpath.write_text(json.dumps(manifest | {"tensors_file_sha256": sha256(tpath.read_bytes())}))
+    elif damage == "no_tensor_list":
+        mpath.write_text(json.dumps({k: v for k, v in manifest.items() if k != "tensors"}))
+    elif damage == "tensors_a_list":
+        mpath.write_text(json.dumps(manifest | {"tensors": []}))
+    elif damage == "data_a_list":
+        mpath.write_text(json.dumps(manifest | {"data": []}))
     with pytest.raises(CorruptGolden) as e:
         store.load("shared", "coins/a")
     assert re.search(says, str(e.value)), str(e.value)
