@@ -322,6 +322,7 @@ def test_a_write_that_fails_inside_a_temporary_file_removes_it_and_raises_its_er
     ("no_tensor_list", r"coins/a\.safetensors: holds tensors \['bf', 'coins', 'f8', 'ids'\], manifest lists \[\]$"),
     ("tensors_a_list", r"coins/a\.json: 'tensors' and 'data' must be JSON objects$"),
     ("data_a_list", r"coins/a\.json: 'tensors' and 'data' must be JSON objects$"),
+    ("entry_sha", r"coins/a\.safetensors: tensor 'ids' disagrees with its manifest entry$"),
 ])
 def test_a_damaged_golden_says_what_is_wrong_with_which_file(tmp_path, damage, says):
     """The CorruptGolden message a user acts on: the file, and what about it is wrong."""
@@ -355,6 +356,9 @@ def test_a_damaged_golden_says_what_is_wrong_with_which_file(tmp_path, damage, s
         mpath.write_text(json.dumps(manifest | {"tensors": []}))
     elif damage == "data_a_list":
         mpath.write_text(json.dumps(manifest | {"data": []}))
+    elif damage == "entry_sha":
+        manifest["tensors"]["ids"]["sha256"] = "0" * 64
+        mpath.write_text(json.dumps(manifest))
     with pytest.raises(CorruptGolden) as e:
         store.load("shared", "coins/a")
     assert re.search(says, str(e.value)), str(e.value)
@@ -375,3 +379,23 @@ def test_an_unreadable_golden_names_the_os_error(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", denied)
     with pytest.raises(CorruptGolden, match=r"coins/a\.json: cannot be read \(Permission denied\)$"):
         store.load("shared", "coins/a")
+
+
+def test_each_tensor_s_manifest_entry_is_its_dtype_shape_and_digest(tmp_path):
+    import re
+
+    store = GoldenStore(tmp_path)
+    write(store)
+    entries = store.load("shared", "coins/a").manifest["tensors"]
+    assert {name: (e["dtype"], e["shape"]) for name, e in entries.items()} == {
+        "coins": ("float32", [2, 2]), "ids": ("int64", [5]), "bf": ("bfloat16", [2]), "f8": ("float8_e4m3fn", [2])}
+    assert all(set(e) == {"dtype", "shape", "sha256"} and re.fullmatch("[0-9a-f]{64}", e["sha256"])
+               for e in entries.values()), entries
+
+
+def test_a_manifest_without_data_loads_as_empty_data(tmp_path):
+    store = GoldenStore(tmp_path)
+    write(store)
+    mpath = store.paths("shared", "coins/a")[1]
+    mpath.write_text(json.dumps({k: v for k, v in json.loads(mpath.read_text()).items() if k != "data"}))
+    assert store.load("shared", "coins/a").data == {}
