@@ -399,3 +399,16 @@ def test_a_manifest_without_data_loads_as_empty_data(tmp_path):
     mpath = store.paths("shared", "coins/a")[1]
     mpath.write_text(json.dumps({k: v for k, v in json.loads(mpath.read_text()).items() if k != "data"}))
     assert store.load("shared", "coins/a").data == {}
+
+
+def test_a_malformed_proc_umask_line_falls_back_to_reading_the_umask(monkeypatch):
+    from pathlib import Path
+
+    from harness.golden import current_umask
+
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: "Name:\tpython3\nUmask:\tnot octal\n")
+    old = os.umask(0o026)
+    try:
+        assert current_umask() == 0o026
+    finally:
+        os.umask(old)
