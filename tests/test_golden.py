@@ -412,3 +412,13 @@ def test_a_malformed_proc_umask_line_falls_back_to_reading_the_umask(monkeypatch
         assert current_umask() == 0o026
     finally:
         os.umask(old)
+
+
+def test_a_golden_folder_linked_out_of_the_golden_directory_is_refused(tmp_path):
+    """Spec ids cannot spell an escape (check_spec_id); a symlinked folder can, and is refused."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "golden" / "shared").symlink_to(tmp_path / "elsewhere")
+    store = GoldenStore(tmp_path / "golden")
+    with pytest.raises(ValueError, match=r"^spec id 'coins/a' would leave the golden directory .*golden$"):
+        store.paths("shared", "coins/a")
