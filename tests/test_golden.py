@@ -422,3 +422,34 @@ def test_a_golden_folder_linked_out_of_the_golden_directory_is_refused(tmp_path)
     store = GoldenStore(tmp_path / "golden")
     with pytest.raises(ValueError, match=r"^spec id 'coins/a' would leave the golden directory .*golden$"):
         store.paths("shared", "coins/a")
+
+
+def test_a_filesystem_that_cannot_fsync_folders_still_records_goldens(tmp_path, monkeypatch):
+    """Some filesystems refuse fsync on a directory (EINVAL): the files themselves were synced."""
+    import errno
+    import stat
+
+    real_fsync = os.fsync
+
+    def files_only(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", files_only)
+    store = GoldenStore(tmp_path)
+    write(store)
+    assert store.load("shared", "coins/a").data == {"tokens": [1, 2]}
+
+
+def test_a_failed_cleanup_never_hides_the_write_s_own_error(tmp_path, monkeypatch):
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    def gone(path):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(os, "fsync", full)
+    monkeypatch.setattr(os, "unlink", gone)
+    with pytest.raises(OSError, match="No space left"):
+        write(GoldenStore(tmp_path))
