@@ -106,6 +106,18 @@ def test_a_nan_row_with_its_filters_off_keeps_every_entry_beside_rows_that_filte
     for r, p in enumerate(params):
         assert torch.equal(together[r], keep_mask(z[r], p.top_k, p.top_p, p.min_p)), r
     assert together[1].all(), "the NaN row has every filter off: all of it is kept"
+    assert st.top_p.dtype == st.min_p.dtype == torch.float64, "thresholds compared in float64, as keep_mask's floats"
+
+
+@pytest.mark.parametrize("filters", [dict(top_k=1), dict(top_p=0.05), dict(min_p=0.99)])
+def test_each_filter_decides_the_sampled_token(filters):
+    """A nearly flat row: unfiltered, the seeded draws spread over the vocabulary; with a filter
+    that keeps only the top entry, every draw is that entry (each filter must reach the sampler)."""
+    logits = torch.linspace(1.0, 0.9, 8).repeat(2, 1)
+    params = [SamplingParams(**filters), SamplingParams()]
+    drawn = [sample_rows(logits, params, [seed, seed], [seed, seed]).tolist() for seed in range(24)]
+    assert {row[0] for row in drawn} == {0}, (filters, drawn)
+    assert len({row[1] for row in drawn}) > 2, "the unfiltered row is not a constant"
 
 
 def test_an_all_greedy_batch_needs_no_generator_and_is_capturable():
