@@ -92,6 +92,7 @@ def pytest_configure(config):
                                        "-m 'not slow', a full one runs everything (docs/gate.md)")
     _check_settings(config)
     _warn_unmatched_slow(config)
+    _share_checkpoints(config)
     if hasattr(config, "workerinput"):
         # a pytest-xdist worker: the workers already fill the cores, and more torch threads per
         # worker only contend for them (the bits do not depend on the thread count: D0)
@@ -135,6 +136,26 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--lockstep-regen: cannot record goldens in {golden}: "
                                 f"{e.strerror or e}") from None
     config.add_cleanup(held.close)
+
+
+def _share_checkpoints(config) -> None:
+    """The session's processes (the xdist workers, which inherit the controller's environment, and
+    the CLI subprocesses tests start) make each synthetic checkpoint once, in one folder for the
+    session (harness/checkpoints.py), removed when the session ends."""
+    from harness.checkpoints import SHARED_ENV
+
+    if hasattr(config, "workerinput") or os.environ.get(SHARED_ENV):
+        return
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="lockstep-shared-checkpoints-")
+    os.environ[SHARED_ENV] = folder
+
+    def remove():
+        os.environ.pop(SHARED_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
+    config.add_cleanup(remove)
 
 
 def _expectations_option(config) -> Path | None:
