@@ -16,10 +16,10 @@ from harness import runner
 from harness.golden import GoldenStore
 from harness.platform import SHARED, detect
 from harness.result import RunContext
-from harness.specfile import load_specs
 from tests.conftest import REPO
+from tests.repo_specs import repo_specs
 
-SPECS = {s.id: s for s in load_specs(REPO / "specs")[0]}
+SPECS = repo_specs()
 
 
 class Planted:

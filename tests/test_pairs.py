@@ -14,11 +14,11 @@ from harness import pairs
 from harness.cli import main
 from harness.golden import GoldenStore
 from harness.pairs import ALL_PAIRS, Pair
-from harness.specfile import load_specs
 from tests.conftest import COINS, REPO
 from tests.planted import module_with
+from tests.repo_specs import repo_specs
 
-SPECS = {s.id: s for s in load_specs(REPO / "specs")[0]}
+SPECS = repo_specs()
 
 
 def folders_of(spec_id, chosen=ALL_PAIRS, device="cpu"):
