@@ -219,6 +219,9 @@ def test_mxfp4_fast_decode_has_the_exact_decodes_bits(dtype, T):
     (ALIGNED), and at odd columns (the exact path)."""
     E, H, I, k = 4, 160, 96, 2
     gu_w, dn_w = mxfp4_experts(E, 2 * I, H, seed=41), mxfp4_experts(E, H, I, seed=42)
+    for scales, (e, n, g), edge in ((gu_w[1], (1, 100, 2), 253), (gu_w[1], (2, 150, 4), 254),
+                                    (gu_w[1], (3, 40, 0), 1), (dn_w[1], (1, 70, 1), 253), (dn_w[1], (2, 20, 2), 254)):
+        scales[e, n, g] = edge                   # alone in their programs: just outside the fast range
     gu_b = torch.randn(E, 2 * I, generator=torch.Generator().manual_seed(43)).to(dtype).to(DEVICE)
     x, ids = tokens(T, H, k, E, dtype, seed=44)
     x = x / 64
