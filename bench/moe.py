@@ -1,8 +1,9 @@
 """Triton MoE (router top-k, SwiGLU, the grouped experts up to the down partials) vs their torch
 references (the experts: one matmul per (token, slot) row, chunk by chunk), then the grouped
 expert kernels the engine runs (kernels.moe expert_gate_up_triton and
-expert_down_partials_triton over group_by_expert's groups) with MXFP4 packed weights against
-dense bf16 weights holding the same values, bf16 activations, both measured here.
+expert_down_partials_triton over group_by_expert's groups) with MXFP4 packed weights (fast decode,
+and the exact decode everywhere: fast_decode=False) against dense bf16 weights holding the same
+values, bf16 activations, all measured here.
 
     python bench/moe.py                 # gpt-oss-20b: H = I = 2880, 32 experts, top-4, fp32
     python bench/moe.py --only grouped  # just the MXFP4 vs bf16 table (batches 1 and 32)

@@ -147,8 +147,9 @@ def _mxfp4_values(code, scale):
 # bit at M (bf16: 6, fp32: 22), for t >= 2 (E = (t >> 1) - 1, f = t & 1) its magnitude bits are
 # (t << M) + ((s - 1) << (M + 1)); t = 1 (0.5) is (s - 1) << (M + 1); t = 0 is 0. Exactly
 # `_mxfp4_values`'s answer there (tests/kernels/test_mxfp4_tile.py: every code at every scale of the
-# range), in about 10 integer operations a value instead of 30. Outside the range (subnormal
-# results, infinities, NaN blocks) the kernels keep `_mxfp4_values`.
+# range), in about 12 instructions a value instead of about 40 (sm_90 SASS of the 20b gate_up K step,
+# docs/benchmarks.md). Outside the range (subnormal results, infinities, NaN blocks) the kernels keep
+# `_mxfp4_values`. `_mxfp4_fast_ok` spells the range out (a jit function reads no Python tuple).
 MXFP4_FAST_SCALES = (2, 252)
 
 
@@ -166,7 +167,7 @@ def _mxfp4_fast_ok(s_ptr, row, n_ok, K, lo, width, BLOCK_N: tl.constexpr):
         g = g0 + tl.arange(0, GW)                                                    # [GW]
         s = tl.load(s_ptr + row[:, None] * G + g[None, :], mask=n_ok[:, None] & (g < g_hi)[None, :],
                     other=127).to(tl.int32)                                          # [BN, GW]
-        bad |= ((s < 2) | (s > 252)).to(tl.int32)
+        bad |= ((s < 2) | (s > 252)).to(tl.int32)                                   # MXFP4_FAST_SCALES
     return (tl.max(tl.max(bad, axis=1), axis=0) == 0) & (lo % 2 == 0) & (width % 2 == 0)
 
 
