@@ -30,14 +30,15 @@ CASES = ((0, K),                  # aligned: every tile starts a scale group
 
 @triton.jit
 def _tile_kernel(w_ptr, s_ptr, out_ptr, expert, N, K, start, k_end, OUT_W,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # program (pid_n, pid_k): out[rn, pid_k * BK : (pid_k + 1) * BK] = the tile at column start + pid_k * BK
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FAST: tl.constexpr = False):
+    # program (pid_n, pid_k): out[rn, pid_k * BK : (pid_k + 1) * BK] = the tile at column start + pid_k * BK;
+    # FAST: the fast decode (the caller's promise: even bounds, scales in [2, 252])
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     n_ok = rn < N
     w = _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, start + pid_k * BLOCK_K, k_end, N, K, True,
-                     out_ptr.dtype.element_ty, BLOCK_N, BLOCK_K)                     # [BN, BK]
+                     out_ptr.dtype.element_ty, BLOCK_N, BLOCK_K, FAST)               # [BN, BK]
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rn[:, None] * OUT_W + cols[None, :], w, mask=n_ok[:, None])
 
@@ -93,20 +94,6 @@ def test_mxfp4_tile_decode_is_dequantize(dtype, block_k):
 
 # ------------------------------------------------------------------ the fast decode
 @triton.jit
-def _fast_tile_kernel(w_ptr, s_ptr, out_ptr, expert, N, K, start, k_end, OUT_W,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # _tile_kernel with the fast decode (the caller's promise: even bounds, scales in [2, 252])
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    n_ok = rn < N
-    w = _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, start + pid_k * BLOCK_K, k_end, N, K, True,
-                     out_ptr.dtype.element_ty, BLOCK_N, BLOCK_K, True)                   # [BN, BK]
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + rn[:, None] * OUT_W + cols[None, :], w, mask=n_ok[:, None])
-
-
-@triton.jit
 def _fast_ok_kernel(s_ptr, out_ptr, expert, N, K, lo, width, BLOCK_N: tl.constexpr):
     # one program per BLOCK_N rows: out[pid] = _mxfp4_fast_ok of its rows over [lo, lo + width)
     rn = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
@@ -139,8 +126,8 @@ def test_mxfp4_fast_tile_is_dequantize(dtype, block_k):
         n_tiles = triton.cdiv(k_end - start, block_k)
         for expert in range(E):
             out = torch.full((N, n_tiles * block_k), 7.0, dtype=dtype, device=DEVICE)
-            _fast_tile_kernel[(triton.cdiv(N, BLOCK_N), n_tiles)](w, s, out, expert, N, K, start, k_end,
-                                                                  out.shape[1], BLOCK_N=BLOCK_N, BLOCK_K=block_k)
+            _tile_kernel[(triton.cdiv(N, BLOCK_N), n_tiles)](w, s, out, expert, N, K, start, k_end, out.shape[1],
+                                                             BLOCK_N=BLOCK_N, BLOCK_K=block_k, FAST=True)
             want = torch.zeros((N, n_tiles * block_k), dtype=want_bits.dtype)
             want[:, :k_end - start] = want_bits[expert, :, start:k_end]
             assert bits(out.cpu()).equal(want), (start, k_end, expert)
