@@ -1,11 +1,12 @@
 """The default target: Lockstep's own kernels and engine, through the target operations.
 
-Two views of one implementation. `engine()` is what plain `lockstep check` (and `regen`, and the
-pytest plugin) runs every spec against: a kind's `run(spec, ctx, target)` on it takes the run's
-whole engine path (backend, dtype policy, topologies) and harness/runner.py judges it against the
-goldens bit for bit. `load()` (`--target lockstep` of `report` and `record`, and tests/targets) is
-the same code as a peer sees it, through the operations below only, so the target path is itself
-checked against Lockstep's goldens.
+Two views of one implementation. `engine(ctx)` is what plain `lockstep check` (and `regen`, and
+the pytest plugin) runs every spec against: the same operations under the run's settings (device,
+backend, dtype policy, topologies; harness/targets/lockstep_run.py), with those only Lockstep's
+engine exposes, and harness/runner.py judges it against the goldens bit for bit. `load()`
+(`--target lockstep` of `report` and `record`, and tests/targets) is the same code as a peer sees
+it, through the operations below only, so the target path is itself checked against Lockstep's
+goldens.
 """
 
 from __future__ import annotations
@@ -87,12 +88,12 @@ def _speculative_generate(checkpoint, draft_dir, convention, requests, speculati
                                 list(requests), SpecParams(**speculative))
 
 
-class _PrefixSession:
-    """One engine.prefix_cache.PrefixCache on the checkpoint's model (the prefix_cache capability)."""
+class PrefixSession:
+    """One engine.prefix_cache.PrefixCache on a model (the prefix_cache capability)."""
 
-    def __init__(self, checkpoint, block):
+    def __init__(self, model, block):
         from engine.prefix_cache import PrefixCache
-        self.model, self.cache = _model(str(checkpoint)), PrefixCache(block)
+        self.model, self.cache = model, PrefixCache(block)
 
     def generate(self, requests, prefill_chunk=None):
         from engine.generate import generate
@@ -107,13 +108,29 @@ class _PrefixSession:
         return self.cache.hit_tokens
 
 
-def _draft_stages(checkpoint, draft_dir, convention, aux, tokens, top_k):
-    """The draft's stages through Lockstep's own draft head (the same code as the draft kind)."""
-    from harness.kinds.draft import _stages
+def draft_stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
+    """The draft head's internals (DESIGN §4) for R rows as one committed draft step, and its top-k."""
+    from engine.eagle3 import DraftKV
+    from engine.speculative import draft_top_k
 
+    if k > draft.config.draft_vocab_size:
+        raise ValueError(f"top_k {k} exceeds the draft vocabulary ({draft.config.draft_vocab_size})")
+    R = aux.shape[0]
+    fc_in = draft.fc_input(aux)
+    h = draft.combine_aux(aux)
+    kv = DraftKV(draft.config, 1, max(R, 1), device=draft.device)
+    step = draft.forward(tokens, positions, h, kv, torch.zeros(R, dtype=torch.int64, device=draft.device), commit=True)
+    tops = [draft_top_k(step.logits[r], k) for r in range(R)]
+    top_lp = torch.stack([lp for lp, _ in tops])
+    top_ids = torch.stack([ids for _, ids in tops])
+    return {"fc_input": fc_in, "fc_output": h, "hidden": step.hidden, "logits": step.logits,
+            "top_logprobs": top_lp, "top_draft_ids": top_ids, "top_target_ids": draft.to_target_ids(top_ids)}
+
+
+def _draft_stages(checkpoint, draft_dir, convention, aux, tokens, top_k):
+    """The draft's stages through Lockstep's own draft head."""
     draft = _draft(str(checkpoint), str(draft_dir), convention)
-    stages = _stages(draft, aux, tokens, torch.arange(aux.shape[0]), top_k)
-    return {k: v for k, v in stages.items() if k != "aux"}
+    return draft_stages(draft, aux, tokens, torch.arange(aux.shape[0]), top_k)
 
 
 def _mxfp4_decode(blocks, scales, dtype):
@@ -145,15 +162,23 @@ def _rmsnorm(x, w, eps):
     return rms_norm_triton(x, w, eps)
 
 
-def _sampling(logp, seeds, positions):
-    from kernels.sampling import gumbel_argmax_triton
-    return gumbel_argmax_triton(logp, seeds, positions)
+def _sampling(logp, seeds, positions, col_base=None):
+    from kernels.sampling import SAMPLE_COLUMNS, gumbel_argmax_triton
+    return gumbel_argmax_triton(logp, seeds, positions, SAMPLE_COLUMNS if col_base is None else col_base)
 
 
-@functools.lru_cache(maxsize=1)
-def engine() -> Target:
-    """Lockstep's engine itself: the default target of `check` (see the module's docstring)."""
-    return dataclasses.replace(load(), engine=True)
+@functools.lru_cache(maxsize=16)
+def engine(ctx) -> Target:
+    """Lockstep's engine under the run context `ctx` (a harness.result.RunContext): the default
+    target of `check` (see the module's docstring). `load()`'s operations, with those the run's
+    device, backend and dtype policy decide (and those only Lockstep's engine exposes) from
+    harness/targets/lockstep_run.py; judged against the goldens (`has_goldens`)."""
+    from engine.checkpoint import CheckpointError
+    from harness.targets.lockstep_run import run_ops
+
+    base = load()
+    return dataclasses.replace(base, ops={**base.ops, **run_ops(ctx)}, refusals=(CheckpointError,),
+                               has_goldens=True)
 
 
 def load() -> Target:
@@ -177,11 +202,11 @@ def load() -> Target:
             "speculative_generate": Op(_speculative_generate, every, "engine.speculative.speculative_generate",
                                        frozenset({"sampling", "batch", "greedy", "target-only", "rejection",
                                                   "tree"})),
-            "prefix_cache": Op(_PrefixSession, every, "engine.prefix_cache.PrefixCache through engine.generate.generate",
+            "prefix_cache": Op(lambda checkpoint, block: PrefixSession(_model(str(checkpoint)), block), every, "engine.prefix_cache.PrefixCache through engine.generate.generate",
                                frozenset({"sampling", "prefill_chunk"})),
             "mxfp4_decode": Op(_mxfp4_decode, every, "engine.mxfp4.dequantize"),
             "load_checkpoint": Op(_load_checkpoint, every, "engine.checkpoint.load_checkpoint"),
-            "draft_stages": Op(_draft_stages, every, "engine.eagle3.Eagle3Draft (the draft kind's stages)"),
+            "draft_stages": Op(_draft_stages, every, "engine.eagle3.Eagle3Draft (one committed draft step)"),
             "verify_greedy": Op(_spec("verify_greedy"), every,
                              "engine.speculative.verify_greedy (the round's _accept_greedy on one tree)"),
             "verify_target_only": Op(_spec("verify_target_only"), every,
@@ -190,5 +215,5 @@ def load() -> Target:
                                 "engine.speculative.verify_rejection (the round's _accept_rejection on one tree)"),
             "attention": Op(_attention, kernels, "kernels.attention (Triton)"),
             "rmsnorm": Op(_rmsnorm, kernels, "kernels.rmsnorm (Triton)"),
-            "sampling": Op(_sampling, kernels, "kernels.sampling (Triton)"),
+            "sampling": Op(_sampling, kernels, "kernels.sampling (Triton)", frozenset({"col_base"})),
         })
