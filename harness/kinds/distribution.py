@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, draft_dir, draft_for, draft_problems, model_for,
+from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, draft_dir, draft_problems, reference_model,
                                  target_dir)
 from harness.intseq import IntSeq, length, materialize, max_value
 from harness.limits import (MAX_DISTRIBUTION_SEEDS, MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK,

@@ -238,7 +238,10 @@ class _Variant(NamedTuple):
         """Every request's result, in the spec's order."""
         out = [None] * len(requests)
         for idx in self.calls(len(requests)):
-            for i, r in zip(idx, self.call([requests[i] for i in idx], None)):
+            got = list(self.call([requests[i] for i in idx], None))
+            if len(got) != len(idx):
+                raise ValueError(f"{self.name}: {len(got)} results for {len(idx)} requests")
+            for i, r in zip(idx, got):
                 out[i] = r
         return out
 
@@ -310,8 +313,6 @@ def run(spec, ctx, target: TargetInterface) -> Result:
     requests = _requests(spec)
     spec_run = _Variant("the spec's run", own)
     results = spec_run.results(requests)
-    if len(results) != len(requests):
-        raise ValueError(f"{target.name} returned {len(results)} results for {len(requests)} requests")
     tensors, data = _outputs(results, speculative=inp["draft"] is not None)
     reference = [_bytes(r) for r in results]
     variants = []
