@@ -25,8 +25,8 @@
 
 The spec runs through the target's `hash`, `verify_coins` and `gumbel` operations only. A target
 whose operations offer the feature "backends" (Lockstep's engine: the torch reference and the
-Triton kernel) computes each output on every backend the spec names, and they must agree bitwise. Outputs: `hash` [n, m] int64, `coins` [n, N] float32, `final` [n] float32,
-`gumbel` [n, m] float64. Hashes and coins are platform independent (golden/shared); specs
+Triton kernel) computes each output on every backend the spec names, and they must agree bitwise.
+Outputs: `hash` [n, m] int64, `coins` [n, N] float32, `final` [n] float32, `gumbel` [n, m] float64. Hashes and coins are platform independent (golden/shared); specs
 with Gumbel noise store per-platform goldens, since `log` may differ in its last bit.
 """
 

@@ -19,16 +19,17 @@
       error: ["model.layers.1.mlp.experts.down_proj_scales", "[3, 17, 1]", "255"]   # or loads: true
 
 Decode mode calls the target's `mxfp4_decode` on the spec's bytes (on Lockstep's engine
-`engine.mxfp4.dequantize` on the run's device; on the triton backend `kernels.matmul.mxfp4_decode_triton`, the decode the matmul and grouped-expert kernels do in
-their tile loads, golden in `<device>-fp32-triton`: its bf16 NaN is 0x7FC0, torch's 0xFFFF) and compares
+`engine.mxfp4.dequantize` on the run's device; on the triton backend
+`kernels.matmul.mxfp4_decode_triton`, the decode the matmul and grouped-expert kernels do in their
+tile loads, golden in `<device>-fp32-triton`: its bf16 NaN is 0x7FC0, torch's 0xFFFF) and compares
 each value with the hand-written one bitwise in the output dtype (so -0.0 is not 0.0); an expected
 NaN accepts any NaN. A failure names the block, its scale, the element, the byte and nibble it came
 from, the code, the decoded value and the expected one. The expectations never come from the code
 under test, so a bug that the packer (`quantize`) and the decoder share is still seen.
 
 Checkpoint mode writes an edited copy of the checkpoint (harness.checkpoints.edited_copy) and loads
-it with the target's `load_checkpoint` (Lockstep's: `engine.checkpoint.load_checkpoint`): the load must fail naming each of the `error`
-substrings, or (`loads: true`) succeed.
+it with the target's `load_checkpoint` (Lockstep's: `engine.checkpoint.load_checkpoint`): the load
+must fail naming each of the `error` substrings, or (`loads: true`) succeed.
 
 The golden (`shared`: decoding is exact) holds the decoded `values` [rows, G / rows * 32], or the
 load outcome as data.

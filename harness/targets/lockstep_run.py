@@ -122,8 +122,12 @@ def draft(ctx: RunContext, checkpoint: str, draft_dir: str, convention: str):
     """The draft of `draft_dir` on the checkpoint's model under the run's settings (cached)."""
     from engine.eagle3 import load_draft
     return load_draft(draft_dir, model(ctx, checkpoint), convention=convention, backend=ctx.backend)
+
+
 def _generation_ops(ctx: RunContext) -> dict[str, Op]:
-    """generate and the prefix-cache capability on the run's model (load()'s, under the run's settings)."""
+    """load()'s generation operations on the run's model and draft: generate and
+    speculative_generate (with the features "observer" and "topology"), the prefix cache, the
+    draft's stages, and `model` itself (the reference forward of the draft and distribution kinds)."""
     from engine.generate import generate
     from harness.targets.lockstep import PrefixSession, draft_stages
 
