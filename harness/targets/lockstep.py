@@ -17,6 +17,7 @@ import functools
 import torch
 
 from harness.targets.base import CPU, CUDA, INTERPRETER, RNG_COINS, Op, Target
+from harness.targets.lockstep_run import PrefixSession, draft_stages, run_ops
 
 
 def _hash(seed, pos, col):
@@ -88,45 +89,6 @@ def _speculative_generate(checkpoint, draft_dir, convention, requests, speculati
                                 list(requests), SpecParams(**speculative))
 
 
-class PrefixSession:
-    """One engine.prefix_cache.PrefixCache on a model (the prefix_cache capability)."""
-
-    def __init__(self, model, block):
-        from engine.prefix_cache import PrefixCache
-        self.model, self.cache = model, PrefixCache(block)
-
-    def generate(self, requests, prefill_chunk=None):
-        from engine.generate import generate
-        return generate(self.model, list(requests), prefix_cache=self.cache, prefill_chunk=prefill_chunk)
-
-    @property
-    def hits(self):
-        return self.cache.hits
-
-    @property
-    def hit_tokens(self):
-        return self.cache.hit_tokens
-
-
-def draft_stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
-    """The draft head's internals (DESIGN §4) for R rows as one committed draft step, and its top-k."""
-    from engine.eagle3 import DraftKV
-    from engine.speculative import draft_top_k
-
-    if k > draft.config.draft_vocab_size:
-        raise ValueError(f"top_k {k} exceeds the draft vocabulary ({draft.config.draft_vocab_size})")
-    R = aux.shape[0]
-    fc_in = draft.fc_input(aux)
-    h = draft.combine_aux(aux)
-    kv = DraftKV(draft.config, 1, max(R, 1), device=draft.device)
-    step = draft.forward(tokens, positions, h, kv, torch.zeros(R, dtype=torch.int64, device=draft.device), commit=True)
-    tops = [draft_top_k(step.logits[r], k) for r in range(R)]
-    top_lp = torch.stack([lp for lp, _ in tops])
-    top_ids = torch.stack([ids for _, ids in tops])
-    return {"fc_input": fc_in, "fc_output": h, "hidden": step.hidden, "logits": step.logits,
-            "top_logprobs": top_lp, "top_draft_ids": top_ids, "top_target_ids": draft.to_target_ids(top_ids)}
-
-
 def _draft_stages(checkpoint, draft_dir, convention, aux, tokens, top_k):
     """The draft's stages through Lockstep's own draft head."""
     draft = _draft(str(checkpoint), str(draft_dir), convention)
@@ -174,7 +136,6 @@ def engine(ctx) -> Target:
     device, backend and dtype policy decide (and those only Lockstep's engine exposes) from
     harness/targets/lockstep_run.py; judged against the goldens (`has_goldens`)."""
     from engine.checkpoint import CheckpointError
-    from harness.targets.lockstep_run import run_ops
 
     base = load()
     return dataclasses.replace(base, ops={**base.ops, **run_ops(ctx)}, refusals=(CheckpointError,),

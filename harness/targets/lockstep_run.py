@@ -117,6 +117,45 @@ def _forward_ops(ctx: RunContext) -> dict[str, Op]:
 
 
 # --------------------------------------------------------------------------- generation
+class PrefixSession:
+    """One engine.prefix_cache.PrefixCache on a model (the prefix_cache capability)."""
+
+    def __init__(self, model, block):
+        from engine.prefix_cache import PrefixCache
+        self.model, self.cache = model, PrefixCache(block)
+
+    def generate(self, requests, prefill_chunk=None):
+        from engine.generate import generate
+        return generate(self.model, list(requests), prefix_cache=self.cache, prefill_chunk=prefill_chunk)
+
+    @property
+    def hits(self):
+        return self.cache.hits
+
+    @property
+    def hit_tokens(self):
+        return self.cache.hit_tokens
+
+
+def draft_stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
+    """The draft head's internals (DESIGN §4) for R rows as one committed draft step, and its top-k."""
+    from engine.eagle3 import DraftKV
+    from engine.speculative import draft_top_k
+
+    if k > draft.config.draft_vocab_size:
+        raise ValueError(f"top_k {k} exceeds the draft vocabulary ({draft.config.draft_vocab_size})")
+    R = aux.shape[0]
+    fc_in = draft.fc_input(aux)
+    h = draft.combine_aux(aux)
+    kv = DraftKV(draft.config, 1, max(R, 1), device=draft.device)
+    step = draft.forward(tokens, positions, h, kv, torch.zeros(R, dtype=torch.int64, device=draft.device), commit=True)
+    tops = [draft_top_k(step.logits[r], k) for r in range(R)]
+    top_lp = torch.stack([lp for lp, _ in tops])
+    top_ids = torch.stack([ids for _, ids in tops])
+    return {"fc_input": fc_in, "fc_output": h, "hidden": step.hidden, "logits": step.logits,
+            "top_logprobs": top_lp, "top_draft_ids": top_ids, "top_target_ids": draft.to_target_ids(top_ids)}
+
+
 @functools.lru_cache(maxsize=8)
 def draft(ctx: RunContext, checkpoint: str, draft_dir: str, convention: str):
     """The draft of `draft_dir` on the checkpoint's model under the run's settings (cached)."""
@@ -129,7 +168,6 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
     speculative_generate (with the features "observer" and "topology"), the prefix cache, the
     draft's stages, and `model` itself (the reference forward of the draft and distribution kinds)."""
     from engine.generate import generate
-    from harness.targets.lockstep import PrefixSession, draft_stages
 
     def generate_(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8, observer=None, tp=1, ep=1):
         kw = {"capture": tuple(capture), "max_batch": max_batch, "prefill_chunk": prefill_chunk}
