@@ -401,6 +401,21 @@ def _load_dir(path: Path, backend: str, device: str, dtype: str):
     return GptOssModel.from_checkpoint(path, backend=backend, device=device, dtype=dtype)
 
 
+def model_at(path, backend: str = "torch", device: str = "cpu", dtype: str = "fp32"):
+    """The model of the checkpoint folder `path` (a target operation's checkpoint_dir) on `device`
+    under dtype policy `dtype` (cached)."""
+    return _load_dir(Path(path), backend, str(device), dtype)
+
+
+def reference_model(target, ckpt: dict, root: Path, device: str):
+    """The model a kind runs a reference forward on (aux rows, an exact law): the target's own
+    (its `model` operation: Lockstep's engine under the run's settings), else Lockstep's fp32
+    model of the same checkpoint on the CPU."""
+    if "model" in target.ops:
+        return target.op("model", device)(target_dir(ckpt, root))
+    return model_for(ckpt, "torch", root, "cpu", "fp32")
+
+
 def model_for(ckpt: dict, backend: str = "torch", root: Path = Path("."), device: str = "cpu", dtype: str = "fp32"):
     """The spec's target model on `device` under dtype policy `dtype` (cached: specs share models)."""
     device = str(device)

@@ -38,7 +38,7 @@ import torch
 from safetensors import safe_open
 
 from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_tie_problems,
-                                 model_for, target_dir)
+                                 model_for, reference_model, target_dir)
 from harness.intseq import IntSeq, length, materialize
 from harness.kinds.generate import project_root
 from harness.result import Result
@@ -97,61 +97,34 @@ def golden_platform(spec, ctx) -> str:
 
 # --------------------------------------------------------------------------- the run
 def _rows(spec, model, draft):
-    """-> (aux [R, A] fp32, tokens [R], positions [R]) on the draft's device."""
+    """-> (aux [R, A] fp32, tokens [R]) of `model`'s forward (or the spec's written-out aux)."""
     inp = spec.inputs
-    dev = draft.device
     if inp["aux"] is not None:
-        aux = torch.tensor(inp["aux"], dtype=torch.float32)
-        tokens = materialize(inp["tokens"])
-    else:
-        prompt = materialize(inp["prompt"])
-        T = prompt.shape[0]
-        out = model.forward(prompt, torch.arange(T), torch.zeros(T, dtype=torch.int64), model.new_cache(1, T),
-                            capture=draft.boundaries)
-        aux, tokens = out.captured[:T - 1], prompt[1:]               # h_t pairs with token t + 1
-    R = aux.shape[0]
-    return aux.to(dev), tokens.to(dev), torch.arange(R, device=dev)
-
-
-def _stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
-    from engine.eagle3 import DraftKV
-    from engine.speculative import draft_top_k
-
-    R = aux.shape[0]
-    fc_in = draft.fc_input(aux)
-    h = draft.combine_aux(aux)
-    kv = DraftKV(draft.config, 1, max(R, 1), device=draft.device)
-    step = draft.forward(tokens, positions, h, kv, torch.zeros(R, dtype=torch.int64, device=draft.device), commit=True)
-    tops = [draft_top_k(step.logits[r], k) for r in range(R)]
-    top_lp = torch.stack([lp for lp, _ in tops])
-    top_ids = torch.stack([ids for _, ids in tops])
-    return {"aux": aux, "fc_input": fc_in, "fc_output": h, "hidden": step.hidden, "logits": step.logits,
-            "top_logprobs": top_lp, "top_draft_ids": top_ids, "top_target_ids": draft.to_target_ids(top_ids)}
+        return torch.tensor(inp["aux"], dtype=torch.float32), materialize(inp["tokens"])
+    prompt = materialize(inp["prompt"])
+    T = prompt.shape[0]
+    out = model.forward(prompt, torch.arange(T), torch.zeros(T, dtype=torch.int64), model.new_cache(1, T),
+                        capture=draft.boundaries)
+    return out.captured[:T - 1], prompt[1:]                          # h_t pairs with token t + 1
 
 
 def run(spec, ctx, target: TargetInterface) -> Result:
-    """On Lockstep's engine: its draft head under the run's backend and dtype policy. On another
-    target: its `draft_stages` on the aux rows of Lockstep's own fp32 target forward (or the spec's
-    written-out aux), so the draft is judged apart from the target's forward."""
+    """The target's `draft_stages` on the aux rows of a reference forward (`reference_model`: the
+    target's own `model` where it exposes one, Lockstep's engine under the run's backend and dtype
+    policy; else Lockstep's fp32 model) or the spec's written-out aux, so the draft is judged apart
+    from the target's forward."""
     inp, exp = spec.inputs, spec.expect
     root = project_root(spec)
-    ddir = draft_dir(inp["draft"], inp["target"], root)
-    if target.engine:
-        model = model_for(inp["target"], ctx.backend, root, ctx.device, ctx.platform.dtype)
-    else:
-        op = target.op("draft_stages", str(ctx.device))
-        model = model_for(inp["target"], "torch", root, "cpu", "fp32")
-    draft = draft_for(inp["draft"], inp["target"], model, root)
-    if target.engine and inp["top_k"] > draft.config.draft_vocab_size:
-        raise ValueError(f"top_k {inp['top_k']} exceeds the draft vocabulary ({draft.config.draft_vocab_size})")
-    rows = _rows(spec, model, draft)
+    ckpt, ddir, convention = target_dir(inp["target"], root), draft_dir(inp["draft"], inp["target"], root), \
+        inp["draft"]["convention"]
+    op = target.op("draft_stages", str(ctx.device))
+    fp32 = model_for(inp["target"], "torch", root, "cpu", "fp32")
+    draft = draft_for(inp["draft"], inp["target"], fp32, root)         # its layout, on Lockstep's fp32 model
+    rows = _rows(spec, reference_model(target, inp["target"], root, str(ctx.device)), draft)
 
     def stages() -> dict:
-        if target.engine:
-            return _stages(draft, *rows, inp["top_k"])
-        aux, tokens, _ = rows
-        got = op(target_dir(inp["target"], root), ddir, inp["draft"]["convention"], aux.cpu(), tokens.cpu(),
-                 inp["top_k"])
+        aux, tokens = rows
+        got = op(ckpt, ddir, convention, aux.cpu(), tokens.cpu(), inp["top_k"])
         return {"aux": aux} | {k: torch.as_tensor(v) for k, v in got.items()}
 
     tensors = {n: t.detach().cpu().clone() for n, t in stages().items()}     # clone: no shared storage
