@@ -114,13 +114,12 @@ def _rows(spec, model, draft):
 
 
 def _stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
-    from engine.eagle3 import DraftKV
     from engine.speculative import draft_top_k
 
     R = aux.shape[0]
     fc_in = draft.fc_input(aux)
     h = draft.combine_aux(aux)
-    kv = DraftKV(draft.config, 1, max(R, 1), device=draft.device)
+    kv = draft.new_kv(1, max(R, 1))
     step = draft.forward(tokens, positions, h, kv, torch.zeros(R, dtype=torch.int64, device=draft.device), commit=True)
     tops = [draft_top_k(step.logits[r], k) for r in range(R)]
     top_lp = torch.stack([lp for lp, _ in tops])
