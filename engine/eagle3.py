@@ -363,6 +363,7 @@ class Eagle3Draft:
         self.inv_freq, _ = rope_frequencies(cfg.head_dim, RopeParams(rope_type="default", theta=cfg.rope_theta))
         self.inv_freq = self.inv_freq.to(self.device)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self._rope_table = None                       # cos, sin of every draft KV position (_cos_sin)
 
     def _load_weights(self, weights: dict, with_embed: bool, target_embed: torch.Tensor | None, Ht: int) -> None:
         """The tensors on the device: norm weights fp32; matmul weights and the embedding fp32
@@ -389,6 +390,14 @@ class Eagle3Draft:
             self.qkv_w = torch.cat([self.q_w, self.k_w, self.v_w])
             self.gate_up_w = torch.cat([self.gate_w, self.up_w])
             self.no_sinks = torch.full((cfg.num_attention_heads,), float("-inf"), device=self.device)
+
+    def _cos_sin(self, positions: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """rope_cos_sin at `positions` (< capacity), read from a table of every position below the
+        KV capacity (rebuilt when a larger KV comes): the same bits, two launches instead of ~80."""
+        if self._rope_table is None or self._rope_table[0].shape[0] < capacity:
+            self._rope_table = rope_cos_sin(torch.arange(capacity, device=self.device), self.inv_freq, 1.0)
+        cos, sin = self._rope_table
+        return cos.index_select(0, positions), sin.index_select(0, positions)
 
     def new_kv(self, num_slots: int, capacity: int, scratch: int = 0) -> DraftKV:
         """An empty draft KV for this head (its storage dtype), `scratch` extra slots."""
@@ -551,7 +560,7 @@ class Eagle3Draft:
         x = torch.cat([ops.rms_norm(self.embed.index_select(0, tokens), self.input_layernorm, eps, act),
                        ops.rms_norm(hidden, self.hidden_norm, eps, act)], dim=-1)
         qkv = ops.linear(x, self.qkv_w)                                            # [T, (Hq + 2 Hkv) D]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, 1.0)
+        cos, sin = self._cos_sin(positions, kv.k.shape[2])
         if ops.fused is not None:                      # RoPE writes the cache itself (kernels/rope.py)
             q = ops.fused.rope_qkv_cache(qkv, cos, sin, kv.k, kv.v, slots, at, Hq)
         else:

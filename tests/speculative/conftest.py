@@ -25,6 +25,13 @@ def fitted():
 
 
 @pytest.fixture(scope="session")
+def fitted_bf16():
+    """The shipped pair under the bf16 policy: the draft on its cached path (engine/eagle3.py)."""
+    target = GptOssModel.from_checkpoint(MODELS / "tiny-target", dtype="bf16")
+    return target, load_draft(MODELS / "tiny-eagle3", target, convention="sglang")
+
+
+@pytest.fixture(scope="session")
 def deep_targets(tmp_path_factory):
     root = tmp_path_factory.mktemp("deep")
     return {name: GptOssModel.from_checkpoint(make_checkpoint(name, 0, "bf16", root / name))
