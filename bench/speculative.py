@@ -16,6 +16,9 @@ greedy verification:
   round          engine.speculative's whole round (_round: draft trees, verify, batched
                  acceptance, the one host read, KV copy-back, draft extend), as
                  speculative_generate runs it between its bookkeeping
+  end to end     (B = 1, --new-tokens tokens) wall clock of plain `generate` (captured decode
+                 steps) against `speculative_generate` whose draft (`proposing`) proposes the
+                 plain run's own tokens after its real forward: full acceptance, measured
 The derived lines (labelled "derived") turn the round time into throughput at a mean accept
 length of --accept (default 2.68, SGLang's gpt-oss-120b + EAGLE3 figure: tokens committed
 per request per round): tok/s = B * accept / round, speed-up = accept * captured step / round.
@@ -23,8 +26,8 @@ Random weights accept almost nothing, and a round's work has a fixed shape whate
 accepted, so the times are the real ones and only the acceptance is assumed.
 
 The draft's shape is an assumption (no EAGLE3 checkpoint is read): H_draft = the target's
-hidden size, 64 query / 8 KV heads of 64, intermediate 4 * H, a 32 000-id draft vocabulary,
-the target's embedding. Times are CUDA events after warm-up calls; wall clock on the CPU.
+hidden size, 64 query / 8 KV heads of 64, intermediate 4 * H, a 32 000-id draft vocabulary
+(holding the end-to-end run's tokens), the target's embedding, the target's dtype policy. Times are CUDA events after warm-up calls; wall clock on the CPU.
 Before timing, "check" runs greedy speculative_generate against greedy generate on one prompt
 (tokens and logprob bits must agree; exit 3 if not), so a wrong round cannot hide behind a time.
 """
