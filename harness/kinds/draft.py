@@ -10,7 +10,7 @@
       # or, written out: aux: [[…A values…], …] (one row per position) with tokens: [...]
       top_k: 4                                         # the draft's deterministic top-k per row
     expect:
-      fc_input_tolerance: 1.0e-5   # |fc input - DESIGN §4 recomputed here in float64| <= this
+      fc_input_tolerance: 1.0e-5   # |fc input - DESIGN §4 recomputed here in float64| <= this (+ 2 bf16 ulps under bf16)
       top_k_rule: true             # top ids = the k largest logits, equal logits by the lower draft id
       d2t_mapping: true            # target id = draft id + d2t[draft id], d2t read from the checkpoint
       min_tied_rows: 3             # at least this many rows have equal logits among their top k + 1
@@ -174,6 +174,15 @@ def design_fc_input(aux: torch.Tensor, w: dict[str, torch.Tensor], n_aux: int, e
     return x
 
 
+def _rounding_slack(want: torch.Tensor, stored: torch.dtype) -> torch.Tensor:
+    """What storing the fc input in `stored` may add to |diff|: nothing for fp32; under the bf16
+    policy two bf16 ulps of the value (each norm rounds once: input_norm's, then fc_norm's)."""
+    if stored == torch.float32:
+        return torch.zeros_like(want)
+    _, e = torch.frexp(want)                                  # |want| = m * 2^e, m in [0.5, 1)
+    return 2.0 * torch.ldexp(torch.ones_like(want), (e - 8).to(torch.int32))   # bf16 ulp = 2^(e - 1 - 7)
+
+
 def check(spec, result: Result) -> list[str]:
     exp, t, facts, fails = spec.expect, result.tensors, result.facts, []
     k = spec.inputs["top_k"]
@@ -182,6 +191,7 @@ def check(spec, result: Result) -> list[str]:
     if exp.get("fc_input_tolerance") is not None:
         want = design_fc_input(t["aux"], w, facts["n_aux"], facts["eps"])
         err = (t["fc_input"].to(torch.float64) - want).abs().nan_to_num(nan=math.inf)
+        err = err - _rounding_slack(want, t["fc_input"].dtype)
         if err.numel() and float(err.max()) > exp["fc_input_tolerance"]:
             r, c = (err == err.max()).nonzero()[0].tolist()
             fails.append(f"fc input [{r}, {c}] = {float(t['fc_input'][r, c]):.6g}, DESIGN §4 (input_norm over all "

@@ -139,7 +139,6 @@ class PrefixSession:
 
 def draft_stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
     """The draft head's internals (DESIGN §4) for R rows as one committed draft step, and its top-k."""
-    from engine.eagle3 import DraftKV
     from engine.speculative import draft_top_k
 
     if k > draft.config.draft_vocab_size:
@@ -147,7 +146,7 @@ def draft_stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tenso
     R = aux.shape[0]
     fc_in = draft.fc_input(aux)
     h = draft.combine_aux(aux)
-    kv = DraftKV(draft.config, 1, max(R, 1), device=draft.device)
+    kv = draft.new_kv(1, max(R, 1))
     step = draft.forward(tokens, positions, h, kv, torch.zeros(R, dtype=torch.int64, device=draft.device), commit=True)
     tops = [draft_top_k(step.logits[r], k) for r in range(R)]
     top_lp = torch.stack([lp for lp, _ in tops])

@@ -25,6 +25,13 @@ def fitted():
 
 
 @pytest.fixture(scope="session")
+def fitted_bf16():
+    """The shipped pair under the bf16 policy: the draft on its cached path (engine/eagle3.py)."""
+    target = GptOssModel.from_checkpoint(MODELS / "tiny-target", dtype="bf16")
+    return target, load_draft(MODELS / "tiny-eagle3", target, convention="sglang")
+
+
+@pytest.fixture(scope="session")
 def deep_targets():
     """The deep presets' targets, from checkpoints made once per run (harness.checkpoints: shared
     with the layer_ids specs of the same presets and with the other xdist worker)."""
