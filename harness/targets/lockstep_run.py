@@ -215,9 +215,13 @@ def _kernel_ops() -> dict[str, Op]:
     from engine.linear import k_chunk_bounds
     from engine.sampling import row_settings, sample_fused, target_distributions
     from engine.sampling import SamplingParams
-    from kernels.matmul import linear_triton
-    from kernels.moe import clamped_swiglu_triton, router_top_k_triton
-    from kernels.rope import apply_rope_triton
+    import kernels.matmul as matmul
+    import kernels.moe as moe
+    import kernels.rope as rope
+
+    def late(module, name):
+        # looked up at call time: engine(ctx) is cached, and a planted fault patches the module's name
+        return lambda *args, **kw: getattr(module, name)(*args, **kw)
 
     def experts(x, ids, gate_up_w, gate_up_b, down_w, alpha, limit):
         return experts_grouped(x, ids, gate_up_w, gate_up_b, down_w, k_chunk_bounds(gate_up_b.shape[1] // 2), 0,
@@ -229,10 +233,10 @@ def _kernel_ops() -> dict[str, Op]:
         return tok, lp, dist
 
     kernels = (INTERPRETER, CUDA)
-    return {"matmul": Op(linear_triton, kernels, "kernels.matmul.linear_triton"),
-            "rope": Op(apply_rope_triton, kernels, "kernels.rope.apply_rope_triton"),
-            "router_top_k": Op(router_top_k_triton, kernels, "kernels.moe.router_top_k_triton"),
-            "swiglu": Op(clamped_swiglu_triton, kernels, "kernels.moe.clamped_swiglu_triton"),
+    return {"matmul": Op(late(matmul, "linear_triton"), kernels, "kernels.matmul.linear_triton"),
+            "rope": Op(late(rope, "apply_rope_triton"), kernels, "kernels.rope.apply_rope_triton"),
+            "router_top_k": Op(late(moe, "router_top_k_triton"), kernels, "kernels.moe.router_top_k_triton"),
+            "swiglu": Op(late(moe, "clamped_swiglu_triton"), kernels, "kernels.moe.clamped_swiglu_triton"),
             "experts": Op(experts, kernels, "engine.experts.experts_grouped (the grouped Triton expert path)"),
             "sample_fused": Op(sample, kernels, "engine.sampling.sample_fused and the fused target distributions")}
 
