@@ -68,14 +68,15 @@ def _coin_ops(device: torch.device) -> dict[str, Op]:
 def _mxfp4_ops(ctx: RunContext) -> dict[str, Op]:
     """The run's backend's decode: Triton's is the decode the matmul and grouped-expert kernels do
     in their tile loads, torch's is engine.mxfp4.dequantize."""
-    from engine.mxfp4 import dequantize
-    from kernels.matmul import mxfp4_decode_triton
+    import engine.mxfp4 as mx
+    import kernels.matmul as matmul
 
-    decode, note = (mxfp4_decode_triton, "kernels.matmul.mxfp4_decode_triton (the kernels' tile decode)") \
-        if ctx.backend == "triton" else (dequantize, "engine.mxfp4.dequantize")
+    # looked up at each call: engine(ctx) is cached, and a planted decoder patches the module's name
+    module, name, note = (matmul, "mxfp4_decode_triton", "kernels.matmul.mxfp4_decode_triton (the kernels' tile decode)") \
+        if ctx.backend == "triton" else (mx, "dequantize", "engine.mxfp4.dequantize")
 
     def mxfp4_decode(blocks, scales, dtype):
-        return decode(blocks.to(ctx.device), scales.to(ctx.device), dtype).cpu()
+        return getattr(module, name)(blocks.to(ctx.device), scales.to(ctx.device), dtype).cpu()
     return {"mxfp4_decode": Op(mxfp4_decode, EVERY, note)}
 
 
