@@ -67,9 +67,20 @@ def _ordered(bits: torch.Tensor) -> torch.Tensor:
     b = bits.to(torch.int64)
     if bits.dtype == torch.int64:
         sign_min = torch.iinfo(torch.int64).min
-        return torch.where(b < 0, sign_min - b, b)  # may saturate near the extremes: fine for a report
+        return torch.where(b < 0, sign_min - b, b)  # exact: sign_min - b lies in [sign_min + 1, 0]
     width = bits.element_size() * 8
     return torch.where(b < 0, -(1 << (width - 1)) - b, b)
+
+
+def _max_abs_difference(x: torch.Tensor, y: torch.Tensor) -> int:
+    """max |x - y| over int64 tensors, exact: x - y can leave int64 (values of opposite sign near the
+    extremes), so the differences are ranked in float64 and the few near the top are redone in Python."""
+    hi = (x >> 32) - (y >> 32)                              # each part's difference fits in int64
+    lo = (x & 0xFFFFFFFF) - (y & 0xFFFFFFFF)
+    approx = (hi.to(torch.float64) * 2.0**32 + lo.to(torch.float64)).abs()
+    top = approx.max()
+    near = (approx >= top * (1 - 1e-9)).nonzero()[:, 0]     # float64 ranks within 2^-52: keep a margin
+    return max(abs(int(x[i]) - int(y[i])) for i in near.tolist())
 
 
 def _value(t: torch.Tensor, flat: int) -> str:
@@ -107,12 +118,12 @@ def diff_tensor(name: str, expected: torch.Tensor, actual: torch.Tensor) -> Tens
         d.max_abs = float(finite.max()) if finite.numel() else float("nan")
         rel = rel[~rel.isnan()]
         d.max_rel = float(rel.max()) if rel.numel() else float("nan")
-        d.max_ulp = int((_ordered(_bits(e)) - _ordered(_bits(a))).abs().max())
+        d.max_ulp = _max_abs_difference(_ordered(_bits(e)), _ordered(_bits(a)))
     elif expected.dtype != torch.bool:
         abs_diff = (e.to(torch.float64) - a.to(torch.float64)).abs()
         d.max_abs = float(abs_diff.max())
         d.max_rel = float((abs_diff / e.to(torch.float64).abs()).max())
-        d.max_ulp = int((e.to(torch.int64) - a.to(torch.int64)).abs().max())
+        d.max_ulp = _max_abs_difference(e.to(torch.int64), a.to(torch.int64))
     if expected.dim() >= 2:
         d.columns = tuple(int(c) for c in differ.reshape(-1, expected.shape[-1]).any(0).nonzero()[:, 0])
     return d

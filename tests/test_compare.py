@@ -104,9 +104,16 @@ def test_the_ulp_distance_counts_across_zero(dtype):
     assert ulps(minus_tiny, tiny) == 2, f"{dtype}: -tiny to +tiny is 2 ULPs (through the one zero)"
     assert ulps(tiny, minus_tiny) == 2, f"{dtype}: the distance has no direction"
     assert ulps(sign | 5, 3) == 8, f"{dtype}: -5 ULPs below zero to 3 above is 8"
-    if width < 64:   # float64's widest distances overflow int64 (the report may wrap there)
-        top = int(_bits_of(torch.tensor([torch.finfo(dtype).max], dtype=dtype)))
-        assert ulps(top, sign | top) == 2 * top, f"{dtype}: max to -max counts every value, past the int{width} range"
+    top = int(_bits_of(torch.tensor([torch.finfo(dtype).max], dtype=dtype)))
+    assert ulps(top, sign | top) == 2 * top, f"{dtype}: max to -max counts every value, past the int{width} range"
+
+
+def test_integer_differences_past_the_int64_range_are_exact():
+    """int64 values of opposite sign near the extremes differ by more than int64 holds: the report
+    gives the exact distance, not a wrapped one."""
+    low, high = torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max
+    d = diff_tensor("x", torch.tensor([high, 7, high - 1]), torch.tensor([low, 7, low + 3]))
+    assert d is not None and d.n_diff == 2 and d.max_ulp == high - low
 
 
 def _bits_of(t: torch.Tensor) -> int:
