@@ -1,4 +1,4 @@
-"""Spec kind `kernel`: one Triton kernel at one shape, against its plain-torch reference.
+"""Spec kind `kernel`: one Triton kernel at one shape, against its bit-exact torch reference.
 
     kind: kernel
     description: …
@@ -28,7 +28,9 @@ rope T, H, D | router_top_k T, E, k | swiglu M, I | experts T, H, I, E, k |
 sampling R, V. `experts` is the engine's grouped expert path as it runs (engine.experts.experts_grouped:
 group_by_expert, the grouped gate_up, the SwiGLU, the grouped down over the 8 fixed K chunks), its
 output each (token, slot)'s down partials [T, k * 8 * H]. Each kernel module exports its
-`_triton` kernel and `_torch` reference; the call below picks one by name (`be`).
+`_triton` kernel and its `_portable` reference, the one the torch ops table runs (the experts:
+engine.experts.experts_per_row; sample_fused: engine.sampling's torch path; docs/engine.md
+lists them); the call below picks one by name (`be`).
 The golden holds the Triton output (tensor `out`), stored per platform as
 `<platform>-triton`. Failures name the kernel and the shape.
 """
@@ -45,6 +47,7 @@ from kernels import portable
 from harness.result import Result
 from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
 from harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
+from kernels.attention import KV_TILE
 
 NAME = "kernel"
 KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "experts", "sampling", "sample_fused")
@@ -108,6 +111,9 @@ def validate(doc: dict, root=None) -> list[Problem]:
                                                 f"(inputs, weights, output), more than {MAX_KERNEL_ELEMENTS:,}"))
     if kernel == "attention" and shape["Hq"] % shape["Hkv"]:
         out.append(Problem(("inputs", "shape"), f"Hq = {shape['Hq']} is not a multiple of Hkv = {shape['Hkv']}"))
+    if kernel == "attention" and shape["S"] % KV_TILE:
+        out.append(Problem(("inputs", "shape", "S"), f"S = {shape['S']} is not a multiple of {KV_TILE} (the torch "
+                                                     f"reference's tile; a KV cache's capacity always is)"))
     if kernel == "attention" and inp["positions"] is not None and shape.get("T") not in (None, length(inp["positions"])):
         out.append(Problem(("inputs", "shape", "T"), "T must equal the number of positions"))
     if kernel in ("router_top_k", "experts") and shape["k"] > shape["E"]:
@@ -194,26 +200,27 @@ def _inputs(spec, device):
 
     k = inp["kernel"]
     if k == "matmul":
-        from kernels.matmul import linear_torch, linear_triton
-        linear = {"torch": linear_torch, "triton": linear_triton}
+        from kernels.matmul import linear_portable, linear_triton
+        linear = {"torch": linear_portable, "triton": linear_triton}
         x, w, b = rnd(s["M"], s["K"], scale=sc), rnd(s["N"], s["K"], scale=s["K"] ** -0.5), rnd(s["N"])
         return (lambda be, r=slice(None): linear[be](x[r], w, b)), s["M"]
     if k == "rmsnorm":
-        from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
-        rms_norm = {"torch": rms_norm_torch, "triton": rms_norm_triton}
+        from kernels.rmsnorm import rms_norm_portable, rms_norm_triton
+        rms_norm = {"torch": rms_norm_portable, "triton": rms_norm_triton}
         t = kernel_inputs(spec, device)
         x, w = t["x"], t["weight"]
-        return (lambda be, r=slice(None): rms_norm[be](x[r], w, 1e-5)), s["M"]
+        return (lambda be, r=slice(None): rms_norm[be](x[r], w, 1e-5, out_dtype=x.dtype)), s["M"]
     if k == "rope":
-        from kernels.rope import apply_rope_torch, apply_rope_triton
-        apply_rope = {"torch": apply_rope_torch, "triton": apply_rope_triton}
+        from kernels.rope import apply_rope_portable, apply_rope_triton
+        apply_rope = {"torch": lambda x, c, s: apply_rope_portable(x.to(torch.float32), c, s).to(x.dtype),
+                      "triton": apply_rope_triton}                  # the model's call of the reference
         x, ang = rnd(s["T"], s["H"], s["D"], scale=sc), rnd(s["T"], s["D"] // 2, scale=100.0, dtype=torch.float32)
         sin, cos = portable.sincos64(ang)
         cos, sin = cos.to(torch.float32) * 1.3466, sin.to(torch.float32) * 1.3466
         return (lambda be, r=slice(None): apply_rope[be](x[r], cos[r], sin[r])), s["T"]
     if k == "router_top_k":
-        from kernels.moe import router_top_k_torch, router_top_k_triton
-        router_top_k = {"torch": router_top_k_torch, "triton": router_top_k_triton}
+        from kernels.moe import router_top_k_portable, router_top_k_triton
+        router_top_k = {"torch": router_top_k_portable, "triton": router_top_k_triton}
         logits = rnd(s["T"], s["E"], scale=4 * sc, dtype=torch.float32)
         if inp["ties"]:
             logits = logits.round().clamp(-inp["ties"], inp["ties"])
@@ -224,8 +231,8 @@ def _inputs(spec, device):
             return torch.cat([w.to(torch.float64), ids.to(torch.float64)], dim=1)   # [T, 2k]
         return call, s["T"]
     if k == "swiglu":
-        from kernels.moe import clamped_swiglu_torch, clamped_swiglu_triton
-        swiglu = {"torch": clamped_swiglu_torch, "triton": clamped_swiglu_triton}
+        from kernels.moe import clamped_swiglu_portable, clamped_swiglu_triton
+        swiglu = {"torch": clamped_swiglu_portable, "triton": clamped_swiglu_triton}
         x = rnd(s["M"], 2 * s["I"], scale=8 * sc)
         return (lambda be, r=slice(None): swiglu[be](x[r])), s["M"]
     if k == "experts":
@@ -239,22 +246,23 @@ def _inputs(spec, device):
         logp, seeds, pos = t["logp"], t["seeds"], t["positions"]
         return (lambda be, r=slice(None): sample[be](logp[r], seeds[r], pos[r], t["col_base"])), s["R"]
     if k == "attention":
-        from kernels.attention import attention_torch, attention_triton
+        from kernels.attention import attention_portable, attention_triton
         t = kernel_inputs(spec, device)
         q, pos, sinks, W, T = t["q"], t["positions"], t["sinks"], t["window"], t["q"].shape[0]
         kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]      # [1, Hkv, S, D] caches
         slots = torch.zeros(T, dtype=torch.int64, device=device)
-        impl = {"triton": attention_triton, "torch": attention_torch}
+        impl = {"triton": attention_triton, "torch": attention_portable}
         return (lambda be, r=slice(None): impl[be](q[r], kc, vc, slots[r], pos[r], sinks, W, t["scale"])), T
     raise ValueError(f"unknown kernel {k!r}")
 
 
 def _experts_call(inp, s, rnd, g):
-    """The grouped expert path the engine runs (Triton) against the per-row torch references.
-    -> (call, T); call's output [rows, k * 8 * H]: each (token, slot)'s down partials, chunk-major."""
-    from engine.experts import experts_grouped
+    """The grouped expert path the engine runs (Triton) against the torch ops' experts (the same
+    contract per row, portable matmuls). -> (call, T); call's output [rows, k * 8 * H]: each
+    (token, slot)'s down partials, chunk-major."""
+    from engine.experts import experts_grouped, experts_per_row
     from engine.linear import k_chunk_bounds
-    from kernels.moe import clamped_swiglu_torch, expert_down_partials_torch, expert_gate_up_torch
+    from engine.mxfp4 import Mxfp4Weight
     from kernels.mxfp4 import quantize
     T, H, I, E, kk = s["T"], s["H"], s["I"], s["E"], s["k"]
     alpha, limit = 1.702, 7.0
@@ -272,9 +280,8 @@ def _experts_call(inp, s, rnd, g):
         if be == "triton":
             parts = experts_grouped(xr, idr, gu_w, gu_b, dn_w, bounds, 0, E, alpha, limit)   # [8, rows * k, H]
         else:
-            flat = idr.reshape(-1)
-            h = expert_gate_up_torch(xr, kk, flat, gu_w, gu_b)
-            parts = expert_down_partials_torch(clamped_swiglu_torch(h, alpha, limit), flat, dn_w, bounds)
+            gu, dn = (Mxfp4Weight(*w) if inp["mxfp4"] else w for w in (gu_w, dn_w))
+            parts = experts_per_row(xr, idr, gu, gu_b, dn, bounds, 0, E, alpha, limit)
         return parts.view(len(bounds), xr.shape[0], kk, H).permute(1, 2, 0, 3).reshape(xr.shape[0], -1)
     return call, T
 
@@ -359,15 +366,15 @@ def reference(spec, t: dict) -> torch.Tensor:
     """The plain-torch reference output on `kernel_inputs(spec, …)`."""
     k = spec.inputs["kernel"]
     if k == "rmsnorm":
-        from kernels.rmsnorm import rms_norm_torch
-        return rms_norm_torch(t["x"], t["weight"], 1e-5)
+        from kernels.rmsnorm import rms_norm_portable
+        return rms_norm_portable(t["x"], t["weight"], 1e-5, out_dtype=t["x"].dtype)
     if k == "sampling":
         from kernels.sampling import gumbel_argmax_torch
         return gumbel_argmax_torch(t["logp"], t["seeds"], t["positions"])
-    from kernels.attention import attention_torch
+    from kernels.attention import attention_portable
     q = t["q"]
     kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]
-    return attention_torch(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device), t["positions"],
+    return attention_portable(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device), t["positions"],
                            t["sinks"], t["window"], t["scale"])
 
 
