@@ -3,17 +3,18 @@ kernel's own source, or by swapping in the function with the bug) and a spec tha
 runs by default turns red.
 
     edge case        where                                          spec that turns red
-    empty tile       kernels/attention.py attention_portable (torch ops)    generate/greedy-tiny-bf16
+    empty tile       kernels/attention.py torch ops' attention      generate/greedy-tiny-bf16
                      kernels/attention.py Triton kernel             kernels/attention-empty-tiles-window-128,
                                                                     kernels/attention-prefill-256-window-128,
-                                                                    kernels/attention-splits-window-128
+                                                                    kernels/attention-splits-window-128, -961
+                     kernels/attention.py split-K window start      kernels/attention-splits-window-961
                      kernels/attention.py torch reference           kernels/attention-all-masked-no-sink (new)
                      kernels/attention.py sink merge (Triton)       kernels/attention-all-masked-no-sink (new)
     N / K tails      kernels/matmul.py (K loop, N store mask)       kernels/matmul-n127-k129, -tail-2880, -n1-k1
                      kernels/rmsnorm.py (sum of squares)            kernels/rmsnorm-n127, -n2881
                      kernels/matmul.py `_chunk_acc` (K loop) in     kernels/experts-block-tails
                      kernels/moe.py's grouped expert kernels
-    top-k ties       kernels/moe.py router_top_k_portable (torch ops)    generate/router-ties
+    top-k ties       kernels/moe.py router top-k (torch ops)        generate/router-ties
                      engine/parallel.py router top-k (TP/EP ranks)  generate/router-ties, its TP 2 / EP 2 runs
                                                                     (checked by editing the file: ranks are
                                                                     fresh processes a monkeypatch cannot reach)
@@ -121,11 +122,23 @@ def test_engine_empty_tile(engine_specs, monkeypatch):
 @pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow encountered")
 @pytest.mark.parametrize("spec_id", ["kernels/attention-empty-tiles-window-128",
                                      "kernels/attention-prefill-256-window-128",
-                                     "kernels/attention-splits-window-128"])
+                                     "kernels/attention-splits-window-128",
+                                     "kernels/attention-splits-window-961"])
 def test_triton_attention_empty_tile(kernel_specs, plant, spec_id):
     plant(kernels.attention, {"m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)   # empty so far: no NaN":
                               "m_use = m_new"}, "_attention_kernel", "_attention_split_kernel")
     assert "non-finite values in the Triton output" in kernel_specs.red(spec_id)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow encountered")
+def test_triton_attention_split_k_window_start(kernel_specs, plant):
+    """Split-K's window code at the default split: each token's programs start at the split of its
+    first visible key (split_lo). Starting every token at split 0 instead leaves the tokens whose
+    window lies wholly in the second split (1984, 2015) with their empty split-0 tile and no keys;
+    the window-128 spec, whose 3-tile walk never takes the split-K launch, cannot see it."""
+    plant(kernels.attention, {"    sp = split_lo + z\n": "    sp = z + split_lo * 0\n"}, "_attention_split_kernel")
+    assert "kernel attention" in kernel_specs.red("kernels/attention-splits-window-961")
+    kernel_specs.green("kernels/attention-splits-window-128")
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
