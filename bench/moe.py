@@ -2,8 +2,9 @@
 baselines (the router: its portable reference; the SwiGLU with torch.sigmoid; the experts: one
 torch matmul per (token, slot) row, chunk by chunk: below, a speed baseline only), then the grouped
 expert kernels the engine runs (kernels.moe expert_gate_up_triton and
-expert_down_partials_triton over group_by_expert's groups) with MXFP4 packed weights against
-dense bf16 weights holding the same values, bf16 activations, both measured here.
+expert_down_partials_triton over group_by_expert's groups) with MXFP4 packed weights (fast decode,
+and the exact decode everywhere: fast_decode=False) against dense bf16 weights holding the same
+values, bf16 activations, all measured here.
 
     python bench/moe.py                 # gpt-oss-20b: H = I = 2880, 32 experts, top-4, fp32
     python bench/moe.py --only grouped  # just the MXFP4 vs bf16 table (batches 1 and 32)
@@ -88,8 +89,11 @@ def reference_table(args):
 def grouped_table(args):
     """gate_up [E, 2I, H] and down [E, H, I] as MXFP4 (random codes, scales 2^-8 .. 2^-4) and as
     their dequantized bf16 copies; the engine's calls (down over its fixed K chunks, after the
-    separate SwiGLU as engine.experts runs it). ratio = MXFP4 time / bf16 time; GB/s = weight bytes
-    of the routed experts (bf16: 2 per value, MXFP4: 0.5 + 1/32 with the scales) per second."""
+    separate SwiGLU as engine.experts runs it). MXFP4 twice: with the fast decode (what the engine
+    runs) and with the exact per-element decode everywhere (fast_decode=False: the kernels before
+    the fast decode). ratios = MXFP4 time / bf16 time and fast / exact; GB/s = weight bytes of the
+    routed experts (bf16: 2 per value, MXFP4: 0.5 + 1/32 with the scales) per second; bits: fast
+    vs exact (must be equal) and MXFP4 vs bf16 (compiled bf16 differs, see docs/benchmarks.md)."""
     H, I, E, k = args.H, args.I, args.E, args.k
     bf16 = torch.bfloat16
     g = torch.Generator(DEVICE).manual_seed(1)
@@ -102,26 +106,29 @@ def grouped_table(args):
     weights = {"gate_up": (dequantize(*gu_mx, dtype=bf16), gu_mx), "down": (dequantize(*dn_mx, dtype=bf16), dn_mx)}
     gu_b = torch.randn(E, 2 * I, generator=g, device=DEVICE).to(bf16)
     bounds = k_chunk_bounds(I)
-    print(f"grouped experts, bf16 activations: MXFP4 packed vs dense bf16 weights (same values); "
-          f"down over {len(bounds)} K chunks")
-    print(f"{'op':<9}{'T':>5}{'experts':>8}{'bf16 ms':>10}{'mxfp4 ms':>10}{'ratio':>7}"
-          f"{'bf16 GB/s':>11}{'mxfp4 GB/s':>12}  same bits")
+    print(f"grouped experts, bf16 activations: MXFP4 packed (fast decode; exact decode) vs dense bf16 weights "
+          f"(same values); down over {len(bounds)} K chunks")
+    print(f"{'op':<9}{'T':>5}{'experts':>8}{'bf16 ms':>10}{'exact ms':>10}{'fast ms':>10}{'fast/exact':>11}"
+          f"{'fast/bf16':>10}{'bf16 GB/s':>11}{'fast GB/s':>11}  bits fast=exact, mxfp4=bf16")
     for T in args.grouped_T:
         x = torch.randn(T, H, generator=g, device=DEVICE).to(bf16)
         _, ids = router_top_k_portable(torch.randn(T, E, generator=g, device=DEVICE), k)
         groups = group_by_expert(ids.reshape(-1), 0, E, EXPERT_BLOCK_M)
         a = clamped_swiglu_triton(expert_gate_up_triton(x, k, groups, weights["gate_up"][0], gu_b))   # [T * k, I]
         used = ids.unique().numel()
-        for op, f in (("gate_up", lambda w: expert_gate_up_triton(x, k, groups, w, gu_b)),
-                      ("down", lambda w: expert_down_partials_triton(a, groups, w, bounds))):
+        for op, f in (("gate_up", lambda w, fast=True: expert_gate_up_triton(x, k, groups, w, gu_b, fast_decode=fast)),
+                      ("down", lambda w, fast=True: expert_down_partials_triton(a, groups, w, bounds,
+                                                                                fast_decode=fast))):
             dense, mx = weights[op]
-            t_dense, t_mx = timed(lambda: f(dense)), timed(lambda: f(mx))
-            same = torch.equal(f(dense).view(torch.int16 if op == "gate_up" else torch.int32),
-                               f(mx).view(torch.int16 if op == "gate_up" else torch.int32))
+            t_dense, t_exact, t_fast = timed(lambda: f(dense)), timed(lambda: f(mx, False)), timed(lambda: f(mx))
+            view = torch.int16 if op == "gate_up" else torch.int32
+            fast_exact = torch.equal(f(mx).view(view), f(mx, False).view(view))
+            mx_dense = torch.equal(f(dense).view(view), f(mx).view(view))
             values = used * dense.shape[1] * dense.shape[2]
-            print(f"{op:<9}{T:>5}{used:>8}{t_dense * 1e3:>10.3f}{t_mx * 1e3:>10.3f}{t_mx / t_dense:>7.2f}"
-                  f"{values * 2 / t_dense / 1e9:>11.1f}{values * (0.5 + 1 / 32) / t_mx / 1e9:>12.1f}  "
-                  f"{'yes' if same else 'NO'}")
+            print(f"{op:<9}{T:>5}{used:>8}{t_dense * 1e3:>10.3f}{t_exact * 1e3:>10.3f}{t_fast * 1e3:>10.3f}"
+                  f"{t_fast / t_exact:>11.3f}{t_fast / t_dense:>10.2f}{values * 2 / t_dense / 1e9:>11.1f}"
+                  f"{values * (0.5 + 1 / 32) / t_fast / 1e9:>11.1f}  {'yes' if fast_exact else 'NO'}, "
+                  f"{'yes' if mx_dense else 'no'}")
 
 
 def main():

@@ -16,6 +16,9 @@ greedy verification:
   round          engine.speculative's whole round (_round: draft trees, verify, batched
                  acceptance, the one host read, KV copy-back, draft extend), as
                  speculative_generate runs it between its bookkeeping
+  end to end     (B = 1, --new-tokens tokens) wall clock of plain `generate` (captured decode
+                 steps) against `speculative_generate` whose draft (`proposing`) proposes the
+                 plain run's own tokens after its real forward: full acceptance, measured
 The derived lines (labelled "derived") turn the round time into throughput at a mean accept
 length of --accept (default 2.68, SGLang's gpt-oss-120b + EAGLE3 figure: tokens committed
 per request per round): tok/s = B * accept / round, speed-up = accept * captured step / round.
@@ -23,8 +26,8 @@ Random weights accept almost nothing, and a round's work has a fixed shape whate
 accepted, so the times are the real ones and only the acceptance is assumed.
 
 The draft's shape is an assumption (no EAGLE3 checkpoint is read): H_draft = the target's
-hidden size, 64 query / 8 KV heads of 64, intermediate 4 * H, a 32 000-id draft vocabulary,
-the target's embedding. Times are CUDA events after warm-up calls; wall clock on the CPU.
+hidden size, 64 query / 8 KV heads of 64, intermediate 4 * H, a 32 000-id draft vocabulary
+(holding the end-to-end run's tokens), the target's embedding, the target's dtype policy. Times are CUDA events after warm-up calls; wall clock on the CPU.
 Before timing, "check" runs greedy speculative_generate against greedy generate on one prompt
 (tokens and logprob bits must agree; exit 3 if not), so a wrong round cannot hide behind a time.
 """
@@ -44,7 +47,7 @@ import torch  # noqa: E402
 
 import e2e  # noqa: E402  (random weights, the engine model, timing)
 from engine.config import preset  # noqa: E402
-from engine.eagle3 import DraftKV, Eagle3Config, Eagle3Draft, expected_draft_tensors  # noqa: E402
+from engine.eagle3 import Eagle3Config, Eagle3Draft, expected_draft_tensors  # noqa: E402
 from engine.generate import Decoding, Request  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 import engine.speculative as spec_mod  # noqa: E402
@@ -52,8 +55,9 @@ import engine.speculative as spec_mod  # noqa: E402
 SHAPES = {"20b": "gpt-oss-20b", "120b": "gpt-oss-120b"}
 
 
-def random_draft(target, device, seed=1):
-    """A random EAGLE3 head for `target` (module docstring's shape), weights made on the device."""
+def random_draft(target, device, seed=1, dtype="fp32", must=()):
+    """A random EAGLE3 head for `target` (module docstring's shape), weights made on the device,
+    under dtype policy `dtype`; its draft vocabulary holds the target ids `must`."""
     tc = target.config
     H = tc.hidden_size
     heads = 64 if H >= 1024 else 2
@@ -71,9 +75,33 @@ def random_draft(target, device, seed=1):
             continue
         t = torch.randn(shape, generator=g, device=device)
         w[name] = (1 + 0.1 * t) if "norm" in name else t / math.sqrt(shape[-1])
-    hot = torch.randperm(cfg.vocab_size, generator=g, device=device)[:cfg.draft_vocab_size].sort().values
+    perm = torch.randperm(cfg.vocab_size, generator=g, device=device).tolist()
+    hot = list(dict.fromkeys([*must, *perm]))[:cfg.draft_vocab_size]            # `must` first, no repeats
+    hot = torch.tensor(sorted(hot), device=device)
     w["d2t"] = hot - torch.arange(cfg.draft_vocab_size, device=device)
-    return Eagle3Draft(cfg, w, tc, "boundary", target_embed=target.embed, device=device)
+    return Eagle3Draft(cfg, w, tc, "boundary", target_embed=target.embed, device=device, dtype=dtype)
+
+
+def proposing(draft, seqs: torch.Tensor):
+    """`draft` made to propose the target's own tokens: seqs [slots, L] holds each request's
+    sequence from a plain greedy run (prompt + output), and a draft row at position p of slot s
+    gets its logit at seqs[s, p + 2] raised above every other (the step at position p predicts
+    token p + 2), after the real forward: the cost is the real head's, the acceptance is full.
+    Device gathers only (no host read). Tree scratch slots are not mapped: chains only."""
+    real = draft.forward
+    to_draft = torch.full((draft.config.vocab_size,), 0, dtype=torch.int64, device=draft.device)
+    to_draft[draft.hot_ids] = torch.arange(draft.config.draft_vocab_size, device=draft.device)
+    seqs = seqs.to(draft.device)
+
+    def forward(tokens, positions, hidden, kv, slots, commit, **kw):
+        step = real(tokens, positions, hidden, kv, slots, commit, **kw)
+        s, p = slots.to(draft.device), (positions.to(draft.device) + 2).clamp(max=seqs.shape[1] - 1)
+        ids = to_draft.index_select(0, seqs[s, p])[:, None]
+        step.logits = step.logits.scatter(1, ids, step.logits.amax(1, keepdim=True) + 1.0)
+        return step
+
+    draft.forward = forward
+    return draft
 
 
 class State:
@@ -89,9 +117,9 @@ class State:
         self.requests = [Request(s, SamplingParams(greedy=True, max_new_tokens=1 << 20)) for s in self.seqs]
         cap = context + 4 * (spec.num_steps + 1) + 16
         self.cache = target.new_cache(batch * self.shape.P, cap)
-        self.dkv = DraftKV(draft.config, batch, cap, device=draft.device)
+        self.dkv = draft.new_kv(batch, cap)
         self.root_logits = torch.zeros((batch, draft.config.draft_vocab_size), device=draft.device)
-        self.root_h = torch.zeros((batch, draft.config.hidden_size), device=draft.device)
+        self.root_h = torch.zeros((batch, draft.config.hidden_size), dtype=draft.act, device=draft.device)
         m = context - 1                                    # positions 0 .. n-2 are in the caches
         tok = torch.tensor([t for s in self.seqs for t in s[:m]], device=dev)
         pos = torch.arange(m, device=dev).repeat(batch)
@@ -139,7 +167,7 @@ def measure(target, draft, batch, context, steps, repeat, device):
 
     ddev = draft.device
     Hkv, D = st.dkv.k.shape[1], st.dkv.k.shape[3]
-    anc = torch.zeros((batch, 1, Hkv, D), device=ddev)
+    anc = torch.zeros((batch, 1, Hkv, D), dtype=st.dkv.k.dtype, device=ddev)
     d_tok = tok.to(ddev)
 
     def draft_step(_):
@@ -156,6 +184,35 @@ def measure(target, draft, batch, context, steps, repeat, device):
     return out
 
 
+def end_to_end(target, draft, prompt, want, steps, repeat, device):
+    """Wall clock of one greedy request as a user calls it: plain `generate` (captured decode
+    steps) against `speculative_generate` with `draft` proposing the plain run's own tokens
+    (`proposing`), so every draft is accepted. -> (plain s, speculative s, mean accept length,
+    outputs equal)."""
+    from engine.generate import generate
+    import time
+    params = SamplingParams(greedy=True, max_new_tokens=len(want.tokens))
+    req = [Request(prompt, params)]
+    chain = spec_mod.SpecParams(num_steps=steps, topk=1, draft_token_num=steps + 1, verify="greedy")
+
+    def wall(fn):
+        times = []
+        for i in range(repeat + 1):                         # the first call warms up (compiles, captures)
+            e2e.sync(device)
+            t0 = time.perf_counter()
+            out = fn()
+            e2e.sync(device)
+            times.append(time.perf_counter() - t0)
+        return sorted(times[1:])[len(times[1:]) // 2], out  # median
+    with torch.inference_mode():
+        t_plain, plain = wall(lambda: generate(target, req)[0])
+        t_spec, got = wall(lambda: spec_mod.speculative_generate(target, draft, req, chain)[0])
+    same = got.tokens == plain.tokens == want.tokens and got.logprob_bytes == plain.logprobs.numpy().tobytes()
+    if not same:
+        print(f"end to end: plain {plain.tokens} speculative {got.tokens} accept {got.accept_lengths}")
+    return t_plain, t_spec, got.mean_accept_length, same
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -166,6 +223,7 @@ def main(argv=None):
     ap.add_argument("--accept", type=float, default=2.68, help="assumed mean accept length (derived lines; 2.68: "
                                                                "SGLang's gpt-oss-120b + EAGLE3 figure)")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--new-tokens", type=int, default=48, help="tokens of the end-to-end figure (B = 1)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--backend", help="engine backend (default triton on CUDA, torch on the CPU)")
     ap.add_argument("--compute", choices=("bf16", "fp32"), help="target dtype (default bf16 on CUDA, fp32 on the CPU)")
@@ -174,6 +232,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.tiny:
         args.shape, args.device, args.batches, args.context, args.repeat = "tiny", "cpu", "1,2", 12, 1
+        args.new_tokens = 8
     device = torch.device(args.device)
     backend = args.backend or ("triton" if device.type == "cuda" else "torch")
     compute = args.compute or ("bf16" if device.type == "cuda" else "fp32")
@@ -183,12 +242,16 @@ def main(argv=None):
     del packed
     target = e2e.engine_model(config, weights, backend, device, compute)
     del weights, floats
-    draft = random_draft(target, device)
-    print(f"speculative round, {args.shape} shape, random weights, {compute} target ({backend}), fp32 draft, "
+    # the end-to-end request's plain greedy run first: the draft's vocabulary must hold its tokens
+    from engine.generate import generate
+    e2e_prompt = torch.randint(0, config.vocab_size, (args.context,), generator=torch.Generator().manual_seed(9)).tolist()
+    with torch.inference_mode():
+        plain_run = generate(target, [Request(e2e_prompt, SamplingParams(greedy=True, max_new_tokens=args.new_tokens))])[0]
+    draft = random_draft(target, device, dtype=compute, must=plain_run.tokens)
+    print(f"speculative round, {args.shape} shape, random weights, {compute} target ({backend}), {compute} draft, "
           f"context {args.context}, chain of {args.steps} draft steps, greedy verify, device "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}")
     # the round must be right before it is timed: greedy speculative decoding = greedy generate
-    from engine.generate import generate
     probe = [Request(torch.randint(0, config.vocab_size, (16,), generator=torch.Generator().manual_seed(5)).tolist(),
                      SamplingParams(greedy=True, max_new_tokens=6))]
     chain = spec_mod.SpecParams(num_steps=args.steps, topk=1, draft_token_num=args.steps + 1, verify="greedy")
@@ -211,6 +274,16 @@ def main(argv=None):
               f"{b * args.accept / t['round']:>15.1f} {b / t['captured step']:>15.1f} {args.accept / ratio:>8.2f}x")
     print("round/captured: target <= 1.6x at B = 1, <= 2.0x at B = 8 (issue 34); derived = measured round time x "
           "assumed acceptance, not a measured end-to-end rate")
+    seq = torch.tensor([e2e_prompt + plain_run.tokens])
+    oracle = proposing(draft, seq)                         # the timed head itself, now proposing
+    t_plain, t_spec, accept, same = end_to_end(target, oracle, e2e_prompt, plain_run, args.steps, max(1, args.repeat // 4),
+                                               device)
+    n = len(plain_run.tokens)
+    print(f"end to end, B = 1, {n} new tokens, greedy, a draft proposing the target's own tokens (full acceptance): "
+          f"generate {n / t_plain:.1f} tok/s, speculative {n / t_spec:.1f} tok/s, speed-up {t_plain / t_spec:.2f}x, "
+          f"mean accept length {accept:.2f}, outputs equal: {'ok' if same else 'FAILED'} (target >= 2.5x)")
+    if not same:
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -62,9 +62,11 @@ from safetensors.torch import save_file
 from engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
 from engine.checkpoint import CheckpointError, write_folder_atomically
 from engine.config import GptOssConfig, RopeParams, preset
+from engine.model import DTYPES, residual
 from engine.ops import ops_for
 from engine.rope import rope_cos_sin, rope_frequencies
 from kernels import portable
+from kernels.attention import KV_TILE
 from kernels.rmsnorm import rms_norm_portable as rms_norm
 from kernels.rope import apply_rope_portable as apply_rope
 
@@ -215,12 +217,26 @@ def _canonical_name(name: str) -> str:
 
 
 class DraftKV:
-    """Committed draft keys/values: [slots, Hkv, capacity, D]; tree rows are never written here."""
+    """Draft keys/values [num_slots + scratch, Hkv, capacity, D] in `dtype` (the draft's storage
+    dtype: Eagle3Draft.new_kv). Slot i < num_slots holds request i's committed positions. The
+    portable path (fp32 policy) never writes tree rows here; the cached path (bf16 policy) writes
+    a tree row's ancestors and own key at the positions after its committed prefix (in the
+    request's slot for a chain, in a scratch slot per beam for a tree), which no committed row
+    reads before the next commit overwrites them. The capacity is rounded up to whole KV tiles
+    (the attention ops' layout; the portable path's bits do not depend on it)."""
 
-    def __init__(self, cfg: Eagle3Config, num_slots: int, capacity: int, device: str | torch.device = "cpu"):
-        shape = (num_slots, cfg.num_key_value_heads, capacity, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=torch.float32, device=device)
-        self.v = torch.zeros(shape, dtype=torch.float32, device=device)
+    def __init__(self, cfg: Eagle3Config, num_slots: int, capacity: int, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, scratch: int = 0):
+        self.num_slots = num_slots
+        capacity = -(-capacity // KV_TILE) * KV_TILE
+        shape = (num_slots + scratch, cfg.num_key_value_heads, capacity, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def copy_prefix(self, dst: torch.Tensor, src: torch.Tensor, length: int) -> None:
+        """Positions 0 .. length-1 of slots src[m] -> slots dst[m] (dst distinct; no host sync)."""
+        for buf in (self.k, self.v):
+            buf[dst, :, :length] = buf[src, :, :length]
 
 
 class DraftStep:
@@ -259,7 +275,7 @@ def _check_tensors(name: str, cfg: Eagle3Config, weights: dict, expected: dict) 
 
 
 def _shared_embed(name: str, cfg: Eagle3Config, target_embed: torch.Tensor | None, Ht: int,
-                  device: torch.device) -> torch.Tensor:
+                  device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A draft without embed_tokens.weight reads the target's full embedding table."""
     if target_embed is None or cfg.hidden_size != Ht:
         raise CheckpointError(f"{name}: no embed_tokens.weight, and the target's embedding cannot be "
@@ -268,7 +284,7 @@ def _shared_embed(name: str, cfg: Eagle3Config, target_embed: torch.Tensor | Non
         raise CheckpointError(f"{name}: no embed_tokens.weight, and the target embedding passed is "
                               f"{tuple(target_embed.shape)}, not the full [{cfg.vocab_size}, {Ht}] "
                               f"(a sharded target: pass target_embed=the checkpoint's table)")
-    return target_embed.to(device, torch.float32)
+    return target_embed.to(device, dtype)           # the target's own table when it is already `dtype`
 
 
 def _check_d2t(name: str, cfg: Eagle3Config, hot_ids: torch.Tensor) -> None:
@@ -283,16 +299,36 @@ def _check_d2t(name: str, cfg: Eagle3Config, hot_ids: torch.Tensor) -> None:
 
 
 class Eagle3Draft:
-    """An EAGLE3 draft head bound to one target: its aux boundaries are resolved at load."""
+    """An EAGLE3 draft head bound to one target: its aux boundaries are resolved at load.
+
+    Two paths, chosen by the dtype policy (the target's) when the head is built:
+      fp32  the portable reference: fp32 weights and activations, the portable RMSNorm and
+            `attend_rows` (every row's key list gathered, portable softmax, fixed trees over the
+            whole list); only the linears go through the ops table. Its bits are the fp32 goldens'.
+      bf16  the cached path (`_forward_cached`), the target's own recipe (engine/model.py's
+            policy): matmul weights, embedding, draft KV and the hidden stream in bf16, every
+            matmul accumulated in fp32 and rounded once, norms / RoPE / SiLU / residual adds in
+            fp32 rounded once; RMSNorm, RoPE with the cache write, and attention are the ops
+            table's entries (on the triton backend the target's kernels: one launch each), with
+            the keys read from the draft KV (tree rows write theirs there first, at the positions
+            after the committed prefix) and no sink. fp32 stays where a contract needs it: the
+            logits (the draft's log-probs and the float64 tree scores are formed from them, as the
+            target's logits are fp32 under both policies) and the norm weights.
+    """
 
     def __init__(self, cfg: Eagle3Config, weights: dict[str, torch.Tensor], target_config: GptOssConfig,
                  convention: str, target_embed: torch.Tensor | None = None, backend: str = "torch",
-                 device: str | torch.device | None = None):
-        """`device`: where weights and activations live; default the target embedding's device, else cpu."""
+                 device: str | torch.device | None = None, dtype: str = "fp32"):
+        """`device`: where weights and activations live; default the target embedding's device, else cpu.
+        `dtype`: the dtype policy (the target's; class docstring)."""
         self.config = cfg
         self.device = torch.device(device if device is not None else
                                    target_embed.device if target_embed is not None else "cpu")
-        self.ops = ops_for(backend, self.device)      # only its linear: the draft's norms are portable
+        if dtype not in DTYPES:
+            raise ValueError(f"{cfg.name}: dtype policy must be one of {tuple(DTYPES)}, got {dtype!r}")
+        self.dtype_policy, self.act = dtype, DTYPES[dtype]
+        self.cached = dtype != "fp32"                 # the cached path (class docstring)
+        self.ops = ops_for(backend, self.device)
         self.target_config = target_config
         Ht, L = target_config.hidden_size, target_config.num_hidden_layers
         name = cfg.name
@@ -319,22 +355,7 @@ class Eagle3Draft:
         if "d2t" not in weights and cfg.draft_vocab_size == cfg.vocab_size:
             del expected["d2t"]                                # no d2t: draft id d is target id d
         _check_tensors(name, cfg, weights, expected)
-        f32 = lambda n: weights[n].to(self.device, torch.float32).contiguous()   # noqa: E731
-        self.embed = (f32("embed_tokens.weight") if with_embed else
-                      _shared_embed(name, cfg, target_embed, Ht, self.device))
-        self.input_norm = f32("input_norm.weight") if cfg.norm_before_fc else None
-        self.fc_norm = [f32(f"fc_norm.{i}.weight") for i in range(n_aux)] if cfg.fc_norm else None
-        self.fc = f32("fc.weight")
-        p = "midlayer."
-        self.input_layernorm = f32(p + "input_layernorm.weight")
-        self.hidden_norm = f32(p + "hidden_norm.weight")
-        self.q_w, self.k_w = f32(p + "self_attn.q_proj.weight"), f32(p + "self_attn.k_proj.weight")
-        self.v_w, self.o_w = f32(p + "self_attn.v_proj.weight"), f32(p + "self_attn.o_proj.weight")
-        self.post_norm = f32(p + "post_attention_layernorm.weight")
-        self.gate_w, self.up_w = f32(p + "mlp.gate_proj.weight"), f32(p + "mlp.up_proj.weight")
-        self.down_w = f32(p + "mlp.down_proj.weight")
-        self.norm = f32("norm.weight")
-        self.lm_head = f32("lm_head.weight")
+        self._load_weights(weights, with_embed, target_embed, Ht)
         self.d2t = (weights["d2t"].to(self.device, torch.int64) if "d2t" in weights else
                     torch.zeros(cfg.draft_vocab_size, dtype=torch.int64, device=self.device))
         self.hot_ids = self.d2t + torch.arange(cfg.draft_vocab_size, dtype=torch.int64,
@@ -343,6 +364,45 @@ class Eagle3Draft:
         self.inv_freq, _ = rope_frequencies(cfg.head_dim, RopeParams(rope_type="default", theta=cfg.rope_theta))
         self.inv_freq = self.inv_freq.to(self.device)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self._rope_table = None                       # cos, sin of every draft KV position (_cos_sin)
+
+    def _load_weights(self, weights: dict, with_embed: bool, target_embed: torch.Tensor | None, Ht: int) -> None:
+        """The tensors on the device: norm weights fp32; matmul weights and the embedding fp32
+        (portable path) or in the policy's dtype, q/k/v and gate/up stacked (cached path)."""
+        cfg, name, act = self.config, self.config.name, self.act
+        f32 = lambda n: weights[n].to(self.device, torch.float32).contiguous()   # noqa: E731
+        mat = lambda n: weights[n].to(self.device, act).contiguous()             # noqa: E731
+        self.embed = (mat("embed_tokens.weight") if with_embed else
+                      _shared_embed(name, cfg, target_embed, Ht, self.device, act))
+        self.input_norm = f32("input_norm.weight") if cfg.norm_before_fc else None
+        self.fc_norm = [f32(f"fc_norm.{i}.weight") for i in range(self.n_aux)] if cfg.fc_norm else None
+        self.fc = mat("fc.weight")
+        p = "midlayer."
+        self.input_layernorm = f32(p + "input_layernorm.weight")
+        self.hidden_norm = f32(p + "hidden_norm.weight")
+        self.q_w, self.k_w = mat(p + "self_attn.q_proj.weight"), mat(p + "self_attn.k_proj.weight")
+        self.v_w, self.o_w = mat(p + "self_attn.v_proj.weight"), mat(p + "self_attn.o_proj.weight")
+        self.post_norm = f32(p + "post_attention_layernorm.weight")
+        self.gate_w, self.up_w = mat(p + "mlp.gate_proj.weight"), mat(p + "mlp.up_proj.weight")
+        self.down_w = mat(p + "mlp.down_proj.weight")
+        self.norm = f32("norm.weight")
+        self.lm_head = mat("lm_head.weight")
+        if self.cached:          # one matmul each: every output column is its own reduction
+            self.qkv_w = torch.cat([self.q_w, self.k_w, self.v_w])
+            self.gate_up_w = torch.cat([self.gate_w, self.up_w])
+            self.no_sinks = torch.full((cfg.num_attention_heads,), float("-inf"), device=self.device)
+
+    def _cos_sin(self, positions: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """rope_cos_sin at `positions` (< capacity), read from a table of every position below the
+        KV capacity (rebuilt when a larger KV comes): the same bits, two launches instead of ~80."""
+        if self._rope_table is None or self._rope_table[0].shape[0] < capacity:
+            self._rope_table = rope_cos_sin(torch.arange(capacity, device=self.device), self.inv_freq, 1.0)
+        cos, sin = self._rope_table
+        return cos.index_select(0, positions), sin.index_select(0, positions)
+
+    def new_kv(self, num_slots: int, capacity: int, scratch: int = 0) -> DraftKV:
+        """An empty draft KV for this head (its storage dtype), `scratch` extra slots."""
+        return DraftKV(self.config, num_slots, capacity, self.device, self.act, scratch)
 
     # ------------------------------------------------------------------ pieces
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -354,13 +414,14 @@ class Eagle3Draft:
         over all of A first (norm_before_fc), then fc_norm per aux chunk (DESIGN §4)."""
         if aux.shape[-1] != self.fc.shape[1]:
             raise ValueError(f"{self.config.name}: aux width {aux.shape[-1]} != fc input width {self.fc.shape[1]}")
-        x = aux.to(torch.float32)
-        eps = self.config.rms_norm_eps
+        eps, act = self.config.rms_norm_eps, self.act
+        norm = self.ops.rms_norm if self.cached else rms_norm      # fp32 in, rounded once to act
+        x = aux.to(act)
         if self.input_norm is not None:                        # norm_before_fc: one norm over all of A
-            x = rms_norm(x, self.input_norm, eps)
+            x = norm(x, self.input_norm, eps, act)
         if self.fc_norm is not None:                           # fc_norm: one norm per aux chunk
             chunks = x.chunk(self.n_aux, dim=-1)
-            x = torch.cat([rms_norm(c, w, eps) for c, w in zip(chunks, self.fc_norm)], dim=-1)
+            x = torch.cat([norm(c.contiguous(), w, eps, act) for c, w in zip(chunks, self.fc_norm)], dim=-1)
         return x
 
     def combine_aux(self, aux: torch.Tensor) -> torch.Tensor:
@@ -431,19 +492,30 @@ class Eagle3Draft:
 
         commit=True: rows are committed positions; their k/v go into `kv` at (slot, position) first,
         then row t attends to its slot's positions 0 .. positions[t].
-        commit=False: tree rows; nothing is written. Row t attends to its slot's first
-        prefix_lens[t] positions, then its ancestors' (k, v) in depth order, then itself.
+        commit=False: tree rows. Row t attends to its slot's first prefix_lens[t] positions, then
+        its ancestors' (k, v) in depth order, then itself. The portable path writes nothing; the
+        cached path writes the ancestors and the row's own k/v after the prefix (_forward_cached).
         `ancestors`: per row a list of (k [Hkv, D], v [Hkv, D]), or a pair of tensors
         (k, v) [T, A, Hkv, D] when every row has A ancestors (the speculative loop's form).
         kv_len: a bound on the slot positions any row sees (default: the capacity); the
         attention's cost grows with it, its bits do not (see attend_rows).
-        All rows run in one batch on the device (attend_rows): no per-row loop, no host read.
+        All rows run in one batch on the device (attend_rows, or the ops table's attention on the
+        cached path): no per-row loop, no host read.
         """
         cfg = self.config
         T, D = tokens.shape[0], cfg.head_dim
         Hkv = cfg.num_key_value_heads
         eps = cfg.rms_norm_eps
         tokens, positions, slots = tokens.to(self.device), positions.to(self.device), slots.to(self.device)
+        if commit:
+            visible, anc_k, anc_v, n_anc = positions + 1, None, None, None
+        else:
+            if prefix_lens is None:
+                raise ValueError("Eagle3Draft.forward: tree rows (commit=False) need prefix_lens")
+            visible = torch.as_tensor(prefix_lens, dtype=torch.int64).to(self.device)
+            anc_k, anc_v, n_anc = _ancestor_tensors(ancestors, T, Hkv, D, kv.k)
+        if self.cached:
+            return self._forward_cached(tokens, positions, hidden, kv, slots, visible, anc_k, anc_v, n_anc)
         emb = self.embed.index_select(0, tokens)
         x = torch.cat([rms_norm(emb, self.input_layernorm, eps), rms_norm(hidden, self.hidden_norm, eps)], dim=-1)
         q = self.ops.linear(x, self.q_w).view(T, cfg.num_attention_heads, D)
@@ -459,11 +531,8 @@ class Eagle3Draft:
             o = self.attend_rows(q, k, v, kv, slots, positions + 1, none, none,
                                  torch.zeros_like(positions), False, kv_len)
         else:
-            if prefix_lens is None:
-                raise ValueError("Eagle3Draft.forward: tree rows (commit=False) need prefix_lens")
-            visible = torch.as_tensor(prefix_lens, dtype=torch.int64).to(self.device)
-            anc_k, anc_v, n_anc = _ancestor_tensors(ancestors, T, Hkv, D, k)
-            o = self.attend_rows(q, k, v, kv, slots, visible, anc_k, anc_v, n_anc, True, kv_len)
+            o = self.attend_rows(q, k, v, kv, slots, visible, anc_k.to(k.dtype), anc_v.to(k.dtype), n_anc, True,
+                                 kv_len)
         r = hidden.to(torch.float32) + self.ops.linear(o.reshape(T, -1), self.o_w)
         y = rms_norm(r, self.post_norm, eps)
         gate = self.ops.linear(y, self.gate_w)
@@ -472,6 +541,42 @@ class Eagle3Draft:
         out = r + mlp
         logits = self.ops.linear(rms_norm(out, self.norm, eps), self.lm_head)
         return DraftStep(logits, out, k, v)
+
+    def _forward_cached(self, tokens, positions, hidden, kv: DraftKV, slots, visible, anc_k, anc_v,
+                        n_anc) -> DraftStep:
+        """`forward` on the cached path (class docstring). A tree row (anc_k not None) first writes
+        its ancestors' keys at positions visible .. visible + n_anc - 1 of its slot, then, like a
+        committed row, its own at its attention position a = visible + n_anc (committed rows: their
+        position), and attends to positions 0 .. a of its slot: its logical key list in `attend`'s
+        order. Tree rows must have distinct slots (the round gives a tree's beams scratch slots)."""
+        cfg, ops, act, eps = self.config, self.ops, self.act, self.config.rms_norm_eps
+        T, D, Hq, Hkv = tokens.shape[0], cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        at = positions if anc_k is None else visible + n_anc
+        if anc_k is not None and anc_k.shape[1]:       # padding entries land on `at`, rewritten below
+            A = anc_k.shape[1]
+            pos = visible[:, None] + torch.minimum(torch.arange(A, device=self.device)[None], n_anc[:, None])
+            kv.k[slots[:, None], :, pos] = anc_k.to(act)
+            kv.v[slots[:, None], :, pos] = anc_v.to(act)
+        hidden = hidden.to(act)
+        x = torch.cat([ops.rms_norm(self.embed.index_select(0, tokens), self.input_layernorm, eps, act),
+                       ops.rms_norm(hidden, self.hidden_norm, eps, act)], dim=-1)
+        qkv = ops.linear(x, self.qkv_w)                                            # [T, (Hq + 2 Hkv) D]
+        cos, sin = self._cos_sin(positions, kv.k.shape[2])
+        if ops.fused is not None:                      # RoPE writes the cache itself (kernels/rope.py)
+            q = ops.fused.rope_qkv_cache(qkv, cos, sin, kv.k, kv.v, slots, at, Hq)
+        else:
+            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=1)
+            q = apply_rope(q.view(T, Hq, D).to(torch.float32), cos, sin).to(act)
+            kv.k[slots, :, at] = apply_rope(k.view(T, Hkv, D).to(torch.float32), cos, sin).to(act)
+            kv.v[slots, :, at] = v.view(T, Hkv, D)
+        o = ops.attention(q, kv.k, kv.v, slots, at, self.no_sinks, 0, self.scale)   # [T, Hq, D]
+        r = residual(hidden, ops.linear(o.reshape(T, Hq * D), self.o_w, None, torch.float32), act)
+        gate, up = ops.linear(ops.rms_norm(r, self.post_norm, eps, act), self.gate_up_w).chunk(2, dim=-1)
+        g = gate.to(torch.float32)
+        silu = torch.mul(torch.mul(g, portable.sigmoid(g)), up.to(torch.float32)).to(act)   # SiLU(gate) * up
+        out = residual(r, ops.linear(silu, self.down_w, None, torch.float32), act)
+        logits = ops.linear(ops.rms_norm(out, self.norm, eps, act), self.lm_head, None, torch.float32)
+        return DraftStep(logits, out, kv.k[slots, :, at], kv.v[slots, :, at])
 
 
 def _ancestor_tensors(ancestors, T: int, Hkv: int, D: int, like: torch.Tensor
@@ -500,12 +605,14 @@ def _ancestor_tensors(ancestors, T: int, Hkv: int, D: int, like: torch.Tensor
 
 # ---------------------------------------------------------------------- loading
 def load_draft(path: str | Path, target, *, convention: str, backend: str = "torch",
-               device: str | torch.device | None = None, target_embed: torch.Tensor | None = None) -> Eagle3Draft:
+               device: str | torch.device | None = None, target_embed: torch.Tensor | None = None,
+               dtype: str | None = None) -> Eagle3Draft:
     """Load an HF-style EAGLE3 draft for `target` (a GptOssModel, or a GptOssConfig when the draft
     carries its own embed_tokens). `convention` names how its layer ids are read (DESIGN §3).
     `device`: default the target model's device (cpu for a config). `target_embed`: the target's
     full [V, H] embedding, for a draft without its own when `target.embed` is not the full table
-    (engine.parallel holds a vocab shard per rank); default `target.embed`."""
+    (engine.parallel holds a vocab shard per rank); default `target.embed`. `dtype`: the dtype
+    policy; default the target model's (fp32 for a config)."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json")
@@ -524,7 +631,9 @@ def load_draft(path: str | Path, target, *, convention: str, backend: str = "tor
         target_embed = target.embed
     if device is None and not isinstance(target, GptOssConfig):
         device = getattr(target, "device", None)
-    return Eagle3Draft(cfg, weights, target_config, convention, target_embed, backend, device)
+    if dtype is None:
+        dtype = "fp32" if isinstance(target, GptOssConfig) else getattr(target, "dtype_policy", "fp32")
+    return Eagle3Draft(cfg, weights, target_config, convention, target_embed, backend, device, dtype)
 
 
 # ---------------------------------------------------------------------- synthetic drafts

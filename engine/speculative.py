@@ -366,10 +366,14 @@ def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch
     anc_v = dkv.v.new_zeros((R, Kb, 0, Hkv, D))
     beam_rows = rows.repeat(Kb)
     base = Kb
+    beam_slots = _each(slots, Kb)
+    if draft.cached and Kb > 1 and spec.num_steps > 1:          # tree rows write their keys: a slot per beam
+        beam_slots = dkv.num_slots + beam_slots * Kb + torch.arange(Kb, device=r.device).repeat(R)
+        dkv.copy_prefix(beam_slots, _each(slots, Kb), kv_len)
     for d in range(2, spec.num_steps + 1):                      # beams sit at depth d - 1
         rr = _each(r, Kb)
         step = draft.forward(beam_tok.reshape(-1), rr + d - 2, beam_h.reshape(R * Kb, -1), dkv,
-                             _each(slots, Kb), commit=False, prefix_lens=rr,
+                             beam_slots, commit=False, prefix_lens=rr,
                              ancestors=(anc_k.flatten(0, 1), anc_v.flatten(0, 1)), kv_len=kv_len)
         ids, lp, q = _draft_children_rows(hot, draft.config.vocab_size, step.logits, beam_rows, K, rr + d, generator)
         score = (beam_score[:, :, None] + lp.view(R, Kb, K)).reshape(R, Kb * K)   # creation order
@@ -673,7 +677,7 @@ class _SpecRun:
     cache: object
     dkv: DraftKV
     root_logits: torch.Tensor          # [n_req, V_draft] fp32
-    root_h: torch.Tensor               # [n_req, H_draft] fp32
+    root_h: torch.Tensor               # [n_req, H_draft] in the draft's storage dtype
     generator: torch.Generator | None
     capacity: int
     state: Decoding
@@ -685,10 +689,11 @@ class _SpecRun:
         n, dcfg = len(requests), draft.config
         capacity = max(len(r.prompt) + r.params.max_new_tokens + spec.num_steps for r in requests)
         shape = _RoundShape(spec)
-        zeros = lambda width: torch.zeros((n, width), dtype=torch.float32, device=draft.device)  # noqa: E731
+        zeros = lambda width, dt: torch.zeros((n, width), dtype=dt, device=draft.device)  # noqa: E731
+        scratch = n * spec.topk if draft.cached and spec.topk > 1 else 0     # a tree's beams (_draft_trees)
         return cls(target, draft, spec, shape, target.new_cache(n * shape.P, capacity),
-                   DraftKV(dcfg, n, capacity, device=draft.device), zeros(dcfg.draft_vocab_size),
-                   zeros(dcfg.hidden_size), generator, capacity,
+                   draft.new_kv(n, capacity, scratch), zeros(dcfg.draft_vocab_size, torch.float32),
+                   zeros(dcfg.hidden_size, draft.act), generator, capacity,
                    Decoding(requests, target.config.eos_token_id, observer), [[] for _ in requests])
 
     @property

@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import json
 import math
+import os
 import posixpath
 import shutil
 import tempfile
@@ -77,6 +78,9 @@ DRAFT = OneOf(
 SYNTHETIC_DRAFT_AUX = 3  # aux states of a synthetic draft (engine.eagle3.make_draft_checkpoint's n_aux)
 
 _root: Path | None = None
+# A folder made for one run (`lockstep check -j N`'s parent, the pytest plugin's controller) and
+# removed after it, in which that run's processes share the synthetic checkpoints they make.
+SHARED_ENV = "LOCKSTEP_CHECKPOINT_CACHE"
 
 
 def _cache_root() -> Path:
@@ -87,11 +91,37 @@ def _cache_root() -> Path:
     return _root
 
 
+def _cached(name: str, build) -> Path:
+    """The cache's folder `name`, written by build(out_dir) on first use. Each name is a function of
+    everything its content depends on (preset, seed, format, edits), so within one run it is
+    content-addressed. Under $LOCKSTEP_CHECKPOINT_CACHE the run's processes share it: the first to
+    finish a folder renames it into place (atomic), one that finds it there reads it, and a folder
+    is never replaced, so none is read while it is rewritten; two processes racing both build it,
+    and the second one's copy is dropped (same bits: making a checkpoint is deterministic)."""
+    shared = os.environ.get(SHARED_ENV)
+    if not shared or not os.path.isdir(shared):
+        return build(_cache_root() / name)
+    final = Path(shared) / name
+    if final.is_dir():
+        return final
+    staging = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=shared))
+    try:
+        build(staging / name)
+        try:
+            os.rename(staging / name, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
 @lru_cache(maxsize=None)
 def checkpoint_dir(preset: str, seed: int, fmt: str) -> Path:
     from engine.checkpoint import make_checkpoint
 
-    return make_checkpoint(preset, seed, fmt, _cache_root() / f"{preset}-s{seed}-{fmt}")
+    return _cached(f"{preset}-s{seed}-{fmt}", lambda out: make_checkpoint(preset, seed, fmt, out))
 
 
 def tie_rows(t, ids, weight: float, bias: bool = False):
@@ -111,7 +141,7 @@ def _tied_checkpoint_dir(preset: str, seed: int, fmt: str, experts: tuple, weigh
         return None
 
     tag = "-".join(map(str, experts))
-    return edited_copy(checkpoint_dir(preset, seed, fmt), f"{preset}-s{seed}-{fmt}-router-ties-{tag}-w{weight!r}", edit)
+    return _cached_edit(checkpoint_dir(preset, seed, fmt), f"{preset}-s{seed}-{fmt}-router-ties-{tag}-w{weight!r}", edit)
 
 
 SPECIAL_COLUMNS = 4          # embedding columns of each special token set to -0.0
@@ -147,9 +177,9 @@ def special_value_edit(name: str, t, tokens, expert: int):
 
 @lru_cache(maxsize=None)
 def _special_checkpoint_dir(preset: str, seed: int, fmt: str, tokens: tuple, expert: int) -> Path:
-    return edited_copy(checkpoint_dir(preset, seed, fmt),
-                       f"{preset}-s{seed}-{fmt}-special-{'-'.join(map(str, tokens))}-e{expert}",
-                       lambda n, t: special_value_edit(n, t, tokens, expert))
+    return _cached_edit(checkpoint_dir(preset, seed, fmt),
+                        f"{preset}-s{seed}-{fmt}-special-{'-'.join(map(str, tokens))}-e{expert}",
+                        lambda n, t: special_value_edit(n, t, tokens, expert))
 
 
 def _preset_dir(ckpt: dict) -> Path:
@@ -223,11 +253,23 @@ def load_model(preset: str, seed: int, fmt: str, backend: str = "torch", device:
 def edited_copy(base: Path, name: str, edit) -> Path:
     """A copy of checkpoint folder `base` under the private cache, every shard rewritten with
     edit(tensor name, tensor) -> new tensor or None (unchanged); other files copied as they are.
-    The copy then goes through the real loading code, like any checkpoint."""
+    The copy then goes through the real loading code, like any checkpoint. Written again on every
+    call (the caller's `name` need not say everything the edit does)."""
+    from engine.checkpoint import write_folder_atomically
+
+    return write_folder_atomically(_cache_root() / name, _edit_writer(base, edit))
+
+
+def _cached_edit(base: Path, name: str, edit) -> Path:
+    """edited_copy through the (shareable) cache: for a `name` that says everything the edit does."""
+    from engine.checkpoint import write_folder_atomically
+
+    return _cached(name, lambda out: write_folder_atomically(out, _edit_writer(base, edit)))
+
+
+def _edit_writer(base: Path, edit):
     from safetensors import safe_open
     from safetensors.torch import save_file
-
-    from engine.checkpoint import write_folder_atomically
 
     def write(tmp: Path) -> None:
         for f in sorted(base.iterdir()):
@@ -242,7 +284,7 @@ def edited_copy(base: Path, name: str, edit) -> Path:
                     tensors[n] = new.contiguous()
             save_file(tensors, str(tmp / f.name), metadata={"format": "pt"})
 
-    return write_folder_atomically(_cache_root() / name, write)
+    return write
 
 
 # --------------------------------------------------------------------------- validation
@@ -359,6 +401,21 @@ def _load_dir(path: Path, backend: str, device: str, dtype: str):
     return GptOssModel.from_checkpoint(path, backend=backend, device=device, dtype=dtype)
 
 
+def model_at(path, backend: str = "torch", device: str = "cpu", dtype: str = "fp32"):
+    """The model of the checkpoint folder `path` (a target operation's checkpoint_dir) on `device`
+    under dtype policy `dtype` (cached)."""
+    return _load_dir(Path(path), backend, str(device), dtype)
+
+
+def reference_model(target, ckpt: dict, root: Path, device: str):
+    """The model a kind runs a reference forward on (aux rows, an exact law): the target's own
+    (its `model` operation: Lockstep's engine under the run's settings), else Lockstep's fp32
+    model of the same checkpoint on the CPU."""
+    if "model" in target.ops:
+        return target.op("model", device)(target_dir(ckpt, root))
+    return model_for(ckpt, "torch", root, "cpu", "fp32")
+
+
 def model_for(ckpt: dict, backend: str = "torch", root: Path = Path("."), device: str = "cpu", dtype: str = "fp32"):
     """The spec's target model on `device` under dtype policy `dtype` (cached: specs share models)."""
     device = str(device)
@@ -377,14 +434,15 @@ def _synthetic_draft_dir(preset: str, seed: int, aux_layer_ids, norm_before_fc: 
     name = (f"draft-{preset}-s{seed}-{'-'.join(map(str, aux_layer_ids or ()))}-{int(norm_before_fc)}{int(fc_norm)}"
             f"{'' if d2t else '-no-d2t'}{'' if rope_theta is None else f'-theta{rope_theta!r}'}")
     theta = {} if rope_theta is None else {"rope_theta": rope_theta}
-    return make_draft_checkpoint(preset, seed, _cache_root() / name, aux_layer_ids=aux_layer_ids,
-                                 norm_before_fc=norm_before_fc, fc_norm=fc_norm, with_d2t=d2t, **theta)
+    return _cached(name, lambda out: make_draft_checkpoint(preset, seed, out, aux_layer_ids=aux_layer_ids,
+                                                           norm_before_fc=norm_before_fc, fc_norm=fc_norm,
+                                                           with_d2t=d2t, **theta))
 
 
 @lru_cache(maxsize=None)
 def _tied_draft_dir(base: Path, ids: tuple, weight: float) -> Path:
-    return edited_copy(base, f"{base.name}-lm-head-ties-{'-'.join(map(str, ids))}-w{weight!r}",
-                       lambda n, t: tie_rows(t, ids, weight) if n == "lm_head.weight" else None)
+    return _cached_edit(base, f"{base.name}-lm-head-ties-{'-'.join(map(str, ids))}-w{weight!r}",
+                        lambda n, t: tie_rows(t, ids, weight) if n == "lm_head.weight" else None)
 
 
 def draft_dir(draft: dict, target_ckpt: dict, root: Path = Path(".")) -> Path:

@@ -6,13 +6,16 @@ workers finish in, so the table, the report, the JSON document and the exit code
 serial run gives (the seconds aside). Workers are fresh "spawn" processes (no state forked from a
 half-initialised torch) with one torch thread each: N workers already fill N cores, and the bits
 do not depend on the thread count (DESIGN D0). A spec that starts ranks of its own (topologies)
-can: pool workers are not daemons.
+can: pool workers are not daemons. The workers share one folder of synthetic checkpoints for the
+run (harness/checkpoints.py, $LOCKSTEP_CHECKPOINT_CACHE), so each is made once, not once per worker.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -42,8 +45,11 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
                 waiting(i, spec.id)
             yield runner.check_spec(spec, ctx, store, strict=strict)
         return
+    from harness.checkpoints import SHARED_ENV
+
+    shared = os.environ.get(SHARED_ENV) or tempfile.mkdtemp(prefix="lockstep-shared-checkpoints-")
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_start_worker, initargs=(suite.explicit_mappings(),))
+                               initializer=_start_worker, initargs=(suite.explicit_mappings(), shared))
     try:
         futures = [pool.submit(runner.check_spec, spec, ctx, store, strict) for spec, ctx, _ in rows]
         for i, ((spec, ctx, folder), future) in enumerate(zip(rows, futures), 1):
@@ -52,11 +58,18 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
             yield _outcome(future, spec, folder)
     finally:                                  # an interrupted check leaves no worker behind
         pool.shutdown(wait=True, cancel_futures=True)
+        if shared != os.environ.get(SHARED_ENV):
+            shutil.rmtree(shared, ignore_errors=True)
 
 
-def _start_worker(mapped: dict) -> None:
-    """A worker starts as the parent was set up: its --checkpoint-path mappings, one torch thread."""
+def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
+    """A worker starts as the parent was set up: its --checkpoint-path mappings, one torch thread;
+    and it shares the run's synthetic checkpoints with the other workers."""
     import torch
+
+    from harness.checkpoints import SHARED_ENV
+
+    os.environ[SHARED_ENV] = shared_checkpoints
 
     torch.set_num_threads(1)
     suite.map_checkpoints(mapped.items())

@@ -22,15 +22,19 @@ Settings (ini, paths relative to the ini file): `lockstep_specs` (spec directori
 "specs"), `lockstep_golden` (one golden directory, or one per spec directory; default "golden"),
 `lockstep_suite` (folders holding specs/ and golden/; also `--lockstep-suite=DIR`, e.g. the
 installed suite that `lockstep suite` prints; with `=`, or pytest takes DIR for its rootdir),
-`lockstep_checkpoints` (SPEC_PATH = DIR lines) and `lockstep_expectations` (also
-`--lockstep-expectations FILE`). Spec directories outside the paths pytest walks are collected too
-unless the command line names its own paths.
+`lockstep_checkpoints` (SPEC_PATH = DIR lines), `lockstep_expectations` (also
+`--lockstep-expectations FILE`) and `lockstep_slow` (spec id globs, one a line: their items carry the
+`slow` marker, so `pytest -m "not slow"` is a quick gate while a plain `pytest` still runs every spec;
+a list in the ini file, not a spec tag, since a spec's tags are part of its sha256 and so of its
+goldens). Spec directories outside the paths pytest walks are collected too unless the command
+line names its own paths.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
@@ -77,10 +81,18 @@ def pytest_addoption(parser):
                   type="linelist", default=[])
     parser.addini("lockstep_expectations", "the target's expectations file, relative to the ini file", type="paths",
                   default=[])
+    parser.addini("lockstep_slow", "spec id globs (one a line, e.g. generate/batch-of-eight or kernels/attention-*; "
+                                   "'#' starts a comment) "
+                                   "whose items carry the `slow` marker: deselect them with -m 'not slow'",
+                  type="linelist", default=[])
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a costly spec (ini lockstep_slow) or test; a quick gate runs "
+                                       "-m 'not slow', a full one runs everything (docs/gate.md)")
     _check_settings(config)
+    _warn_unmatched_slow(config)
+    _share_checkpoints(config)
     if hasattr(config, "workerinput"):
         # a pytest-xdist worker: the workers already fill the cores, and more torch threads per
         # worker only contend for them (the bits do not depend on the thread count: D0)
@@ -124,6 +136,26 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--lockstep-regen: cannot record goldens in {golden}: "
                                 f"{e.strerror or e}") from None
     config.add_cleanup(held.close)
+
+
+def _share_checkpoints(config) -> None:
+    """The session's processes (the xdist workers, which inherit the controller's environment, and
+    the CLI subprocesses tests start) make each synthetic checkpoint once, in one folder for the
+    session (harness/checkpoints.py), removed when the session ends."""
+    from harness.checkpoints import SHARED_ENV
+
+    if hasattr(config, "workerinput") or os.environ.get(SHARED_ENV):
+        return
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="lockstep-shared-checkpoints-")
+    os.environ[SHARED_ENV] = folder
+
+    def remove():
+        os.environ.pop(SHARED_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
+    config.add_cleanup(remove)
 
 
 def _expectations_option(config) -> Path | None:
@@ -234,7 +266,32 @@ class SpecFile(pytest.File):
         device, chosen, explicit = _pairs(self.config, golden_dir)
         for _, ctx, folder in plan([spec], chosen, device, explicit=explicit):
             name = f"{spec.id}[{folder}]" if len(folders(spec, device)) > 1 else spec.id
-            yield SpecItem.from_parent(self, name=name, spec=spec, ctx=ctx, golden=golden_dir)
+            item = SpecItem.from_parent(self, name=name, spec=spec, ctx=ctx, golden=golden_dir)
+            if is_slow(self.config, spec.id):
+                item.add_marker(pytest.mark.slow)
+            yield item
+
+
+def is_slow(config, spec_id: str) -> bool:
+    """Whether ini `lockstep_slow` names this spec (a glob of its id): all its items are slow."""
+    return any(fnmatchcase(spec_id, g) for g in _slow_globs(config))
+
+
+def _slow_globs(config) -> list[str]:
+    return [g for g in (line.split("#")[0].strip() for line in config.getini("lockstep_slow")) if g]
+
+
+def _warn_unmatched_slow(config) -> None:
+    """A `lockstep_slow` glob that names no spec (a typo, a renamed spec) is warned about: the spec
+    it meant would run in the quick gate."""
+    globs = _slow_globs(config)
+    if not globs:
+        return
+    ids = {spec_id_for(f, d) for d, _ in _suites(config) if d.is_dir() for f in spec_files(d)}
+    unmatched = [g for g in globs if not any(fnmatchcase(i, g) for i in ids)]
+    if unmatched:
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            f"lockstep_slow: these globs name no spec: {', '.join(unmatched)}"), stacklevel=2)
 
 
 def _pairs(config, golden: Path) -> tuple:

@@ -118,7 +118,7 @@ def self_check() -> None:
 
 def run_spec(spec: Spec, ctx: RunContext) -> Result:
     """The spec's kind run on Lockstep's engine, the default target (harness/targets/lockstep.py)."""
-    result = kinds.KINDS[spec.kind].run(spec, ctx, engine())
+    result = kinds.KINDS[spec.kind].run(spec, ctx, engine(ctx))
     result.tensors = {name: standard(t) for name, t in result.tensors.items()}  # what a golden stores
     result.data = json_roundtrip(result.data)  # compare exactly what a manifest stores
     return result

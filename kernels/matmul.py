@@ -144,9 +144,90 @@ def _mxfp4_values(code, scale):
     return tl.where(scale == 255, float("nan"), value)
 
 
+# The MXFP4 fast path. With every scale s of a tile in [2, 252] no value is subnormal, infinite or
+# NaN: a nonzero code with magnitude index t = code & 7 is 2^E (1 + f/2) * 2^(s - 127), a normal
+# number whose exponent field is s + E and whose top mantissa bit is f. Written with the mantissa
+# bit at M (bf16: 6, fp32: 22), for t >= 2 (E = (t >> 1) - 1, f = t & 1) its magnitude bits are
+# (t << M) + ((s - 1) << (M + 1)); t = 1 (0.5) is (s - 1) << (M + 1); t = 0 is 0. Exactly
+# `_mxfp4_values`'s answer there (tests/kernels/test_mxfp4_tile.py: every code at every scale of the
+# range), in about 12 instructions a value instead of about 40 (sm_90 SASS of the 20b gate_up K step,
+# docs/benchmarks.md). Outside the range (subnormal results, infinities, NaN blocks) the kernels keep
+# `_mxfp4_values`. `_mxfp4_fast_ok` spells the range out (a jit function reads no Python tuple).
+MXFP4_FAST_SCALES = (2, 252)
+
+
+@triton.jit
+def _mxfp4_fast_ok(s_ptr, row, n_ok, K, lo, width, BLOCK_N: tl.constexpr):
+    """True when columns [lo, lo + width) of rows `row` [BN] (flat expert * N + n) may take the fast
+    decode: lo and width even, every scale group they touch in MXFP4_FAST_SCALES. One pass over the
+    scales, once per program (1/16 of the bytes the tiles read); masked rows do not count."""
+    G = K // 32
+    g_lo = lo // 32
+    g_hi = (lo + width + 31) // 32                                                   # past the last group
+    GW: tl.constexpr = 32
+    bad = tl.zeros((BLOCK_N, GW), dtype=tl.int32)
+    for g0 in range(g_lo, g_hi, GW):
+        g = g0 + tl.arange(0, GW)                                                    # [GW]
+        s = tl.load(s_ptr + row[:, None] * G + g[None, :], mask=n_ok[:, None] & (g < g_hi)[None, :],
+                    other=127).to(tl.int32)                                          # [BN, GW]
+        bad |= ((s < 2) | (s > 252)).to(tl.int32)                                   # MXFP4_FAST_SCALES
+    return (tl.max(tl.max(bad, axis=1), axis=0) == 0) & (lo % 2 == 0) & (width % 2 == 0)
+
+
+@triton.jit
+def _mxfp4_fast_values(code, S, M: tl.constexpr):
+    """E2M1 codes (int32, 0..15) and S = (scale - 1) << (M + 1) for scales in [2, 252] -> the bits
+    (int32) of code * 2^(scale - 127) with the mantissa's top bit at M (bf16: 6, fp32: 22)."""
+    t = code & 7
+    mag = tl.where(t >= 2, (t << M) + S, tl.where(t == 1, S, 0))
+    return mag | ((code & 8) << (M + 6))                                             # sign: bit 15 / 31
+
+
+@triton.jit
+def _mxfp4_tile_fast(w_ptr, s_ptr, row, n_ok, k0, k_end, K, OUT_DTYPE: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr, WHOLE: tl.constexpr):
+    """`_load_w_tile`'s MXFP4 tile on the fast path: k0 and k_end even, so byte b of a row holds
+    columns 2b (low nibble) and 2b + 1 (high), both in scale group b // 16. The tile's BK/2 bytes
+    are BK/32 pieces of 16 (one vector load each when the row's bytes allow it); piece p starts at
+    byte kb + 16 p (kb = k0 / 2) in group kb // 16 + p, and its bytes from 16 - kb % 16 on are in the
+    next group (none when ALIGNED, the caller's promise that k0 % 32 == 0). Bytes past k_end and of
+    masked rows count as 0 (two +0 codes); WHOLE: the caller's promise that there are none past k_end."""
+    G = K // 32
+    M: tl.constexpr = 6 if OUT_DTYPE == tl.bfloat16 else 22
+    NP: tl.constexpr = BLOCK_K // 32
+    row_bytes = tl.multiple_of(K // 2, 16)                                           # K = 32 G
+    kb = k0 // 2
+    p = tl.arange(0, NP)[None, :, None]                                              # [1, NP, 1]
+    i = tl.arange(0, 16)[None, None, :]                                              # [1, 1, 16]
+    byte = kb + 16 * p + i                                                           # [1, NP, 16] in the row
+    # whole 16-byte pieces of the row (masked only past the row's end, so vector loads), then,
+    # unless the tile is WHOLE (all before k_end), the bytes from k_end on zeroed
+    x = tl.load(w_ptr + (row * row_bytes)[:, None, None] + byte,
+                mask=n_ok[:, None, None] & (byte < row_bytes), other=0).to(tl.int32)   # [BN, NP, 16]
+    if not WHOLE:
+        x = tl.where(2 * byte < k_end, x, 0)
+    s_row = s_ptr + row[:, None] * G                                                 # [BN, 1]
+    g = kb // 16 + tl.arange(0, NP)[None, :]                                         # [1, NP] group of each piece
+    s = tl.load(s_row + tl.minimum(g, G - 1), mask=n_ok[:, None], other=127).to(tl.int32)   # [BN, NP]
+    S = ((s - 1) << (M + 1))[:, :, None]                                             # [BN, NP, 1]
+    if not ALIGNED:
+        s_next = tl.load(s_row + tl.minimum(g + 1, G - 1), mask=n_ok[:, None], other=127).to(tl.int32)
+        S = tl.where(kb % 16 + i >= 16, ((s_next - 1) << (M + 1))[:, :, None], S)   # [BN, NP, 16]
+    lo = _mxfp4_fast_values(x & 15, S, M)                                            # column 2 byte
+    hi = _mxfp4_fast_values(x >> 4, S, M)                                            # column 2 byte + 1
+    if OUT_DTYPE == tl.bfloat16:
+        lo = lo.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        hi = hi.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        lo = lo.to(tl.float32, bitcast=True)
+        hi = hi.to(tl.float32, bitcast=True)
+    return tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))                           # [BN, BK] interleaved
+
+
 @triton.jit
 def _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, k0, k_end, N, K, MXFP4: tl.constexpr,
-                 OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FAST: tl.constexpr = False,
+                 ALIGNED: tl.constexpr = False, WHOLE: tl.constexpr = False):
     """Rows `rn` [BN], columns k0 .. k0 + BLOCK_K - 1 of weight `expert` -> [BN, BK] in OUT_DTYPE,
     0 where the row is masked or the column is >= k_end (<= K). Dense: w [E, N, K] in OUT_DTYPE.
 
@@ -159,10 +240,17 @@ def _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, k0, k_end, N, K, MXFP4: tl.cons
     per-element decode (tests/kernels/test_mxfp4_tile.py). k0 may be any column: a down chunk
     starts where engine.linear.k_chunk_bounds puts it (360 in I = 2880: mid-group), and bounds
     may be odd. For an odd k0 a column pair straddles two bytes: column k0 + 2i is the high
-    nibble of byte i of the tile and k0 + 2i + 1 the low nibble of byte i + 1."""
+    nibble of byte i of the tile and k0 + 2i + 1 the low nibble of byte i + 1.
+
+    FAST (the caller's promise, `_mxfp4_fast_ok`: k0 and k_end even, every scale the tile's real
+    columns use in [2, 252]): `_mxfp4_tile_fast`, the same values from a few integer operations
+    (ALIGNED: also k0 % 32 == 0; WHOLE: also k0 + BLOCK_K <= k_end)."""
     col = k0 + tl.arange(0, BLOCK_K)                                                  # [BK]
     mask = n_ok[:, None] & (col < k_end)[None, :]                                     # [BN, BK]
-    if MXFP4:
+    if MXFP4 and FAST:
+        w = _mxfp4_tile_fast(w_ptr, s_ptr, expert * N + rn, n_ok, k0, k_end, K, OUT_DTYPE, BLOCK_N, BLOCK_K,
+                             ALIGNED, WHOLE)
+    elif MXFP4:
         G = K // 32
         row = expert * N + rn                                                         # [BN] int64
         c = k0 + 2 * tl.arange(0, BLOCK_K // 2)                                      # [BK/2] even elements' columns
@@ -198,22 +286,73 @@ def _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, k0, k_end, N, K, MXFP4: tl.cons
 @triton.jit
 def _chunk_acc(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K, lo, width,
                alpha, limit, SWIGLU: tl.constexpr, MXFP4: tl.constexpr, USE_DOT: tl.constexpr,
-               PORTABLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               PORTABLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               ALIGNED: tl.constexpr = False, FAST_DECODE: tl.constexpr = True):
     """acc[m, n] = sum_j a[rows[m], lo + j] * W[expert, rn[n], lo + j], j in [0, width): fp32, from 0,
-    in BLOCK_K steps first to last, each step the tile product of `_linear_kernel`."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for j0 in range(0, width, BLOCK_K):                                  # one fixed order
-        rk = j0 + tl.arange(0, BLOCK_K)                                  # [BK] chunk-relative
-        k_ok = rk < width
-        col = lo + rk                                                    # [BK] weight columns
-        a = _load_a_tile(a_ptr, rows, r_ok, A_STRIDE, col, k_ok, alpha, limit, SWIGLU, PORTABLE)   # [BM, BK]
-        w = _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, lo + j0, lo + width, N, K, MXFP4,
-                         a_ptr.dtype.element_ty, BLOCK_N, BLOCK_K)        # [BN, BK]
-        if USE_DOT:
-            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")    # [BM, BN]
+    in BLOCK_K steps first to last, each step the tile product of `_linear_kernel`. MXFP4 weights
+    take the fast decode when `_mxfp4_fast_ok` holds for the program's rows and chunk (decided once,
+    a uniform branch): the same tile values, so the same bits, either way. ALIGNED: the caller's
+    promise that lo % 32 == 0 (every tile starts a scale group). FAST_DECODE = False: the exact
+    decode everywhere (the kernels before the fast path; benchmarks and tests compare the two)."""
+    if MXFP4:
+        fast = False
+        if FAST_DECODE:
+            fast = _mxfp4_fast_ok(s_ptr, expert * N + rn, n_ok, K, lo, width, BLOCK_N)
+        if fast:
+            acc = _chunk_loop(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K, lo, width, alpha,
+                              limit, SWIGLU, True, True, ALIGNED, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K)
         else:
-            prod = a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]   # [BM, BN, BK]
-            acc += tl.sum(prod, axis=2)
+            acc = _chunk_loop(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K, lo, width, alpha,
+                              limit, SWIGLU, True, False, False, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = _chunk_loop(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K, lo, width, alpha,
+                          limit, SWIGLU, False, False, False, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K)
+    return acc
+
+
+@triton.jit
+def _chunk_loop(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K, lo, width,
+                alpha, limit, SWIGLU: tl.constexpr, MXFP4: tl.constexpr, FAST: tl.constexpr,
+                ALIGNED: tl.constexpr, USE_DOT: tl.constexpr, PORTABLE: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`_chunk_acc`'s K loop, with the MXFP4 decode FAST or exact. FAST runs the whole tiles in the
+    loop and the partial one after it (the same steps in the same order), so only that last tile
+    masks the bytes past the chunk's end."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if FAST:
+        for j0 in range(0, width - BLOCK_K + 1, BLOCK_K):                # the whole tiles
+            acc = _chunk_step(acc, a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K, lo, width,
+                              j0, alpha, limit, SWIGLU, MXFP4, True, ALIGNED, True, USE_DOT, PORTABLE,
+                              BLOCK_N, BLOCK_K)
+        if width % BLOCK_K != 0:                                         # then the partial one
+            acc = _chunk_step(acc, a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K, lo, width,
+                              width - width % BLOCK_K, alpha, limit, SWIGLU, MXFP4, True, ALIGNED, False,
+                              USE_DOT, PORTABLE, BLOCK_N, BLOCK_K)
+    else:
+        for j0 in range(0, width, BLOCK_K):                                  # one fixed order
+            acc = _chunk_step(acc, a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K, lo, width,
+                              j0, alpha, limit, SWIGLU, MXFP4, False, False, False, USE_DOT, PORTABLE,
+                              BLOCK_N, BLOCK_K)
+    return acc
+
+
+@triton.jit
+def _chunk_step(acc, a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok, N, K, lo, width, j0,
+                alpha, limit, SWIGLU: tl.constexpr, MXFP4: tl.constexpr, FAST: tl.constexpr,
+                ALIGNED: tl.constexpr, WHOLE: tl.constexpr, USE_DOT: tl.constexpr, PORTABLE: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc plus the tile product of chunk columns j0 .. j0 + BLOCK_K - 1 (WHOLE: all inside the chunk)."""
+    rk = j0 + tl.arange(0, BLOCK_K)                                      # [BK] chunk-relative
+    k_ok = rk < width
+    col = lo + rk                                                        # [BK] weight columns
+    a = _load_a_tile(a_ptr, rows, r_ok, A_STRIDE, col, k_ok, alpha, limit, SWIGLU, PORTABLE)   # [BM, BK]
+    w = _load_w_tile(w_ptr, s_ptr, expert, rn, n_ok, lo + j0, lo + width, N, K, MXFP4,
+                     a_ptr.dtype.element_ty, BLOCK_N, BLOCK_K, FAST, ALIGNED, WHOLE)   # [BN, BK]
+    if USE_DOT:
+        acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")        # [BM, BN]
+    else:
+        prod = a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]   # [BM, BN, BK]
+        acc += tl.sum(prod, axis=2)
     return acc
 
 

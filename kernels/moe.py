@@ -122,7 +122,8 @@ def _swiglu_kernel(x_ptr, y_ptr, I, alpha, limit, BLOCK: tl.constexpr, PORTABLE:
 @triton.jit
 def _grouped_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, b_ptr, h_ptr, R, N, K, TOP_K,
                             MXFP4: tl.constexpr, USE_DOT: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            FAST_DECODE: tl.constexpr = True):
     # program (pid_n, blk): h[rows, rn] for the rows of block blk (one expert); x [T, K],
     # h [R, N], rows [P] (-1 padding), bexp [P / BLOCK_M] (-1: unused block, return at once).
     # Rows outside [0, R) are masked (padding; and no groups made for another R can reach past h).
@@ -137,7 +138,7 @@ def _grouped_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, b_ptr, h_pt
         rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
         n_ok = rn < N
         acc = _chunk_acc(x_ptr, tok, r_ok, K, w_ptr, s_ptr, e, rn, n_ok, N, K, 0, K, 0.0, 0.0,
-                         False, MXFP4, USE_DOT, False, BLOCK_M, BLOCK_N, BLOCK_K)   # [BM, BN]
+                         False, MXFP4, USE_DOT, False, BLOCK_M, BLOCK_N, BLOCK_K, True, FAST_DECODE)   # [BM, BN]
         acc += tl.load(b_ptr + e * N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(h_ptr + rows[:, None] * N + rn[None, :], cast_rne(acc, h_ptr.dtype.element_ty),
                  mask=r_ok[:, None] & n_ok[None, :])
@@ -147,10 +148,13 @@ def _grouped_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, b_ptr, h_pt
 def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_ptr, R, N, K, A_STRIDE, C,
                          alpha, limit, SWIGLU: tl.constexpr, MXFP4: tl.constexpr, USE_DOT: tl.constexpr,
                          PORTABLE: tl.constexpr, CHUNK_LOOP: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LO_DIV: tl.constexpr = 1,
+                         FAST_DECODE: tl.constexpr = True):
     # program (pid_n, blk, c): parts[c, rows, rn] of chunk c for the rows of block blk; a [R, A_STRIDE],
     # W [E, N, K] (or MXFP4), bounds [C, 2], parts [C, R, N] fp32. CHUNK_LOOP: program (pid_n, blk)
     # computes every chunk in turn, c = 0 .. C-1 (each from 0, as its own program would: the same bits).
+    # LO_DIV: a power of two dividing every chunk's first column (a hint for vector loads; 32: the
+    # MXFP4 tiles start scale groups).
     pid_n = tl.program_id(0)
     blk = tl.program_id(1)
     e = tl.load(bexp_ptr + blk)
@@ -164,9 +168,12 @@ def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_
         c_hi = C if CHUNK_LOOP else tl.program_id(2) + 1
         for c in range(c_lo, c_hi):
             lo = tl.load(bounds_ptr + 2 * c)
+            if LO_DIV > 1:
+                lo = tl.multiple_of(lo, LO_DIV)
             width = tl.load(bounds_ptr + 2 * c + 1) - lo
             acc = _chunk_acc(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, e, rn, n_ok, N, K, lo, width, alpha, limit,
-                             SWIGLU, MXFP4, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K)   # [BM, BN]
+                             SWIGLU, MXFP4, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K, LO_DIV % 32 == 0,
+                             FAST_DECODE)   # [BM, BN]
             tl.store(y_ptr + (c * R + rows[:, None]) * N + rn[None, :], acc, mask=r_ok[:, None] & n_ok[None, :])
 
 
@@ -280,10 +287,13 @@ def group_by_expert_reference(flat_ids, expert_lo: int, n_local: int, block_m: i
     return sorted_rows + [-1] * (pad * block_m), block_expert + [-1] * pad
 
 
-def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.Tensor) -> torch.Tensor:
+def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.Tensor,
+                          fast_decode: bool = True) -> torch.Tensor:
     """x [T, H], groups = group_by_expert(ids [T * k]), weight [E_l, N, H] or MXFP4, bias [E_l, N]
     -> h [T * k, N] in x's dtype: h[r] = x[r // k] @ W[e]^T + b[e] for local experts, 0 elsewhere.
-    One launch, grid (N tiles, blocks). Each element: linear_triton's reduction of x[r // k] by W[e]."""
+    One launch, grid (N tiles, blocks). Each element: linear_triton's reduction of x[r // k] by W[e].
+    fast_decode=False: MXFP4 decoded by the exact per-element path everywhere (the same bits; for
+    benchmarks and tests, see kernels/matmul.py `_chunk_acc`)."""
     check_float("x", x, 2)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"expert_gate_up: k must be a positive int, got {k!r}")
@@ -300,19 +310,21 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
         return h
     bn, bk, warps, stages = expert_tiles("gate_up", N, H, x.dtype)
     grid = (triton.cdiv(N, bn), block_expert.shape[0])
+    mxfp4 = {"FAST_DECODE": fast_decode} if s is not w else {}
     _grouped_gate_up_kernel[grid](x.contiguous(), sorted_rows, block_expert, w, s, bias.contiguous(), h, R, N, H, k,
                                   MXFP4=s is not w, USE_DOT=USE_DOT, BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn,
-                                  BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                                  BLOCK_K=bk, num_warps=warps, num_stages=stages, **mxfp4)
     return h
 
 
 def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
                                 prologue_swiglu: tuple[float, float] | None = None,
-                                chunk_loop: bool = False) -> torch.Tensor:
+                                chunk_loop: bool = False, fast_decode: bool = True) -> torch.Tensor:
     """a [R, K] (or the gate_up h [R, 2K] with prologue_swiglu = (alpha, limit)), groups as above,
     weight [E_l, N, K] or MXFP4, bounds C column ranges (lo, hi) of K -> parts [C, R, N] fp32, no
     bias; rows of non-local experts stay 0. One launch, grid (N tiles, blocks, C). Each element:
-    linear_triton's reduction of the chunk's fresh copy (see kernels/matmul.py linear_chunks)."""
+    linear_triton's reduction of the chunk's fresh copy (see kernels/matmul.py linear_chunks).
+    fast_decode: as in expert_gate_up_triton."""
     check_float("a", a, 2)
     R = a.shape[0]
     x_per_k = 1 if prologue_swiglu is None else 2
@@ -321,6 +333,7 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
     K = a.shape[1] // x_per_k
     sorted_rows, block_expert = _check_groups(groups, R, a.device)
     w, s, E_l, N = _check_expert_weight("down weight", weight, K, a, _n_local(block_expert, R))
+    bounds = list(bounds)
     b = bounds_tensor(bounds, K, a.device)                               # [C, 2]
     alpha, limit = prologue_swiglu if prologue_swiglu is not None else (0.0, 0.0)
     parts = torch.zeros((b.shape[0], R, N), dtype=torch.float32, device=a.device)
@@ -329,11 +342,23 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
     bn, bk, warps, stages = expert_tiles("down", N, K, a.dtype)
     C = b.shape[0]
     grid = (triton.cdiv(N, bn), block_expert.shape[0], 1 if chunk_loop else C)
+    mxfp4 = {"LO_DIV": _lo_div(bounds), "FAST_DECODE": fast_decode} if s is not w else {}
     _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K, C,
                                float(alpha), float(limit), SWIGLU=prologue_swiglu is not None, MXFP4=s is not w,
                                USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, CHUNK_LOOP=chunk_loop,
-                               BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                               BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+                               **mxfp4)
     return parts
+
+
+def _lo_div(bounds) -> int:
+    """The largest power of two up to 32 dividing every chunk's first column (host ints: no sync).
+    Given to the MXFP4 launches only: the dense kernels stay as their goldens were recorded."""
+    div = 32
+    for lo, _ in bounds:
+        while lo % div:
+            div //= 2
+    return div
 
 
 # --------------------------------------------------------------------------- torch references

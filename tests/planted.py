@@ -16,10 +16,10 @@ from harness import runner
 from harness.golden import GoldenStore
 from harness.platform import SHARED, detect
 from harness.result import RunContext
-from harness.specfile import load_specs
 from tests.conftest import REPO
+from tests.repo_specs import repo_specs
 
-SPECS = {s.id: s for s in load_specs(REPO / "specs")[0]}
+SPECS = repo_specs()
 
 
 class Planted:
@@ -42,6 +42,9 @@ class Planted:
                              runner.provenance(self.ctx, spec, platform))
 
     def outcome(self, spec_id: str) -> runner.Outcome:
+        # a planted fault must reach what loads: drop the drafts the recording runs cached
+        from harness.targets import lockstep_run
+        lockstep_run.draft.cache_clear()
         store = self.store if spec_id in self.recorded else self.repo_store
         return runner.check_spec(SPECS[spec_id], self.ctx, store)
 

@@ -8,12 +8,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 COMMAND = ["bench/e2e.py", "--shape", "tiny", "--device", "cpu", "--batches", "1,2", "--prefill", "16",
            "--repeat", "1", "--new-tokens", "4", "--generate-batches", "2"]
 
 
+@pytest.mark.slow      # 132 s (docs/gate.md)
 def test_e2e_bench_runs_on_tiny_cpu():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, *COMMAND], cwd=REPO, env=env, capture_output=True, text=True,

@@ -1,5 +1,6 @@
 """bench/speculative.py on the tiny shape, on the CPU: it must run, pass its own check (greedy
-speculative decoding = greedy generate) and print every figure (no timing is asserted)."""
+speculative decoding = greedy generate) and print every figure, the end-to-end one at full
+acceptance included (no timing is asserted)."""
 
 import os
 import subprocess
@@ -19,3 +20,34 @@ def test_speculative_bench_runs_on_tiny_cpu():
     assert [r[0] for r in rows] == ["1", "2"], out
     for r in rows:
         assert r[1].endswith("ms") and r[4].endswith("ms") and "derived:" in r, r
+    e2e = [line for line in out.splitlines() if line.startswith("end to end")]
+    assert len(e2e) == 1 and "outputs equal: ok" in e2e[0], out
+    # the draft proposes the plain run's own tokens: every draft of every round but the last is accepted
+    assert "mean accept length 4.00" in e2e[0] or "mean accept length 3." in e2e[0], e2e[0]
+
+
+def test_proposing_draft_is_accepted_and_changes_nothing_else():
+    """bench.speculative.proposing: a head made to propose the target's own tokens gives full
+    acceptance on the tiny shape, and the outputs stay those of plain generate."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import e2e
+    import speculative as bench
+    from engine.config import preset
+    from engine.generate import generate
+    from engine.request import Request, SamplingParams
+    import engine.speculative as sm
+
+    config, dev = preset("tiny"), torch.device("cpu")
+    floats, packed = e2e.random_weights(config, dev)
+    target = e2e.engine_model(config, {**floats, **e2e.dense_experts(packed)}, "torch", dev, "bf16")
+    prompt = torch.randint(0, config.vocab_size, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.inference_mode():
+        plain = generate(target, [Request(prompt, SamplingParams(greedy=True, max_new_tokens=9))])[0]
+        draft = bench.proposing(bench.random_draft(target, dev, dtype="bf16", must=plain.tokens),
+                                torch.tensor([prompt + plain.tokens]))
+        got = sm.speculative_generate(target, draft, [Request(prompt, SamplingParams(greedy=True, max_new_tokens=9))],
+                                      sm.SpecParams(num_steps=3, topk=1, draft_token_num=4, verify="greedy"))[0]
+    assert got.tokens == plain.tokens and got.logprob_bytes == plain.logprobs.numpy().tobytes()
+    assert got.accept_lengths[:-1] == [4] * (len(got.accept_lengths) - 1), got.accept_lengths

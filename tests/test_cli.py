@@ -132,7 +132,7 @@ def test_regen_shows_changes_and_touches_only_the_selection(project, capsys, mon
 def test_regen_refuses_when_two_runs_disagree(project, capsys, monkeypatch):
     calls = iter(range(100))
     real = kernels.coins.gumbel_from_hash
-    monkeypatch.setattr("harness.kinds.coins.gumbel_from_hash", lambda h: real(h) + next(calls))
+    monkeypatch.setattr("harness.targets.lockstep_run.gumbel_from_hash", lambda h: real(h) + next(calls))
     before = golden_bytes(project)
     code, out = run(capsys, "regen", "coins/gumbel-endpoints")
     assert code == 1 and "two runs disagree" in out and golden_bytes(project) == before
@@ -142,7 +142,7 @@ def test_crash_in_runner_is_reported_not_raised(project, capsys, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr("harness.kinds.coins.MURMUR", {"torch": boom, "triton": boom})
+    monkeypatch.setattr("harness.targets.lockstep_run.MURMUR", {"torch": boom, "triton": boom})
     code, out = run(capsys, "check", "coins/known-answers")
     assert code == 1 and "CRASH" in out and "kernel exploded" in out
 

@@ -33,28 +33,32 @@ def _command(cpu: str | None) -> list[str]:
     return base if cpu is None else ["qemu-x86_64", "-cpu", cpu] + base
 
 
+def _fingerprint(cpu: str | None) -> dict:
+    """The fingerprint computed in a fresh process, natively (cpu None) or under qemu's `cpu`."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    p = subprocess.run(_command(cpu), cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    errors = [ln for ln in p.stderr.splitlines() if "TCG doesn't support" not in ln]
+    assert p.returncode == 0, f"fingerprint under {cpu or 'native'} failed:\n" + "\n".join(errors[-20:])
+    return json.loads(p.stdout)
+
+
+# Each emulated CPU is computed by its own test, so each is paid once in the whole run: a module
+# fixture computing all three was set up again by every pytest-xdist worker that ran one of the
+# tests (twice under `pytest -n 2`, ~400 s of emulation each). The native fingerprint (seconds)
+# is computed once per worker.
 @pytest.fixture(scope="module")
-def fingerprints():
+def native():
     if shutil.which("qemu-x86_64") is None:
         if _truthy(os.environ.get("CI")):
             pytest.fail("qemu-x86_64 is missing under CI: .ci/run must install qemu-user")
         pytest.skip("qemu-user is not installed (apt-get install -y qemu-user)")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    procs = {cpu: subprocess.Popen(_command(cpu), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-             for cpu in (None,) + CPU_MODELS}
-    out = {}
-    for cpu, p in procs.items():
-        stdout, stderr = p.communicate(timeout=TIMEOUT)
-        errors = [ln for ln in stderr.splitlines() if "TCG doesn't support" not in ln]
-        assert p.returncode == 0, f"fingerprint under {cpu or 'native'} failed:\n" + "\n".join(errors[-20:])
-        out[cpu or "native"] = json.loads(stdout)
-    return out
+    return _fingerprint(None)
 
 
+@pytest.mark.slow      # ~75 s of CPU each under qemu (docs/gate.md)
 @pytest.mark.parametrize("cpu", CPU_MODELS)
-def test_reference_bits_equal_on_an_emulated_cpu(fingerprints, cpu):
-    native, other = fingerprints["native"], fingerprints[cpu]
+def test_reference_bits_equal_on_an_emulated_cpu(native, cpu):
+    other = _fingerprint(cpu)
     assert set(native["sections"]) == set(other["sections"])
     assert all(s["trail"] for s in native["sections"].values())          # something ran
     where = first_difference(native, other)

@@ -66,8 +66,8 @@ def eagle_config_first(draft_config):
 
 
 def test_ids_in_both_places_read_silently(specs, monkeypatch):
-    import harness.kinds.layer_ids
-    monkeypatch.setattr(harness.kinds.layer_ids, "aux_layer_ids_from_draft_config", eagle_config_first)
+    import engine.boundaries               # what Lockstep's eagle3_layers operation reads the ids with
+    monkeypatch.setattr(engine.boundaries, "aux_layer_ids_from_draft_config", eagle_config_first)
     report = specs.red("layer_ids/error-ids-in-both-places-differ")
     assert "the resolver accepted the ids (boundaries [24, 30, 36])" in report
     specs.green("layer_ids/ids-in-both-places-equal")

@@ -36,24 +36,24 @@ def test_invalid_sampling_is_located_with_the_engine_message():
 
 
 def test_checks_pass_on_the_engine():
-    spec = parse_spec(SPEC, "f.yaml", "g/x")
-    result = kind.run(spec, RunContext(detect("cpu")), engine())
+    spec, ctx = parse_spec(SPEC, "f.yaml", "g/x"), RunContext(detect("cpu"))
+    result = kind.run(spec, ctx, engine(ctx))
     assert kind.check(spec, result) == []
     assert sorted(result.tensors) == ["logprobs_0", "logprobs_1", "tokens_0", "tokens_1"]
 
 
 def test_a_batch_variant_linear_fails_the_d2_and_d3_checks(monkeypatch):
     """torch's own matmul over all rows at once (MKL: M = 1 differs from M >= 2) must be caught."""
-    from engine import ops                 # not `import engine.ops`: it would shadow the default target `engine()`
+    from engine import ops                 # not `import engine.ops`: it would shadow the default target `engine(ctx)`
 
     def batched_linear(x, weight, bias=None, out_dtype=None):
         return F.linear(x, weight, bias).to(out_dtype or x.dtype)
 
-    spec = parse_spec(SPEC, "f.yaml", "g/x")
+    spec, ctx = parse_spec(SPEC, "f.yaml", "g/x"), RunContext(detect("cpu"))
     real = ops.TORCH.linear
     object.__setattr__(ops.TORCH, "linear", batched_linear)      # the ops table is frozen on purpose
     try:
-        fails = kind.check(spec, kind.run(spec, RunContext(detect("cpu")), engine()))
+        fails = kind.check(spec, kind.run(spec, ctx, engine(ctx)))
     finally:
         object.__setattr__(ops.TORCH, "linear", real)
     assert any("each request alone" in f or "prefill chunks of 5" in f for f in fails), fails
@@ -61,7 +61,8 @@ def test_a_batch_variant_linear_fails_the_d2_and_d3_checks(monkeypatch):
 
 def test_world_sizes_add_topologies_and_name_unsupported_splits():
     spec = parse_spec(SPEC.replace("expect:\n  batch_invariant: true\n  prefill_chunks: [5]\n", ""), "f.yaml", "g/x")
-    result = kind.run(spec, RunContext(detect("cpu"), world_sizes=(1, 4)), engine())
+    ctx = RunContext(detect("cpu"), world_sizes=(1, 4))
+    result = kind.run(spec, ctx, engine(ctx))
     # tiny has 2 KV heads (no TP 4) but 4 experts (EP 4 runs)
     assert list(result.facts["variants_differing"]) == ["topology tp=1 ep=4"]
     assert kind.check(spec, result) == []

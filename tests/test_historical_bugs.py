@@ -18,10 +18,10 @@ from harness import runner
 from harness.golden import GoldenStore
 from harness.platform import detect
 from harness.result import RunContext
-from harness.specfile import load_specs
 from tests.conftest import REPO
+from tests.repo_specs import repo_specs
 
-SPECS = {s.id: s for s in load_specs(REPO / "specs")[0]}
+SPECS = repo_specs()
 CTX = RunContext(detect())
 STORE = GoldenStore(REPO / "golden")
 
@@ -44,7 +44,7 @@ def test_unconditional_plus_one_on_layer_ids(monkeypatch):
             convention = "boundary"
         return real(ids, convention, *args, **kwargs)
 
-    monkeypatch.setattr("harness.kinds.layer_ids.resolve_boundaries", always_plus_one)
+    monkeypatch.setattr("engine.boundaries.resolve_boundaries", always_plus_one)   # Lockstep's eagle3_layers
     out = status("layer_ids/120b-nvidia-v3-sglang")
     assert out.status in runner.FAILING and "outside [0, 36]" in out.report()
     assert status("layer_ids/forward-d36-nvidia-v3").status in runner.FAILING

@@ -50,7 +50,7 @@ def test_a_crash_is_one_located_line_and_its_traceback_comes_with_debug(project,
     def boom(*a, **k):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr("harness.kinds.coins.MURMUR", {"torch": boom, "triton": boom})
+    monkeypatch.setattr("harness.targets.lockstep_run.MURMUR", {"torch": boom, "triton": boom})
     code, out = run(capsys, "check", "coins/known-answers")
     assert code == 1 and "crashed: RuntimeError: kernel exploded (at tests/test_hostile_cli.py:" in out
     assert "Traceback" not in out and "reproduce: lockstep diff coins/known-answers --debug" in out

@@ -11,10 +11,10 @@ from harness import runner
 from harness.golden import GoldenStore
 from harness.platform import detect
 from harness.result import RunContext
-from harness.specfile import load_specs
 from tests.conftest import REPO
+from tests.repo_specs import repo_specs
 
-SPECS = {s.id: s for s in load_specs(REPO / "specs")[0] if s.id.startswith("mxfp4/")}
+SPECS = {i: s for i, s in repo_specs().items() if i.startswith("mxfp4/")}
 CTX = RunContext(detect("cpu"))
 STORE = GoldenStore(REPO / "golden")
 

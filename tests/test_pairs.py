@@ -14,11 +14,11 @@ from harness import pairs
 from harness.cli import main
 from harness.golden import GoldenStore
 from harness.pairs import ALL_PAIRS, Pair
-from harness.specfile import load_specs
 from tests.conftest import COINS, REPO
 from tests.planted import module_with
+from tests.repo_specs import repo_specs
 
-SPECS = {s.id: s for s in load_specs(REPO / "specs")[0]}
+SPECS = repo_specs()
 
 
 def folders_of(spec_id, chosen=ALL_PAIRS, device="cpu"):
@@ -68,6 +68,34 @@ def test_one_row_per_golden_folder_and_the_interpreter_runs_the_specs_written_fo
     assert folders_of("generate/top-k", [Pair("bf16", "triton")]) == []
     rows = pairs.plan([SPECS["generate/top-k"]], [Pair("bf16", "triton")], "cpu", explicit=True)
     assert [f for _, _, f in rows] == ["cpu-bf16-triton"]                              # both options: runs
+
+
+def test_a_spec_s_rows_follow_the_order_of_the_pairs_given_and_skip_only_what_it_cannot_run():
+    """plan() walks the pairs in the order given: an unsupported pair first does not end the spec's
+    rows (found by mutation testing: `continue` -> `break` went unseen with ALL_PAIRS' order)."""
+    triton_first = [Pair("fp32", "triton"), Pair("bf16", "torch"), Pair("fp32", "torch")]
+    assert folders_of("generate/top-k", triton_first) == ["cpu-bf16", "cpu-fp32"]
+    assert folders_of("generate/interpreter-mxfp4", [Pair("bf16", "triton"), Pair("fp32", "triton")]) == [
+        "cpu-fp32-triton"]
+
+
+def test_the_world_sizes_reach_every_row_s_context():
+    assert Pair("bf16", "triton").context("cpu", (1, 2)).world_sizes == (1, 2)
+    rows = pairs.plan([SPECS["generate/top-k"]], list(ALL_PAIRS), "cpu", world_sizes=(2, 4))
+    assert [(ctx.world_sizes, ctx.backend, ctx.platform.dtype) for _, ctx, _ in rows] == [
+        ((2, 4), "torch", "fp32"), ((2, 4), "torch", "bf16")]
+
+
+def test_folders_are_every_golden_folder_a_spec_reads_on_a_device():
+    """What the pytest plugin names its items by: one folder, or several ([folder] in the id)."""
+    assert pairs.folders(SPECS["generate/top-k"], "cpu") == {"cpu-fp32", "cpu-bf16", "cpu-fp32-triton",
+                                                             "cpu-bf16-triton"}
+    assert pairs.folders(SPECS["coins/known-answers"], "cuda-sm90") == {"shared"}
+    assert pairs.folders(SPECS["kernels/rmsnorm-n1"], "cuda-sm90") == {"cuda-sm90-fp32-triton"}
+
+
+def test_describe_lists_the_pairs_for_a_message():
+    assert pairs.describe([Pair("fp32", "torch"), Pair("bf16", "triton")]) == "fp32/torch, bf16/triton"
 
 
 def test_every_spec_has_a_golden_for_every_pair_recorded_here():

@@ -13,11 +13,15 @@ from kernels import portable
 N = 1_000_000
 
 
+slow_oracle = pytest.mark.slow     # 10^6 inputs per op: 127 s (docs/gate.md)
+
+
 @pytest.fixture(scope="module")
 def findings():
     return oracle.check_all(N)
 
 
+@slow_oracle
 def test_every_primitive_is_ieee_on_this_cpu(findings):
     wrong = [f for f in findings if not f.ok]
     assert not wrong, "not IEEE on this CPU:\n" + "\n".join(
@@ -26,6 +30,7 @@ def test_every_primitive_is_ieee_on_this_cpu(findings):
                and "argmax" not in f.op and "sort" not in f.op)
 
 
+@slow_oracle
 def test_the_oracle_covers_every_checked_op(findings):
     named = " ".join(f.op for f in findings)
     aliases = {"add_": "add", "_to_copy": "cast", "to": "cast", "copy_": "cast", "nan_to_num": "where"}

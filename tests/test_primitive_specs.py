@@ -24,6 +24,7 @@ import triton.language as tl
 import kernels.portable as portable
 import kernels.primitives
 from harness.kinds import primitive
+from harness.targets import lockstep_run
 from tests.planted import Planted, module_with
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow encountered",
@@ -124,12 +125,12 @@ def test_triton_exp_not_portable(specs, monkeypatch):
 
 
 def test_bf16_cast_losing_the_sign_of_zero(specs, monkeypatch):
-    real = primitive.torch_impl
+    real = lockstep_run.torch_impl
 
     def unsigned_zero(fn, x):
         y = real(fn, x)
         return torch.where(y == 0, torch.zeros_like(y), y) if fn == "to_bf16" else y
-    monkeypatch.setattr(primitive, "torch_impl", unsigned_zero)
+    monkeypatch.setattr(lockstep_run, "torch_impl", unsigned_zero)
     report = specs.red("primitives/to-bf16")
     assert "not the exact rounding" in report and "0x8000" in report
 

@@ -186,3 +186,37 @@ def test_regen_refused_while_another_regen_holds_the_goldens(scratch):
         result = scratch.runpytest("--lockstep-regen")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*another process is recording goldens*"])
+
+
+# --------------------------------------------------------------------------- lockstep_slow (issue 38)
+def test_slow_specs_are_marked_by_the_ini_list_and_still_run_by_default(scratch):
+    """Two gates, one truth: `-m "not slow"` leaves out the listed specs, `-m slow` runs only them,
+    and a plain run runs every spec; the list lives in the ini file (a spec's tags are hashed into
+    its goldens). A glob naming no spec is warned about."""
+    scratch.runpytest("--lockstep-regen").assert_outcomes(passed=2)
+    scratch.makeini("[pytest]\ntestpaths = specs\nlockstep_slow =\n    coins/top-*  # the costly one\n"
+                    "    coins/no-such-spec\n")
+    quick = scratch.runpytest("-m", "not slow", "-rA")
+    quick.assert_outcomes(passed=1, deselected=1)
+    quick.stdout.fnmatch_lines(["*lockstep_slow: these globs name no spec: coins/no-such-spec*",
+                                "PASSED specs/coins/known-answers.yaml::coins/known-answers*"])
+    scheduled = scratch.runpytest("-m", "slow", "-rA")
+    scheduled.assert_outcomes(passed=1, deselected=1)
+    scheduled.stdout.fnmatch_lines(["PASSED specs/coins/top-hashes-verify.yaml::coins/top-hashes-verify*"])
+    scratch.runpytest().assert_outcomes(passed=2)
+
+
+def test_the_projects_slow_list_names_only_specs_that_exist():
+    """Every glob of this project's own lockstep_slow names a spec (a renamed spec would otherwise
+    slip into the quick gate unnoticed), and the quick gate still holds most specs."""
+    import tomllib
+    from fnmatch import fnmatchcase
+
+    from harness.specfile import spec_files, spec_id_for
+
+    ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    globs = [g.split("#")[0].strip() for g in ini["lockstep_slow"]]
+    ids = {spec_id_for(f, REPO / "specs") for f in spec_files(REPO / "specs")}
+    assert [g for g in globs if g and not any(fnmatchcase(i, g) for i in ids)] == []
+    slow = {i for i in ids if any(fnmatchcase(i, g) for g in globs if g)}
+    assert slow and len(slow) * 5 < len(ids)

@@ -27,8 +27,8 @@ def cmd_check(args, explain: bool = False) -> int:
     golden_exists(args)
     ctx = context(args)
     runner.self_check()  # a comparator or loader that calls -0.0 == 0.0 would pass everything: refuse first
-    target = target_for(args.target)          # lockstep: its engine, judged against the goldens below
-    if not target.engine:                     # another implementation: against its expectations
+    target = target_for(args.target, ctx)     # lockstep: its engine, judged against the goldens below
+    if not target.has_goldens:                # another implementation: against its expectations
         return check_against_expectations(target, args, specs, errors, ctx, explain,
                                           Progress(len(specs), lines=args.json))
     session = CheckSession(args.golden, args.strict, specs, errors, rows=plan(args, specs, ctx))

@@ -6,12 +6,13 @@ A kind module defines
     EXTRA_FIELDS (optional)  schemas of further top-level fields
     validate(doc) (optional) cross-field rules → list[harness.schema.Problem]
     golden_platform(spec, ctx) → the platform name its golden is stored under
-    run(spec, ctx, target) → harness.result.Result: the spec run against `target`
-                             (harness.targets.base.TargetInterface); Lockstep's engine is the
-                             default target (harness/targets/lockstep.py: engine(), whose
-                             `engine` is True), judged against the goldens bit for bit
+    run(spec, ctx, target) → harness.result.Result: the spec run through the target's
+                             operations only (harness.targets.base.TargetInterface: `op`,
+                             `offers`); Lockstep's engine is the default target
+                             (harness/targets/lockstep.py: engine(ctx), which implements every
+                             operation and `has_goldens`: judged against the goldens bit for bit)
     check(spec, result) → list[str], one message per failed expectation
-and, for targets other than Lockstep's engine (harness/targets/judge.py):
+and, for targets judged against their expectations (harness/targets/judge.py):
     applicability(spec, target, device) (optional) → how a run is compared ("bitwise",
                              "tolerance", "chi-square"), or NotApplicable with the reason;
                              without it, the kind is n/a on every other target

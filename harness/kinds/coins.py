@@ -23,9 +23,10 @@
       gumbel_finite: true
       reproducible: true             # a second run gives the same bits
 
-The hash runs on both backends (torch reference and Triton kernel) and they must agree
-bitwise. Outputs: `hash` [n, m] int64, `coins` [n, N] float32, `final` [n] float32,
-`gumbel` [n, m] float64. Hashes and coins are platform independent (golden/shared); specs
+The spec runs through the target's `hash`, `verify_coins` and `gumbel` operations only. A target
+whose operations offer the feature "backends" (Lockstep's engine: the torch reference and the
+Triton kernel) computes each output on every backend the spec names, and they must agree bitwise.
+Outputs: `hash` [n, m] int64, `coins` [n, N] float32, `final` [n] float32, `gumbel` [n, m] float64. Hashes and coins are platform independent (golden/shared); specs
 with Gumbel noise store per-platform goldens, since `log` may differ in its last bit.
 """
 
@@ -41,15 +42,13 @@ from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
 from harness.targets.base import BITWISE, NotApplicable, TargetInterface
-from kernels.coins import (COIN_MAX, coins_from_hash, gumbel_from_hash, murmur_hash32_torch, murmur_hash32_triton,
-                           verify_coins)
+from kernels.coins import COIN_MAX, murmur_hash32_torch
 
 NAME = "coins"
 OUTPUTS = ("hash", "coins", "gumbel")
 UINT32 = Int(min=0, max=2**32 - 1)
 MAX_DRAFT_TOKENS = 4096
-MURMUR = {"torch": murmur_hash32_torch, "triton": murmur_hash32_triton}   # the hashes that must agree
-BACKENDS = tuple(MURMUR)
+BACKENDS = ("torch", "triton")        # the hashes that must agree, where the target offers "backends"
 
 INPUTS = Map({
     "seeds": Field(IntSeq(), doc="request seeds, one per row"),
@@ -147,38 +146,6 @@ def golden_platform(spec, ctx) -> str:
     return ctx.fixed_platform if "gumbel" in spec.inputs["outputs"] else SHARED
 
 
-def _compute(spec, device) -> dict[str, torch.Tensor]:
-    inp = spec.inputs
-    backends, wanted = inp["backends"], inp["outputs"]
-    out = {}
-    if inp["keys"] is not None:
-        keys = torch.tensor(inp["keys"], dtype=torch.int64, device=device)  # [k, 3]
-        # Each key is its own row; its column is the diagonal of the [k, k] hash grid. The diagonal is
-        # copied with standard strides: for one key, .contiguous() would keep its stride of 2.
-        hashes = {b: MURMUR[b](keys[:, 0].contiguous(), keys[:, 1].contiguous(), keys[:, 2].contiguous()
-                               ).diagonal().clone(memory_format=torch.contiguous_format)
-                  for b in backends}
-        _agree(hashes)
-        h = hashes[backends[0]]
-        out = {"hash": h, "coins": coins_from_hash(h), "gumbel": gumbel_from_hash(h)}
-        return {k: v.cpu() for k, v in out.items() if k in wanted}
-    seeds, pos = _rows(inp, device)
-    if inp["columns"] is not None:
-        cols = materialize(inp["columns"]).to(device)
-        hashes = {b: MURMUR[b](seeds, pos, cols) for b in backends}
-        _agree(hashes)
-        h = hashes[backends[0]]
-        if "hash" in wanted:
-            out["hash"] = h
-        if "gumbel" in wanted:
-            out["gumbel"] = gumbel_from_hash(h)
-    if "coins" in wanted:
-        per_backend = {b: verify_coins(seeds, pos, inp["draft_token_num"], MURMUR[b]) for b in backends}
-        _agree({b: torch.cat([c, f[:, None]], 1) for b, (c, f) in per_backend.items()})
-        out["coins"], out["final"] = per_backend[backends[0]]
-    return {k: v.cpu() for k, v in out.items()}
-
-
 def _rows(inp, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(seeds [n], positions [n]): a single seed or position applies to every row."""
     seeds, pos = materialize(inp["seeds"]).to(device), materialize(inp["positions"]).to(device)
@@ -186,22 +153,9 @@ def _rows(inp, device) -> tuple[torch.Tensor, torch.Tensor]:
     return seeds.expand(n).contiguous(), pos.expand(n).contiguous()
 
 
-class BackendDisagreement(AssertionError):
-    pass
-
-
-def _agree(by_backend: dict[str, torch.Tensor]) -> None:
-    (ref_name, ref), *others = by_backend.items()
-    for name, t in others:
-        if t.dtype != ref.dtype or t.shape != ref.shape or not t.view(torch.uint8).equal(ref.view(torch.uint8)):
-            bad = (t != ref).nonzero()[:5].tolist() if t.shape == ref.shape else "shape" 
-            raise BackendDisagreement(f"backends {ref_name!r} and {name!r} disagree, first at {bad}")
-
-
 def run(spec, ctx, target: TargetInterface) -> Result:
-    """On Lockstep's engine: every backend the spec names, which must agree bitwise. On another
-    target: its `hash`, `verify_coins` and `gumbel` operations on the spec's keys."""
-    compute = (lambda: _compute(spec, ctx.device)) if target.engine else _on_target(spec, ctx, target)
+    """The target's `hash`, `verify_coins` and `gumbel` operations on the spec's keys or grid."""
+    compute = _compute(spec, ctx, target)
     tensors = compute()
     data = {}
     if spec.expect.get("reproducible"):
@@ -221,20 +175,26 @@ def applicability(spec, target: TargetInterface, device: str) -> str:
     return BITWISE
 
 
-def _on_target(spec, ctx, t: TargetInterface):
-    """compute() -> the outputs through the target's operations (NotApplicable up front)."""
+def _compute(spec, ctx, t: TargetInterface):
+    """compute() -> the outputs through the target's operations (NotApplicable up front); on the
+    spec's backends where an operation offers "backends"."""
     inp = spec.inputs
     wanted, dev = inp["outputs"], str(ctx.device)
-    ops = {op: t.op(op, dev) for output, op in TARGET_OPS if output in wanted}
+    ops = {op: _with_backends(t, op, dev, tuple(inp["backends"])) for output, op in TARGET_OPS if output in wanted}
     if inp["keys"] is not None and "coins" in wanted and "verify_coins" in ops:
         # a keys-mode coin is the coin of one hash; verify_coins gives it as column col of row (seed, pos)
         if any(k[2] < 0 or k[2] > 4096 for k in inp["keys"]):
             raise NotApplicable("keys-mode coins with columns outside 0 … 4096 need the coin of one hash, "
                                 "which this target only exposes through verify_coins")
-    return lambda: _keys_on_target(inp, ops) if inp["keys"] is not None else _grid_on_target(inp, ops)
+    return lambda: _keys(inp, ops) if inp["keys"] is not None else _grid(inp, ops)
 
 
-def _keys_on_target(inp, ops) -> dict[str, torch.Tensor]:
+def _with_backends(t: TargetInterface, op: str, device: str, backends: tuple[str, ...]):
+    fn = t.op(op, device)
+    return (lambda *args: fn(*args, backends=backends)) if t.offers(op, "backends") else fn
+
+
+def _keys(inp, ops) -> dict[str, torch.Tensor]:
     """Keys mode, one key per call: the hash, the coin (column `col` of verify coins at (seed, pos))."""
     wanted, out = inp["outputs"], {}
     keys = torch.tensor(inp["keys"], dtype=torch.int64)
@@ -250,7 +210,7 @@ def _keys_on_target(inp, ops) -> dict[str, torch.Tensor]:
     return out
 
 
-def _grid_on_target(inp, ops) -> dict[str, torch.Tensor]:
+def _grid(inp, ops) -> dict[str, torch.Tensor]:
     wanted, out = inp["outputs"], {}
     seeds, pos = _rows(inp, torch.device("cpu"))
     if inp["columns"] is not None:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, draft_dir, draft_for, draft_problems, model_for,
+from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, draft_dir, draft_problems, reference_model,
                                  target_dir)
 from harness.intseq import IntSeq, length, materialize, max_value
 from harness.limits import (MAX_DISTRIBUTION_SEEDS, MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK,
@@ -252,49 +252,12 @@ def _one_cpu_thread():
 
 
 def run(spec, ctx, target: TargetInterface) -> Result:
-    """On Lockstep's engine: its speculative sampling under the run's backend and dtype policy, one
-    request per seed. On another target: its `speculative_generate` (features: sampling, batch,
-    the verify mode, tree)."""
-    if not target.engine:
-        return _on_target(spec, ctx, target)
+    """The target's `speculative_generate` (features: sampling, batch, the verify mode, tree), one
+    seeded request per seed, counted against the exact law of a reference forward of the same
+    checkpoint (harness.checkpoints.reference_model: Lockstep's engine under the run's backend and
+    dtype policy, or for a target without its own `model`, Lockstep's fp32 model)."""
     with _one_cpu_thread():
-        return _run(spec, ctx)
-
-
-def _run(spec, ctx) -> Result:
-    import engine.speculative as speculative
-    from engine.generate import Request
-    from harness.kinds.generate import project_root
-
-    inp = spec.inputs
-    root = project_root(spec)
-    model = model_for(inp["checkpoint"], ctx.backend, root, ctx.device, ctx.platform.dtype)
-    draft = draft_for(inp["draft"], inp["checkpoint"], model, root)
-    params, sp, K = _sampling_params(inp), _spec_params(inp), inp["tokens"]
-    prompt = materialize(inp["prompt"]).tolist()
-    requests = [Request(prompt, params, seed=s) for s in materialize(inp["seeds"]).tolist()]
-    results = speculative.speculative_generate(model, draft, requests, sp)
-
-    V = model.config.vocab_size
-    counts = torch.zeros([V] * K, dtype=torch.int64)
-    for r in results:
-        counts[tuple(r.tokens)] += 1
-    law = exact_law(model, prompt, params, K)
-    test = chi_square(counts, law, inp["min_expected"])
-    rounds = [a for r in results for a in r.accept_lengths]
-    accept_hist = torch.bincount(torch.tensor(rounds, dtype=torch.int64), minlength=sp.num_steps + 2)
-    data = {
-        "requests": len(requests), "rounds": len(rounds),
-        "acceptance_rate": sum(a > 1 for a in rounds) / len(rounds),
-        "mean_accepted_drafts": sum(a - 1 for a in rounds) / len(rounds),
-        "statistic": test.statistic, "df": test.df, "p_value": test.p_value, "bins": test.bins,
-        "pooled_expected": test.pooled_expected,
-        "impossible": [[list(seq), c] for seq, c in test.impossible],
-        "largest_terms": [[list(name) if isinstance(name, tuple) else name, o, e] for name, o, e in test.largest],
-    }
-    return Result(tensors={"counts": counts, "expected": law, "accept_lengths": accept_hist}, data=data,
-                  notes=[f"chi-square X² = {test.statistic:.2f}, df = {test.df}, p = {test.p_value:.3g}; "
-                         f"acceptance rate {data['acceptance_rate']:.3f} over {len(rounds)} verify rounds"])
+        return _run(spec, ctx, target)
 
 
 def _target_call(spec, t: TargetInterface, device: str):
@@ -303,10 +266,7 @@ def _target_call(spec, t: TargetInterface, device: str):
     return t.op("speculative_generate", device, needs)
 
 
-def _on_target(spec, ctx, t: TargetInterface) -> Result:
-    """The target's speculative sampling, counted, against the exact law of Lockstep's own forward
-    of the same checkpoint (the kind's chi-square test and acceptance bounds; no golden: a target
-    may draw from its own RNG and still follow the law)."""
+def _run(spec, ctx, t: TargetInterface) -> Result:
     import dataclasses
 
     from harness.kinds.generate import project_root
@@ -317,9 +277,10 @@ def _on_target(spec, ctx, t: TargetInterface) -> Result:
     params, sp, K = _sampling_params(inp), _spec_params(inp), inp["tokens"]
     prompt = materialize(inp["prompt"]).tolist()
     requests = [Request(prompt, params, seed=s) for s in materialize(inp["seeds"]).tolist()]
-    results = op(target_dir(inp["checkpoint"], root), draft_dir(inp["draft"], inp["checkpoint"], root),
-                 inp["draft"]["convention"], requests, dataclasses.asdict(sp))
-    model = model_for(inp["checkpoint"], "torch", root, "cpu", "fp32")
+    ckpt = target_dir(inp["checkpoint"], root)
+    results = op(ckpt, draft_dir(inp["draft"], inp["checkpoint"], root), inp["draft"]["convention"], requests,
+                 dataclasses.asdict(sp))
+    model = reference_model(t, inp["checkpoint"], root, str(ctx.device))
     V = model.config.vocab_size
     counts = torch.zeros([V] * K, dtype=torch.int64)
     for r in results:
@@ -327,12 +288,19 @@ def _on_target(spec, ctx, t: TargetInterface) -> Result:
     law = exact_law(model, prompt, params, K)
     test = chi_square(counts, law, inp["min_expected"])
     rounds = [a for r in results for a in (r.accept_lengths or [])]
-    data = {"requests": len(requests), "rounds": len(rounds),
-            "acceptance_rate": sum(a > 1 for a in rounds) / max(len(rounds), 1),
-            "statistic": test.statistic, "df": test.df, "p_value": test.p_value,
-            "impossible": [[list(seq), c] for seq, c in test.impossible],
-            "largest_terms": [[list(n) if isinstance(n, tuple) else n, o, e] for n, o, e in test.largest]}
-    return Result(tensors={"counts": counts, "expected": law}, data=data)
+    accept_hist = torch.bincount(torch.tensor(rounds, dtype=torch.int64), minlength=sp.num_steps + 2)
+    data = {
+        "requests": len(requests), "rounds": len(rounds),
+        "acceptance_rate": sum(a > 1 for a in rounds) / max(len(rounds), 1),
+        "mean_accepted_drafts": sum(a - 1 for a in rounds) / max(len(rounds), 1),
+        "statistic": test.statistic, "df": test.df, "p_value": test.p_value, "bins": test.bins,
+        "pooled_expected": test.pooled_expected,
+        "impossible": [[list(seq), c] for seq, c in test.impossible],
+        "largest_terms": [[list(name) if isinstance(name, tuple) else name, o, e] for name, o, e in test.largest],
+    }
+    return Result(tensors={"counts": counts, "expected": law, "accept_lengths": accept_hist}, data=data,
+                  notes=[f"chi-square X² = {test.statistic:.2f}, df = {test.df}, p = {test.p_value:.3g}; "
+                         f"acceptance rate {data['acceptance_rate']:.3f} over {len(rounds)} verify rounds"])
 
 
 def applicability(spec, target: TargetInterface, device: str) -> str:

@@ -45,15 +45,14 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, checkpoint_problems, draft_dir, draft_for,
-                                 draft_problems, draft_tie_problems, model_for, target_dir)
+from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, checkpoint_problems, draft_dir,
+                                 draft_problems, draft_tie_problems, reference_model, target_dir)
 from harness.intseq import IntSeq, length, materialize, max_value
 from harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK, MAX_REQUEST_TOKENS, MAX_REQUESTS
 from harness.locate import Located, RequestBits, first_divergence, locate
 from harness.result import Result
 from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
 from harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
-from engine.generate import generate
 from engine.request import Request, Result as Generation, SamplingParams
 
 NAME = "generate"
@@ -218,45 +217,6 @@ def project_root(spec) -> Path:
     return Path(spec.file).resolve().parents[len(spec.id.split("/"))]
 
 
-class _Runner:
-    """How a spec's requests are run: plain generate, or speculative with its draft."""
-
-    def __init__(self, spec, ctx):
-        inp = spec.inputs
-        self.root = project_root(spec)
-        self.model = model_for(inp["checkpoint"], ctx.backend, self.root, ctx.device, ctx.platform.dtype)
-        self.capture, self.schedule = inp["capture"], inp["schedule"] or {}
-        self.draft = draft_for(inp["draft"], inp["checkpoint"], self.model, self.root) if inp["draft"] else None
-        self.spec_params = _spec_params(inp["speculative"]) if inp["speculative"] else None
-
-    def __call__(self, requests, prefill_chunk="schedule", speculative=True, trace=None):
-        """`trace`: an engine.trace.Trace the run records into (the locator's re-runs), passed in
-        as the observer: the model, shared between specs, is left as it was."""
-        if self.draft is not None and speculative:
-            from engine.speculative import speculative_generate
-
-            return speculative_generate(self.model, self.draft, requests, self.spec_params, observer=trace)
-        chunk = self.schedule.get("prefill_chunk") if prefill_chunk == "schedule" else prefill_chunk
-        return generate(self.model, requests, capture=self.capture or (),
-                        max_batch=self.schedule.get("max_batch") or 8, prefill_chunk=chunk, observer=trace)
-
-    def at_topology(self, spec, requests, tp: int, ep: int, trace=None):
-        """The same run with the target split tp × ep over local processes (rank 0's results)."""
-        from engine.parallel import generate_at, speculative_generate_at
-
-        inp = spec.inputs
-        ckpt = target_dir(inp["checkpoint"], self.root)
-        if self.draft is not None:
-            return speculative_generate_at(ckpt, tp, ep, requests, spec=self.spec_params,
-                                           draft=draft_dir(inp["draft"], inp["checkpoint"], self.root),
-                                           convention=inp["draft"]["convention"], backend=self.model.backend,
-                                           device=self.model.device, trace=trace, dtype=self.model.dtype_policy)
-        return generate_at(ckpt, tp, ep, requests, backend=self.model.backend, device=self.model.device,
-                           dtype=self.model.dtype_policy,
-                           capture=self.capture or (), max_batch=self.schedule.get("max_batch") or 8,
-                           prefill_chunk=self.schedule.get("prefill_chunk"), trace=trace)
-
-
 class _Variant(NamedTuple):
     """A way of running the spec's requests that must give the spec's run's bits.
     `call(requests, trace)` runs those requests (trace: None, or an engine.trace.Trace for the
@@ -278,7 +238,10 @@ class _Variant(NamedTuple):
         """Every request's result, in the spec's order."""
         out = [None] * len(requests)
         for idx in self.calls(len(requests)):
-            for i, r in zip(idx, self.call([requests[i] for i in idx], None)):
+            got = list(self.call([requests[i] for i in idx], None))
+            if len(got) != len(idx):
+                raise ValueError(f"{self.name}: {len(got)} results for {len(idx)} requests")
+            for i, r in zip(idx, got):
                 out[i] = r
         return out
 
@@ -340,84 +303,111 @@ def _same(a: tuple, b: tuple) -> bool:
 
 
 def run(spec, ctx, target: TargetInterface) -> Result:
-    """On Lockstep's engine: the run's backend and dtype policy, every variant of the spec and its
-    topologies, each difference located. On another target: its generation operations."""
-    if not target.engine:
-        return _on_target(spec, ctx, target)
-    exp = spec.expect
-    runner = _Runner(spec, ctx)
+    """The spec's requests through the target's `generate` (or `greedy_generate`), or with a draft
+    its `speculative_generate`; every variant of the spec (and, where the operation offers
+    "topology", the spec's topologies and --world-size's) re-run through the same operation,
+    bitwise against the target's own run; where it offers "observer", each difference located by
+    re-running both sides op by op (harness.locate)."""
+    inp, exp = spec.inputs, spec.expect
+    own, plain = _generate_plan(spec, target, str(ctx.device))
     requests = _requests(spec)
-    own = _Variant("the spec's run", lambda reqs, trace: runner(reqs, trace=trace))
-    results = own.results(requests)
-    tensors, data = {}, {"tokens": [r.tokens for r in results], "finish_reasons": [r.finish_reason for r in results]}
-    for i, r in enumerate(results):
-        tensors[f"tokens_{i}"] = torch.tensor(r.tokens, dtype=torch.int64)
-        tensors[f"logprobs_{i}"] = r.logprobs
-        if getattr(r, "captured", None) is not None:
-            tensors[f"captured_{i}"] = r.captured
-        if getattr(r, "accept_lengths", None) is not None:      # speculative runs only
-            tensors[f"accept_lengths_{i}"] = torch.tensor(r.accept_lengths, dtype=torch.int64)
-    if runner.draft is not None:
-        data["mean_accept_length"] = [r.mean_accept_length for r in results]
+    spec_run = _Variant("the spec's run", own)
+    results = spec_run.results(requests)
+    tensors, data = _outputs(results, speculative=inp["draft"] is not None)
     reference = [_bytes(r) for r in results]
     variants = []
     if exp.get("reproducible"):
-        variants.append(_Variant("a second run", own.call))
+        variants.append(_Variant("a second run", own))
     if exp.get("batch_invariant"):
-        variants += [_Variant("each request alone", own.call, "alone"),
-                     _Variant("reversed order", own.call, "reversed")]
+        variants += [_Variant("each request alone", own, "alone"), _Variant("reversed order", own, "reversed")]
     for chunk in exp.get("prefill_chunks") or []:
-        variants.append(_Variant(f"prefill chunks of {chunk}",
-                                 lambda reqs, trace, c=chunk: runner(reqs, prefill_chunk=c, trace=trace)))
-    if exp.get("equals_plain"):
-        variants.append(_Variant("plain (non-speculative) generate",
-                                 lambda reqs, trace: runner(reqs, speculative=False, trace=trace), aligned=False))
-    topologies, skipped = _topologies(spec, ctx, runner.model.config)
-    for tp, ep in topologies:
-        variants.append(_Variant(f"topology tp={tp} ep={ep}", lambda reqs, trace, tp=tp, ep=ep:
-                                 runner.at_topology(spec, reqs, tp, ep, trace)))
-    differing, located = {}, []
+        variants.append(_Variant(f"prefill chunks of {chunk}", lambda reqs, trace, c=chunk: own(reqs, trace, c)))
+    if plain is not None:
+        variants.append(_Variant("plain (non-speculative) generate", plain, aligned=False))
+    topologies, notes = _topology_variants(spec, ctx, target, own)
+    variants += topologies
+    located = target.offers(_OP[inp["draft"] is not None], "observer")
+    differing, where = {}, []
     for v in variants:
         got = v.results(requests)
         differing[v.name] = [i for i, r in enumerate(got) if not _same(_bytes(r), reference[i])]
-        if differing[v.name]:
-            located.append(_locate(own, v, requests, results, got))
-    located = [x for x in located if x is not None]
-    notes = [f"checked at {', '.join(v.name for v in variants if v.name.startswith('topology'))}"] if topologies else []
-    notes += _transports(topologies, runner.model.device)
-    notes += [f"not run at {s}" for s in skipped]
-    return Result(tensors=tensors, data=data, facts={"variants_differing": differing}, notes=notes, located=located)
+        if differing[v.name] and located:
+            where.append(_locate(spec_run, v, requests, results, got))
+    return Result(tensors=tensors, data=data, facts={"variants_differing": differing}, notes=notes,
+                  located=[x for x in where if x is not None])
+
+
+_OP = {False: "generate", True: "speculative_generate"}      # with a draft: speculative
+
+
+def _outputs(results, speculative: bool) -> tuple[dict, dict]:
+    """The golden's tensors and data of the spec's own run."""
+    tensors, data = {}, {"tokens": [list(r.tokens) for r in results],
+                         "finish_reasons": [r.finish_reason for r in results]}
+    for i, r in enumerate(results):
+        tensors[f"tokens_{i}"] = torch.tensor(list(r.tokens), dtype=torch.int64)
+        tensors[f"logprobs_{i}"] = torch.as_tensor(r.logprobs).cpu()
+        if getattr(r, "captured", None) is not None:
+            tensors[f"captured_{i}"] = torch.as_tensor(r.captured).cpu()
+        if speculative:
+            tensors[f"accept_lengths_{i}"] = torch.tensor(list(r.accept_lengths or []), dtype=torch.int64)
+    if speculative:
+        data["mean_accept_length"] = [sum(r.accept_lengths) / len(r.accept_lengths) if r.accept_lengths else 0.0
+                                      for r in results]
+    return tensors, data
+
+
+def _topology_variants(spec, ctx, t: TargetInterface, own) -> tuple[list, list[str]]:
+    """(a variant per topology the run checks, notes): the spec's (tp, ep) pairs and --world-size's,
+    where the target's generation operation offers "topology" (a split of Lockstep's own engine)."""
+    inp = spec.inputs
+    if not t.offers(_OP[inp["draft"] is not None], "topology"):
+        return [], []
+    config = reference_model(t, inp["checkpoint"], project_root(spec), str(ctx.device)).config
+    topologies, skipped = _topologies(spec, ctx, config)
+    variants = [_Variant(f"topology tp={tp} ep={ep}", lambda reqs, trace, tp=tp, ep=ep: own(reqs, trace, tp=tp, ep=ep))
+                for tp, ep in topologies]
+    notes = [f"checked at {', '.join(v.name for v in variants)}"] if topologies else []
+    return variants, notes + _transports(topologies, ctx.device) + [f"not run at {s}" for s in skipped]
 
 
 def _plain_call(spec, t: TargetInterface, device: str, sampled: bool):
-    """call(requests, prefill_chunk) -> [Generation] through `generate`, or `greedy_generate` for
-    what the minimal loop can run (greedy, no capture, no chunking); NotApplicable otherwise."""
+    """call(requests, trace=None, prefill_chunk="schedule", tp=1, ep=1) -> [Generation] through
+    `generate`, or `greedy_generate` for what the minimal loop can run (greedy, no capture, no
+    chunking); NotApplicable otherwise."""
     inp, exp = spec.inputs, spec.expect
-    chunked = (inp["schedule"] or {}).get("prefill_chunk") is not None or bool(exp.get("prefill_chunks"))
+    schedule = inp["schedule"] or {}
+    chunked = schedule.get("prefill_chunk") is not None or bool(exp.get("prefill_chunks"))
     needs = tuple(n for n, on in (("sampling", sampled), ("capture", bool(inp["capture"])),
                                   ("prefill_chunk", chunked),
                                   ("batch", bool(exp.get("batch_invariant")) and len(inp["requests"]) > 1)) if on)
+    ckpt = target_dir(inp["checkpoint"], project_root(spec))
     if "generate" not in t.ops and "greedy_generate" in t.ops and not needs:
         greedy = t.op("greedy_generate", device)
 
-        def call(requests, ckpt, prefill_chunk=None):
+        def call(requests, trace=None, prefill_chunk="schedule"):
             return [Generation(*greedy(ckpt, r.prompt, r.params.max_new_tokens, r.params.stop_token_ids))
                     for r in requests]
         return call
-    op = t.ops.get("generate")
     gen = t.op("generate", device, needs)
-    batched = "batch" in op.features
+    batched = t.offers("generate", "batch")
     capture = tuple(inp["capture"] or ())
-    max_batch = (inp["schedule"] or {}).get("max_batch") or 8
+    max_batch = schedule.get("max_batch") or 8
 
-    def call(requests, ckpt, prefill_chunk=None):
+    def call(requests, trace=None, prefill_chunk="schedule", **split):
+        chunk = schedule.get("prefill_chunk") if prefill_chunk == "schedule" else prefill_chunk
         kw = {"capture": capture} if capture else {}
-        if prefill_chunk is not None:
-            kw["prefill_chunk"] = prefill_chunk
+        kw |= {"prefill_chunk": chunk} if chunk is not None else {}
+        kw |= _hooks(trace, split)
         if batched:
             return list(gen(ckpt, requests, max_batch=max_batch, **kw))
         return [out for r in requests for out in gen(ckpt, [r], max_batch=1, **kw)]
     return call
+
+
+def _hooks(trace, split: dict) -> dict:
+    """The observer and topology keywords of a call, each only where it is asked for."""
+    return ({"observer": trace} if trace is not None else {}) | {k: v for k, v in split.items() if v != 1}
 
 
 def _speculative_call(spec, t: TargetInterface, device: str, sampled: bool):
@@ -427,20 +417,23 @@ def _speculative_call(spec, t: TargetInterface, device: str, sampled: bool):
     needs = (mode,) + (("tree",) if sp["topk"] > 1 else ()) + (("sampling",) if sampled else ()) + \
         (("batch",) if exp.get("batch_invariant") and len(inp["requests"]) > 1 else ())
     op = t.op("speculative_generate", device, needs)
-    batched = "batch" in t.ops["speculative_generate"].features
+    batched = t.offers("speculative_generate", "batch")
+    root = project_root(spec)
+    args = (target_dir(inp["checkpoint"], root), draft_dir(inp["draft"], inp["checkpoint"], root),
+            inp["draft"]["convention"])
 
-    def call(requests, ckpt, draft, prefill_chunk=None):
-        args = (ckpt, draft, inp["draft"]["convention"])
+    def call(requests, trace=None, prefill_chunk=None, **split):
+        kw = _hooks(trace, split)
         if batched:
-            return list(op(*args, requests, dict(sp)))
-        return [out for r in requests for out in op(*args, [r], dict(sp))]
+            return list(op(*args, requests, dict(sp), **kw))
+        return [out for r in requests for out in op(*args, [r], dict(sp), **kw)]
     return call
 
 
 def _generate_plan(spec, t: TargetInterface, device: str):
     """(the spec's own call, the plain call for equals_plain or None); NotApplicable with the reason."""
     inp, exp = spec.inputs, spec.expect
-    if inp.get("topologies"):
+    if inp.get("topologies") and not t.offers(_OP[inp["draft"] is not None], "topology"):
         raise NotApplicable(f"{t.name}: generate specs with 'topologies' split Lockstep's own engine over "
                             f"torch.distributed; a topology is not an operation of a target")
     sampled = any(not r.params.is_greedy for r in _requests(spec))
@@ -448,55 +441,6 @@ def _generate_plan(spec, t: TargetInterface, device: str):
         plain = _plain_call(spec, t, device, sampled) if exp.get("equals_plain") else None
         return _speculative_call(spec, t, device, sampled), plain
     return _plain_call(spec, t, device, sampled), None
-
-
-def _on_target(spec, ctx, t: TargetInterface) -> Result:
-    """The spec's requests through the target's `generate` (or `greedy_generate`), or with a draft
-    its `speculative_generate`; the spec's variants re-run through the same operation, bitwise
-    against the target's own run (topologies are n/a: they split Lockstep's own engine)."""
-    inp, exp = spec.inputs, spec.expect
-    own, plain = _generate_plan(spec, t, str(ctx.device))
-    root = project_root(spec)
-    ckpt = target_dir(inp["checkpoint"], root)
-    requests = _requests(spec)
-    if inp["draft"] is not None:
-        ddir = draft_dir(inp["draft"], inp["checkpoint"], root)
-        run = lambda reqs, chunk=None: own(reqs, ckpt, ddir)                       # noqa: E731
-    else:
-        chunk0 = (inp["schedule"] or {}).get("prefill_chunk")
-        run = lambda reqs, chunk=None: own(reqs, ckpt, chunk if chunk is not None else chunk0)  # noqa: E731
-    results = run(requests)
-    if len(results) != len(requests):
-        raise ValueError(f"{t.name} returned {len(results)} results for {len(requests)} requests")
-    tensors, data = {}, {"tokens": [list(r.tokens) for r in results],
-                         "finish_reasons": [r.finish_reason for r in results]}
-    for i, r in enumerate(results):
-        tensors[f"tokens_{i}"] = torch.tensor(list(r.tokens), dtype=torch.int64)
-        tensors[f"logprobs_{i}"] = torch.as_tensor(r.logprobs).to(torch.float32).cpu()
-        if inp["capture"]:
-            tensors[f"captured_{i}"] = torch.as_tensor(r.captured).to(torch.float32).cpu()
-        if inp["draft"] is not None:
-            tensors[f"accept_lengths_{i}"] = torch.tensor(list(r.accept_lengths or []), dtype=torch.int64)
-    if inp["draft"] is not None:
-        data["mean_accept_length"] = [sum(r.accept_lengths) / len(r.accept_lengths) if r.accept_lengths else 0.0
-                                      for r in results]
-    reference = [_bytes(r) for r in results]
-    variants = []
-    n = len(requests)
-    if exp.get("reproducible"):
-        variants.append(("a second run", lambda: run(requests)))
-    if exp.get("batch_invariant"):
-        variants.append(("each request alone", lambda: [run([r])[0] for r in requests]))
-        variants.append(("reversed order", lambda: run(requests[::-1])[::-1]))
-    for c in exp.get("prefill_chunks") or []:
-        variants.append((f"prefill chunks of {c}", lambda c=c: run(requests, c)))
-    if plain is not None:
-        variants.append(("plain (non-speculative) generate", lambda: plain(requests, ckpt, None)))
-    differing = {}
-    for name, call in variants:
-        got = call()
-        differing[name] = [i for i in range(n) if not _same(_bytes(got[i]), reference[i])]
-    return Result(tensors=tensors, data=data, facts={"variants_differing": differing})
 
 
 def applicability(spec, target: TargetInterface, device: str) -> str:

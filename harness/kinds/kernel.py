@@ -27,16 +27,18 @@ Shapes: matmul M, K, N | attention T (or positions), Hq, Hkv, D, S, window | rms
 rope T, H, D | router_top_k T, E, k | swiglu M, I | experts T, H, I, E, k |
 sampling R, V. `experts` is the engine's grouped expert path as it runs (engine.experts.experts_grouped:
 group_by_expert, the grouped gate_up, the SwiGLU, the grouped down over the 8 fixed K chunks), its
-output each (token, slot)'s down partials [T, k * 8 * H]. Each kernel module exports its
-`_triton` kernel and its `_portable` reference, the one the torch ops table runs (the experts:
-engine.experts.experts_per_row; sample_fused: engine.sampling's torch path; docs/engine.md
-lists them); the call below picks one by name (`be`).
-The golden holds the Triton output (tensor `out`), stored per platform as
-`<platform>-triton`. Failures name the kernel and the shape.
+output each (token, slot)'s down partials [T, k * 8 * H]. The kernel runs as the target's
+operation of the same name (Lockstep's engine: each kernel module's `_triton` kernel,
+harness/targets/lockstep_run.py) against the op's one torch reference on the same inputs: the
+kernel module's bit-exact `_portable` function, the one the torch ops table runs (experts:
+engine.experts.experts_per_row; sample_fused: engine.sampling's torch path; docs/engine.md lists them).
+The golden holds Lockstep's Triton output (tensor `out`), stored per platform as
+`<platform>-triton`. Failures name the target, the kernel and the shape.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -189,143 +191,11 @@ def describe(spec) -> str:
 
 
 # --------------------------------------------------------------------------- inputs and calls
-def _inputs(spec, device):
-    """-> (call(backend, rows=None) -> output tensor, rows in the batch, row dim of the output)."""
-    inp, s = spec.inputs, spec.inputs["shape"]
-    g = torch.Generator().manual_seed(inp["seed"])
-    dt, sc = DTYPES[inp["dtype"]], inp["scale"]
-
-    def rnd(*shape, scale=1.0, dtype=None):
-        return (portable.normal(shape, g) * scale).to(dtype or dt).to(device)   # randn is not portable
-
-    k = inp["kernel"]
-    if k == "matmul":
-        from kernels.matmul import linear_portable, linear_triton
-        linear = {"torch": linear_portable, "triton": linear_triton}
-        x, w, b = rnd(s["M"], s["K"], scale=sc), rnd(s["N"], s["K"], scale=s["K"] ** -0.5), rnd(s["N"])
-        return (lambda be, r=slice(None): linear[be](x[r], w, b)), s["M"]
-    if k == "rmsnorm":
-        from kernels.rmsnorm import rms_norm_portable, rms_norm_triton
-        rms_norm = {"torch": rms_norm_portable, "triton": rms_norm_triton}
-        t = kernel_inputs(spec, device)
-        x, w = t["x"], t["weight"]
-        return (lambda be, r=slice(None): rms_norm[be](x[r], w, 1e-5, out_dtype=x.dtype)), s["M"]
-    if k == "rope":
-        from kernels.rope import apply_rope_portable, apply_rope_triton
-        apply_rope = {"torch": lambda x, c, s: apply_rope_portable(x.to(torch.float32), c, s).to(x.dtype),
-                      "triton": apply_rope_triton}                  # the model's call of the reference
-        x, ang = rnd(s["T"], s["H"], s["D"], scale=sc), rnd(s["T"], s["D"] // 2, scale=100.0, dtype=torch.float32)
-        sin, cos = portable.sincos64(ang)
-        cos, sin = cos.to(torch.float32) * 1.3466, sin.to(torch.float32) * 1.3466
-        return (lambda be, r=slice(None): apply_rope[be](x[r], cos[r], sin[r])), s["T"]
-    if k == "router_top_k":
-        from kernels.moe import router_top_k_portable, router_top_k_triton
-        router_top_k = {"torch": router_top_k_portable, "triton": router_top_k_triton}
-        logits = rnd(s["T"], s["E"], scale=4 * sc, dtype=torch.float32)
-        if inp["ties"]:
-            logits = logits.round().clamp(-inp["ties"], inp["ties"])
-        logits = logits.to(dt)
-
-        def call(be, r=slice(None)):
-            w, ids = router_top_k[be](logits[r], s["k"])
-            return torch.cat([w.to(torch.float64), ids.to(torch.float64)], dim=1)   # [T, 2k]
-        return call, s["T"]
-    if k == "swiglu":
-        from kernels.moe import clamped_swiglu_portable, clamped_swiglu_triton
-        swiglu = {"torch": clamped_swiglu_portable, "triton": clamped_swiglu_triton}
-        x = rnd(s["M"], 2 * s["I"], scale=8 * sc)
-        return (lambda be, r=slice(None): swiglu[be](x[r])), s["M"]
-    if k == "experts":
-        return _experts_call(inp, s, rnd, g)
-    if k == "sample_fused":
-        return _sample_fused_call(inp, s, rnd, device)
-    if k == "sampling":
-        from kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
-        sample = {"torch": gumbel_argmax_torch, "triton": gumbel_argmax_triton}
-        t = kernel_inputs(spec, device)
-        logp, seeds, pos = t["logp"], t["seeds"], t["positions"]
-        return (lambda be, r=slice(None): sample[be](logp[r], seeds[r], pos[r], t["col_base"])), s["R"]
-    if k == "attention":
-        from kernels.attention import attention_portable, attention_triton
-        t = kernel_inputs(spec, device)
-        q, pos, sinks, W, T = t["q"], t["positions"], t["sinks"], t["window"], t["q"].shape[0]
-        kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]      # [1, Hkv, S, D] caches
-        slots = torch.zeros(T, dtype=torch.int64, device=device)
-        impl = {"triton": attention_triton, "torch": attention_portable}
-        return (lambda be, r=slice(None): impl[be](q[r], kc, vc, slots[r], pos[r], sinks, W, t["scale"])), T
-    raise ValueError(f"unknown kernel {k!r}")
-
-
-def _experts_call(inp, s, rnd, g):
-    """The grouped expert path the engine runs (Triton) against the torch ops' experts (the same
-    contract per row, portable matmuls). -> (call, T); call's output [rows, k * 8 * H]: each
-    (token, slot)'s down partials, chunk-major."""
-    from engine.experts import experts_grouped, experts_per_row
-    from engine.linear import k_chunk_bounds
-    from engine.mxfp4 import Mxfp4Weight
-    from kernels.mxfp4 import quantize
-    T, H, I, E, kk = s["T"], s["H"], s["I"], s["E"], s["k"]
-    alpha, limit = 1.702, 7.0
-    x = rnd(T, H, scale=inp["scale"])
-    gu_w, dn_w = rnd(E, 2 * I, H, scale=H ** -0.5), rnd(E, H, I, scale=I ** -0.5)
-    gu_b = rnd(E, 2 * I, dtype=torch.float32)
-    if inp["mxfp4"]:                                     # packed: the kernels decode in their tile loads
-        gu_w, dn_w = (tuple(t.to(x.device) for t in quantize(w.cpu())) for w in (gu_w, dn_w))
-    used = inp["experts_used"] or E
-    ids = torch.stack([torch.randperm(used, generator=g)[:kk] for _ in range(T)]).to(x.device)   # [T, k] distinct
-    bounds = k_chunk_bounds(I)
-
-    def call(be, r=slice(None)):
-        xr, idr = x[r], ids[r]
-        if be == "triton":
-            parts = experts_grouped(xr, idr, gu_w, gu_b, dn_w, bounds, 0, E, alpha, limit)   # [8, rows * k, H]
-        else:
-            gu, dn = (Mxfp4Weight(*w) if inp["mxfp4"] else w for w in (gu_w, dn_w))
-            parts = experts_per_row(xr, idr, gu, gu_b, dn, bounds, 0, E, alpha, limit)
-        return parts.view(len(bounds), xr.shape[0], kk, H).permute(1, 2, 0, 3).reshape(xr.shape[0], -1)
-    return call, T
-
-
-def _sample_fused_call(inp, s, rnd, device):
-    """engine.sampling's fused kernel (be = triton) against its torch path (be = torch) on rows
-    written in the spec. -> (call, R); call's output [rows, 2 + V] int64: the token, the chosen
-    logprob's bits and the bits of the row's target distribution (greedy rows: temperature 1).
-    Every NaN is written as one NaN: which NaN an operation on NaNs returns (sign, payload) is
-    the hardware's and the library's choice (x86 keeps an operand's, a GPU gives its own), so
-    the contract is that a value is NaN where the torch path's is, not its NaN bits."""
-    from engine.sampling import SamplingParams, row_settings, sample_fused, sample_with, target_distributions
-    from engine.sampling import chosen_logprobs
-    rows, V = inp["rows"] or [{"seed": i, "position": i} for i in range(s["R"])], s["V"]
-    x = rnd(len(rows), V, scale=3.0 * inp["scale"], dtype=torch.float32)
-    for i, row in enumerate(rows):
-        if row.get("fill") is not None:
-            x[i] = row["fill"]
-        for v, val in (row.get("logits") or {}).items():
-            x[i, int(v)] = float(val)
-    params = [SamplingParams(**(row.get("params") or {"greedy": True})) for row in rows]
-    seeds = torch.tensor([row["seed"] for row in rows], dtype=torch.int64)
-    pos = torch.tensor([row["position"] for row in rows], dtype=torch.int64, device=device)
-
-    def call(be, r=slice(None)):
-        ps, xr = params[r], x[r]
-        settings = row_settings(ps, seeds[r].tolist(), device)
-        if be == "triton":
-            tok, lp = sample_fused(xr, settings, pos[r])
-        else:
-            tok = sample_with(xr, settings, pos[r], fused=False)
-            lp = chosen_logprobs(xr, tok, fused=False)
-        dist = target_distributions(xr, [SamplingParams() if p.is_greedy else p for p in ps], fused=be == "triton")
-        lp, dist = (torch.where(t.isnan(), math.nan, t) for t in (lp, dist))   # one NaN: see below
-        return torch.cat([tok[:, None], lp.view(torch.int32).to(torch.int64)[:, None], dist.view(torch.int64)], 1)
-    return call, len(rows)
-
-
 def kernel_inputs(spec, device) -> dict:
-    """The input tensors of an attention, rmsnorm or sampling spec, from the spec's seed: what the
-    Lockstep kernel and any other target's kernel are called with (harness/targets).
-
-    attention: q [T, Hq, D], k and v [S, Hkv, D], positions [T], sinks [Hq], window, scale;
-    rmsnorm: x [M, N], weight [N]; sampling: logp [R, V] float64, seeds [R], positions [R]."""
+    """The input tensors of a spec, from the spec's seed: what the target's kernel operation and the
+    torch reference are called with. attention: q [T, Hq, D], k and v [S, Hkv, D], positions [T],
+    sinks [Hq], window, scale; rmsnorm: x [M, N], weight [N]; sampling: logp [R, V] float64,
+    seeds [R], positions [R], col_base; the others as `_call` below passes them."""
     inp, s = spec.inputs, spec.inputs["shape"]
     g = torch.Generator().manual_seed(inp["seed"])
     dt, sc, k = DTYPES[inp["dtype"]], inp["scale"], inp["kernel"]
@@ -333,23 +203,27 @@ def kernel_inputs(spec, device) -> dict:
     def rnd(*shape, scale=1.0, dtype=None):
         return (portable.normal(shape, g) * scale).to(dtype or dt).to(device)   # randn is not portable
 
+    if k == "matmul":
+        return {"x": rnd(s["M"], s["K"], scale=sc), "w": rnd(s["N"], s["K"], scale=s["K"] ** -0.5), "b": rnd(s["N"])}
     if k == "rmsnorm":
         return {"x": rnd(s["M"], s["N"], scale=sc), "weight": rnd(s["N"])}
+    if k == "rope":
+        x, ang = rnd(s["T"], s["H"], s["D"], scale=sc), rnd(s["T"], s["D"] // 2, scale=100.0, dtype=torch.float32)
+        sin, cos = portable.sincos64(ang)
+        return {"x": x, "cos": cos.to(torch.float32) * 1.3466, "sin": sin.to(torch.float32) * 1.3466}
+    if k == "router_top_k":
+        logits = rnd(s["T"], s["E"], scale=4 * sc, dtype=torch.float32)
+        if inp["ties"]:
+            logits = logits.round().clamp(-inp["ties"], inp["ties"])
+        return {"logits": logits.to(dt), "k": s["k"]}
+    if k == "swiglu":
+        return {"x": rnd(s["M"], 2 * s["I"], scale=8 * sc)}
+    if k == "experts":
+        return _experts_inputs(inp, s, rnd, g)
+    if k == "sample_fused":
+        return _sample_fused_inputs(inp, s, rnd, device)
     if k == "sampling":
-        from kernels.sampling import SAMPLE_COLUMNS
-        z = rnd(s["R"], s["V"], scale=2 * sc, dtype=torch.float64)
-        seeds = torch.randint(-(1 << 62), 1 << 62, (s["R"],), generator=g).to(device)
-        pos = torch.randint(0, 1 << 20, (s["R"],), generator=g).to(device)
-        if inp.get("rows") is not None:                               # written keys (and logits)
-            seeds = torch.tensor([row["seed"] for row in inp["rows"]], dtype=torch.int64, device=device)
-            pos = torch.tensor([row["position"] for row in inp["rows"]], dtype=torch.int64, device=device)
-            for i, row in enumerate(inp["rows"]):
-                if row["logits"] is not None:
-                    z[i] = float("-inf")
-                    for v, x in row["logits"].items():
-                        z[i, int(v)] = float(x)
-        base = SAMPLE_COLUMNS if inp.get("col_base") is None else inp["col_base"]
-        return {"logp": portable.log_softmax(z, -1), "seeds": seeds, "positions": pos, "col_base": base}
+        return _sampling_inputs(inp, s, rnd, g, device)
     if k == "attention":
         Hq, Hkv, D, S = s["Hq"], s["Hkv"], s["D"], s["S"]
         pos = materialize(inp["positions"]) if inp["positions"] is not None else \
@@ -359,23 +233,155 @@ def kernel_inputs(spec, device) -> dict:
         sinks = (torch.full((Hq,), inp["sink"]) if inp["sink"] is not None else portable.normal((Hq,), g)).to(device)
         return {"q": q, "k": kc[0].transpose(0, 1), "v": vc[0].transpose(0, 1), "positions": pos.to(device),
                 "sinks": sinks, "window": s["window"], "scale": D ** -0.5}
-    raise ValueError(f"kernel {k!r} has no shared inputs")
+    raise ValueError(f"unknown kernel {k!r}")
 
 
-def reference(spec, t: dict) -> torch.Tensor:
-    """The plain-torch reference output on `kernel_inputs(spec, …)`."""
+def _sampling_inputs(inp, s, rnd, g, device) -> dict:
+    from kernels.sampling import SAMPLE_COLUMNS
+    z = rnd(s["R"], s["V"], scale=2 * inp["scale"], dtype=torch.float64)
+    seeds = torch.randint(-(1 << 62), 1 << 62, (s["R"],), generator=g).to(device)
+    pos = torch.randint(0, 1 << 20, (s["R"],), generator=g).to(device)
+    if inp.get("rows") is not None:                               # written keys (and logits)
+        seeds = torch.tensor([row["seed"] for row in inp["rows"]], dtype=torch.int64, device=device)
+        pos = torch.tensor([row["position"] for row in inp["rows"]], dtype=torch.int64, device=device)
+        for i, row in enumerate(inp["rows"]):
+            if row["logits"] is not None:
+                z[i] = float("-inf")
+                for v, x in row["logits"].items():
+                    z[i, int(v)] = float(x)
+    base = SAMPLE_COLUMNS if inp.get("col_base") is None else inp["col_base"]
+    return {"logp": portable.log_softmax(z, -1), "seeds": seeds, "positions": pos, "col_base": base}
+
+
+def _experts_inputs(inp, s, rnd, g) -> dict:
+    """The grouped expert path's inputs: x [T, H], every token's k distinct experts, the weights
+    (MXFP4-packed with `mxfp4`: the kernels decode in their tile loads)."""
+    from kernels.mxfp4 import quantize
+    T, H, I, E, kk = s["T"], s["H"], s["I"], s["E"], s["k"]
+    x = rnd(T, H, scale=inp["scale"])
+    gu_w, dn_w = rnd(E, 2 * I, H, scale=H ** -0.5), rnd(E, H, I, scale=I ** -0.5)
+    gu_b = rnd(E, 2 * I, dtype=torch.float32)
+    if inp["mxfp4"]:
+        gu_w, dn_w = (tuple(t.to(x.device) for t in quantize(w.cpu())) for w in (gu_w, dn_w))
+    used = inp["experts_used"] or E
+    ids = torch.stack([torch.randperm(used, generator=g)[:kk] for _ in range(T)]).to(x.device)   # [T, k] distinct
+    return {"x": x, "ids": ids, "gate_up_w": gu_w, "gate_up_b": gu_b, "down_w": dn_w, "alpha": 1.702, "limit": 7.0}
+
+
+def _sample_fused_inputs(inp, s, rnd, device) -> dict:
+    """Rows written in the spec (logits [R, V] float32, each row's SamplingParams, seed, position)."""
+    from engine.sampling import SamplingParams
+    rows, V = inp["rows"] or [{"seed": i, "position": i} for i in range(s["R"])], s["V"]
+    x = rnd(len(rows), V, scale=3.0 * inp["scale"], dtype=torch.float32)
+    for i, row in enumerate(rows):
+        if row.get("fill") is not None:
+            x[i] = row["fill"]
+        for v, val in (row.get("logits") or {}).items():
+            x[i, int(v)] = float(val)
+    return {"logits": x, "params": [SamplingParams(**(row.get("params") or {"greedy": True})) for row in rows],
+            "seeds": [row["seed"] for row in rows],
+            "positions": torch.tensor([row["position"] for row in rows], dtype=torch.int64, device=device)}
+
+
+def _call(k: str, op, x: dict, col_base: bool):
+    """call(rows) -> the target's output on those rows of the inputs (all rows by default), in the
+    form the reference has. `col_base`: the sampling operation takes the spec's column base."""
+    if k == "matmul":
+        return lambda r=slice(None): op(x["x"][r], x["w"], x["b"])
+    if k == "rmsnorm":
+        return lambda r=slice(None): op(x["x"][r], x["weight"], 1e-5)
+    if k == "rope":
+        return lambda r=slice(None): op(x["x"][r], x["cos"][r], x["sin"][r])
+    if k == "router_top_k":
+        return lambda r=slice(None): _top_k_rows(*op(x["logits"][r], x["k"]))
+    if k == "swiglu":
+        return lambda r=slice(None): op(x["x"][r])
+    if k == "experts":
+        return lambda r=slice(None): _partials_rows(op(x["x"][r], x["ids"][r], x["gate_up_w"], x["gate_up_b"],
+                                                       x["down_w"], x["alpha"], x["limit"]), x)
+    if k == "sample_fused":
+        return lambda r=slice(None): _sampled_rows(*op(x["logits"][r], x["params"][r], x["seeds"][r],
+                                                       x["positions"][r]))
+    if k == "sampling":
+        kw = {"col_base": x["col_base"]} if col_base else {}
+        return lambda r=slice(None): op(x["logp"][r], x["seeds"][r], x["positions"][r], **kw)
+    return lambda r=slice(None): op(x["q"][r], x["k"], x["v"], x["positions"][r], x["sinks"], x["window"],
+                                    x["scale"])
+
+
+def _top_k_rows(w, ids):
+    return torch.cat([w.to(torch.float64), ids.to(torch.float64)], dim=1)   # [T, 2k]
+
+
+def _partials_rows(parts, x):
+    """[chunks, rows * k, H] -> [rows, k * chunks * H]: each (token, slot)'s down partials, chunk-major."""
+    rows, kk, H = parts.shape[1] // x["ids"].shape[1], x["ids"].shape[1], x["x"].shape[1]
+    return parts.view(parts.shape[0], rows, kk, H).permute(1, 2, 0, 3).reshape(rows, -1)
+
+
+def _sampled_rows(tok, lp, dist):
+    """[rows, 2 + V] int64: the token, the chosen logprob's bits, the bits of the row's target
+    distribution. Every NaN is written as one NaN: which NaN an operation on NaNs returns (sign,
+    payload) is the hardware's and the library's choice (x86 keeps an operand's, a GPU gives its
+    own), so the contract is that a value is NaN where the torch path's is, not its NaN bits."""
+    lp, dist = (torch.where(t.isnan(), math.nan, t) for t in (lp, dist))
+    return torch.cat([tok[:, None], lp.view(torch.int32).to(torch.int64)[:, None], dist.view(torch.int64)], 1)
+
+
+def reference(spec, x: dict) -> torch.Tensor:
+    """The op's one torch reference on `kernel_inputs(spec, …)`: the kernel module's bit-exact
+    `_portable` function as the torch ops table calls it (experts: engine.experts.experts_per_row;
+    sample_fused and sampling: the torch paths)."""
     k = spec.inputs["kernel"]
+    if k == "matmul":
+        from kernels.matmul import linear_portable
+        return linear_portable(x["x"], x["w"], x["b"])
     if k == "rmsnorm":
         from kernels.rmsnorm import rms_norm_portable
-        return rms_norm_portable(t["x"], t["weight"], 1e-5, out_dtype=t["x"].dtype)
+        return rms_norm_portable(x["x"], x["weight"], 1e-5, out_dtype=x["x"].dtype)
+    if k == "rope":
+        from kernels.rope import apply_rope_portable                # the model's call: fp32, rounded once
+        return apply_rope_portable(x["x"].to(torch.float32), x["cos"], x["sin"]).to(x["x"].dtype)
+    if k == "router_top_k":
+        from kernels.moe import router_top_k_portable
+        return _top_k_rows(*router_top_k_portable(x["logits"], x["k"]))
+    if k == "swiglu":
+        from kernels.moe import clamped_swiglu_portable
+        return clamped_swiglu_portable(x["x"])
+    if k == "experts":
+        return _partials_rows(_experts_portable(x), x)
+    if k == "sample_fused":
+        return _sampled_rows(*_sample_torch(x))
     if k == "sampling":
         from kernels.sampling import gumbel_argmax_torch
-        return gumbel_argmax_torch(t["logp"], t["seeds"], t["positions"])
+        return gumbel_argmax_torch(x["logp"], x["seeds"], x["positions"], x["col_base"])
     from kernels.attention import attention_portable
-    q = t["q"]
-    kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]
-    return attention_portable(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device), t["positions"],
-                           t["sinks"], t["window"], t["scale"])
+    q = x["q"]
+    kc, vc = x["k"].transpose(0, 1)[None], x["v"].transpose(0, 1)[None]
+    return attention_portable(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device),
+                              x["positions"], x["sinks"], x["window"], x["scale"])
+
+
+def _experts_portable(x: dict) -> torch.Tensor:
+    """The torch ops' experts (engine.experts.experts_per_row: the same contract per row, portable
+    matmuls) on the spec's inputs: [chunks, T * k, H]."""
+    from engine.experts import experts_per_row
+    from engine.linear import k_chunk_bounds
+    from engine.mxfp4 import Mxfp4Weight
+    gu, dn = (Mxfp4Weight(*w) if isinstance(w, tuple) else w for w in (x["gate_up_w"], x["down_w"]))
+    E = x["gate_up_b"].shape[0]
+    return experts_per_row(x["x"], x["ids"], gu, x["gate_up_b"], dn, k_chunk_bounds(x["gate_up_b"].shape[1] // 2),
+                           0, E, x["alpha"], x["limit"])
+
+
+def _sample_torch(x: dict):
+    """engine.sampling's torch path: (tokens, chosen logprobs, target distributions; greedy rows at
+    temperature 1)."""
+    from engine.sampling import SamplingParams, chosen_logprobs, row_settings, sample_with, target_distributions
+    logits, params = x["logits"], x["params"]
+    tok = sample_with(logits, row_settings(params, x["seeds"], logits.device), x["positions"], fused=False)
+    dist = target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params], fused=False)
+    return tok, chosen_logprobs(logits, tok, fused=False), dist
 
 
 def _first(mask: torch.Tensor) -> list[int]:
@@ -383,13 +389,27 @@ def _first(mask: torch.Tensor) -> list[int]:
 
 
 def run(spec, ctx, target: TargetInterface) -> Result:
-    """On Lockstep's engine: the Triton kernel against its torch reference. On another target: the
-    target's operation for the kernel (attention, rmsnorm, sampling) against the same reference."""
-    if not target.engine:
-        return _on_target(spec, ctx, target)
-    call, rows = _inputs(spec, ctx.device)
-    return _measure(spec, lambda r=slice(None): call("triton", r), lambda: call("torch"), rows,
-                    " in the Triton output", "triton - torch")
+    """The target's operation for the spec's kernel (Lockstep's engine: its Triton kernel) against
+    the torch reference on the same inputs."""
+    k = spec.inputs["kernel"]
+    op = _kernel_op(spec, target, str(ctx.device))
+    x = kernel_inputs(spec, ctx.device)
+    result = _measure(spec, _call(k, op, x, target.offers(k, "col_base")),
+                      functools.cache(lambda: reference(spec, x)), None, "", f"{target.name} - reference")
+    result.data["failures"] = [f"{target.name}: {f}" for f in result.data["failures"]]
+    return result
+
+
+def _kernel_op(spec, t: TargetInterface, device: str):
+    """The target's operation of the spec's kernel (named as the kernel); NotApplicable with the reason."""
+    k = spec.inputs["kernel"]
+    needs = ("col_base",) if k == "sampling" and spec.inputs.get("col_base") is not None else ()
+    own = k not in INTERFACE_KERNELS          # an operation of the documented interface: the target's own reason
+    return t.op(k, device, needs, why=f"kernel {k}: no target operation is defined for it (Lockstep's own kernel "
+                                      f"interface)" if own else None)
+
+
+INTERFACE_KERNELS = ("rmsnorm", "attention", "sampling")   # harness/targets/base.py documents these operations
 
 
 def _measure(spec, call, reference, rows: int | None, output: str, difference: str) -> Result:
@@ -435,42 +455,14 @@ def _measure(spec, call, reference, rows: int | None, output: str, difference: s
     return Result(tensors={"out": out.cpu()}, data={"failures": failures})
 
 
-TARGET_OPS = {"attention": "attention", "rmsnorm": "rmsnorm", "sampling": "sampling"}   # kernel -> operation
-
-
 def applicability(spec, target: TargetInterface, device: str) -> str:
-    name = spec.inputs["kernel"]
-    if name not in TARGET_OPS:
-        raise NotApplicable(target.missing.get(name, f"no target operation for kernel {name}"))
-    target.op(TARGET_OPS[name], device)
+    _kernel_op(spec, target, device)
     return TOLERANCE
 
 
 def compared(spec, ctx, result: Result) -> tuple[str, None]:
     """On a target, the spec's tolerance against the reference is the comparison: no golden."""
     return TOLERANCE, None
-
-
-def _on_target(spec, ctx, t: TargetInterface) -> Result:
-    name = spec.inputs["kernel"]
-    if name not in TARGET_OPS:
-        raise NotApplicable(t.missing.get(name, f"kernel {name}: no target operation is defined for it "
-                                                f"(Lockstep's own kernel interface)"))
-    op = t.op(TARGET_OPS[name], str(ctx.device))
-    x = kernel_inputs(spec, ctx.device)
-    if name == "attention":
-        def call(r=slice(None)):
-            return op(x["q"][r], x["k"], x["v"], x["positions"][r], x["sinks"], x["window"], x["scale"])
-    elif name == "rmsnorm":
-        def call(r=slice(None)):
-            return op(x["x"][r], x["weight"], 1e-5)
-    else:
-        def call(r=slice(None)):
-            return op(x["logp"][r], x["seeds"][r], x["positions"][r])
-    ref = reference(spec, x)
-    result = _measure(spec, call, lambda: ref, None, "", f"{t.name} - reference")
-    result.data["failures"] = [f"{t.name}: {f}" for f in result.data["failures"]]
-    return result
 
 
 def check(spec, result: Result) -> list[str]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.checkpoints import checkpoint_dir, model_for
+from harness.checkpoints import checkpoint_dir
 from harness.checkpoints import preset_config
 from harness.intseq import IntSeq, materialize, max_value
 from harness.limits import MAX_REQUEST_TOKENS
@@ -37,10 +37,8 @@ from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Any_, Field, Int, List, Map, Problem, Str, describe
 from harness.targets.base import BITWISE, TOLERANCE, NotApplicable, Refused, TargetInterface
-from engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
+from engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config
 from engine.config import preset
-from engine.model import Step
-from engine.rope import rope_cos_sin
 
 NAME = "layer_ids"
 
@@ -104,71 +102,54 @@ def golden_platform(spec, ctx) -> str:
     return ctx.engine_platform if spec.inputs["forward"] else SHARED
 
 
-def _resolve(spec) -> tuple[list[int], int]:
-    inp = spec.inputs
-    cfg = preset(inp["target"])
-    ids = inp["ids"] if inp["draft_config"] is None else aux_layer_ids_from_draft_config(inp["draft_config"])
-    fc_in = inp["draft_fc_in"] or 3 * cfg.hidden_size
-    if fc_in % cfg.hidden_size:
-        raise LayerIdError(f"{inp['config_name'] or spec.id}: the draft's fc input width {fc_in} is not a multiple "
-                           f"of the target hidden size {cfg.hidden_size}")
-    boundaries = resolve_boundaries(ids, inp["convention"], cfg.num_hidden_layers, fc_in // cfg.hidden_size,
-                                    inp["config_name"] or spec.id)
-    return boundaries, len(boundaries) * cfg.hidden_size
-
-
-@torch.inference_mode()
-def walk_boundaries(model, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """Every boundary state of one prompt, by calling the model's blocks one at a time, x =
-    block(x, step) (no capture code: each block owns its norms and residual adds)."""
-    T = tokens.shape[0]
-    positions = torch.arange(T, device=model.device)
-    slots = torch.zeros(T, dtype=torch.int64, device=model.device)
-    tokens = tokens.to(model.device)
-    step = Step(positions, slots, model.new_cache(1, T), *rope_cos_sin(positions, model.inv_freq, model.mscale))
-    x = model.embed_tokens(tokens)
-    states = [x]                                                       # boundary 0
-    for block in model.blocks:
-        x = block(x, step)
-        states.append(x)                                               # boundary i + 1
-    return states
-
-
 def run(spec, ctx, target: TargetInterface) -> Result:
-    """On Lockstep's engine: the resolution, and with `forward` the capture checked against a walk
-    of the blocks. On another target: its `eagle3_layers` (and `capture`), if it implements the
-    spec's convention; a target without resolution but with `capture` captures the spec's own
-    boundaries."""
-    if not target.engine:
-        return _on_target(spec, ctx, target)
+    """The target's `eagle3_layers` (if it implements the spec's convention), and with `forward` its
+    `capture` of those boundaries; where the target can also `walk_boundaries` (Lockstep's engine),
+    each captured chunk is checked against the state a walk of the blocks gives. A target without
+    resolution but with `capture` captures the spec's own boundaries."""
+    inp = spec.inputs
+    if "eagle3_layers" not in target.ops and inp["forward"] and "capture" in target.ops:
+        return _capture(spec, ctx, target, spec.expect["boundaries"])
+    if inp["convention"] not in target.conventions:
+        raise NotApplicable(f"{target.name} reads layer ids under the {'/'.join(target.conventions) or 'no'} "
+                            f"convention, not {inp['convention']!r}" if target.conventions else
+                            f"{target.name} has no EAGLE3 layer-id resolution")
+    resolve = target.op("eagle3_layers", str(ctx.device))
+    if inp["forward"]:
+        target.op("capture", str(ctx.device))
+    cfg = preset(inp["target"])
+    draft_config = inp["draft_config"] if inp["draft_config"] is not None else (
+        {"eagle_aux_hidden_state_layer_ids": inp["ids"]} if inp["ids"] is not None else {})
+    fc_in = inp["draft_fc_in"] or 3 * cfg.hidden_size
     try:
-        boundaries, width = _resolve(spec)
-    except LayerIdError as e:
+        boundaries = [int(b) for b in resolve(draft_config, inp["convention"], cfg.num_hidden_layers, fc_in,
+                                              cfg.hidden_size, inp["config_name"] or spec.id,
+                                              direct_ids=inp["ids"] is not None)]
+    except (Refused, LayerIdError, ValueError, AssertionError, *target.refusals) as e:
         return Result(data={"error": type(e).__name__, "message": str(e)})
-    data = {"boundaries": boundaries, "aux_width": width}
-    tensors = {}
-    fwd = spec.inputs["forward"]
-    if fwd:
-        model = model_for({"preset": spec.inputs["target"], "seed": fwd["seed"], "format": "bf16"}, ctx.backend,
-                          device=ctx.device, dtype=ctx.platform.dtype)
-        tokens = materialize(fwd["prompt"])
-        T = tokens.shape[0]
-        H = model.config.hidden_size
-        data["expected_width"] = len(boundaries) * H
-        try:
-            out = model.forward(tokens, torch.arange(T), torch.zeros(T, dtype=torch.int64),
-                                model.new_cache(1, T), capture=boundaries)
-        except CaptureError as e:      # the capture contract is broken: a mismatch report, not a crash
-            data["capture_error"] = str(e)
-            return Result(tensors=tensors, data=data)
-        walked = walk_boundaries(model, tokens)
-        data["captured_width"] = out.captured.shape[-1]
-        data["chunks_differing_from_walk"] = [
-            b for k, b in enumerate(boundaries)
-            if not torch.equal(out.captured[:, k * H:(k + 1) * H].contiguous().view(torch.int32),
-                               walked[b].contiguous().view(torch.int32))]
-        tensors["captured"] = out.captured.cpu()
-    return Result(tensors=tensors, data=data)
+    if not inp["forward"]:
+        return Result(data={"boundaries": boundaries, "aux_width": len(boundaries) * cfg.hidden_size})
+    return _capture(spec, ctx, target, boundaries)
+
+
+def _capture(spec, ctx, t: TargetInterface, boundaries: list[int]) -> Result:
+    """The target's `capture` of `boundaries` on the spec's forward (its width checked by the kind,
+    its chunks against `walk_boundaries` where the target has it)."""
+    inp = spec.inputs
+    H = preset(inp["target"]).hidden_size
+    ckpt = checkpoint_dir(inp["target"], inp["forward"]["seed"], "bf16")
+    prompt = materialize(inp["forward"]["prompt"]).tolist()
+    data = {"boundaries": boundaries, "aux_width": len(boundaries) * H, "expected_width": len(boundaries) * H}
+    try:
+        got = t.op("capture", str(ctx.device))(ckpt, prompt, boundaries)
+    except CaptureError as e:          # the capture contract is broken: a mismatch report, not a crash
+        return Result(data=data | {"capture_error": str(e)})
+    walked = t.op("walk_boundaries", str(ctx.device))(ckpt, prompt) if "walk_boundaries" in t.ops else None
+    data |= {"captured_width": int(got.shape[-1]), "chunks_differing_from_walk": [] if walked is None else [
+        b for k, b in enumerate(boundaries)
+        if not torch.equal(got[:, k * H:(k + 1) * H].contiguous().view(torch.int32),
+                           walked[b].contiguous().view(torch.int32))]}
+    return Result(tensors={"captured": got}, data=data)
 
 
 def applicability(spec, t: TargetInterface, device: str) -> str:
@@ -193,43 +174,6 @@ def compared(spec, ctx, result: Result) -> tuple[str, str | None]:
 
 def refusal(result: Result) -> str | None:
     return result.data["message"] if "error" in result.data else None
-
-
-def _on_target(spec, ctx, t: TargetInterface) -> Result:
-    inp = spec.inputs
-    if "eagle3_layers" not in t.ops and inp["forward"] and "capture" in t.ops:
-        return _capture_on_target(spec, ctx, t, spec.expect["boundaries"])
-    if inp["convention"] not in t.conventions:
-        raise NotApplicable(f"{t.name} reads layer ids under the {'/'.join(t.conventions) or 'no'} convention, "
-                            f"not {inp['convention']!r}" if t.conventions else
-                            f"{t.name} has no EAGLE3 layer-id resolution")
-    resolve = t.op("eagle3_layers", str(ctx.device))
-    if inp["forward"]:
-        t.op("capture", str(ctx.device))
-    cfg = preset(inp["target"])
-    draft_config = inp["draft_config"] if inp["draft_config"] is not None else (
-        {"eagle_aux_hidden_state_layer_ids": inp["ids"]} if inp["ids"] is not None else {})
-    fc_in = inp["draft_fc_in"] or 3 * cfg.hidden_size
-    try:
-        boundaries = [int(b) for b in resolve(draft_config, inp["convention"], cfg.num_hidden_layers, fc_in,
-                                              cfg.hidden_size, inp["config_name"] or spec.id,
-                                              direct_ids=inp["ids"] is not None)]
-    except (Refused, LayerIdError, ValueError, AssertionError, *t.refusals) as e:
-        return Result(data={"error": type(e).__name__, "message": str(e)})
-    if not inp["forward"]:
-        return Result(data={"boundaries": boundaries, "aux_width": len(boundaries) * cfg.hidden_size})
-    return _capture_on_target(spec, ctx, t, boundaries)
-
-
-def _capture_on_target(spec, ctx, t: TargetInterface, boundaries: list[int]) -> Result:
-    """The target's `capture` of `boundaries` on the spec's forward (its width checked by the kind)."""
-    inp = spec.inputs
-    H = preset(inp["target"]).hidden_size
-    ckpt = checkpoint_dir(inp["target"], inp["forward"]["seed"], "bf16")
-    got = t.op("capture", str(ctx.device))(ckpt, materialize(inp["forward"]["prompt"]).tolist(), boundaries)
-    data = {"boundaries": boundaries, "aux_width": len(boundaries) * H, "captured_width": int(got.shape[-1]),
-            "expected_width": len(boundaries) * H, "chunks_differing_from_walk": []}
-    return Result(tensors={"captured": got}, data=data)
 
 
 def check(spec, result: Result) -> list[str]:

@@ -18,17 +18,18 @@
     expect:
       error: ["model.layers.1.mlp.experts.down_proj_scales", "[3, 17, 1]", "255"]   # or loads: true
 
-Decode mode calls `engine.mxfp4.dequantize` on the spec's bytes (on the run's device; on the triton
-backend `kernels.matmul.mxfp4_decode_triton`, the decode the matmul and grouped-expert kernels do in
-their tile loads, golden in `<device>-fp32-triton`: its bf16 NaN is 0x7FC0, torch's 0xFFFF) and compares
+Decode mode calls the target's `mxfp4_decode` on the spec's bytes (on Lockstep's engine
+`engine.mxfp4.dequantize` on the run's device; on the triton backend
+`kernels.matmul.mxfp4_decode_triton`, the decode the matmul and grouped-expert kernels do in their
+tile loads, golden in `<device>-fp32-triton`: its bf16 NaN is 0x7FC0, torch's 0xFFFF) and compares
 each value with the hand-written one bitwise in the output dtype (so -0.0 is not 0.0); an expected
 NaN accepts any NaN. A failure names the block, its scale, the element, the byte and nibble it came
 from, the code, the decoded value and the expected one. The expectations never come from the code
 under test, so a bug that the packer (`quantize`) and the decoder share is still seen.
 
 Checkpoint mode writes an edited copy of the checkpoint (harness.checkpoints.edited_copy) and loads
-it with `engine.checkpoint.load_checkpoint`: the load must fail naming each of the `error`
-substrings, or (`loads: true`) succeed.
+it with the target's `load_checkpoint` (Lockstep's: `engine.checkpoint.load_checkpoint`): the load
+must fail naming each of the `error` substrings, or (`loads: true`) succeed.
 
 The golden (`shared`: decoding is exact) holds the decoded `values` [rows, G / rows * 32], or the
 load outcome as data.
@@ -172,24 +173,16 @@ def _same(got: torch.Tensor, want: float, dt: torch.dtype) -> bool:
 
 
 def _decode(spec, ctx, t: TargetInterface) -> Result:
-    """Each decoded value against the hand-written one: on Lockstep's engine its backend's decode
-    (Triton: the decode the matmul and grouped-expert kernels do in their tile loads), on another
-    target its `mxfp4_decode`."""
+    """Each decoded value against the hand-written one, decoded by the target's `mxfp4_decode`
+    (on Lockstep's engine, the run's backend's: Triton's is the decode the matmul and grouped-expert
+    kernels do in their tile loads)."""
     inp = spec.inputs
     dt = DTYPES[inp["dtype"]]
     n, rows = len(inp["blocks"]), inp["rows"]
     blocks = torch.tensor([b["bytes"] for b in inp["blocks"]], dtype=torch.uint8).reshape(rows, n // rows, 16)
     scales = torch.tensor([b["scale"] for b in inp["blocks"]], dtype=torch.uint8).reshape(rows, n // rows)
-    if t.engine:
-        from engine.mxfp4 import dequantize
-        from kernels.matmul import mxfp4_decode_triton
-
-        decode, name = (mxfp4_decode_triton, "the kernels' tile decode") if ctx.backend == "triton" else \
-            (dequantize, "dequantize")
-        out = decode(blocks.to(ctx.device), scales.to(ctx.device), dt).cpu()      # [rows, G / rows * 32]
-    else:
-        name = f"{t.name}: mxfp4_decode"
-        out = torch.as_tensor(t.op("mxfp4_decode", str(ctx.device))(blocks, scales, dt)).cpu()
+    name = f"{t.name}: mxfp4_decode"
+    out = torch.as_tensor(t.op("mxfp4_decode", str(ctx.device))(blocks, scales, dt)).cpu()   # [rows, G / rows * 32]
     failures = []
     if tuple(out.shape) != (rows, n // rows * 32) or out.dtype != dt:
         failures.append(f"{name} returned {out.dtype} {list(out.shape)}, expected {dt} [{rows}, {n // rows * 32}]")
@@ -227,12 +220,9 @@ def edited_checkpoint(spec):
 
 
 def _load(spec, ctx, t: TargetInterface) -> Result:
-    """Lockstep's loader (a CheckpointError is its refusal), or the target's `load_checkpoint` (a
-    clean refusal: harness/targets/base.py, "Refusals")."""
-    from engine.checkpoint import CheckpointError, load_checkpoint
-
-    load, refusals = (load_checkpoint, (CheckpointError,)) if t.engine else \
-        (t.op("load_checkpoint", str(ctx.device)), (Refused, ValueError, *t.refusals))
+    """The target's `load_checkpoint`; a clean refusal (harness/targets/base.py, "Refusals") is
+    recorded with its message, any other exception is a crash."""
+    load, refusals = t.op("load_checkpoint", str(ctx.device)), (Refused, ValueError, *t.refusals)
     path = edited_checkpoint(spec)
     try:
         load(path)

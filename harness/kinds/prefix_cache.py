@@ -30,15 +30,13 @@ from __future__ import annotations
 
 import torch
 
-from harness.checkpoints import CHECKPOINT, checkpoint_config, checkpoint_problems, model_for, target_dir
+from harness.checkpoints import CHECKPOINT, checkpoint_config, checkpoint_problems, target_dir
 from harness.intseq import IntSeq, length, materialize, max_value
 from harness.kinds.generate import SAMPLING, _params, project_root
 from harness.limits import MAX_REQUEST_TOKENS
 from harness.result import Result
 from harness.schema import Field, Int, List, Map, Problem
 from harness.targets.base import TOLERANCE, Request, TargetInterface
-from engine.generate import Request, generate
-from engine.prefix_cache import PrefixCache
 
 NAME = "prefix-cache"
 MAX_CASES = 64
@@ -112,28 +110,11 @@ def cases(spec) -> list[tuple[str, list[list[int]], list[int], int]]:
     return out
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
-    """The cases on Lockstep's engine (its PrefixCache under the run's backend and dtype policy), or
-    through another target's own prefix cache (its optional `prefix_cache` capability)."""
-    if not target.engine:
-        return _on_target(spec, ctx, target)
-    inp = spec.inputs
-    model = model_for(inp["checkpoint"], ctx.backend, project_root(spec), ctx.device, ctx.platform.dtype)
-    params = _params({**SAMPLING.check({}, (), []), **(inp["sampling"] or {})})
-    kw = {"prefill_chunk": inp["prefill_chunk"]}
-
-    def gen(prompt, cache=None):
-        return generate(model, [Request(prompt, params, inp["seed"])], prefix_cache=cache, **kw)[0]
-    return run_cases(spec, cold=gen, new_cache=lambda: PrefixCache(inp["block"]), warm=lambda c, p: gen(p, c),
-                     counters=lambda c: (c.hits, c.hit_tokens))
-
-
 def run_cases(spec, cold, new_cache, warm, counters) -> Result:
     """The kind's cases on one implementation: `cold(prompt)` runs a prompt without a cache,
     `new_cache()` makes an empty cache, `warm(cache, prompt)` runs a prompt through it, and
     `counters(cache)` -> (lookups that reused KV, positions reused). Each returns what
-    generate() does (.tokens, .logprobs float32). Lockstep's engine runs it here; a target's
-    prefix-cache capability (`_on_target` below)."""
+    generate() does (.tokens, .logprobs float32): a target's prefix-cache capability (`run` below)."""
     inp = spec.inputs
     tensors, names, differing, hits, reused = {}, [], [], 0, []
     caches: dict[str, object] = {}
@@ -176,10 +157,11 @@ def _target_call(spec, t: TargetInterface, device: str):
     return t.op("prefix_cache", device, needs), params
 
 
-def _on_target(spec, ctx, t: TargetInterface) -> Result:
-    """The kind's cases through the target's own prefix cache: every cold run is a fresh, empty
-    cache's run (which must reuse nothing), every warm run goes through the case's cache; a hit
-    must give the cold bits of the same target, and its counters the predicted reuse."""
+def run(spec, ctx, t: TargetInterface) -> Result:
+    """The kind's cases through the target's own prefix cache (Lockstep's engine: its PrefixCache
+    under the run's backend and dtype policy): every cold run is a fresh, empty cache's run (which
+    must reuse nothing), every warm run goes through the case's cache; a hit must give the cold
+    bits of the same target, and its counters the predicted reuse."""
     inp = spec.inputs
     new_cache, p = _target_call(spec, t, str(ctx.device))
     ckpt = target_dir(inp["checkpoint"], project_root(spec))

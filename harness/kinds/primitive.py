@@ -43,7 +43,7 @@ from harness.digest import tensor_sha256
 from harness.platform import SHARED
 from harness.result import Result
 from harness.schema import Bool, Field, Int, Map, Problem, Str
-from harness.targets.base import NotApplicable, TargetInterface
+from harness.targets.base import TargetInterface
 
 NAME = "primitive"
 # function -> (input grid, the torch implementation's name in kernels.portable or a lambda key)
@@ -216,25 +216,6 @@ def scan_rows(n: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- implementations
-def torch_impl(fn: str, x: torch.Tensor):
-    from kernels import portable
-
-    simple = {"exp": portable.exp, "log": portable.log, "sigmoid": portable.sigmoid, "exp64": portable.exp64,
-              "log64": portable.log64, "sincos64": portable.sincos64, "tree_sum": portable.tree_sum,
-              "prefix_sum": portable.prefix_sum, "sqrt": portable.sqrt, "sqrt64": portable.sqrt64,
-              "to_bf16": lambda t: t.to(torch.bfloat16), "to_fp32": lambda t: t.to(torch.float32),
-              "f64_to_f32": lambda t: t.to(torch.float32)}
-    if fn == "running_sum":
-        return torch.stack([portable.running_sum(row) for row in x])
-    return simple[fn](x)
-
-
-def triton_impl(fn: str, x: torch.Tensor, device) -> torch.Tensor:
-    from kernels import primitives
-
-    return primitives.apply(fn, x.to(device)).cpu()
-
-
 # --------------------------------------------------------------------------- oracles
 FORMATS = {torch.float32: (24, -126, 127, 32), torch.float64: (53, -1022, 1023, 64), torch.bfloat16: (8, -126, 127, 16)}
 
@@ -411,14 +392,14 @@ def inputs(fn: str) -> dict[str, torch.Tensor]:
 
 
 def run(spec, ctx, target: TargetInterface) -> Result:
-    """Lockstep's own primitives against their oracles: no operation of a target computes them."""
-    if not target.engine:
-        raise NotApplicable(f"kind {NAME!r} has no target runner")
+    """Lockstep's own primitives against their oracles, through its target's `primitive` operation
+    (no other target computes them: n/a there)."""
+    prim = target.op("primitive", str(ctx.device), why=f"kind {NAME!r} has no target runner")
     fn, impl, exp = spec.inputs["function"], spec.inputs["implementation"], spec.expect
     xs = inputs(fn)
     outs = {}
     for key, x in xs.items():
-        y = torch_impl(fn, x) if impl == "torch" else triton_impl(fn, x, ctx.device)
+        y = prim(fn, impl, x)
         suffix = key[1:]
         if fn == "sincos64":
             outs["sin" + suffix], outs["cos" + suffix] = y
@@ -449,18 +430,18 @@ def run(spec, ctx, target: TargetInterface) -> Result:
             y_all = (outs["sin" + suffix], outs["cos" + suffix]) if fn == "sincos64" else y
             failures += [f"{fn} ({impl}): {m}" for m in ulp_failures(fn, x, y_all, exp["oracle_ulp"])]
         if exp.get("matches_torch"):
-            failures += _match_torch(fn, x, y, exp, notes, suffix)
+            failures += _match_torch(fn, x, y, prim(fn, "torch", x), exp, notes, suffix)
     grids = {key: tensor_sha256(x) for key, x in xs.items()}    # the inputs, by digest: code, not data
     return Result(tensors=outs, data={"failures": failures, "inputs_sha256": grids}, notes=notes)
 
 
-def _match_torch(fn, x, y, exp, notes, suffix) -> list[str]:
+def _match_torch(fn, x, y, ref, exp, notes, suffix) -> list[str]:
+    """The Triton output `y` against `ref`, the torch implementation's on the same inputs."""
     from kernels._common import PORTABLE_MATH
 
     if not PORTABLE_MATH:
         notes.append(f"{fn}: compiled Triton uses the GPU's own functions, not compared with the torch implementation")
         return []
-    ref = torch_impl(fn, x)
     got, want = _bits_of(y.reshape(-1)), _bits_of(ref.reshape(-1))
     keep = [True] * len(got)
     if exp.get("except_subnormal"):

@@ -50,10 +50,8 @@ from harness.kinds.generate import REQUEST, SAMPLING, _params, project_root
 from harness.kinds.generate import INPUTS as GENERATE_INPUTS
 from harness.replay.format import TraceError, canonical, f32_bits, f32_from_bits, read_trace, write_trace
 from harness.replay.promote import spec_document
-from harness.replay.record import record
 from harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, replay, requests_of
-from harness.replay.run import Setup
-from harness.targets.base import NotApplicable, TargetInterface
+from harness.targets.base import TargetInterface
 from harness.result import Result
 from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
 from engine.generate import Request
@@ -113,13 +111,11 @@ def golden_platform(spec, ctx) -> str:
 
 
 def run(spec, ctx, target: TargetInterface) -> Result:
-    """Replay's verdict logic on traces Lockstep's engine records: no target operation judges traces."""
-    if not target.engine:
-        raise NotApplicable(f"kind {NAME!r} has no target runner")
-    inp = spec.inputs                      # the engine only produces the trace: fp32, torch ops, any device
-    setup = Setup(inp["checkpoint"], dtype="fp32", backend="torch", device=str(ctx.device),
-                  draft=inp["draft"], speculative=inp["speculative"])
-    return judge(spec, record(setup, requests(spec)))
+    """Replay's verdict logic on a trace the target's `record_trace` gives (Lockstep's engine: fp32,
+    torch ops, any device; no other target records one: n/a there)."""
+    record_trace = target.op("record_trace", str(ctx.device), why=f"kind {NAME!r} has no target runner")
+    inp = spec.inputs
+    return judge(spec, record_trace(inp["checkpoint"], requests(spec), inp["draft"], inp["speculative"]))
 
 
 def requests(spec) -> list[Request]:

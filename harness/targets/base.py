@@ -60,6 +60,31 @@ operations, with the default target `harness/targets/lockstep.py` implementing e
               scale) -> [T, Hq, D]       query t sees keys max(0, pos - window + 1) … pos
     rmsnorm(x [M, N], weight [N], eps) -> [M, N]
     sampling(logp [R, V] f64, seeds [R], positions [R]) -> [R] int64   seeded Gumbel-max
+              Op.features: "col_base" (col_base=: the hash column of vocab id 0)
+
+Operations only Lockstep's engine has (`harness/targets/lockstep.py: engine(ctx)`, the run's
+settings applied, harness/targets/lockstep_run.py); the kinds that need them are n/a elsewhere:
+
+    matmul(x [M, K], w [N, K], b [N]) -> [M, N]; rope(x [T, H, D], cos, sin [T, D / 2]) -> x's shape;
+    router_top_k(logits [T, E], k) -> (weights [T, k], ids [T, k]); swiglu(x [M, 2I]) -> [M, I];
+    experts(x [T, H], ids [T, k], gate_up_w, gate_up_b [E, 2I], down_w, alpha, limit)
+              -> [chunks, T * k, H] each (token, slot)'s down partials (the grouped expert path);
+    sample_fused(logits [R, V] f32, params: list[SamplingParams], seeds: list[int], positions [R])
+              -> (tokens [R], chosen logprobs [R], target distributions [R, V])
+              Lockstep's own kernel interface: the kernel kind compares each with its torch reference
+    walk_boundaries(checkpoint_dir, prompt) -> [L + 1] states [T, H]: the blocks called one at a
+              time, with no capture code (the layer_ids kind checks `capture` against it)
+    model(checkpoint_dir) -> the implementation's own model object (engine.model.GptOssModel):
+              the reference forward a kind computes on (draft aux rows, an exact sampling law);
+              without it a kind uses Lockstep's fp32 model (harness.checkpoints.reference_model)
+    primitive(function, implementation "torch" | "triton", x) -> y   Lockstep's own primitives
+    record_trace(checkpoint, requests, draft, speculative) -> a trace of the engine (harness.replay)
+and features only its operations offer: "backends" on hash, verify_coins and gumbel (backends=:
+each output computed on every backend named, "torch" and "triton", refused unless they agree
+bitwise); "observer" on generate and speculative_generate (observer=: an engine.trace.Trace the
+run records into, so harness.locate can re-run a step op by op); "topology" on the same (tp=,
+ep=: the run split over local processes, engine.parallel). `capture` may also raise
+engine.boundaries.CaptureError where the engine sees its capture contract broken.
 
 Requests and results are the engine's own types (engine.request): a `Request` is a prompt, its
 `SamplingParams` (`params`) and a seed; a `Result` is tokens, logprobs [n] f32, finish_reason,
@@ -86,8 +111,11 @@ message fragments contain (ids, bounds, counts, widths, indices) must appear as 
 message, and every tensor name (a dotted name) as it is.
 Where a spec expects no refusal, any exception is a crash.
 
-Spec kinds run against this interface (`run(spec, ctx, target)` in harness/kinds/<kind>.py, typed
-with `TargetInterface`); Lockstep's engine is the default target (harness/targets/lockstep.py).
+Spec kinds run against this interface only (`run(spec, ctx, target)` in harness/kinds/<kind>.py,
+typed with `TargetInterface`): they ask for operations and features, never which implementation
+they run on. Lockstep's engine is the default target (harness/targets/lockstep.py: engine(ctx));
+`has_goldens` says what a check of a target is judged against: the goldens, bit for bit (Lockstep's
+engine), or the target's expectations file (every adapter).
 """
 
 from __future__ import annotations
@@ -129,8 +157,9 @@ class Op:
 @runtime_checkable
 class TargetInterface(Protocol):
     """What a spec kind sees of an implementation under test: `run(spec, ctx, target)` asks it for
-    operations (`op`) and reads its declarations. `Target` below is the one implementation every
-    adapter builds; `harness.targets.get` accepts any object with these members."""
+    operations (`op`, `offers`) and reads its declarations; it never asks which implementation it
+    is. `Target` below is the one implementation every adapter builds (Lockstep's engine too);
+    `harness.targets.get` accepts any object with these members."""
     name: str
     version: str
     description: str
@@ -141,9 +170,11 @@ class TargetInterface(Protocol):
     expectations: str | None
     refusals: tuple[type, ...]
     rng: str | None
-    engine: bool
+    has_goldens: bool
 
-    def op(self, name: str, device: str = CPU, needs: tuple[str, ...] = ()) -> Callable: ...
+    def op(self, name: str, device: str = CPU, needs: tuple[str, ...] = (), why: str | None = None) -> Callable: ...
+
+    def offers(self, name: str, feature: str) -> bool: ...
 
     @property
     def label(self) -> str: ...
@@ -161,16 +192,17 @@ class Target:
     expectations: str | None = None                          # a plugin's own expectations file
     refusals: tuple[type, ...] = ()                          # its engine's own clean-refusal exception types
     rng: str | None = None                                   # its seeded sampling's RNG model (RNG_MODELS)
-    # Lockstep's engine itself (harness/targets/lockstep.py: engine()): the kinds run their whole
-    # engine path on it (the run's backend, dtype policy and topologies), judged against the goldens
-    # bit for bit by harness/runner.py. Every adapter, Lockstep's own `load()` too, leaves it False.
-    engine: bool = False
+    # What a check of this target is judged against: True for Lockstep's engine under a run's
+    # settings (harness/targets/lockstep.py: engine(ctx)), whose results are the goldens, compared
+    # bit for bit by harness/runner.py; False (every adapter) for the target's expectations file.
+    has_goldens: bool = False
 
-    def op(self, name: str, device: str = CPU, needs: tuple[str, ...] = ()) -> Callable:
+    def op(self, name: str, device: str = CPU, needs: tuple[str, ...] = (), why: str | None = None) -> Callable:
         """The operation's callable, or NotApplicable with the target's reason (also when the
-        operation lacks one of the features `needs` names)."""
+        operation lacks one of the features `needs` names). `why`: the kind's reason for an
+        operation that only Lockstep implements, when the target does not give its own."""
         if name not in self.ops:
-            raise NotApplicable(self.missing.get(name, f"{self.name} has no {name!r} operation"))
+            raise NotApplicable(self.missing.get(name, why or f"{self.name} has no {name!r} operation"))
         op = self.ops[name]
         here = CUDA if device.startswith("cuda") else (CPU, INTERPRETER)
         if not (set(op.where) & set(here if isinstance(here, tuple) else (here,))):
@@ -180,6 +212,11 @@ class Target:
                 raise NotApplicable(self.missing.get(f"{name}:{need}",
                                                      f"{self.name}'s {name} does not offer {need!r}"))
         return op.fn
+
+    def offers(self, name: str, feature: str) -> bool:
+        """Whether the target has the operation with that optional feature (a kind that can use
+        the feature but does not need it asks this, rather than which target it runs on)."""
+        return name in self.ops and feature in self.ops[name].features
 
     @property
     def label(self) -> str:

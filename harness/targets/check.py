@@ -117,11 +117,11 @@ def run_target(specs, ctx, target: Target, store: GoldenStore, progress=None):
     return outcomes
 
 
-def target_for(name: str) -> TargetInterface:
+def target_for(name: str, ctx) -> TargetInterface:
     """What `check --target NAME` runs the specs against: for `lockstep` (the default) Lockstep's
-    engine, judged against the goldens (harness/runner.py); any other target is judged here, against
-    its expectations (`check_against_expectations`)."""
-    return engine() if name == "lockstep" else load_target(name)
+    engine under the run context `ctx`, which has goldens (harness/runner.py judges it); any other
+    target is judged here, against its expectations (`check_against_expectations`)."""
+    return engine(ctx) if name == "lockstep" else load_target(name)
 
 
 def check_against_expectations(target: TargetInterface, args, specs, errors, ctx, explain=False,

@@ -1,4 +1,5 @@
-"""Judging one spec's run on a target other than Lockstep's engine: pass, fail or n/a.
+"""Judging one spec's run on a target without goldens of its own (`has_goldens` False: every
+adapter, judged against its expectations file): pass, fail or n/a.
 
 The run itself is the kind's own (`harness/kinds/<kind>.py: run(spec, ctx, target)`); how each
 kind applies to a target, and how its result is compared, live in that module too (its

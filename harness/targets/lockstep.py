@@ -1,11 +1,12 @@
 """The default target: Lockstep's own kernels and engine, through the target operations.
 
-Two views of one implementation. `engine()` is what plain `lockstep check` (and `regen`, and the
-pytest plugin) runs every spec against: a kind's `run(spec, ctx, target)` on it takes the run's
-whole engine path (backend, dtype policy, topologies) and harness/runner.py judges it against the
-goldens bit for bit. `load()` (`--target lockstep` of `report` and `record`, and tests/targets) is
-the same code as a peer sees it, through the operations below only, so the target path is itself
-checked against Lockstep's goldens.
+Two views of one implementation. `engine(ctx)` is what plain `lockstep check` (and `regen`, and
+the pytest plugin) runs every spec against: the same operations under the run's settings (device,
+backend, dtype policy, topologies; harness/targets/lockstep_run.py), with those only Lockstep's
+engine exposes, and harness/runner.py judges it against the goldens bit for bit. `load()`
+(`--target lockstep` of `report` and `record`, and tests/targets) is the same code as a peer sees
+it, through the operations below only, so the target path is itself checked against Lockstep's
+goldens.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import functools
 import torch
 
 from harness.targets.base import CPU, CUDA, INTERPRETER, RNG_COINS, Op, Target
+from harness.targets.lockstep_run import PrefixSession, draft_stages, run_ops
 
 
 def _hash(seed, pos, col):
@@ -87,33 +89,10 @@ def _speculative_generate(checkpoint, draft_dir, convention, requests, speculati
                                 list(requests), SpecParams(**speculative))
 
 
-class _PrefixSession:
-    """One engine.prefix_cache.PrefixCache on the checkpoint's model (the prefix_cache capability)."""
-
-    def __init__(self, checkpoint, block):
-        from engine.prefix_cache import PrefixCache
-        self.model, self.cache = _model(str(checkpoint)), PrefixCache(block)
-
-    def generate(self, requests, prefill_chunk=None):
-        from engine.generate import generate
-        return generate(self.model, list(requests), prefix_cache=self.cache, prefill_chunk=prefill_chunk)
-
-    @property
-    def hits(self):
-        return self.cache.hits
-
-    @property
-    def hit_tokens(self):
-        return self.cache.hit_tokens
-
-
 def _draft_stages(checkpoint, draft_dir, convention, aux, tokens, top_k):
-    """The draft's stages through Lockstep's own draft head (the same code as the draft kind)."""
-    from harness.kinds.draft import _stages
-
+    """The draft's stages through Lockstep's own draft head."""
     draft = _draft(str(checkpoint), str(draft_dir), convention)
-    stages = _stages(draft, aux, tokens, torch.arange(aux.shape[0]), top_k)
-    return {k: v for k, v in stages.items() if k != "aux"}
+    return draft_stages(draft, aux, tokens, torch.arange(aux.shape[0]), top_k)
 
 
 def _mxfp4_decode(blocks, scales, dtype):
@@ -145,15 +124,22 @@ def _rmsnorm(x, w, eps):
     return rms_norm_triton(x, w, eps)
 
 
-def _sampling(logp, seeds, positions):
-    from kernels.sampling import gumbel_argmax_triton
-    return gumbel_argmax_triton(logp, seeds, positions)
+def _sampling(logp, seeds, positions, col_base=None):
+    from kernels.sampling import SAMPLE_COLUMNS, gumbel_argmax_triton
+    return gumbel_argmax_triton(logp, seeds, positions, SAMPLE_COLUMNS if col_base is None else col_base)
 
 
-@functools.lru_cache(maxsize=1)
-def engine() -> Target:
-    """Lockstep's engine itself: the default target of `check` (see the module's docstring)."""
-    return dataclasses.replace(load(), engine=True)
+@functools.lru_cache(maxsize=16)
+def engine(ctx) -> Target:
+    """Lockstep's engine under the run context `ctx` (a harness.result.RunContext): the default
+    target of `check` (see the module's docstring). `load()`'s operations, with those the run's
+    device, backend and dtype policy decide (and those only Lockstep's engine exposes) from
+    harness/targets/lockstep_run.py; judged against the goldens (`has_goldens`)."""
+    from engine.checkpoint import CheckpointError
+
+    base = load()
+    return dataclasses.replace(base, ops={**base.ops, **run_ops(ctx)}, refusals=(CheckpointError,),
+                               has_goldens=True)
 
 
 def load() -> Target:
@@ -177,11 +163,12 @@ def load() -> Target:
             "speculative_generate": Op(_speculative_generate, every, "engine.speculative.speculative_generate",
                                        frozenset({"sampling", "batch", "greedy", "target-only", "rejection",
                                                   "tree"})),
-            "prefix_cache": Op(_PrefixSession, every, "engine.prefix_cache.PrefixCache through engine.generate.generate",
+            "prefix_cache": Op(lambda checkpoint, block: PrefixSession(_model(str(checkpoint)), block), every,
+                               "engine.prefix_cache.PrefixCache through engine.generate.generate",
                                frozenset({"sampling", "prefill_chunk"})),
             "mxfp4_decode": Op(_mxfp4_decode, every, "engine.mxfp4.dequantize"),
             "load_checkpoint": Op(_load_checkpoint, every, "engine.checkpoint.load_checkpoint"),
-            "draft_stages": Op(_draft_stages, every, "engine.eagle3.Eagle3Draft (the draft kind's stages)"),
+            "draft_stages": Op(_draft_stages, every, "engine.eagle3.Eagle3Draft (one committed draft step)"),
             "verify_greedy": Op(_spec("verify_greedy"), every,
                              "engine.speculative.verify_greedy (the round's _accept_greedy on one tree)"),
             "verify_target_only": Op(_spec("verify_target_only"), every,
@@ -190,5 +177,5 @@ def load() -> Target:
                                 "engine.speculative.verify_rejection (the round's _accept_rejection on one tree)"),
             "attention": Op(_attention, kernels, "kernels.attention (Triton)"),
             "rmsnorm": Op(_rmsnorm, kernels, "kernels.rmsnorm (Triton)"),
-            "sampling": Op(_sampling, kernels, "kernels.sampling (Triton)"),
+            "sampling": Op(_sampling, kernels, "kernels.sampling (Triton)", frozenset({"col_base"})),
         })

@@ -1,18 +1,18 @@
-"""Shared fixtures: synthetic checkpoints of the `tiny` preset (made once per session)."""
+"""Shared fixtures: synthetic checkpoints of the `tiny` preset (made once per run: harness.checkpoints
+shares them between the session's xdist workers and the spec items that use the same checkpoint)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.checkpoint import make_checkpoint
 from engine.model import GptOssModel
+from harness.checkpoints import checkpoint_dir
 
 
 @pytest.fixture(scope="session")
-def tiny_ckpts(tmp_path_factory):
-    """{"bf16": dir, "mxfp4": dir} for preset tiny, seed 0."""
-    root = tmp_path_factory.mktemp("ckpt")
-    return {fmt: make_checkpoint("tiny", 0, fmt, root / f"tiny-{fmt}") for fmt in ("bf16", "mxfp4")}
+def tiny_ckpts():
+    """{"bf16": dir, "mxfp4": dir} for preset tiny, seed 0 (read-only: shared)."""
+    return {fmt: checkpoint_dir("tiny", 0, fmt) for fmt in ("bf16", "mxfp4")}
 
 
 @pytest.fixture(scope="session")

@@ -91,3 +91,40 @@ def test_sample_graph_equals_sample_rows():
         assert torch.equal(lps.view(torch.int32), chosen_logprobs(logits, expected).view(torch.int32))
     with pytest.raises(ValueError, match="not capturable"):
         SampleGraph(row_settings([SamplingParams()], [None], "cpu"), 1, 301, "cpu")
+
+
+def test_a_nan_row_with_its_filters_off_keeps_every_entry_beside_rows_that_filter():
+    """keep_mask skips a filter that is off, so even a NaN row keeps everything; keep_mask_rows
+    must do the same through its off flags when other rows of the batch use the filters (found
+    by mutation testing: a wrong min_p off flag only showed on such a row)."""
+    from engine.sampling import keep_mask, keep_mask_rows, row_settings
+    z = torch.randn(3, 20, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    z[1, 5] = float("nan")
+    params = [SamplingParams(top_k=3, top_p=0.5, min_p=0.2), SamplingParams(), SamplingParams(min_p=0.1)]
+    st = row_settings(params, [1, 2, 3], "cpu")
+    together = keep_mask_rows(z, st.top_k, st.top_p, st.min_p)
+    for r, p in enumerate(params):
+        assert torch.equal(together[r], keep_mask(z[r], p.top_k, p.top_p, p.min_p)), r
+    assert together[1].all(), "the NaN row has every filter off: all of it is kept"
+    assert st.top_p.dtype == st.min_p.dtype == torch.float64, "thresholds compared in float64, as keep_mask's floats"
+
+
+@pytest.mark.parametrize("filters", [dict(top_k=1), dict(top_p=0.05), dict(min_p=0.99)])
+def test_each_filter_decides_the_sampled_token(filters):
+    """A nearly flat row: unfiltered, the seeded draws spread over the vocabulary; with a filter
+    that keeps only the top entry, every draw is that entry (each filter must reach the sampler)."""
+    logits = torch.linspace(1.0, 0.9, 8).repeat(2, 1)
+    params = [SamplingParams(**filters), SamplingParams()]
+    drawn = [sample_rows(logits, params, [seed, seed], [seed, seed]).tolist() for seed in range(24)]
+    assert {row[0] for row in drawn} == {0}, (filters, drawn)
+    assert len({row[1] for row in drawn}) > 2, "the unfiltered row is not a constant"
+
+
+def test_an_all_greedy_batch_needs_no_generator_and_is_capturable():
+    from engine.graphs import SampleGraph
+    from engine.sampling import row_settings
+    st = row_settings([SamplingParams(greedy=True)] * 2, [None, None], "cpu")
+    assert st.rows is None and st.capturable and not st.filtered and st.unseeded == []
+    logits = torch.tensor([[0.0, 2.0, 2.0], [5.0, -1.0, 5.0]])
+    tokens, _ = SampleGraph(st, 2, 3, "cpu")(logits, torch.tensor([0, 0]))
+    assert tokens.tolist() == [1, 0], "greedy: the first maximum"

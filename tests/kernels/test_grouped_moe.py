@@ -206,6 +206,33 @@ def test_mxfp4_packed_equals_its_dequantized_dense_weight(dtype):
     assert torch.isfinite(p_packed).any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 5, 40])
+def test_mxfp4_fast_decode_has_the_exact_decodes_bits(dtype, T):
+    """The fast MXFP4 decode (kernels/matmul.py `_mxfp4_tile_fast`, taken by every program whose
+    scales lie in MXFP4_FAST_SCALES and whose chunk bounds are even) gives the bits of the exact
+    per-element decode everywhere (fast_decode=False, the kernels before it), compiled too: the
+    same tile values, so the same products in the same order. Edge scales (0, 1, 254, 255) send
+    their programs down the exact path; chunks start mid-group (12 wide), at scale-group starts
+    (ALIGNED), and at odd columns (the exact path)."""
+    E, H, I, k = 4, 160, 96, 2
+    gu_w, dn_w = mxfp4_experts(E, 2 * I, H, seed=41), mxfp4_experts(E, H, I, seed=42)
+    for scales, (e, n, g), edge in ((gu_w[1], (1, 100, 2), 253), (gu_w[1], (2, 150, 4), 254),
+                                    (gu_w[1], (3, 40, 0), 1), (dn_w[1], (1, 70, 1), 253), (dn_w[1], (2, 20, 2), 254)):
+        scales[e, n, g] = edge                   # alone in their programs: just outside the fast range
+    gu_b = torch.randn(E, 2 * I, generator=torch.Generator().manual_seed(43)).to(dtype).to(DEVICE)
+    x, ids = tokens(T, H, k, E, dtype, seed=44)
+    x = x / 64
+    groups = group_by_expert(ids.reshape(-1), 0, E, EXPERT_BLOCK_M)
+    h = expert_gate_up_triton(x, k, groups, gu_w, gu_b)
+    assert same_bits(h, expert_gate_up_triton(x, k, groups, gu_w, gu_b, fast_decode=False))
+    a = clamped_swiglu_triton(torch.nan_to_num(h), ALPHA, LIMIT)
+    for bounds in (k_chunk_bounds(I), [(0, 32), (32, 96)], [(0, 33), (33, 96)], [(2, 50), (50, 94)]):
+        fast = expert_down_partials_triton(a, groups, dn_w, bounds)
+        assert same_bits(fast, expert_down_partials_triton(a, groups, dn_w, bounds, fast_decode=False)), bounds
+    assert torch.isfinite(h).any()
+
+
 def test_mxfp4_scale_255_is_nan_and_the_edges_are_exact():
     """One weight row per case: x = e_j picks column j, so h = W[:, j] exactly (+ zero bias): the
     kernel's decoded values, compared with dequantize bit for bit, NaN block included."""

@@ -33,7 +33,7 @@ def platform():
 
 def check(spec):
     ctx = RunContext(platform=platform())
-    return kernel_kind.check(spec, kernel_kind.run(spec, ctx, engine()))
+    return kernel_kind.check(spec, kernel_kind.run(spec, ctx, engine(ctx)))
 
 
 def test_there_are_enough_specs(kernel_specs):
@@ -69,7 +69,7 @@ def test_a_tail_bug_turns_specs_red(kernel_specs, monkeypatch):
 
     monkeypatch.setattr(M, "linear_triton", no_tail)
     fails = check(kernel_specs["kernels/matmul-n127-k129"])
-    assert fails and fails[0].startswith("kernel matmul [M=17, K=129, N=127] fp32: max |triton - torch|")
+    assert fails and fails[0].startswith("lockstep: kernel matmul [M=17, K=129, N=127] fp32: max |lockstep - reference|")
 
 
 def test_a_grouping_bug_turns_the_grouped_expert_specs_red(kernel_specs, monkeypatch):
@@ -86,4 +86,4 @@ def test_a_grouping_bug_turns_the_grouped_expert_specs_red(kernel_specs, monkeyp
 
     monkeypatch.setattr(X, "group_by_expert", drops_a_tail_row)
     fails = check(kernel_specs["kernels/experts-block-tails"])
-    assert fails and fails[0].startswith("kernel experts [T=7, H=72, E=4, k=3, I=40] fp32: max |triton - torch|")
+    assert fails and fails[0].startswith("lockstep: kernel experts [T=7, H=72, E=4, k=3, I=40] fp32: max |lockstep - reference|")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.checkpoint import make_checkpoint
 from engine.eagle3 import load_draft
 from engine.model import GptOssModel
+from harness.checkpoints import checkpoint_dir
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -25,10 +25,17 @@ def fitted():
 
 
 @pytest.fixture(scope="session")
-def deep_targets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("deep")
-    return {name: GptOssModel.from_checkpoint(make_checkpoint(name, 0, "bf16", root / name))
-            for name in ("tiny-d36", "tiny-d24")}
+def fitted_bf16():
+    """The shipped pair under the bf16 policy: the draft on its cached path (engine/eagle3.py)."""
+    target = GptOssModel.from_checkpoint(MODELS / "tiny-target", dtype="bf16")
+    return target, load_draft(MODELS / "tiny-eagle3", target, convention="sglang")
+
+
+@pytest.fixture(scope="session")
+def deep_targets():
+    """The deep presets' targets, from checkpoints made once per run (harness.checkpoints: shared
+    with the layer_ids specs of the same presets and with the other xdist worker)."""
+    return {name: GptOssModel.from_checkpoint(checkpoint_dir(name, 0, "bf16")) for name in ("tiny-d36", "tiny-d24")}
 
 
 def training_prompts(n: int) -> list[list[int]]:

@@ -201,8 +201,9 @@ def reads_per_round(monkeypatch, target, draft, reqs, sp):
 @pytest.mark.parametrize("sp", [SpecParams(num_steps=3, topk=1, draft_token_num=4, verify="greedy"),
                                 SpecParams(num_steps=3, topk=2, draft_token_num=6),
                                 SpecParams(verify="rejection")], ids=["chain", "tree-target-only", "rejection"])
-def test_a_round_reads_the_host_once_whatever_the_batch(fitted, monkeypatch, sp):
-    target, draft = fitted
+@pytest.mark.parametrize("pair", ["fitted", "fitted_bf16"])
+def test_a_round_reads_the_host_once_whatever_the_batch(pair, monkeypatch, sp, request):
+    target, draft = request.getfixturevalue(pair)
     P = training_prompts(3)
     params = [SamplingParams(greedy=True, max_new_tokens=6)] if sp.verify == "greedy" else \
         [SamplingParams(temperature=0.7, max_new_tokens=6), SamplingParams(greedy=True, max_new_tokens=6)]

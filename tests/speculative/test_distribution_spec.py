@@ -80,9 +80,9 @@ def test_the_exact_law_applies_temperature_and_filters_per_prefix():
 
 # ---------------------------------------------------------------------- the spec, honest and biased
 def run_spec():
-    spec = load_spec_file(REJECTION_SPEC, SPECS)
+    spec, ctx = load_spec_file(REJECTION_SPEC, SPECS), RunContext(detect("cpu"))
     with torch.inference_mode():
-        result = distribution.run(spec, RunContext(detect("cpu")), engine())
+        result = distribution.run(spec, ctx, engine(ctx))
     return spec, result, distribution.check(spec, result)
 
 

@@ -168,3 +168,57 @@ def test_tree_rows_equal_committed_rows_bit_for_bit(both):
     kv2 = DraftKV(draft.config, 1, 64)
     alone = draft.forward(toks, torch.arange(7), h, kv2, torch.zeros(7, dtype=torch.int64), commit=True)
     assert alone.logits.equal(full.logits)
+
+
+# --------------------------------------------------------------------------- the cached path (bf16 policy)
+def bf16_variant(both):
+    _, d, weights = both
+    return Eagle3Draft(Eagle3Config.from_hf_dict(d), weights, TINY, "sglang", dtype="bf16")
+
+
+def test_cached_path_tree_rows_equal_committed_rows_bit_for_bit(both):
+    """On the cached path a tree row writes its ancestors and itself after the committed prefix of
+    its slot and attends there: the same bits as the committed row at that position, and as the
+    same rows alone (batch invariance)."""
+    draft = bf16_variant(both)
+    assert draft.cached and draft.qkv_w.dtype == torch.bfloat16
+    aux = rows(7, 3 * 96, 2)
+    toks = torch.tensor([5, 9, 11, 40, 3, 77, 2])
+    h = draft.combine_aux(aux)
+    kv = draft.new_kv(3, 32)
+    full = draft.forward(toks, torch.arange(7), h, kv, torch.zeros(7, dtype=torch.int64), commit=True)
+    draft.forward(toks[:4], torch.arange(4), h[:4], kv, torch.ones(4, dtype=torch.int64), commit=True)
+    anc = []
+    for p in (4, 5, 6):
+        st = draft.forward(toks[p:p + 1], torch.tensor([p]), h[p:p + 1], kv, torch.tensor([1]), commit=False,
+                           prefix_lens=[4], ancestors=[list(anc)])
+        assert st.logits.dtype == torch.float32 and st.hidden.dtype == torch.bfloat16
+        assert st.logits[0].equal(full.logits[p]) and st.hidden[0].equal(full.hidden[p]), p
+        anc.append((st.k[0], st.v[0]))
+    # a slot whose tail holds stale tree keys of another row: the ancestors passed are what count
+    kv.k[2], kv.v[2] = kv.k[1].clone(), kv.v[1].clone()
+    kv.k[2, :, 4:].normal_()
+    st = draft.forward(toks[6:7], torch.tensor([6]), h[6:7], kv, torch.tensor([2]), commit=False,
+                       prefix_lens=[4], ancestors=[list(anc[:2])])
+    assert st.logits[0].equal(full.logits[6])
+    alone = draft.forward(toks, torch.arange(7), h, draft.new_kv(1, 64), torch.zeros(7, dtype=torch.int64),
+                          commit=True)
+    assert alone.logits.equal(full.logits)
+
+
+def test_cached_path_computes_what_the_reference_computes(both):
+    """bf16 rounding apart, the cached path is the portable head's computation: a head that
+    attended to the wrong keys, dropped a norm or mixed q/k/v up would be far off."""
+    _, d, weights = both
+    ref = Eagle3Draft(Eagle3Config.from_hf_dict(d), weights, TINY, "sglang")
+    fast = bf16_variant(both)
+    aux = rows(7, 3 * 96, 4)
+    toks = torch.tensor([5, 9, 11, 40, 3, 77, 2])
+    slots = torch.zeros(7, dtype=torch.int64)
+    a = ref.forward(toks, torch.arange(7), ref.combine_aux(aux), DraftKV(ref.config, 1, 32), slots, commit=True)
+    b = fast.forward(toks, torch.arange(7), fast.combine_aux(aux), fast.new_kv(1, 32), slots, commit=True)
+    rel = (a.logits - b.logits).norm() / a.logits.norm()
+    assert rel < 0.05, rel
+    spread = (a.logits - a.logits.roll(1, 0)).norm() / a.logits.norm()       # what a wrong row would give
+    assert spread > 0.5, spread
+    assert (a.logits.argmax(-1) == b.logits.argmax(-1)).float().mean() >= 5 / 7

@@ -28,9 +28,9 @@ VERIFY_IDS = sorted(f"verify/{p.stem}" for p in (SPECS / "verify").glob("*.yaml"
 
 def failures(spec_id: str) -> list[str]:
     """The spec's failed expectations, or the crash, as messages."""
-    spec = load_spec_file(SPECS / f"{spec_id}.yaml", SPECS)
+    spec, ctx = load_spec_file(SPECS / f"{spec_id}.yaml", SPECS), RunContext(detect("cpu"))
     try:
-        return verify.check(spec, verify.run(spec, RunContext(detect("cpu")), engine()))
+        return verify.check(spec, verify.run(spec, ctx, engine(ctx)))
     except Exception as e:                       # a crash of the code under test is a red spec too
         return [f"crash: {type(e).__name__}: {e}"]
 

@@ -8,7 +8,7 @@ that (like vLLM's default runner) reads only the top-level ids of a draft config
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class EngineConfigError(Exception):
@@ -17,24 +17,18 @@ class EngineConfigError(Exception):
 
 @dataclass
 class SamplingRequest:
+    """myengine's request: a prompt, a seed, and its sampling settings by name (temperature, top_k,
+    top_p, min_p, max_new_tokens, greedy, stop_token_ids; one left out takes its default)."""
     prompt: list[int]
     seed: int | None
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    max_new_tokens: int = 16
-    greedy: bool = False
-    stop_token_ids: tuple[int, ...] | None = None
+    sampling: dict = field(default_factory=dict)
 
 
 def _engine_request(r: SamplingRequest):
     from engine.generate import Request
     from engine.sampling import SamplingParams
 
-    return Request(prompt=list(r.prompt), seed=r.seed, params=SamplingParams(
-        temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, max_new_tokens=r.max_new_tokens,
-        greedy=r.greedy, stop_token_ids=r.stop_token_ids))
+    return Request(prompt=list(r.prompt), seed=r.seed, params=SamplingParams(**r.sampling))
 
 
 def load(checkpoint: str):

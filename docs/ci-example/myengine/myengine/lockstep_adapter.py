@@ -22,10 +22,8 @@ def _model(checkpoint: str):
 
 def _requests(requests) -> list:
     """Lockstep's requests (engine.request.Request) as myengine's own."""
-    return [myengine.SamplingRequest(prompt=r.prompt, seed=r.seed, temperature=r.params.temperature,
-                                     top_k=r.params.top_k, top_p=r.params.top_p, min_p=r.params.min_p,
-                                     max_new_tokens=r.params.max_new_tokens, greedy=r.params.is_greedy,
-                                     stop_token_ids=r.params.stop_token_ids) for r in requests]
+    return [myengine.SamplingRequest(prompt=r.prompt, seed=r.seed,
+                                     sampling=r.params.to_dict() | {"greedy": r.params.is_greedy}) for r in requests]
 
 
 def generate(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8):

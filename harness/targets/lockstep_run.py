@@ -1,0 +1,289 @@
+"""Lockstep's engine under one run's settings: the operations `engine(ctx)` adds to `load()`'s.
+
+`lockstep check` runs every spec on Lockstep's engine as the run's context sets it up: the device,
+the kernel backend (torch or triton) and the dtype policy, plus the extra topologies of
+`--world-size`. These are the operations of that target (harness/targets/base.py documents each
+one and its features); they replace `load()`'s where the run's settings change what runs, and add
+what only Lockstep's own engine exposes (backend agreement, internals the kinds pin). A kind asks
+for them like any other operation: a peer lacks them, and the spec is n/a there with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from harness.result import RunContext
+from harness.targets.base import CPU, CUDA, INTERPRETER, Op
+from kernels.coins import gumbel_from_hash, murmur_hash32_torch, murmur_hash32_triton, verify_coins
+
+EVERY = (CPU, INTERPRETER, CUDA)
+MURMUR = {"torch": murmur_hash32_torch, "triton": murmur_hash32_triton}   # the hashes that must agree
+
+
+class BackendDisagreement(AssertionError):
+    pass
+
+
+def agree(by_backend: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The first backend's output, once every other backend gave the same bits (else BackendDisagreement)."""
+    (ref_name, ref), *others = by_backend.items()
+    for name, t in others:
+        if t.dtype != ref.dtype or t.shape != ref.shape or not t.view(torch.uint8).equal(ref.view(torch.uint8)):
+            bad = (t != ref).nonzero()[:5].tolist() if t.shape == ref.shape else "shape"
+            raise BackendDisagreement(f"backends {ref_name!r} and {name!r} disagree, first at {bad}")
+    return ref
+
+
+# --------------------------------------------------------------------------- coins (feature "backends")
+def _coin_ops(device: torch.device) -> dict[str, Op]:
+    """hash / verify_coins / gumbel on the run's device, each computed by every backend named
+    (default: torch) and refused unless they agree bitwise; outputs on the CPU."""
+    def keys(*ts):
+        return [t.to(device) for t in ts]
+
+    def hash_(seed, pos, col, backends=("torch",)):
+        s, p, c = keys(seed, pos, col)
+        return agree({b: MURMUR[b](s, p, c) for b in backends})
+
+    def coins(seeds, seq_lens, n, backends=("torch",)):
+        s, p = keys(seeds, seq_lens)
+        per_backend = {b: verify_coins(s, p, n, MURMUR[b]) for b in backends}
+        agree({b: torch.cat([c, f[:, None]], 1) for b, (c, f) in per_backend.items()})
+        c, f = per_backend[backends[0]]
+        return c.cpu(), f.cpu()
+
+    def gumbel(seed, pos, col, backends=("torch",)):
+        return gumbel_from_hash(hash_(seed, pos, col, backends)).cpu()
+
+    feature = frozenset({"backends"})
+    return {"hash": Op(lambda *a, **k: hash_(*a, **k).cpu(), EVERY, "kernels.coins.murmur_hash32_{torch,triton}",
+                       feature),
+            "verify_coins": Op(coins, EVERY, "kernels.coins.verify_coins on each backend's hash", feature),
+            "gumbel": Op(gumbel, EVERY, "kernels.coins.gumbel_from_hash of the agreed hash", feature)}
+
+
+# --------------------------------------------------------------------------- MXFP4
+def _mxfp4_ops(ctx: RunContext) -> dict[str, Op]:
+    """The run's backend's decode: Triton's is the decode the matmul and grouped-expert kernels do
+    in their tile loads, torch's is engine.mxfp4.dequantize."""
+    import engine.mxfp4 as mx
+    import kernels.matmul as matmul
+
+    # looked up at each call: engine(ctx) is cached, and a planted decoder patches the module's name
+    module, name, note = (matmul, "mxfp4_decode_triton", "kernels.matmul.mxfp4_decode_triton (the kernels' tile decode)") \
+        if ctx.backend == "triton" else (mx, "dequantize", "engine.mxfp4.dequantize")
+
+    def mxfp4_decode(blocks, scales, dtype):
+        return getattr(module, name)(blocks.to(ctx.device), scales.to(ctx.device), dtype).cpu()
+    return {"mxfp4_decode": Op(mxfp4_decode, EVERY, note)}
+
+
+# --------------------------------------------------------------------------- whole-model forward
+def model(ctx: RunContext, checkpoint):
+    """The checkpoint's model under the run's backend, device and dtype policy (cached)."""
+    from harness.checkpoints import model_at
+    return model_at(checkpoint, ctx.backend, ctx.device, ctx.platform.dtype)
+
+
+def _forward_ops(ctx: RunContext) -> dict[str, Op]:
+    """capture under the run's settings (raising engine.boundaries.CaptureError where the engine
+    sees its capture contract broken), and walk_boundaries: every boundary state by calling the
+    blocks one at a time, with no capture code (each block owns its norms and residual adds)."""
+    from engine.model import Step
+    from engine.rope import rope_cos_sin
+
+    def capture(checkpoint, prompt, boundaries):
+        m, T = model(ctx, checkpoint), len(prompt)
+        out = m.forward(torch.tensor(prompt), torch.arange(T), torch.zeros(T, dtype=torch.int64),
+                        m.new_cache(1, T), capture=boundaries)
+        return out.captured.cpu()
+
+    @torch.inference_mode()
+    def walk_boundaries(checkpoint, prompt):
+        m, T = model(ctx, checkpoint), len(prompt)
+        positions = torch.arange(T, device=m.device)
+        slots = torch.zeros(T, dtype=torch.int64, device=m.device)
+        step = Step(positions, slots, m.new_cache(1, T), *rope_cos_sin(positions, m.inv_freq, m.mscale))
+        x = m.embed_tokens(torch.tensor(prompt).to(m.device))
+        states = [x]                                                       # boundary 0
+        for block in m.blocks:
+            x = block(x, step)
+            states.append(x)                                               # boundary i + 1
+        return [s.cpu() for s in states]
+
+    return {"capture": Op(capture, EVERY, "engine.model.GptOssModel.forward(capture=…) under the run's settings"),
+            "walk_boundaries": Op(walk_boundaries, EVERY, "engine.model: the blocks called one at a time")}
+
+
+# --------------------------------------------------------------------------- generation
+class PrefixSession:
+    """One engine.prefix_cache.PrefixCache on a model (the prefix_cache capability)."""
+
+    def __init__(self, model, block):
+        from engine.prefix_cache import PrefixCache
+        self.model, self.cache = model, PrefixCache(block)
+
+    def generate(self, requests, prefill_chunk=None):
+        from engine.generate import generate
+        return generate(self.model, list(requests), prefix_cache=self.cache, prefill_chunk=prefill_chunk)
+
+    @property
+    def hits(self):
+        return self.cache.hits
+
+    @property
+    def hit_tokens(self):
+        return self.cache.hit_tokens
+
+
+def draft_stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
+    """The draft head's internals (DESIGN §4) for R rows as one committed draft step, and its top-k."""
+    from engine.speculative import draft_top_k
+
+    if k > draft.config.draft_vocab_size:
+        raise ValueError(f"top_k {k} exceeds the draft vocabulary ({draft.config.draft_vocab_size})")
+    R = aux.shape[0]
+    fc_in = draft.fc_input(aux)
+    h = draft.combine_aux(aux)
+    kv = draft.new_kv(1, max(R, 1))
+    step = draft.forward(tokens, positions, h, kv, torch.zeros(R, dtype=torch.int64, device=draft.device), commit=True)
+    tops = [draft_top_k(step.logits[r], k) for r in range(R)]
+    top_lp = torch.stack([lp for lp, _ in tops])
+    top_ids = torch.stack([ids for _, ids in tops])
+    return {"fc_input": fc_in, "fc_output": h, "hidden": step.hidden, "logits": step.logits,
+            "top_logprobs": top_lp, "top_draft_ids": top_ids, "top_target_ids": draft.to_target_ids(top_ids)}
+
+
+@functools.lru_cache(maxsize=8)
+def draft(ctx: RunContext, checkpoint: str, draft_dir: str, convention: str):
+    """The draft of `draft_dir` on the checkpoint's model under the run's settings (cached)."""
+    from engine.eagle3 import load_draft
+    return load_draft(draft_dir, model(ctx, checkpoint), convention=convention, backend=ctx.backend)
+
+
+def _generation_ops(ctx: RunContext) -> dict[str, Op]:
+    """load()'s generation operations on the run's model and draft: generate and
+    speculative_generate (with the features "observer" and "topology"), the prefix cache, the
+    draft's stages, and `model` itself (the reference forward of the draft and distribution kinds)."""
+    from engine.generate import generate
+
+    def generate_(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8, observer=None, tp=1, ep=1):
+        kw = {"capture": tuple(capture), "max_batch": max_batch, "prefill_chunk": prefill_chunk}
+        if tp * ep > 1:
+            from engine.parallel import generate_at
+            return generate_at(checkpoint, tp, ep, list(requests), backend=ctx.backend, device=ctx.device,
+                               dtype=ctx.platform.dtype, trace=observer, **kw)
+        return generate(model(ctx, checkpoint), list(requests), observer=observer, **kw)
+
+    def drafted(checkpoint, draft_dir, convention):
+        return draft(ctx, str(checkpoint), str(draft_dir), convention)
+
+    def speculative(checkpoint, draft_dir, convention, requests, speculative: dict, observer=None, tp=1, ep=1):
+        from engine.speculative import SpecParams, speculative_generate
+        if tp * ep > 1:
+            from engine.parallel import speculative_generate_at
+            return speculative_generate_at(checkpoint, tp, ep, list(requests), spec=SpecParams(**speculative),
+                                           draft=draft_dir, convention=convention, backend=ctx.backend,
+                                           device=ctx.device, trace=observer, dtype=ctx.platform.dtype)
+        return speculative_generate(model(ctx, checkpoint), drafted(checkpoint, draft_dir, convention),
+                                    list(requests), SpecParams(**speculative), observer=observer)
+
+    def stages(checkpoint, draft_dir, convention, aux, tokens, top_k):
+        draft = drafted(checkpoint, draft_dir, convention)
+        dev = draft.device
+        return draft_stages(draft, aux.to(dev), tokens.to(dev), torch.arange(aux.shape[0], device=dev), top_k)
+
+    run = frozenset({"sampling", "batch", "observer", "topology"})
+    return {"generate": Op(generate_, EVERY, "engine.generate.generate under the run's settings",
+                           run | {"capture", "prefill_chunk"}),
+            "prefix_cache": Op(lambda checkpoint, block: PrefixSession(model(ctx, checkpoint), block), EVERY,
+                               "engine.prefix_cache.PrefixCache through engine.generate.generate",
+                               frozenset({"sampling", "prefill_chunk"})),
+            "speculative_generate": Op(speculative, EVERY, "engine.speculative.speculative_generate under the run's "
+                                       "settings", run | {"greedy", "target-only", "rejection", "tree"}),
+            "draft_stages": Op(stages, EVERY, "engine.eagle3.Eagle3Draft under the run's settings"),
+            "model": Op(lambda checkpoint: model(ctx, checkpoint), EVERY,
+                        "engine.model.GptOssModel under the run's settings (its internals, for reference forwards)")}
+
+
+# --------------------------------------------------------------------------- Lockstep's own kernel interface
+def _kernel_ops() -> dict[str, Op]:
+    """Each Triton kernel the kernel kind pins beyond load()'s attention, rmsnorm and sampling (the
+    kind holds their torch references)."""
+    from engine.experts import experts_grouped
+    from engine.linear import k_chunk_bounds
+    from engine.sampling import row_settings, sample_fused, target_distributions
+    from engine.sampling import SamplingParams
+    import kernels.matmul as matmul
+    import kernels.moe as moe
+    import kernels.rope as rope
+
+    def late(module, name):
+        # looked up at call time: engine(ctx) is cached, and a planted fault patches the module's name
+        return lambda *args, **kw: getattr(module, name)(*args, **kw)
+
+    def experts(x, ids, gate_up_w, gate_up_b, down_w, alpha, limit):
+        return experts_grouped(x, ids, gate_up_w, gate_up_b, down_w, k_chunk_bounds(gate_up_b.shape[1] // 2), 0,
+                               gate_up_b.shape[0], alpha, limit)
+
+    def sample(logits, params, seeds, positions):
+        tok, lp = sample_fused(logits, row_settings(params, seeds, logits.device), positions)
+        dist = target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params], fused=True)
+        return tok, lp, dist
+
+    kernels = (INTERPRETER, CUDA)
+    return {"matmul": Op(late(matmul, "linear_triton"), kernels, "kernels.matmul.linear_triton"),
+            "rope": Op(late(rope, "apply_rope_triton"), kernels, "kernels.rope.apply_rope_triton"),
+            "router_top_k": Op(late(moe, "router_top_k_triton"), kernels, "kernels.moe.router_top_k_triton"),
+            "swiglu": Op(late(moe, "clamped_swiglu_triton"), kernels, "kernels.moe.clamped_swiglu_triton"),
+            "experts": Op(experts, kernels, "engine.experts.experts_grouped (the grouped Triton expert path)"),
+            "sample_fused": Op(sample, kernels, "engine.sampling.sample_fused and the fused target distributions")}
+
+
+# --------------------------------------------------------------------------- internals the kinds pin
+def torch_impl(fn: str, x: torch.Tensor):
+    """A primitive's torch implementation (kernels.portable: the ops the torch paths build on)."""
+    from kernels import portable
+
+    simple = {"exp": portable.exp, "log": portable.log, "sigmoid": portable.sigmoid, "exp64": portable.exp64,
+              "log64": portable.log64, "sincos64": portable.sincos64, "tree_sum": portable.tree_sum,
+              "prefix_sum": portable.prefix_sum, "sqrt": portable.sqrt, "sqrt64": portable.sqrt64,
+              "to_bf16": lambda t: t.to(torch.bfloat16), "to_fp32": lambda t: t.to(torch.float32),
+              "f64_to_f32": lambda t: t.to(torch.float32)}
+    if fn == "running_sum":
+        return torch.stack([portable.running_sum(row) for row in x])
+    return simple[fn](x)
+
+
+def triton_impl(fn: str, x: torch.Tensor, device) -> torch.Tensor:
+    """A primitive's Triton implementation (kernels.primitives: what the kernels build on)."""
+    from kernels import primitives
+
+    return primitives.apply(fn, x.to(device)).cpu()
+
+
+def _internal_ops(ctx: RunContext) -> dict[str, Op]:
+    """primitive: Lockstep's own primitives (torch on the CPU, Triton on the run's device);
+    record_trace: a trace the engine records (fp32, torch ops, the run's device) for replay's
+    verdict logic to judge."""
+    def primitive(fn, implementation, x):
+        return torch_impl(fn, x) if implementation == "torch" else triton_impl(fn, x, ctx.device)
+
+    def record_trace(checkpoint, requests, draft=None, speculative=None):
+        from harness.replay.record import record
+        from harness.replay.run import Setup
+
+        setup = Setup(checkpoint, dtype="fp32", backend="torch", device=str(ctx.device), draft=draft,
+                      speculative=speculative)
+        return record(setup, requests)
+
+    return {"primitive": Op(primitive, EVERY, "kernels.portable (torch) and kernels.primitives (Triton)"),
+            "record_trace": Op(record_trace, EVERY, "harness.replay.record at fp32 with torch ops")}
+
+
+def run_ops(ctx: RunContext) -> dict[str, Op]:
+    """Every operation Lockstep's engine takes from the run's settings (see the module docstring)."""
+    return {**_coin_ops(ctx.device), **_mxfp4_ops(ctx), **_forward_ops(ctx), **_generation_ops(ctx),
+            **_kernel_ops(), **_internal_ops(ctx)}
