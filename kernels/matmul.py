@@ -54,16 +54,22 @@ def tiles(N: int, K: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
 
 
 @triton.jit
+def _output_tile(pid_n, pid_m, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program (pid_n, pid_m)'s output tile: rows rm [BM] and columns rn [BN] (int64) with their
+    in-range masks."""
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)      # [BM]
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
+    return rm, rn, rm < M, rn < N
+
+
+@triton.jit
 def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
                    HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # program (pid_n, pid_m) computes y[rm, rn]: a [BLOCK_M, BLOCK_N] tile; x, W, y row-major.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)      # [BM]
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
-    m_ok = rm < M
-    n_ok = rn < N
+    rm, rn, m_ok, n_ok = _output_tile(pid_n, pid_m, M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):                                     # one fixed order
         rk = k0 + tl.arange(0, BLOCK_K)                                 # [BK]
@@ -365,10 +371,7 @@ def _linear_chunks_kernel(x_ptr, w_ptr, bounds_ptr, y_ptr, M, N, K, X_STRIDE, al
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     c = tl.program_id(2)
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)      # [BM]
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
-    m_ok = rm < M
-    n_ok = rn < N
+    rm, rn, m_ok, n_ok = _output_tile(pid_n, pid_m, M, N, BLOCK_M, BLOCK_N)
     lo = tl.load(bounds_ptr + 2 * c)
     width = tl.load(bounds_ptr + 2 * c + 1) - lo
     acc = _chunk_acc(x_ptr, rm, m_ok, X_STRIDE, w_ptr, w_ptr, 0, rn, n_ok, N, K, lo, width, alpha, limit,
