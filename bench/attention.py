@@ -9,7 +9,7 @@ Columns, all in this process on the same tensors:
               than one split, one program per (token, KV head) otherwise
   walk ms     the same kernel with one split for the whole cache (_split=WALK): the single 64-key
               walk of old, one program per (token, KV head) going through every tile itself
-  torch ms    the plain torch reference
+  torch ms    an eager torch baseline (attention_eager below: whole score rows, torch's softmax)
   walk/tri    the split-K speed-up (> 1: faster); tri/torch as before
 Decode prints the achieved fraction of H200 HBM bandwidth: bytes = the visible K and V rows
 each token must read (Hkv x keys x D x 2 x element size) plus q and out.
@@ -25,9 +25,28 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # this checkout, not an installed copy
 from _util import DEVICE, HBM_BYTES_PER_S, ON_GPU, device_line, timed  # noqa: E402
-from kernels.attention import SPLIT, attention_torch, attention_triton  # noqa: E402
+from kernels.attention import SPLIT, attention_triton  # noqa: E402
 
 WALK = 1 << 30      # a split larger than any cache: the one-split walk
+
+
+def attention_eager(q, k_cache, v_cache, slots, positions, sinks, window, scale):
+    """A speed baseline only (values, torch's own kernels; the bit-exact reference is
+    kernels.attention.attention_portable): whole score rows, mask, sink column, softmax, times V."""
+    T, Hq, D = q.shape
+    _, Hkv, S, _ = k_cache.shape
+    G = Hq // Hkv
+    k = k_cache.index_select(0, slots).to(torch.float32)                       # [T, Hkv, S, D]
+    v = v_cache.index_select(0, slots).to(torch.float32)
+    s = torch.einsum("thgd,thsd->thgs", q.to(torch.float32).reshape(T, Hkv, G, D), k) * scale
+    j = torch.arange(S, device=q.device)
+    vis = j[None, :] <= positions[:, None]                                      # [T, S]
+    if window > 0:
+        vis = vis & (j[None, :] > positions[:, None] - window)
+    s = s.masked_fill(~vis[:, None, None, :], float("-inf"))
+    sink = sinks.to(torch.float32).reshape(1, Hkv, G, 1).expand(T, Hkv, G, 1)
+    probs = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)
+    return torch.einsum("thgs,thsd->thgd", probs[..., :S], v).reshape(T, Hq, D).to(q.dtype)
 
 
 def main():
@@ -65,7 +84,7 @@ def main():
                     run = (q, k, v, slots, pos, sinks, W, 0.125)
                     t_tri = timed(lambda: attention_triton(*run, _split=args.split))
                     t_walk = timed(lambda: attention_triton(*run, _split=WALK))
-                    t_ref = timed(lambda: attention_torch(*run))
+                    t_ref = timed(lambda: attention_eager(*run))
                     keys = min(ctx, W) if W else ctx
                     nbytes = (B * Hkv * keys * D * 2 + 2 * T * Hq * D) * el
                     mode = "prefill" if args.prefill else "decode"

@@ -1,5 +1,6 @@
-"""Triton MoE (router top-k, SwiGLU, the grouped experts up to the down partials) vs their torch
-references (the experts: one matmul per (token, slot) row, chunk by chunk), then the grouped
+"""Triton MoE (router top-k, SwiGLU, the grouped experts up to the down partials) vs eager torch
+baselines (the router: its portable reference; the SwiGLU with torch.sigmoid; the experts: one
+torch matmul per (token, slot) row, chunk by chunk: below, a speed baseline only), then the grouped
 expert kernels the engine runs (kernels.moe expert_gate_up_triton and
 expert_down_partials_triton over group_by_expert's groups) with MXFP4 packed weights (fast decode,
 and the exact decode everywhere: fast_decode=False) against dense bf16 weights holding the same
@@ -7,7 +8,7 @@ values, bf16 activations, all measured here.
 
     python bench/moe.py                 # gpt-oss-20b: H = I = 2880, 32 experts, top-4, fp32
     python bench/moe.py --only grouped  # just the MXFP4 vs bf16 table (batches 1 and 32)
-Also prints router_top_k and clamped_swiglu alone against their torch references.
+Also prints router_top_k and clamped_swiglu alone against those baselines.
 On the CPU (Triton's interpreter) the defaults are a tiny shape, for a smoke test only.
 """
 
@@ -22,9 +23,33 @@ import torch  # noqa: E402
 from _util import DEVICE, ON_GPU, device_line, timed  # noqa: E402
 from engine.linear import k_chunk_bounds  # noqa: E402
 from engine.mxfp4 import dequantize  # noqa: E402
-from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_torch, clamped_swiglu_triton,  # noqa: E402
-                         expert_down_partials_torch, expert_down_partials_triton, expert_gate_up_torch,
-                         expert_gate_up_triton, group_by_expert, router_top_k_torch, router_top_k_triton)
+from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_triton, expert_down_partials_triton,  # noqa: E402
+                         expert_gate_up_triton, group_by_expert, router_top_k_portable, router_top_k_triton)
+
+
+# Eager torch baselines: torch's own kernels, values only (the bit-exact references are kernels.moe's
+# `_portable` functions and engine.experts.experts_per_row; these time what plain torch takes).
+def swiglu_eager(gate_up, alpha=1.702, limit=7.0):
+    x = gate_up.to(torch.float32)
+    gate = x[..., 0::2].clamp(max=limit)
+    up = x[..., 1::2].clamp(min=-limit, max=limit)
+    return (gate * torch.sigmoid(alpha * gate) * (up + 1)).to(gate_up.dtype)
+
+
+def experts_eager(x, flat_ids, k, gu_w, gu_b, dn_w, bounds):
+    """Row by row: gate_up, the SwiGLU, then each K chunk of down with torch's matmul."""
+    f32 = torch.float32
+    h = torch.zeros((x.shape[0] * k, gu_w.shape[1]), dtype=x.dtype, device=x.device)
+    for r in range(h.shape[0]):
+        e = int(flat_ids[r])
+        h[r] = (gu_w[e].to(f32) @ x[r // k].to(f32) + gu_b[e].to(f32)).to(x.dtype)
+    a = swiglu_eager(h)
+    parts = torch.zeros((len(bounds), h.shape[0], dn_w.shape[1]), dtype=f32, device=x.device)
+    for r in range(h.shape[0]):
+        w = dn_w[int(flat_ids[r])].to(f32)
+        for c, (lo, hi) in enumerate(bounds):
+            parts[c, r] = w[:, lo:hi] @ a[r, lo:hi].to(f32)
+    return parts
 
 
 def reference_table(args):
@@ -41,18 +66,16 @@ def reference_table(args):
         return expert_down_partials_triton(a, groups, dn_w, bounds)
 
     def experts_torch(x, ids):
-        flat = ids.reshape(-1)
-        a = clamped_swiglu_torch(expert_gate_up_torch(x, k, flat, gu_w, gu_b))
-        return expert_down_partials_torch(a, flat, dn_w, bounds)
+        return experts_eager(x, ids.reshape(-1), k, gu_w, gu_b, dn_w, bounds)
 
     print(f"{'op':<14}{'T':>6}{'triton ms':>11}{'torch ms':>10}{'ratio':>8}{'weight GB/s':>13}")
     for T in args.T:
         x = torch.randn(T, H, generator=g).to(dt).to(DEVICE)
         logits = torch.randn(T, E, generator=g).to(DEVICE)
-        _, ids = router_top_k_torch(logits, k)
+        _, ids = router_top_k_portable(logits, k)
         gate_up = x.repeat(1, 2 * I // H + 1)[:, :2 * I].contiguous()
-        for op, tri, ref in (("router_top_k", lambda: router_top_k_triton(logits, k), lambda: router_top_k_torch(logits, k)),
-                             ("swiglu", lambda: clamped_swiglu_triton(gate_up), lambda: clamped_swiglu_torch(gate_up)),
+        for op, tri, ref in (("router_top_k", lambda: router_top_k_triton(logits, k), lambda: router_top_k_portable(logits, k)),
+                             ("swiglu", lambda: clamped_swiglu_triton(gate_up), lambda: swiglu_eager(gate_up)),
                              ("experts", lambda: experts_triton(x, ids), lambda: experts_torch(x, ids))):
             t_tri = timed(tri)
             t_ref = timed(ref, repeat=3 if op == "experts" else None)
@@ -89,7 +112,7 @@ def grouped_table(args):
           f"{'fast/bf16':>10}{'bf16 GB/s':>11}{'fast GB/s':>11}  bits fast=exact, mxfp4=bf16")
     for T in args.grouped_T:
         x = torch.randn(T, H, generator=g, device=DEVICE).to(bf16)
-        _, ids = router_top_k_torch(torch.randn(T, E, generator=g, device=DEVICE), k)
+        _, ids = router_top_k_portable(torch.randn(T, E, generator=g, device=DEVICE), k)
         groups = group_by_expert(ids.reshape(-1), 0, E, EXPERT_BLOCK_M)
         a = clamped_swiglu_triton(expert_gate_up_triton(x, k, groups, weights["gate_up"][0], gu_b))   # [T * k, I]
         used = ids.unique().numel()

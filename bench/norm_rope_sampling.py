@@ -1,4 +1,5 @@
-"""RMSNorm, RoPE and seeded Gumbel-max sampling: Triton vs their torch references.
+"""RMSNorm, RoPE and seeded Gumbel-max sampling: Triton vs torch (RMSNorm: the fast ops' eager
+rms_norm_fast; RoPE and sampling: their torch references).
 
     python bench/norm_rope_sampling.py         # M = 1, 64, 4096 at N = 2880; vocab 201088
 """
@@ -8,8 +9,8 @@ import argparse
 import torch
 
 from _util import DEVICE, ON_GPU, device_line, timed
-from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
-from kernels.rope import apply_rope_torch, apply_rope_triton
+from kernels.rmsnorm import rms_norm_fast, rms_norm_triton
+from kernels.rope import apply_rope_portable, apply_rope_triton
 from kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
 
 
@@ -30,8 +31,8 @@ def main():
         ang = torch.randn(M, 32, generator=g).to(DEVICE)
         cos, sin = ang.cos(), ang.sin()
         for op, tri, ref, nbytes in (
-                ("rmsnorm", lambda: rms_norm_triton(x, w, 1e-5), lambda: rms_norm_torch(x, w, 1e-5), 2 * x.numel() * 4),
-                ("rope", lambda: apply_rope_triton(q, cos, sin), lambda: apply_rope_torch(q, cos, sin), 2 * q.numel() * 4)):
+                ("rmsnorm", lambda: rms_norm_triton(x, w, 1e-5), lambda: rms_norm_fast(x, w, 1e-5, x.dtype), 2 * x.numel() * 4),
+                ("rope", lambda: apply_rope_triton(q, cos, sin), lambda: apply_rope_portable(q, cos, sin), 2 * q.numel() * 4)):
             t_tri, t_ref = timed(tri), timed(ref)
             print(f"{op:<10}{M:>6}{t_tri * 1e3:>11.3f}{t_ref * 1e3:>10.3f}{t_tri / t_ref:>8.2f}{nbytes / t_tri / 1e9:>9.1f}")
     for R in args.rows:

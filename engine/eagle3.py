@@ -62,12 +62,13 @@ from safetensors.torch import save_file
 from engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
 from engine.checkpoint import CheckpointError, write_folder_atomically
 from engine.config import GptOssConfig, RopeParams, preset
-from engine.attention import KV_TILE
 from engine.model import DTYPES, residual
 from engine.ops import ops_for
-from engine.small_ops import rms_norm
-from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
+from engine.rope import rope_cos_sin, rope_frequencies
 from kernels import portable
+from kernels.attention import KV_TILE
+from kernels.rmsnorm import rms_norm_portable as rms_norm
+from kernels.rope import apply_rope_portable as apply_rope
 
 DRAFT_FILE = "model.safetensors"
 AUX_NORM_LEGACY = ("aux_norm_low", "aux_norm_mid", "aux_norm_high")

@@ -7,7 +7,7 @@ Row r = t * k + s is token t's slot s; its expert is top_ids[t, s]. For a local 
 (id in [expert_lo, expert_lo + n_local), local index e = id - expert_lo):
 
     h = x[t] @ gate_up_w[e]^T + gate_up_b[e]                     [2I'], gate/up interleaved, in x's dtype
-    a = clamped_swiglu(h)                                        [I'], elementwise
+    a = clamped_swiglu(h)                                        [I'], elementwise (kernels.moe)
     parts[c, r] = a[lo_c:hi_c] @ down_w[e][:, lo_c:hi_c]^T       c = 0 .. C-1, no bias, fp32
 
 Rows of non-local experts are 0 (skipped, never multiplied by zero: DESIGN §8). I' is the
@@ -27,7 +27,7 @@ Three implementations of that one contract, with the same bits (engine/ops.py pi
 - experts_per_row (torch ops, one device): every (token, slot) row with its own expert's weights
   gathered, so the step reads no tensor value on the host (static shapes).
 - experts_per_expert (torch ops, a sharded model): a loop over the local experts with
-  engine.linear's portable matmuls; it reads which experts were routed on the host, to skip the
+  kernels.matmul's portable matmuls; it reads which experts were routed on the host, to skip the
   non-local ones.
 """
 
@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.linear import k_chunk_partials, linear
 from engine.mxfp4 import Mxfp4Weight
-from engine.small_ops import clamped_swiglu
 from kernels import portable
-from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_triton, expert_down_partials_triton, expert_gate_up_triton,
-                         group_by_expert)
+from kernels.matmul import linear_chunks_portable, linear_portable
+from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_portable, clamped_swiglu_triton, expert_down_partials_triton,
+                         expert_gate_up_triton, group_by_expert)
 
 
 def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,
@@ -63,8 +62,8 @@ def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
 def experts_per_row(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,
                     expert_lo: int, n_local: int, alpha: float, limit: float) -> torch.Tensor:
     """The torch implementation for a model holding every expert (expert_lo = 0): each row is
-    gate_up, the clamped SwiGLU, then down over the chunks: the operations `linear` and
-    `k_chunk_partials` do, element for element."""
+    gate_up, the clamped SwiGLU, then down over the chunks: the operations `linear_portable` and
+    `linear_chunks_portable` do, element for element."""
     if expert_lo != 0 or n_local != gate_up_w.shape[0]:
         raise ValueError(f"experts_per_row: needs every expert local, got experts [{expert_lo}, "
                          f"{expert_lo + n_local}) of {gate_up_w.shape[0]}")
@@ -80,7 +79,7 @@ def experts_per_row(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
         e = ids[r0:r0 + step]                                            # [R] expert ids
         h = portable.matmul_nt(rows_x[r0:r0 + step, None, :].to(f32), _expert_rows(gate_up_w, e))[:, 0]
         h = torch.add(h, gate_up_b.index_select(0, e)).to(x.dtype)       # [R, 2I], stored in x's dtype
-        a = clamped_swiglu(h, alpha, limit).to(f32)                      # [R, I], elementwise
+        a = clamped_swiglu_portable(h, alpha, limit).to(f32)                      # [R, I], elementwise
         w = _expert_rows(down_w, e)                                      # [R, H, I] fp32
         for c, (lo, hi) in enumerate(bounds):
             parts[c, r0:r0 + step] = portable.matmul_nt(a[:, None, lo:hi], w[:, :, lo:hi])[:, 0]
@@ -104,7 +103,7 @@ def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w: torch.
     T, H = x.shape
     k = top_ids.shape[1]
     bounds = list(bounds)
-    act = lambda g: clamped_swiglu(g, alpha, limit)  # noqa: E731
+    act = lambda g: clamped_swiglu_portable(g, alpha, limit)  # noqa: E731
     parts = x.new_zeros((len(bounds), T * k, H), dtype=torch.float32)   # non-local rows stay zero
     flat_ids = top_ids.reshape(-1)                 # [T * k], token-major (token, slot) pairs
     for e in range(n_local):                       # local experts; the rest are skipped, not x 0
@@ -112,7 +111,7 @@ def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w: torch.
         if rows.numel() == 0:
             continue
         xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))           # [n, H]
-        h = linear(xe, gate_up_w[e], gate_up_b[e])                                   # [n, 2I']
-        for c, p in enumerate(k_chunk_partials(h, down_w[e], bounds, prologue=act, x_per_k=2)):   # SwiGLU per chunk
+        h = linear_portable(xe, gate_up_w[e], gate_up_b[e])                                   # [n, 2I']
+        for c, p in enumerate(linear_chunks_portable(h, down_w[e], bounds, prologue=act, x_per_k=2)):   # SwiGLU per chunk
             parts[c].index_copy_(0, rows, p)
     return parts

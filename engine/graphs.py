@@ -46,7 +46,25 @@ def _capture(fn):
     return graph, out
 
 
-class DecodeGraph:
+class _Replayed:
+    """A step reading its inputs from fixed buffers: on a GPU captured at its first call and then
+    replayed (the graph rewrites `out` in place); elsewhere the eager step."""
+
+    graph: torch.cuda.CUDAGraph | None = None
+    out = None
+
+    def _replay(self, device: torch.device, step):
+        if device.type != "cuda":
+            return step()
+        if self.graph is None:
+            # the warm-up runs the step once (a decode step writes its keys and values into the
+            # cache: the bits the replay writes again right after)
+            self.graph, self.out = _capture(step)
+        self.graph.replay()
+        return self.out
+
+
+class DecodeGraph(_Replayed):
     def __init__(self, model, cache: KVCache, batch_size: int):
         if batch_size < 1:
             raise ValueError(f"DecodeGraph needs batch_size >= 1, got {batch_size}")
@@ -55,8 +73,6 @@ class DecodeGraph:
         self.tokens = torch.zeros(batch_size, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(batch_size, dtype=torch.int64, device=dev)
         self.slots = torch.zeros(batch_size, dtype=torch.int64, device=dev)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: torch.Tensor | None = None
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """One decode step: tokens, positions, slots [B] int64 -> logits [B, V] fp32."""
@@ -67,20 +83,13 @@ class DecodeGraph:
         self.tokens.copy_(tokens)
         self.positions.copy_(positions)
         self.slots.copy_(slots)
-        if self.model.device.type != "cuda":
-            return self._forward()
-        if self.graph is None:
-            # the warm-up writes this step's keys and values into the cache: the bits the replay
-            # writes again right after
-            self.graph, self.logits = _capture(self._forward)
-        self.graph.replay()
-        return self.logits
+        return self._replay(self.model.device, self._forward)
 
     def _forward(self) -> torch.Tensor:
         return self.model.forward(self.tokens, self.positions, self.slots, self.cache).logits
 
 
-class SampleGraph:
+class SampleGraph(_Replayed):
     """engine.sampling.sample_with and chosen_logprobs for one batch's RowSettings, captured
     once on a GPU and replayed each step: ~200 small launches (the portable float64 log-softmax,
     hash and Gumbel transform) become one. Same kernels, same arguments: the eager bits.
@@ -95,18 +104,11 @@ class SampleGraph:
         self.settings = settings
         self.logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
         self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.out = None
 
     def __call__(self, logits: torch.Tensor, positions: torch.Tensor):
         self.logits.copy_(logits)
         self.positions.copy_(positions)
-        if self.logits.device.type != "cuda":
-            return self._sample()
-        if self.graph is None:
-            self.graph, self.out = _capture(self._sample)
-        self.graph.replay()
-        return self.out
+        return self._replay(self.logits.device, self._sample)
 
     def _sample(self):
         tokens = sample_with(self.logits, self.settings, self.positions)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import KV_TILE
 from engine.config import GptOssConfig
+from kernels.attention import KV_TILE
 
 
 class KVCache:

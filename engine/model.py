@@ -14,10 +14,10 @@ and phases freely.
 
 Determinism (DESIGN §2): every reduction has one order written in Lockstep's code. The torch
 backend builds everything from single IEEE operations and fixed trees (kernels/portable.py):
-linears (`engine.linear`), attention (`engine.attention`), RMSNorm, the routing softmax and
-the SwiGLU's sigmoid, so each row of a batch is computed exactly as it would be alone (D2, D3)
-and on any CPU (D0). The row-parallel layers (o_proj, experts' down) are `linear_k_chunked`
-spelled out: partial products over 8 fixed K chunks (`k_chunk_partials`) added in one fixed
+linears, attention, RMSNorm, RoPE, the routing softmax and the SwiGLU's sigmoid are each kernel
+module's `_portable` reference, so each row of a batch is computed exactly as it would be alone
+(D2, D3) and on any CPU (D0). The row-parallel layers (o_proj, experts' down) are `linear_k_chunked`
+spelled out: partial products over 8 fixed K chunks (`linear_chunks_portable`) added in one fixed
 tree (`tree_sum`), the order engine/parallel.py keeps at every TP degree (D4). MoE computes each
 (token, slot) row with its expert's weights (engine/experts.py: gathered per row, or grouped by
 expert on the device) and adds each token's k expert outputs in slot order. Everything runs on the model's
@@ -73,8 +73,9 @@ from engine.kv_cache import KVCache
 from engine.linear import k_chunk_bounds, tree_sum
 from engine.mxfp4 import Mxfp4Weight
 from engine.ops import BACKENDS, Ops, ops_for  # noqa: F401  (BACKENDS: read by bench/e2e.py)
-from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
+from engine.rope import rope_cos_sin, rope_frequencies
 from engine.trace import Recorder
+from kernels.rope import apply_rope_portable
 
 ExpertWeight = Union[torch.Tensor, Mxfp4Weight]     # dense [E, N, K], or MXFP4 packed
 
@@ -211,7 +212,7 @@ class AttentionBlock:
         return q.view(T, Hq, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
 
     def rope(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        return apply_rope(x.to(torch.float32), step.cos, step.sin).to(self.act)
+        return apply_rope_portable(x.to(torch.float32), step.cos, step.sin).to(self.act)
 
     def qkv_whole(self, qkv) -> torch.Tensor:
         """(q, k, v) of the heads held here -> [T, Hq + 2 Hkv, D] of every head (for the trace)."""

@@ -25,16 +25,13 @@ from typing import Callable
 
 import torch
 
-from engine.attention import attention as attention_torch
 from engine.experts import experts_grouped, experts_per_expert, experts_per_row
-from engine.linear import k_chunk_partials, linear, linear_fast
-from engine.small_ops import rms_norm, route
 from kernels import portable
-from kernels.attention import attention_triton
-from kernels.matmul import linear_chunks_triton, linear_triton
-from kernels.moe import router_top_k_triton
+from kernels.attention import attention_portable, attention_triton
+from kernels.matmul import linear_chunks_portable, linear_chunks_triton, linear_fast, linear_portable, linear_triton
+from kernels.moe import router_top_k_fast, router_top_k_portable, router_top_k_triton
 from kernels.residual import moe_residual_triton, row_parallel_residual_triton
-from kernels.rmsnorm import rms_norm_triton
+from kernels.rmsnorm import rms_norm_fast, rms_norm_portable, rms_norm_triton
 from kernels.rope import rope_qkv_cache_triton
 
 BACKENDS = ("torch", "triton", "fast")
@@ -66,7 +63,7 @@ class Ops:
 
 
 def _stacked_partials(x, weight, bounds) -> torch.Tensor:
-    return torch.stack(k_chunk_partials(x, weight, bounds))
+    return torch.stack(linear_chunks_portable(x, weight, bounds))
 
 
 def _route_triton(router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,16 +76,6 @@ def _route_triton(router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, to
     return portable.softmax(router_logits.gather(-1, ids), dim=-1), ids
 
 
-def _rms_norm_fast(x, weight, eps, out_dtype):
-    x = x.to(torch.float32)
-    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight).to(out_dtype)
-
-
-def _route_fast(router_logits, k):
-    top_logits, top_ids = torch.topk(router_logits, k, dim=-1)
-    return torch.softmax(top_logits, dim=-1), top_ids
-
-
 def _rms_norm_triton(x, weight, eps, out_dtype):
     return rms_norm_triton(x, weight, eps, out_dtype=out_dtype)          # reads x's dtype, rounds once
 
@@ -97,17 +84,18 @@ _FUSED = FusedEnds(rope_qkv_cache=rope_qkv_cache_triton, row_parallel_residual=r
                    moe_residual=moe_residual_triton)
 
 # experts_per_row needs every expert; a rank's share of them takes the loop that skips the others.
-TORCH = Ops(name="torch", linear=linear, chunk_partials=_stacked_partials, rms_norm=rms_norm, route=route,
-            attention=attention_torch, experts=experts_per_row, fused=None, sharded_experts=experts_per_expert)
+TORCH = Ops(name="torch", linear=linear_portable, chunk_partials=_stacked_partials, rms_norm=rms_norm_portable,
+            route=router_top_k_portable, attention=attention_portable, experts=experts_per_row, fused=None,
+            sharded_experts=experts_per_expert)
 
 TRITON = Ops(name="triton", linear=linear_triton, chunk_partials=linear_chunks_triton, rms_norm=_rms_norm_triton,
              route=_route_triton, attention=attention_triton, experts=experts_grouped, fused=_FUSED)
 
-FAST_CUDA = Ops(name="fast", linear=linear_fast, chunk_partials=None, rms_norm=_rms_norm_triton, route=_route_fast,
+FAST_CUDA = Ops(name="fast", linear=linear_fast, chunk_partials=None, rms_norm=_rms_norm_triton, route=router_top_k_fast,
                 attention=attention_triton, experts=experts_grouped, fused=_FUSED)
 
-FAST_CPU = Ops(name="fast", linear=linear_fast, chunk_partials=None, rms_norm=_rms_norm_fast, route=_route_fast,
-               attention=attention_torch, experts=experts_per_row, fused=None)
+FAST_CPU = Ops(name="fast", linear=linear_fast, chunk_partials=None, rms_norm=rms_norm_fast, route=router_top_k_fast,
+               attention=attention_portable, experts=experts_per_row, fused=None)
 
 
 def ops_for(backend: str, device: str | torch.device = "cpu") -> Ops:

@@ -59,10 +59,3 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, mscale: float)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]   # one rounded fp32 product each
     sin, cos = sincos64(angles)                                         # float64, from the fp32 angles
     return cos.to(torch.float32) * mscale, sin.to(torch.float32) * mscale
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D], cos/sin [T, D/2] -> x rotated; the halves x[:D/2], x[D/2:] form the pairs."""
-    x1, x2 = x.chunk(2, dim=-1)                     # [T, heads, D/2] each
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

@@ -72,7 +72,7 @@ from engine.eagle3 import DraftKV, Eagle3Draft
 from engine.generate import Decoding, generator_for, observing, validate_request
 from engine.model import GptOssModel
 from engine.request import Request, Result, SamplingParams, seed_as_int64
-from engine.small_ops import top_k_lowest_index
+from kernels.moe import top_k_lowest_index
 from engine.sampling import chosen_logprob, keep_mask, sample, target_distributions
 from kernels import portable
 from kernels.coins import COIN_MAX, DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise, verify_coins

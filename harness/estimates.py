@@ -65,7 +65,7 @@ def requests_seconds(config, lengths: list[tuple[int, int]]) -> float:
 def kv_cache_bytes(config, requests: int, longest: int, dtype: str) -> int:
     """Bytes of the KV cache a run of `requests` allocates (engine/kv_cache.py: one slot per request
     plus a padding slot, each as long as the longest request rounded up to a KV tile; K and V)."""
-    from engine.attention import KV_TILE
+    from kernels.attention import KV_TILE
 
     capacity = -(-longest // KV_TILE) * KV_TILE
     per_slot = config.num_hidden_layers * config.num_key_value_heads * capacity * config.head_dim

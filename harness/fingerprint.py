@@ -112,6 +112,7 @@ def _primitive_inputs() -> torch.Tensor:
 
 def primitives() -> None:
     from kernels import portable
+    from kernels.rmsnorm import rms_norm_portable
 
     x64 = _primitive_inputs()
     x32 = x64.to(torch.float32)
@@ -128,7 +129,7 @@ def primitives() -> None:
     portable.running_sum(fin32[:130])
     portable.softmax(fin32[:29 * 100].reshape(-1, 29))
     portable.log_softmax(fin32[:29 * 100].reshape(-1, 29))
-    portable.rms_norm(fin32[:29 * 100].reshape(-1, 29), fin32[:29], 1e-5)
+    rms_norm_portable(fin32[:29 * 100].reshape(-1, 29), fin32[:29], 1e-5)
     portable.matmul_nt(fin32[:6 * 29].reshape(6, 29), fin32[29:29 + 5 * 29].reshape(5, 29))
     portable.normal((4, 333), torch.Generator().manual_seed(7))
     # torch's float32 -> bf16 cast writes 0xFFFF for a NaN in its AVX-512 body and 0x7FC0 in its

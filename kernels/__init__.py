@@ -15,5 +15,6 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-# The kernel modules export each kernel (`*_triton`) beside its torch reference (`*_torch`); the
-# caller picks one (engine/ops.py, once, for the engine): no backend names down here.
+# The kernel modules export each kernel (`*_triton`) beside its bit-exact torch reference
+# (`*_portable`: the torch ops table runs it and the kernel specs compare against it; docs/engine.md
+# lists them); the caller picks one (engine/ops.py, once, for the engine): no backend names down here.

@@ -8,8 +8,9 @@ s = slots[t] sees keys j of slot s with j <= p, and j >= p - window + 1 if windo
 
     out = sum_j softmax([q.k_j * scale ..., sink_h])_j * v_j    (sink column dropped after)
 
-The layout is engine.attention's (the cache is written before attention runs, so a token of
-a prefill sees the keys of the whole prompt in its slot and masks the future ones).
+The cache is written before attention runs, so a token of a prefill sees the keys of the whole
+prompt in its slot and masks the future ones. attention_portable (the end of this module) is the
+bit-exact torch reference: the torch ops run it, and the kernel specs compare against it.
 
 One set of kernels serves prefill, chunked prefill, decode and verify. Keys are walked in fixed,
 absolutely aligned BLOCK_KV = 64 tiles, and the tiles are grouped into fixed, absolutely aligned
@@ -62,6 +63,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import PORTABLE_MATH, USE_DOT, check_float, next_pow2
+from kernels.portable import exp, tree_sum
 from kernels.portable_tl import cast_rne, exp_f32
 
 BLOCK_KV = 64            # keys per tile, for prefill and decode alike
@@ -311,30 +313,87 @@ def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, 
     return out
 
 
-def attention_torch(q, k_cache, v_cache, slots, positions, sinks, window: int, scale: float) -> torch.Tensor:
-    """Plain reference: whole score rows, mask, sink column, softmax, drop the sink, times V."""
-    q, k_cache, v_cache, slots, positions, sinks = _check(q, k_cache, v_cache, slots, positions, sinks, window)
+# --------------------------------------------------------------------------- torch reference
+# The bit-exact reference: the torch ops table's attention (engine/ops.py) and what the attention
+# kernel specs compare attention_triton against (within their tolerance: the kernel's tiles are
+# 64 keys and its merge is online). For query head h (KV head h // G) at position p:
+#
+#     s_j    = tree_sum_d(q_d * k_jd) * scale                      fixed tree over head_dim
+#     m      = max(sink, max over visible j of s_j)                exact (0 where that is -inf)
+#     p_j    = exp(s_j - m), 0 where not visible                   kernels.portable.exp
+#     l      = e^(sink - m) + T_0 + T_1 + ...                      T_t = tree_sum over tile t
+#     acc    = A_0 + A_1 + ...                                     A_t = tree_sum over tile t of p_j v_j
+#     out    = acc / l                                             (0 for a row with l = 0)
+#
+# Keys are cut into fixed tiles of KV_TILE positions; within a tile the sum is the fixed tree,
+# and the tiles are added first to last. Every operation is elementwise over (query, head), so
+# a query's bits depend only on the query, its slot's cache and its position: not on its
+# batchmates (D2), not on prefill, chunk or decode step (D3), nor on the machine (D0). A tile with
+# no visible key (outside the window, or in the causal future; DESIGN §8 "empty tile") adds +0.0,
+# which leaves the sums unchanged, so the result is also independent of the cache capacity. A row
+# with no visible key and no finite sink (m = -inf, l = 0) comes out 0, as from the kernel; every
+# other row has l >= 1 (its maximum's own e^0), so those two guards change none of its bits.
+
+KV_TILE = 32   # key positions per tile of the torch reference; the cache capacity is a multiple of it
+
+
+def attention_portable(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       slots: torch.Tensor, positions: torch.Tensor, sinks: torch.Tensor,
+                       window: int, scale: float) -> torch.Tensor:
+    """q [T, Hq, D]; k_cache, v_cache [slots, Hkv, S, D]; slots, positions [T] int64;
+    sinks [Hq]; window 0 = full causal. -> [T, Hq, D] in q's dtype, computed in fp32."""
     T, Hq, D = q.shape
-    _, Hkv, S, _ = k_cache.shape
+    S = k_cache.shape[2]
+    if S % KV_TILE:
+        raise ValueError(f"attention: cache capacity {S} is not a multiple of KV_TILE={KV_TILE}")
+    if T == 0:
+        return q.new_empty((0, Hq, D))
+    out = q.new_empty((T, Hq, D))                                        # q's dtype
+    rows = max(1, _CHUNK_ELEMENTS // (Hq * S * D))                       # memory bound only
+    for t0 in range(0, T, rows):
+        t1 = min(T, t0 + rows)
+        out[t0:t1] = _attend(q[t0:t1], k_cache, v_cache, slots[t0:t1], positions[t0:t1],
+                             sinks, window, scale)
+    return out
+
+
+_CHUNK_ELEMENTS = 1 << 23
+
+
+def _attend(q, k_cache, v_cache, slots, positions, sinks, window, scale) -> torch.Tensor:
+    """The recipe above for the queries q [T, Hq, D] -> [T, Hq, D]."""
+    T, Hq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
-    k = k_cache.index_select(0, slots).to(torch.float32)                       # [T, Hkv, S, D]
-    v = v_cache.index_select(0, slots).to(torch.float32)
-    qf = q.to(torch.float32).reshape(T, Hkv, G, D)
-    s = torch.einsum("thgd,thsd->thgs", qf, k) * scale                          # [T, Hkv, G, S]
-    j = torch.arange(S, device=q.device)
-    vis = j[None, :] <= positions[:, None]                                      # [T, S]
+    keys = k_cache.index_select(0, slots).to(torch.float32)              # [T, Hkv, S, D]
+    values = v_cache.index_select(0, slots).to(torch.float32)            # [T, Hkv, S, D]
+    qg = q.to(torch.float32).reshape(T, Hkv, G, 1, D)                                       # head h = kv * G + g
+    s = tree_sum(torch.mul(qg, keys[:, :, None]), -1)                     # [T, Hkv, G, S]
+    s = torch.mul(s, scale)
+    j = torch.arange(S, dtype=torch.int64, device=q.device)
+    pos = positions[:, None]                                              # [T, 1]
+    visible = j[None, :] <= pos                                           # [T, S]
     if window > 0:
-        vis = vis & (j[None, :] > positions[:, None] - window)
-    s = s.masked_fill(~vis[:, None, None, :], float("-inf"))
-    sink = sinks.to(torch.float32).reshape(1, Hkv, G, 1).expand(T, Hkv, G, 1)
-    full = torch.cat([s, sink], dim=-1)
-    m = full.amax(dim=-1, keepdim=True)
-    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
-    e = torch.exp(full - m)
-    total = e.sum(dim=-1, keepdim=True)
-    probs = torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(e))
-    out = torch.einsum("thgs,thsd->thgd", probs[..., :S], v)                   # sink dropped
-    return out.reshape(T, Hq, D).to(q.dtype)
+        visible = visible & (j[None, :] > pos - window)
+    visible = visible[:, None, None, :]                                   # [T, 1, 1, S]
+    sink = sinks.to(torch.float32).reshape(1, Hkv, G, 1)
+    s = torch.where(visible, s, float("-inf"))
+    m = torch.maximum(s.amax(dim=-1, keepdim=True), sink)                 # [T, Hkv, G, 1]
+    m = torch.where(m == float("-inf"), 0.0, m)                           # no key, no sink: all p = 0
+    p = torch.where(visible, exp(torch.sub(s, m)), 0.0)                   # [T, Hkv, G, S]
+    n_tiles = S // KV_TILE
+    p_tiles = p.reshape(T, Hkv, G, n_tiles, KV_TILE)
+    pv = torch.mul(p_tiles[..., None], values.reshape(T, Hkv, 1, n_tiles, KV_TILE, D))
+    l_tiles = tree_sum(p_tiles, -1)                                       # [T, Hkv, G, n_tiles]
+    acc_tiles = tree_sum(pv, -2)                                          # [T, Hkv, G, n_tiles, D]
+    l = exp(torch.sub(sink, m))[..., 0]                                   # [T, Hkv, G]
+    acc = acc_tiles[..., 0, :]
+    for t in range(n_tiles):                                              # tiles first to last
+        l = torch.add(l, l_tiles[..., t])
+        if t > 0:
+            acc = torch.add(acc, acc_tiles[..., t, :])
+    l = torch.where(l == 0.0, 1.0, l)                                     # that row: acc = 0, out 0
+    return torch.div(acc, l[..., None]).reshape(T, Hq, D).to(q.dtype)
 
 
 def _check(q, k_cache, v_cache, slots, positions, sinks, window):

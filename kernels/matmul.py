@@ -12,8 +12,10 @@ On the interpreter the tile product is an explicit broadcast multiply + tl.sum o
 (tl.dot is a numpy matmul there and is not row invariant; see kernels/_common.py). On a GPU
 it is tl.dot with input_precision="ieee".
 
-The torch reference is F.linear in fp32 (the value reference; it is not batch invariant on
-the CPU — engine.linear's torch backend is the invariant torch path).
+The torch reference is linear_portable below: kernels.portable's fixed-tree matmul, the same bits
+on every machine and batch (the torch ops table runs it; the kernel specs compare against it
+within their tolerance: the kernel's K order is its own). linear_chunks_portable likewise for
+the K-chunk partials of row-parallel layers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float
+from kernels.portable import matmul_nt
 from kernels.portable_tl import cast_rne, sigmoid_f32
 
 # Fixed tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Never chosen from M.
@@ -51,16 +54,22 @@ def tiles(N: int, K: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
 
 
 @triton.jit
+def _output_tile(pid_n, pid_m, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program (pid_n, pid_m)'s output tile: rows rm [BM] and columns rn [BN] (int64) with their
+    in-range masks."""
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)      # [BM]
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
+    return rm, rn, rm < M, rn < N
+
+
+@triton.jit
 def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
                    HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # program (pid_n, pid_m) computes y[rm, rn]: a [BLOCK_M, BLOCK_N] tile; x, W, y row-major.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)      # [BM]
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
-    m_ok = rm < M
-    n_ok = rn < N
+    rm, rn, m_ok, n_ok = _output_tile(pid_n, pid_m, M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):                                     # one fixed order
         rk = k0 + tl.arange(0, BLOCK_K)                                 # [BK]
@@ -362,10 +371,7 @@ def _linear_chunks_kernel(x_ptr, w_ptr, bounds_ptr, y_ptr, M, N, K, X_STRIDE, al
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     c = tl.program_id(2)
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)      # [BM]
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
-    m_ok = rm < M
-    n_ok = rn < N
+    rm, rn, m_ok, n_ok = _output_tile(pid_n, pid_m, M, N, BLOCK_M, BLOCK_N)
     lo = tl.load(bounds_ptr + 2 * c)
     width = tl.load(bounds_ptr + 2 * c + 1) - lo
     acc = _chunk_acc(x_ptr, rm, m_ok, X_STRIDE, w_ptr, w_ptr, 0, rn, n_ok, N, K, lo, width, alpha, limit,
@@ -422,24 +428,6 @@ def linear_chunks_triton(x: torch.Tensor, weight: torch.Tensor, bounds,
     return parts
 
 
-def linear_chunks_torch(x: torch.Tensor, weight: torch.Tensor, bounds,
-                        prologue_swiglu: tuple[float, float] | None = None) -> torch.Tensor:
-    """The plain-torch reference of linear_chunks_triton (F.linear per chunk; values, not bits)."""
-    a = x if prologue_swiglu is None else swiglu_torch(x, *prologue_swiglu)
-    b = bounds_tensor(bounds, weight.shape[1], torch.device("cpu")).tolist()
-    parts = [F.linear(a[:, lo:hi].to(torch.float32), weight[:, lo:hi].to(torch.float32)) for lo, hi in b]
-    return torch.stack(parts) if parts else x.new_zeros((0, x.shape[0], weight.shape[0]), dtype=torch.float32)
-
-
-def swiglu_torch(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """The plain-torch clamped SwiGLU of interleaved gate/up columns (values, not bits: torch's
-    sigmoid); kernels.moe.clamped_swiglu_torch is it with the input checks."""
-    x = gate_up.to(torch.float32)
-    gate = x[..., 0::2].clamp(max=limit)
-    up = x[..., 1::2].clamp(min=-limit, max=limit)
-    return (gate * torch.sigmoid(alpha * gate) * (up + 1)).to(gate_up.dtype)
-
-
 _BOUNDS: dict = {}
 
 
@@ -462,10 +450,73 @@ def bounds_tensor(bounds, K: int, device: torch.device) -> torch.Tensor:
     return _BOUNDS[key]
 
 
-def linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    x, weight, bias = _check(x, weight, bias)
-    b = bias.to(torch.float32) if bias is not None else None
-    return F.linear(x.to(torch.float32), weight.to(torch.float32), b).to(x.dtype)
+# --------------------------------------------------------------------------- torch references
+def linear_portable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The bit-exact reference (the same bits on every machine, whatever the batch): x [M, K],
+    weight [N, K] (fp32 or bf16), bias [N] or None -> [M, N]. Each product x[m, k] * W[n, k] one
+    rounded fp32 multiply (a product of two bf16 values is exact in fp32), the K products added in
+    kernels.portable's fixed pairwise tree (matmul_nt), the bias added in fp32, the result rounded
+    once to out_dtype (default: x's dtype). torch's own matmul is neither batch invariant nor
+    portable (MKL picks its kernel, blocking and vector width by M and by the CPU). The torch ops
+    table's linear; the matmul kernel specs compare linear_triton against it."""
+    out_dtype = out_dtype or x.dtype
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit [M, K] x [N, K]")
+    y = matmul_nt(x.to(torch.float32), weight.to(torch.float32))   # [M, N], fixed-order K sums
+    y = y if bias is None else torch.add(y, bias)
+    return y.to(out_dtype)
+
+
+def linear_chunks_portable(x: torch.Tensor, weight: torch.Tensor, bounds, prologue=None,
+                           x_per_k: int = 1) -> list[torch.Tensor]:
+    """The bit-exact reference of linear_chunks_triton: one [M, N] fp32 partial product per (lo, hi)
+    in `bounds` (columns of weight), no bias.
+
+    Chunk c's input is x[:, x_per_k*lo : x_per_k*hi] passed through `prologue` if given (e.g.
+    the clamped SwiGLU: x_per_k = 2 interleaved gate/up columns per K column; it is elementwise).
+    Each chunk is reduced as one call on a fresh contiguous copy of it would reduce it, so the
+    bits are the same whether the full K or one rank's slice of it is at hand (every TP degree).
+    A portable matmul per chunk (all at once for equal adjacent chunks). The torch ops table's
+    row-parallel partials (engine/linear.py adds them in the fixed tree)."""
+    bounds = list(bounds)
+    if _equal_adjacent(bounds):
+        return _partials_at_once(x, weight, bounds, prologue, x_per_k)
+    parts = []
+    for lo, hi in bounds:
+        xc = x[:, x_per_k * lo:x_per_k * hi].clone(memory_format=torch.contiguous_format)  # fresh
+        if prologue is not None:
+            xc = prologue(xc).contiguous()
+        wc = weight[:, lo:hi].clone(memory_format=torch.contiguous_format)
+        parts.append(linear_portable(xc, wc, None, out_dtype=torch.float32))
+    return parts
+
+
+def _equal_adjacent(bounds) -> bool:
+    return bool(bounds) and bounds[0][1] > bounds[0][0] and all(
+        hi - lo == bounds[0][1] - bounds[0][0] and lo == prev_hi
+        for (lo, hi), (_, prev_hi) in zip(bounds[1:], bounds[:-1]))
+
+
+def _partials_at_once(x, weight, bounds, prologue, x_per_k) -> list[torch.Tensor]:
+    """The partials of equal adjacent chunks in one batched product: every element is the same
+    tree_sum as chunk by chunk (the prologue is elementwise), in far fewer calls."""
+    lo, hi, n = bounds[0][0], bounds[-1][1], len(bounds)
+    w0 = bounds[0][1] - lo
+    xs = x[:, x_per_k * lo:x_per_k * hi]
+    if prologue is not None:
+        xs = prologue(xs)                                                   # [M, n * w0]
+    xs = xs.to(torch.float32).reshape(x.shape[0], n, w0).transpose(0, 1)   # [n, M, w0]
+    ws = weight[:, lo:hi].to(torch.float32).reshape(weight.shape[0], n, w0).transpose(0, 1)   # [n, N, w0]
+    return list(matmul_nt(xs, ws).unbind(0))                                # n x [M, N]
+
+
+def linear_fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Values only: F.linear (cuBLAS / MKL), no invariance promise. The fast ops table's linear
+    (bench/e2e.py measures what determinism costs); no spec uses it."""
+    y = F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+    return y.to(out_dtype or x.dtype)
 
 
 def _check(x, weight, bias):

@@ -1,10 +1,10 @@
 """gpt-oss mixture of experts (DESIGN §7, §8 expert parallelism): Triton kernels, each `_triton`
-beside its `_torch` reference (the callers pick one; nothing here dispatches).
+beside its bit-exact `_portable` reference (the callers pick one; nothing here dispatches).
 
-    router_top_k_triton / _torch(logits [T, E], k)     -> routing [T, k] fp32, ids [T, k] int64
+    router_top_k_triton / _portable(logits [T, E], k)  -> routing [T, k] fp32, ids [T, k] int64
         top-k of the raw router logits, equal logits ranked by the lower expert id; softmax
         over the k selected logits only. Slot 0 holds the largest logit.
-    clamped_swiglu_triton / _torch(gate_up [R, 2I])   -> [R, I]
+    clamped_swiglu_triton / _portable(gate_up [R, 2I]) -> [R, I]
         gate = x[..., ::2] <= limit, up = x[..., 1::2] in [-limit, limit] (interleaved),
         gate * sigmoid(alpha * gate) * (up + 1)
 
@@ -38,8 +38,7 @@ import triton.language as tl
 
 from kernels import portable
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from kernels.matmul import _chunk_acc, bounds_tensor, swiglu_torch, tiles
-from kernels.mxfp4 import dequantize
+from kernels.matmul import _chunk_acc, bounds_tensor, tiles
 from kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
 
 BLOCK_H = 1024
@@ -363,63 +362,59 @@ def _lo_div(bounds) -> int:
 
 
 # --------------------------------------------------------------------------- torch references
-def router_top_k_torch(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = _check_logits(logits, k)
-    values, ids = torch.sort(logits.to(torch.float32), dim=-1, descending=True, stable=True)
-    return portable.softmax(values[..., :k], dim=-1), ids[..., :k].contiguous()   # torch.softmax is not portable
+def top_k_lowest_index(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k along the last dim; equal values rank by lower index. -> (values, ids) [..., k]."""
+    values, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+    return values[..., :k], ids[..., :k]
 
 
-def clamped_swiglu_torch(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
-    return swiglu_torch(_check_gate_up(gate_up), alpha, limit)
+def routing_weights(top_logits: torch.Tensor) -> torch.Tensor:
+    """top_logits [T, k] fp32 -> softmax over the k selected logits, [T, k] (portable exp, fixed tree)."""
+    return portable.softmax(top_logits, dim=-1)
 
 
-def expert_linear_torch(x, ids, weight, bias, expert_start: int = 0) -> torch.Tensor:
-    """x [R, K] @ weight[ids[r] - expert_start]^T + bias, row by row; rows of non-local experts stay 0."""
-    x, ids, weight, bias = _check_expert(x, ids, weight, bias)
-    y = torch.zeros((x.shape[0], weight.shape[1]), dtype=x.dtype, device=x.device)
-    for r in range(x.shape[0]):
-        e = int(ids[r]) - expert_start
-        if 0 <= e < weight.shape[0]:                       # non-local: skipped
-            y[r] = (weight[e].to(torch.float32) @ x[r].to(torch.float32) + bias[e].to(torch.float32)).to(x.dtype)
-    return y
+def router_top_k_portable(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bit-exact reference (the same bits on every machine): logits [T, E] -> (routing [T, k]
+    fp32, ids [T, k]): the top k (ties to the lower id) and kernels.portable.softmax over them
+    (torch.softmax is not portable). The torch ops table's `route`; router_top_k_triton with
+    portable_softmax=True gives its bits, and the router kernel specs compare against it."""
+    _check_k(logits, k)
+    top_logits, top_ids = top_k_lowest_index(logits.to(torch.float32), k)
+    return routing_weights(top_logits), top_ids
 
 
-def _dense_weight(weight, dtype) -> torch.Tensor:
-    """A dense [E_l, N, K] weight, or an MXFP4 (blocks, scales) pair dequantized, in `dtype`."""
-    if isinstance(weight, tuple):
-        return dequantize(*weight, dtype=dtype)
-    return weight
+def router_top_k_fast(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values only: torch.topk and torch.softmax (no tie rule, no invariance promise). The fast
+    ops table's route (bench/e2e.py); no spec uses it."""
+    top_logits, top_ids = torch.topk(logits, k, dim=-1)
+    return torch.softmax(top_logits, dim=-1), top_ids
 
 
-def expert_gate_up_torch(x: torch.Tensor, k: int, ids: torch.Tensor, weight, bias: torch.Tensor,
-                         expert_lo: int = 0) -> torch.Tensor:
-    """Reference of expert_gate_up_triton from the routed ids [T * k] (values, not bits)."""
-    w = _dense_weight(weight, x.dtype)
-    return expert_linear_torch(x.repeat_interleave(k, dim=0), ids, w, bias, expert_lo)
-
-
-def expert_down_partials_torch(a: torch.Tensor, ids: torch.Tensor, weight, bounds, expert_lo: int = 0,
-                               prologue_swiglu: tuple[float, float] | None = None) -> torch.Tensor:
-    """Reference of expert_down_partials_triton from the routed ids [R] (values, not bits)."""
-    if prologue_swiglu is not None:
-        a = clamped_swiglu_torch(a, *prologue_swiglu)
-    w = _dense_weight(weight, a.dtype).to(torch.float32)
-    bounds = list(bounds)
-    parts = torch.zeros((len(bounds), a.shape[0], w.shape[1]), dtype=torch.float32, device=a.device)
-    for r in range(a.shape[0]):
-        e = int(ids[r]) - expert_lo
-        if 0 <= e < w.shape[0]:                                 # non-local: skipped
-            for c, (lo, hi) in enumerate(bounds):
-                parts[c, r] = w[e, :, lo:hi] @ a[r, lo:hi].to(torch.float32)
-    return parts
+def clamped_swiglu_portable(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """The bit-exact reference: gate_up [..., 2I], interleaved (gate = even columns, up = odd) ->
+    [..., I] in gate_up's dtype: (gate * sigmoid(alpha * gate)) * (up + 1) in fp32, the sigmoid
+    portable (float64, rounded once), the result rounded once. The torch ops' experts run it, the
+    Triton kernel (and the down kernel's SwiGLU prologue) give its bits in the interpreter, and the
+    swiglu kernel specs compare against it."""
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"clamped_swiglu: gate_up width {gate_up.shape[-1]} is odd")
+    x = gate_up.to(torch.float32)
+    gate = x[..., 0::2].clamp(max=limit)
+    up = x[..., 1::2].clamp(min=-limit, max=limit)
+    y = torch.mul(torch.mul(gate, portable.sigmoid(torch.mul(gate, alpha))), torch.add(up, 1.0))
+    return y.to(gate_up.dtype)
 
 
 # --------------------------------------------------------------------------- public API
 def _check_logits(logits, k):
+    _check_k(logits, k)
+    return logits.contiguous()
+
+
+def _check_k(logits, k):
     check_float("logits", logits, 2)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= logits.shape[1]:
         raise ValueError(f"router_top_k: k must be an int in [1, {logits.shape[1]}], got {k!r}")
-    return logits.contiguous()
 
 
 def _check_gate_up(gate_up):
@@ -427,17 +422,6 @@ def _check_gate_up(gate_up):
     if gate_up.shape[1] % 2:
         raise ValueError(f"clamped_swiglu: gate_up width {gate_up.shape[1]} is odd")
     return gate_up.contiguous()
-
-
-def _check_expert(x, ids, weight, bias):
-    check_float("x", x, 2)
-    check_float("weight", weight, 3)
-    if weight.shape[2] != x.shape[1] or bias.shape != weight.shape[:2] or weight.dtype != x.dtype:
-        raise ValueError(f"expert_linear: x {tuple(x.shape)}, weight {tuple(weight.shape)} ({weight.dtype}) "
-                         f"and bias {tuple(bias.shape)} do not fit [R, K], [E, N, K], [E, N]")
-    if ids.dtype != torch.int64 or ids.shape != (x.shape[0],):
-        raise ValueError(f"expert_linear: ids must be int64 [{x.shape[0]}], got {ids.dtype} {tuple(ids.shape)}")
-    return x.contiguous(), ids.contiguous(), weight.contiguous(), bias.contiguous()
 
 
 def _check_ids(flat_ids, n_local, block_m):

@@ -280,14 +280,6 @@ def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.sub(shifted, log(tree_sum(exp(shifted), dim, keepdim=True)))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., H] -> (x * (1 / sqrt(tree_sum(x * x) / H + eps))) * weight, in fp32."""
-    x = x.to(torch.float32)
-    mean_sq = torch.div(tree_sum(torch.mul(x, x), -1, keepdim=True), x.shape[-1])
-    inv = torch.div(1.0, sqrt(torch.add(mean_sq, eps)))
-    return torch.mul(torch.mul(x, inv), weight.to(torch.float32))
-
-
 def scalar_log(v: float) -> float:
     """ln of a Python float, through log64 (libm's log is not the same function on every CPU)."""
     return float(log64(torch.tensor([v], dtype=torch.float64))[0])

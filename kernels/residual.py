@@ -107,17 +107,21 @@ def moe_residual_triton(x: torch.Tensor, parts: torch.Tensor, down_b: torch.Tens
 
 
 # --------------------------------------------------------------------------- torch references
+# Bit-exact: (1) and (2) as separate torch operations, each one rounding. The torch ops table has no
+# fused ends (engine/model.py runs these operations itself, between the points a trace records);
+# the kernel tests compare against these restatements bitwise, and tests/engine/test_dtype_policy.py
+# holds the model's fused and unfused paths to the same bits.
 def _tree8_torch(parts: torch.Tensor) -> torch.Tensor:
     p = list(parts.unbind(0))
     return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
 
 
-def row_parallel_residual_torch(x, parts, bias):
+def row_parallel_residual_portable(x, parts, bias):
     _check(x, parts, T_rows=x.shape[0])
     return torch.add(x.to(torch.float32), _tree8_torch(parts) + bias).to(x.dtype)
 
 
-def moe_residual_torch(x, parts, down_b, routing, ids):
+def moe_residual_portable(x, parts, down_b, routing, ids):
     T, k = ids.shape
     _check(x, parts, T_rows=T * k)
     y = (_tree8_torch(parts) + down_b.index_select(0, ids.reshape(-1))).view(T, k, -1)

@@ -5,7 +5,8 @@
                                  out = [x1 cos - x2 sin, x2 cos + x1 sin]   (fp32 math)
 
 Purely elementwise: one program per token, all heads in one [H_PAD, D/2_PAD] tile, so there
-is no reduction and nothing can depend on the batch. engine.rope computes cos/sin.
+is no reduction and nothing can depend on the batch. engine.rope computes cos/sin;
+apply_rope_portable below is the bit-exact torch reference.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def rope_qkv_cache_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     """The fused qkv projection's output [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D] rotated, in the
     caches' dtype; k rotated and v written into k_cache / v_cache [slots, Hkv, S, D] at
     (slots[t], positions[t]). The same operations, one rounding each (no fused multiply-add),
-    as apply_rope_torch on q and k followed by the cache write (engine/model.py)."""
+    as apply_rope_portable on q and k followed by the cache write (engine/model.py)."""
     T = qkv.shape[0]
     _, Hkv, S, D = k_cache.shape
     if qkv.dim() != 2 or qkv.shape[1] != (q_heads + 2 * Hkv) * D or v_cache.shape != k_cache.shape:
@@ -104,12 +105,16 @@ def rope_qkv_cache_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     return q
 
 
-def apply_rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x, cos, sin = _check(x, cos, sin)
-    xf = x.to(torch.float32)
-    x1, x2 = xf.chunk(2, dim=-1)
-    c, s = cos.to(torch.float32)[:, None, :], sin.to(torch.float32)[:, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+# --------------------------------------------------------------------------- torch reference
+def apply_rope_portable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The bit-exact reference: x [T, heads, D], cos / sin [T, D/2] fp32 -> x rotated, in the
+    promoted dtype (fp32 for fp32 cos / sin); the halves x[:D/2], x[D/2:] form the pairs, each
+    product and sum one IEEE operation (the same bits on every machine). The torch ops table's
+    RoPE (engine/model.py), the operations the fused rope_qkv_cache_triton does one by one, and
+    the rope kernel specs' reference."""
+    x1, x2 = x.chunk(2, dim=-1)                     # [T, heads, D/2] each
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 def _check(x, cos, sin):

@@ -147,26 +147,11 @@ def _halve(w, N: tl.constexpr):
 
 @triton.jit
 def _halve_all(w, B: tl.constexpr):
-    if B >= 1024:
-        w = _halve(w, 1024)
-    if B >= 512:
-        w = _halve(w, 512)
-    if B >= 256:
-        w = _halve(w, 256)
-    if B >= 128:
-        w = _halve(w, 128)
-    if B >= 64:
-        w = _halve(w, 64)
-    if B >= 32:
-        w = _halve(w, 32)
-    if B >= 16:
-        w = _halve(w, 16)
-    if B >= 8:
-        w = _halve(w, 8)
-    if B >= 4:
-        w = _halve(w, 4)
-    if B >= 2:
-        w = _halve(w, 2)
+    """w [B] (B a power of two, at most 1024) -> the sum of its lanes: halved down to one lane, the
+    widest halving first (1024 -> 512, ..., 2 -> 1; unrolled: only the sizes at most B)."""
+    for e in tl.static_range(10, 0, -1):
+        if B >= 2 ** e:
+            w = _halve(w, 2 ** e)
     return tl.sum(w, axis=0)
 
 

@@ -36,8 +36,9 @@ from engine.checkpoint import make_checkpoint            # noqa: E402
 from engine.eagle3 import Eagle3Config, load_draft, write_draft   # noqa: E402
 from engine.generate import Request, generate            # noqa: E402
 from engine.model import GptOssModel     # noqa: E402
-from engine.small_ops import clamped_swiglu     # noqa: E402
-from engine.rope import apply_rope, rope_cos_sin          # noqa: E402
+from kernels.moe import clamped_swiglu_portable as clamped_swiglu  # noqa: E402
+from engine.rope import rope_cos_sin  # noqa: E402
+from kernels.rope import apply_rope_portable as apply_rope  # noqa: E402
 from engine.sampling import SamplingParams               # noqa: E402
 from engine.speculative import SpecParams, speculative_generate   # noqa: E402
 

@@ -149,8 +149,8 @@ def power_of_two_softmax(top_logits, backend="torch"):
 
 
 def test_router_top_k_not_a_power_of_two(engine_specs, monkeypatch):
-    import engine.small_ops
-    monkeypatch.setattr(engine.small_ops, "routing_weights", power_of_two_softmax)   # the torch ops' route
+    import kernels.moe
+    monkeypatch.setattr(kernels.moe, "routing_weights", power_of_two_softmax)   # the torch ops' route
     assert "tensor 'logprobs_0'" in engine_specs.red("generate/router-top3")
     engine_specs.green("generate/greedy-tiny-bf16")       # top-2 of 4: the same bits
 

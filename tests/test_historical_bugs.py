@@ -12,7 +12,7 @@ import engine.boundaries
 import kernels.coins
 from engine.boundaries import gather_captured
 from engine.model import ForwardOutput, GptOssModel, Step
-from engine.small_ops import rms_norm
+from kernels.rmsnorm import rms_norm_portable as rms_norm
 from engine.rope import rope_cos_sin
 from harness import runner
 from harness.golden import GoldenStore

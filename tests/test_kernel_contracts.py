@@ -3,17 +3,18 @@ kernel's own source, or by swapping in the function with the bug) and a spec tha
 runs by default turns red.
 
     edge case        where                                          spec that turns red
-    empty tile       engine/attention.py (engine, torch backend)    generate/greedy-tiny-bf16
+    empty tile       kernels/attention.py torch ops' attention      generate/greedy-tiny-bf16
                      kernels/attention.py Triton kernel             kernels/attention-empty-tiles-window-128,
                                                                     kernels/attention-prefill-256-window-128,
-                                                                    kernels/attention-splits-window-128
+                                                                    kernels/attention-splits-window-128, -961
+                     kernels/attention.py split-K window start      kernels/attention-splits-window-961
                      kernels/attention.py torch reference           kernels/attention-all-masked-no-sink (new)
                      kernels/attention.py sink merge (Triton)       kernels/attention-all-masked-no-sink (new)
     N / K tails      kernels/matmul.py (K loop, N store mask)       kernels/matmul-n127-k129, -tail-2880, -n1-k1
                      kernels/rmsnorm.py (sum of squares)            kernels/rmsnorm-n127, -n2881
                      kernels/matmul.py `_chunk_acc` (K loop) in     kernels/experts-block-tails
                      kernels/moe.py's grouped expert kernels
-    top-k ties       engine/small_ops.py router top-k (torch ops)    generate/router-ties
+    top-k ties       kernels/moe.py router top-k (torch ops)        generate/router-ties, kernels/router-top4-ties
                      engine/parallel.py router top-k (TP/EP ranks)  generate/router-ties, its TP 2 / EP 2 runs
                                                                     (checked by editing the file: ranks are
                                                                     fresh processes a monkeypatch cannot reach)
@@ -39,7 +40,7 @@ import kernels.matmul
 import kernels.moe
 import kernels.rmsnorm
 import kernels.sampling
-from engine.attention import KV_TILE
+from kernels.attention import KV_TILE
 from tests.planted import Planted, module_with
 
 ENGINE_SPECS = ["generate/greedy-tiny-bf16", "generate/router-ties", "generate/gumbel-endpoints"]
@@ -75,7 +76,7 @@ def test_the_named_specs_pass_clean(kernel_specs):
 # --------------------------------------------------------------------------- empty tile
 def attention_running_max_from_minus_inf(q, k_cache, v_cache, slots, positions, sinks, window, scale,
                                          backend="torch"):
-    """engine.attention.attention (torch backend) with the seed bug: the running max starts at -inf
+    """kernels.attention.attention_portable (torch backend) with the seed bug: the running max starts at -inf
     and the sink is merged after the last tile, so an empty first tile computes exp(-inf - -inf)."""
     T, Hq, D = q.shape
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
@@ -112,8 +113,7 @@ def test_engine_empty_tile(engine_specs, monkeypatch):
     second request (30-token prompt) decodes past it and its logits turn NaN (argmax: token 0);
     the first (8 + 24 positions) never meets an empty tile, so its tokens stay (the sink merged
     last rounds differently, so its logprob bits move by a few ULPs)."""
-    import engine.attention
-    monkeypatch.setattr(engine.attention, "_attend", attention_running_max_from_minus_inf)   # the torch ops' attention
+    monkeypatch.setattr(kernels.attention, "_attend", attention_running_max_from_minus_inf)   # the torch ops' attention
     report = engine_specs.red("generate/greedy-tiny-bf16")
     assert "tensor 'tokens_1'" in report and "got 0" in report, report
     assert "tensor 'tokens_0'" not in report
@@ -122,11 +122,23 @@ def test_engine_empty_tile(engine_specs, monkeypatch):
 @pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow encountered")
 @pytest.mark.parametrize("spec_id", ["kernels/attention-empty-tiles-window-128",
                                      "kernels/attention-prefill-256-window-128",
-                                     "kernels/attention-splits-window-128"])
+                                     "kernels/attention-splits-window-128",
+                                     "kernels/attention-splits-window-961"])
 def test_triton_attention_empty_tile(kernel_specs, plant, spec_id):
     plant(kernels.attention, {"m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)   # empty so far: no NaN":
                               "m_use = m_new"}, "_attention_kernel", "_attention_split_kernel")
     assert "non-finite values, first at" in kernel_specs.red(spec_id)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow encountered")
+def test_triton_attention_split_k_window_start(kernel_specs, plant):
+    """Split-K's window code at the default split: each token's programs start at the split of its
+    first visible key (split_lo). Starting every token at split 0 instead leaves the tokens whose
+    window lies wholly in the second split (1984, 2015) with their empty split-0 tile and no keys;
+    the window-128 spec, whose 3-tile walk never takes the split-K launch, cannot see it."""
+    plant(kernels.attention, {"    sp = split_lo + z\n": "    sp = z + split_lo * 0\n"}, "_attention_split_kernel")
+    assert "kernel attention" in kernel_specs.red("kernels/attention-splits-window-961")
+    kernel_specs.green("kernels/attention-splits-window-128")
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
@@ -138,34 +150,15 @@ def test_triton_attention_row_without_keys_or_sink(kernel_specs, plant):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
-def test_torch_reference_attention_all_masked(kernel_specs, monkeypatch):
-    """The reference's guard for a row with no visible key and a -inf sink (max = -inf): only the
-    spec added for it sees it."""
-    real = kernels.attention.attention_torch
-
-    def unguarded(q, k_cache, v_cache, slots, positions, sinks, window, scale):
-        q, k_cache, v_cache, slots, positions, sinks = kernels.attention._check(q, k_cache, v_cache, slots,
-                                                                               positions, sinks, window)
-        T, Hq, D = q.shape
-        _, Hkv, S, _ = k_cache.shape
-        G = Hq // Hkv
-        k, v = k_cache.index_select(0, slots).float(), v_cache.index_select(0, slots).float()
-        s = torch.einsum("thgd,thsd->thgs", q.float().reshape(T, Hkv, G, D), k) * scale
-        j = torch.arange(S)
-        vis = j[None, :] <= positions[:, None]
-        if window > 0:
-            vis = vis & (j[None, :] > positions[:, None] - window)
-        s = s.masked_fill(~vis[:, None, None, :], float("-inf"))
-        full = torch.cat([s, sinks.float().reshape(1, Hkv, G, 1).expand(T, Hkv, G, 1)], dim=-1)
-        e = torch.exp(full - full.amax(dim=-1, keepdim=True))                 # no -inf guard
-        probs = e / e.sum(dim=-1, keepdim=True)
-        return torch.einsum("thgs,thsd->thgd", probs[..., :S], v).reshape(T, Hq, D).to(q.dtype)
-
-    monkeypatch.setattr(kernels.attention, "attention_torch", unguarded)
+@pytest.mark.parametrize("guard", ["    m = torch.where(m == float(\"-inf\"), 0.0, m)",
+                                   "    l = torch.where(l == 0.0, 1.0, l)"])
+def test_torch_reference_attention_all_masked(kernel_specs, plant, guard):
+    """The reference's two guards for a row with no visible key and a -inf sink (max = -inf, l = 0):
+    either one taken out gives NaN (exp(-inf - -inf), or 0 / 0), and only the spec added for that
+    row sees it."""
+    plant(kernels.attention, {guard: "    pass"}, "_attend")
     assert "max |lockstep - reference| = inf" in kernel_specs.red("kernels/attention-all-masked-no-sink")
     kernel_specs.green("kernels/attention-all-masked")           # a finite sink: the guard is not needed
-    monkeypatch.setattr(kernels.attention, "attention_torch", real)
-    kernel_specs.green("kernels/attention-all-masked-no-sink")
 
 
 # --------------------------------------------------------------------------- N and K tails
@@ -217,12 +210,12 @@ def torch_topk(logits, k, backend="torch"):
 
 @pytest.mark.parametrize("bug", [higher_index_first, torch_topk], ids=["higher-id-first", "torch.topk"])
 def test_engine_router_top_k_ties(engine_specs, kernel_specs, monkeypatch, bug):
-    """The top-k the torch backend runs in every MoE layer. The kernel spec of kernels/moe.py does
-    not see it (a different function): generate/router-ties is the spec that does."""
-    import engine.small_ops
-    monkeypatch.setattr(engine.small_ops, "top_k_lowest_index", bug)    # the torch ops' route calls it
+    """The top-k the torch backend runs in every MoE layer: generate/router-ties sees it, and so does
+    the router's kernel spec, whose reference is that same function (one torch definition per op:
+    the spec pins what the torch ops run)."""
+    monkeypatch.setattr(kernels.moe, "top_k_lowest_index", bug)    # the torch ops' route calls it
     engine_specs.red("generate/router-ties")
-    kernel_specs.green("kernels/router-top4-ties")
+    assert "kernel router_top_k" in kernel_specs.red("kernels/router-top4-ties")
 
 
 def test_triton_router_ties(kernel_specs, plant):
@@ -233,7 +226,7 @@ def test_triton_router_ties(kernel_specs, plant):
 
 
 def test_torch_reference_router_ties(kernel_specs, monkeypatch):
-    monkeypatch.setattr(kernels.moe, "router_top_k_torch",
+    monkeypatch.setattr(kernels.moe, "router_top_k_portable",
                         lambda logits, k: (torch.softmax(torch.topk(logits.float(), k).values, -1),
                                            torch.topk(logits.float(), k).indices))
     kernel_specs.red("kernels/router-top4-ties")

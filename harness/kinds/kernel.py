@@ -1,4 +1,4 @@
-"""Spec kind `kernel`: one Triton kernel at one shape, against its plain-torch reference.
+"""Spec kind `kernel`: one Triton kernel at one shape, against its bit-exact torch reference.
 
     kind: kernel
     description: …
@@ -29,7 +29,9 @@ sampling R, V. `experts` is the engine's grouped expert path as it runs (engine.
 group_by_expert, the grouped gate_up, the SwiGLU, the grouped down over the 8 fixed K chunks), its
 output each (token, slot)'s down partials [T, k * 8 * H]. The kernel runs as the target's
 operation of the same name (Lockstep's engine: each kernel module's `_triton` kernel,
-harness/targets/lockstep_run.py) against the module's `_torch` reference on the same inputs.
+harness/targets/lockstep_run.py) against the op's one torch reference on the same inputs: the
+kernel module's bit-exact `_portable` function, the one the torch ops table runs (experts:
+engine.experts.experts_per_row; sample_fused: engine.sampling's torch path; docs/engine.md lists them).
 The golden holds Lockstep's Triton output (tensor `out`), stored per platform as
 `<platform>-triton`. Failures name the target, the kernel and the shape.
 """
@@ -47,6 +49,7 @@ from kernels import portable
 from harness.result import Result
 from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
 from harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
+from kernels.attention import KV_TILE
 
 NAME = "kernel"
 KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "experts", "sampling", "sample_fused")
@@ -110,6 +113,9 @@ def validate(doc: dict, root=None) -> list[Problem]:
                                                 f"(inputs, weights, output), more than {MAX_KERNEL_ELEMENTS:,}"))
     if kernel == "attention" and shape["Hq"] % shape["Hkv"]:
         out.append(Problem(("inputs", "shape"), f"Hq = {shape['Hq']} is not a multiple of Hkv = {shape['Hkv']}"))
+    if kernel == "attention" and shape["S"] % KV_TILE:
+        out.append(Problem(("inputs", "shape", "S"), f"S = {shape['S']} is not a multiple of {KV_TILE} (the torch "
+                                                     f"reference's tile; a KV cache's capacity always is)"))
     if kernel == "attention" and inp["positions"] is not None and shape.get("T") not in (None, length(inp["positions"])):
         out.append(Problem(("inputs", "shape", "T"), "T must equal the number of positions"))
     if kernel in ("router_top_k", "experts") and shape["k"] > shape["E"]:
@@ -323,45 +329,49 @@ def _sampled_rows(tok, lp, dist):
 
 
 def reference(spec, x: dict) -> torch.Tensor:
-    """The plain-torch reference output on `kernel_inputs(spec, …)`: each kernel module's `_torch`."""
+    """The op's one torch reference on `kernel_inputs(spec, …)`: the kernel module's bit-exact
+    `_portable` function as the torch ops table calls it (experts: engine.experts.experts_per_row;
+    sample_fused and sampling: the torch paths)."""
     k = spec.inputs["kernel"]
     if k == "matmul":
-        from kernels.matmul import linear_torch
-        return linear_torch(x["x"], x["w"], x["b"])
+        from kernels.matmul import linear_portable
+        return linear_portable(x["x"], x["w"], x["b"])
     if k == "rmsnorm":
-        from kernels.rmsnorm import rms_norm_torch
-        return rms_norm_torch(x["x"], x["weight"], 1e-5)
+        from kernels.rmsnorm import rms_norm_portable
+        return rms_norm_portable(x["x"], x["weight"], 1e-5, out_dtype=x["x"].dtype)
     if k == "rope":
-        from kernels.rope import apply_rope_torch
-        return apply_rope_torch(x["x"], x["cos"], x["sin"])
+        from kernels.rope import apply_rope_portable                # the model's call: fp32, rounded once
+        return apply_rope_portable(x["x"].to(torch.float32), x["cos"], x["sin"]).to(x["x"].dtype)
     if k == "router_top_k":
-        from kernels.moe import router_top_k_torch
-        return _top_k_rows(*router_top_k_torch(x["logits"], x["k"]))
+        from kernels.moe import router_top_k_portable
+        return _top_k_rows(*router_top_k_portable(x["logits"], x["k"]))
     if k == "swiglu":
-        from kernels.moe import clamped_swiglu_torch
-        return clamped_swiglu_torch(x["x"])
+        from kernels.moe import clamped_swiglu_portable
+        return clamped_swiglu_portable(x["x"])
     if k == "experts":
-        return _partials_rows(_experts_torch(x), x)
+        return _partials_rows(_experts_portable(x), x)
     if k == "sample_fused":
         return _sampled_rows(*_sample_torch(x))
     if k == "sampling":
         from kernels.sampling import gumbel_argmax_torch
         return gumbel_argmax_torch(x["logp"], x["seeds"], x["positions"], x["col_base"])
-    from kernels.attention import attention_torch
+    from kernels.attention import attention_portable
     q = x["q"]
     kc, vc = x["k"].transpose(0, 1)[None], x["v"].transpose(0, 1)[None]
-    return attention_torch(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device), x["positions"],
-                           x["sinks"], x["window"], x["scale"])
+    return attention_portable(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device),
+                              x["positions"], x["sinks"], x["window"], x["scale"])
 
 
-def _experts_torch(x: dict) -> torch.Tensor:
-    """The per-row torch references of the grouped expert path: [chunks, T * k, H]."""
+def _experts_portable(x: dict) -> torch.Tensor:
+    """The torch ops' experts (engine.experts.experts_per_row: the same contract per row, portable
+    matmuls) on the spec's inputs: [chunks, T * k, H]."""
+    from engine.experts import experts_per_row
     from engine.linear import k_chunk_bounds
-    from kernels.moe import clamped_swiglu_torch, expert_down_partials_torch, expert_gate_up_torch
-    flat = x["ids"].reshape(-1)
-    h = expert_gate_up_torch(x["x"], x["ids"].shape[1], flat, x["gate_up_w"], x["gate_up_b"])
-    bounds = k_chunk_bounds(x["gate_up_b"].shape[1] // 2)
-    return expert_down_partials_torch(clamped_swiglu_torch(h, x["alpha"], x["limit"]), flat, x["down_w"], bounds)
+    from engine.mxfp4 import Mxfp4Weight
+    gu, dn = (Mxfp4Weight(*w) if isinstance(w, tuple) else w for w in (x["gate_up_w"], x["down_w"]))
+    E = x["gate_up_b"].shape[0]
+    return experts_per_row(x["x"], x["ids"], gu, x["gate_up_b"], dn, k_chunk_bounds(x["gate_up_b"].shape[1] // 2),
+                           0, E, x["alpha"], x["limit"])
 
 
 def _sample_torch(x: dict):

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 from engine.checkpoint import make_checkpoint  # noqa: E402
 from engine.generate import Request, generate  # noqa: E402
 from engine.model import GptOssModel  # noqa: E402
-from engine.small_ops import rms_norm  # noqa: E402
+from kernels.rmsnorm import rms_norm_portable as rms_norm  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
 from tests.engine.helpers import prefill, random_prompt  # noqa: E402

@@ -6,9 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.linear import linear
-from engine.small_ops import clamped_swiglu, rms_norm, top_k_lowest_index
-from engine.rope import apply_rope, rope_cos_sin, rope_frequencies
+from kernels.matmul import linear_portable as linear
+from kernels.moe import clamped_swiglu_portable as clamped_swiglu, top_k_lowest_index
+from kernels.rmsnorm import rms_norm_portable as rms_norm
+from engine.rope import rope_cos_sin, rope_frequencies
+from kernels.rope import apply_rope_portable as apply_rope
 from engine.config import preset
 from kernels import portable
 

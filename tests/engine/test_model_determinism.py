@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from engine.linear import linear
+from kernels.matmul import linear_portable as linear
 from engine.model import GptOssModel, Step
-from engine.small_ops import rms_norm
+from kernels.rmsnorm import rms_norm_portable as rms_norm
 from engine.rope import rope_cos_sin
 
 from tests.engine.helpers import prefill, random_prompt

@@ -6,11 +6,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kernels.attention import BLOCK_KV, SPLIT, attention_torch, attention_triton, split_grid
+from kernels.attention import BLOCK_KV, SPLIT, attention_portable, attention_triton, split_grid
 from tests.kernels.conftest import DEVICE
 
-# Stated tolerance against the plain torch reference (whole-row softmax): fp32 2e-5 absolute
-# (values are O(1)); bf16 inputs/outputs 2e-2.
+# Stated tolerance against the bit-exact torch reference attention_portable (fixed 32-key tiles,
+# the torch ops' attention): fp32 2e-5 absolute (values are O(1)); bf16 inputs/outputs 2e-2.
 ATOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
@@ -36,7 +36,7 @@ def zeros(n):
 def both(q, k, v, slots, pos, sinks, window, scale=0.125, **kw):
     """Triton kernel (kw: its test keywords) and torch reference on the same (DEVICE) inputs."""
     out = attention_triton(q, k, v, slots, pos, sinks, window, scale, **kw)
-    ref = attention_torch(q, k, v, slots, pos, sinks, window, scale)
+    ref = attention_portable(q, k, v, slots, pos, sinks, window, scale)
     return out, ref
 
 
@@ -247,6 +247,40 @@ def test_empty_splits_change_nothing():
         out, ref = both(q[:2], k, v, zeros(2), ints(400, 3), sinks, 4, 0.25, _split=SPLIT_TEST, _two_phase=two_phase)
         assert out[0].eq(0).all() and torch.isfinite(out).all()
         torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
+
+
+class _Launches:
+    """A spy in place of a kernel: counts its launches, then launches it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("spec_id, split_k", [("kernels/attention-splits-window-961", True),
+                                              ("kernels/attention-splits-window-128", False)])
+def test_window_spec_takes_the_split_k_launch_at_the_default_split(monkeypatch, spec_id, split_k):
+    """The window spec added for split-K decodes the batch and a query alone through split-K at the
+    default SPLIT; the older window-128 spec (a 3-tile walk) never leaves the one-program walk."""
+    from pathlib import Path
+
+    import kernels.attention
+    from harness.kinds.kernel import kernel_inputs
+    from harness.specfile import load_spec_file
+    root = Path(__file__).resolve().parents[2] / "specs"
+    spec = load_spec_file(root / (spec_id + ".yaml"), root)
+    t = kernel_inputs(spec, DEVICE)
+    kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]
+    spy = _Launches(kernels.attention._attention_split_kernel)
+    monkeypatch.setattr(kernels.attention, "_attention_split_kernel", spy)
+    T = t["q"].shape[0]
+    for r in (slice(None), slice(T - 1, T)):               # the batch, and a query alone (a decode step)
+        before = spy.count
+        attention_triton(t["q"][r], kc, vc, zeros(T)[r], t["positions"][r], t["sinks"], t["window"], t["scale"])
+        assert spy.count - before == int(split_k), r
 
 
 def test_split_grid_and_bad_split():

@@ -2,16 +2,16 @@
 
 Bitwise: each chunk equals linear_triton on the chunk's fresh copy (the per-chunk path it
 replaced), the fused SwiGLU prologue equals the separate SwiGLU kernel, and a row's partials do
-not depend on the batch around it. Values: close to F.linear per chunk. Tile table: never M."""
+not depend on the batch around it. Values: close to linear_chunks_portable, the torch ops' partials. Tile table: never M."""
 
 import pytest
 import torch
 
 from engine.linear import k_chunk_bounds
 from kernels._common import INTERPRET
-from kernels.matmul import (GPU_MIN_PROGRAMS, TILES, _gpu_tiles, linear_chunks_torch, linear_chunks_triton,
+from kernels.matmul import (GPU_MIN_PROGRAMS, TILES, _gpu_tiles, linear_chunks_portable, linear_chunks_triton,
                             linear_triton, tiles)
-from kernels.moe import clamped_swiglu_triton
+from kernels.moe import clamped_swiglu_portable, clamped_swiglu_triton
 from tests.kernels.conftest import DEVICE
 
 SWIGLU = (1.702, 7.0)
@@ -42,7 +42,7 @@ def test_each_chunk_is_linear_triton_on_its_copy(bounds):
     for c, (lo, hi) in enumerate(bounds):
         ref = linear_triton(x[:, lo:hi].clone(), w[:, lo:hi].clone())
         assert bits(parts[c]).equal(bits(ref)), (lo, hi)
-    torch.testing.assert_close(parts.cpu(), linear_chunks_torch(x.cpu(), w.cpu(), bounds), rtol=0, atol=2e-5)
+    torch.testing.assert_close(parts.cpu(), torch.stack(linear_chunks_portable(x.cpu(), w.cpu(), bounds)), rtol=0, atol=2e-5)
 
 
 def test_swiglu_prologue_is_linear_triton_on_the_swiglu_of_its_copy():
@@ -52,7 +52,9 @@ def test_swiglu_prologue_is_linear_triton_on_the_swiglu_of_its_copy():
     for c, (lo, hi) in enumerate(BOUNDS):
         a = clamped_swiglu_triton(x[:, 2 * lo:2 * hi].clone(), *SWIGLU)
         assert bits(parts[c]).equal(bits(linear_triton(a, w[:, lo:hi].clone()))), c
-    torch.testing.assert_close(parts.cpu(), linear_chunks_torch(x.cpu(), w.cpu(), BOUNDS, SWIGLU), rtol=0, atol=1e-4)
+    swiglu = lambda t: clamped_swiglu_portable(t, *SWIGLU)  # noqa: E731
+    ref = linear_chunks_portable(x.cpu(), w.cpu(), BOUNDS, prologue=swiglu, x_per_k=2)
+    torch.testing.assert_close(parts.cpu(), torch.stack(ref), rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -9,11 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.rope import apply_rope
 from kernels.portable_tl import cast_rne
-from kernels.residual import (moe_residual_torch, moe_residual_triton, row_parallel_residual_torch,
+from kernels.residual import (moe_residual_portable, moe_residual_triton, row_parallel_residual_portable,
                               row_parallel_residual_triton)
-from kernels.rope import rope_qkv_cache_triton
+from kernels.rope import apply_rope_portable as apply_rope, rope_qkv_cache_triton
 from tests.kernels.conftest import DEVICE
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -28,7 +27,7 @@ def test_row_parallel_residual_equals_the_unfused_ops(dtype):
     T, H = 9, 200
     x, parts, bias = _randn(T, H, seed=1, dtype=dtype), _randn(8, T, H, seed=2) * 30, _randn(H, seed=3)
     fused = row_parallel_residual_triton(x, parts, bias)
-    assert fused.dtype == dtype and torch.equal(fused, row_parallel_residual_torch(x, parts, bias))
+    assert fused.dtype == dtype and torch.equal(fused, row_parallel_residual_portable(x, parts, bias))
     for t in (0, 4, T - 1):                                   # a row alone = the row in the batch
         assert torch.equal(row_parallel_residual_triton(x[t:t + 1], parts[:, t:t + 1], bias), fused[t:t + 1])
 
@@ -41,7 +40,7 @@ def test_moe_residual_equals_the_unfused_ops(dtype):
     routing = torch.softmax(_randn(T, k, seed=7), -1)
     ids = torch.randint(0, E, (T, k), generator=torch.Generator().manual_seed(8)).to(DEVICE)
     fused = moe_residual_triton(x, parts, down_b, routing, ids)
-    assert torch.equal(fused, moe_residual_torch(x, parts, down_b, routing, ids))
+    assert torch.equal(fused, moe_residual_portable(x, parts, down_b, routing, ids))
     t = 3
     alone = moe_residual_triton(x[t:t + 1], parts[:, t * k:(t + 1) * k], down_b, routing[t:t + 1], ids[t:t + 1])
     assert torch.equal(alone, fused[t:t + 1])

@@ -1,4 +1,4 @@
-"""kernels.rmsnorm, kernels.rope, kernels.moe, kernels.sampling: each `_triton` kernel against its `_torch` reference."""
+"""kernels.rmsnorm, kernels.rope, kernels.moe, kernels.sampling: each `_triton` kernel against its torch reference."""
 
 import pytest
 import torch
@@ -6,10 +6,10 @@ from hypothesis import given, settings, strategies as st
 
 from engine.sampling import SamplingParams, keep_mask, sample
 from engine.linear import k_chunk_bounds
-from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_torch, clamped_swiglu_triton, expert_down_partials_triton,
-                         expert_gate_up_triton, group_by_expert, router_top_k_torch, router_top_k_triton)
-from kernels.rmsnorm import rms_norm_torch, rms_norm_triton
-from kernels.rope import apply_rope_torch, apply_rope_triton
+from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_portable, clamped_swiglu_triton, expert_down_partials_triton,
+                         expert_gate_up_triton, group_by_expert, router_top_k_portable, router_top_k_triton)
+from kernels.rmsnorm import rms_norm_portable, rms_norm_triton
+from kernels.rope import apply_rope_portable, apply_rope_triton
 from kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
 from tests.kernels.conftest import DEVICE
 
@@ -31,7 +31,7 @@ def test_rmsnorm_tails_and_rows(N, dtype):
     w = torch.randn(N, generator=G(N + 1)).to(dtype).to(DEVICE)
     y = rms_norm_triton(x, w, 1e-5)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
-    torch.testing.assert_close(y.float(), rms_norm_torch(x, w, 1e-5).float(), **tol)
+    torch.testing.assert_close(y.float(), rms_norm_portable(x, w, 1e-5).float(), **tol)
     for r in (0, 5):
         assert rms_norm_triton(x[r:r + 1], w, 1e-5).equal(y[r:r + 1])
 
@@ -41,7 +41,7 @@ def test_rmsnorm_zero_row_and_huge_values():
     w = torch.ones(5, device=DEVICE)
     y = rms_norm_triton(x, w, 1e-5)
     assert y[0].eq(0).all() and torch.isfinite(y).all()
-    torch.testing.assert_close(y, rms_norm_torch(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y, rms_norm_portable(x, w, 1e-5), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------ rope (elementwise)
@@ -50,20 +50,20 @@ def test_rope_matches_reference(H, D):
     x = torch.randn(7, H, D, generator=G(D)).to(DEVICE)
     ang = torch.randn(7, D // 2, generator=G(H)) * 100
     cos, sin = (ang.cos() * 1.35).to(DEVICE), (ang.sin() * 1.35).to(DEVICE)
-    torch.testing.assert_close(apply_rope_triton(x, cos, sin), apply_rope_torch(x, cos, sin), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(apply_rope_triton(x, cos, sin), apply_rope_portable(x, cos, sin), rtol=1e-6, atol=1e-6)
     xb = x.to(torch.bfloat16)
-    torch.testing.assert_close(apply_rope_triton(xb, cos, sin).float(), apply_rope_torch(xb, cos, sin).float(),
+    torch.testing.assert_close(apply_rope_triton(xb, cos, sin).float(), apply_rope_portable(xb, cos, sin).float(),
                                rtol=1.6e-2, atol=1e-2)
 
 
 def test_rope_agrees_with_engine():
     from engine.config import preset
-    from engine.rope import apply_rope as engine_rope, rope_cos_sin, rope_frequencies
+    from engine.rope import rope_cos_sin, rope_frequencies
     inv, ms = rope_frequencies(64, preset("gpt-oss-20b").rope)
     cos, sin = rope_cos_sin(torch.tensor([0, 1, 4095, 131071]), inv, ms)      # on the CPU
     cos, sin = cos.to(DEVICE), sin.to(DEVICE)
     x = torch.randn(4, 8, 64, generator=G(3)).to(DEVICE)
-    torch.testing.assert_close(apply_rope_triton(x, cos, sin), engine_rope(x, cos, sin), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(apply_rope_triton(x, cos, sin), apply_rope_portable(x, cos, sin), rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------ router top-k
@@ -72,12 +72,12 @@ def test_top_k_ties_go_to_the_lowest_index():
                   [0.0, 5.0, 5.0, 1.0, 5.0, 0.0, 0.0, 5.0],
                   [float("-inf")] * 6 + [2.0, 2.0],
                   [3.0, -1.0, 3.0, 3.0, -1.0, 7.0, -1.0, -1.0]])
-    for backend, router_top_k in (("torch", router_top_k_torch), ("triton", router_top_k_triton)):
+    for backend, router_top_k in (("torch", router_top_k_portable), ("triton", router_top_k_triton)):
         w, ids = router_top_k(logits, 4)
         assert ids.tolist() == [[0, 1, 2, 3], [1, 2, 4, 7], [6, 7, 0, 1], [5, 0, 2, 3]], backend
         assert torch.isfinite(w).all()
     wt, _ = router_top_k_triton(logits, 4)
-    torch.testing.assert_close(wt, router_top_k_torch(logits, 4)[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(wt, router_top_k_portable(logits, 4)[0], rtol=1e-6, atol=1e-7)
 
 
 @settings(max_examples=15, deadline=None)
@@ -89,7 +89,7 @@ def test_property_top_k(T, E, k, seed, levels):
         logits = logits.round().clamp(-levels, levels)
     logits = logits.to(DEVICE)
     w, ids = router_top_k_triton(logits, k)
-    w0, ids0 = router_top_k_torch(logits, k)
+    w0, ids0 = router_top_k_portable(logits, k)
     assert ids.equal(ids0)
     torch.testing.assert_close(w, w0, rtol=1e-6, atol=1e-7)
 
@@ -98,7 +98,7 @@ def test_top_k_large_and_small_logits():
     logits = dev([[1e30, -1e30, 1e-30, 0.0, 88.0, -88.0]])
     w, ids = router_top_k_triton(logits, 3)
     assert ids.tolist() == [[0, 4, 2]] and torch.isfinite(w).all()
-    torch.testing.assert_close(w, router_top_k_torch(logits, 3)[0])
+    torch.testing.assert_close(w, router_top_k_portable(logits, 3)[0])
 
 
 # ------------------------------------------------------------------ clamped SwiGLU
@@ -112,7 +112,7 @@ def test_swiglu_clamps_and_interleaving():
                  7 * s(torch.tensor(1.702 * 7)) * 8, 0.5 * s(torch.tensor(0.851)) * 0.5]])   # CPU math
     torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
     x = (torch.randn(5, 2 * 129, generator=G(1)) * 20).to(DEVICE)
-    torch.testing.assert_close(clamped_swiglu_triton(x), clamped_swiglu_torch(x), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(clamped_swiglu_triton(x), clamped_swiglu_portable(x), rtol=1e-6, atol=1e-5)
 
 
 # ------------------------------------------------------------------ experts

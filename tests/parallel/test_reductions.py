@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.distributed import COLUMN_ALIGN, invariant_sum
-from engine.linear import K_CHUNKS, k_chunk_bounds, k_chunk_partials, linear, linear_k_chunked, tree_sum
-from engine.small_ops import clamped_swiglu
+from engine.linear import K_CHUNKS, k_chunk_bounds, linear_k_chunked, tree_sum
+from kernels.matmul import linear_chunks_portable as k_chunk_partials, linear_portable as linear
+from kernels.moe import clamped_swiglu_portable as clamped_swiglu
 from engine.parallel import local_chunks
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-import engine.attention
+import kernels.attention
 import engine.model
 from engine.generate import Request
 from engine.sampling import SamplingParams
@@ -42,11 +42,11 @@ def test_promoted_spec_is_guarded_by_check(tmp_path, trace, monkeypatch, capsys)
     assert main(["check", *dirs, "replay/*"]) == 0
     capsys.readouterr()
 
-    attend = engine.attention._attend              # the torch ops' attention reads it per call
+    attend = kernels.attention._attend              # the torch ops' attention reads it per call
 
     def mutated(*args, **kwargs):                  # the engine's attention, one ULP-ish off
         return attend(*args, **kwargs) * (1 + 2 ** -12)
-    monkeypatch.setattr(engine.attention, "_attend", mutated)
+    monkeypatch.setattr(kernels.attention, "_attend", mutated)
     assert main(["check", *dirs, "replay/*"]) == 1
 
 

@@ -6,7 +6,7 @@ import torch
 
 import engine.speculative
 from engine.eagle3 import Eagle3Draft
-from engine.small_ops import rms_norm
+from kernels.rmsnorm import rms_norm_portable as rms_norm
 from tests.planted import Planted
 
 NORMS = ["draft/plain", "draft/norm-before-fc", "draft/fc-norm", "draft/both", "draft/plain-no-d2t",

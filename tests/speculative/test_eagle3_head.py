@@ -10,8 +10,8 @@ from engine.boundaries import LayerIdError
 from engine.checkpoint import CheckpointError, checkpoint_digest
 from engine.config import preset
 from engine.eagle3 import DraftKV, Eagle3Config, Eagle3Draft, load_draft, make_draft_checkpoint
-from engine.linear import linear
-from engine.small_ops import rms_norm
+from kernels.matmul import linear_portable as linear
+from kernels.rmsnorm import rms_norm_portable as rms_norm
 
 TINY = preset("tiny")
 IDS = [1, 2, 4]            # max == L = 4: boundaries [1, 2, 4] under sglang and boundary

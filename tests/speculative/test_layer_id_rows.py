@@ -6,8 +6,8 @@ import torch
 from engine.boundaries import LayerIdError
 from engine.eagle3 import Eagle3Draft, load_draft, make_draft_checkpoint
 from engine.generate import Request, generate
-from engine.linear import linear
-from engine.small_ops import rms_norm
+from kernels.matmul import linear_portable as linear
+from kernels.rmsnorm import rms_norm_portable as rms_norm
 from engine.sampling import SamplingParams
 from engine.speculative import SpecParams, speculative_generate
 
