@@ -26,7 +26,6 @@ relies on (triton 3.x's `_patch_lang` and `GridExecutor`); otherwise Triton runs
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 _state = {"launching": False, "patched": None}     # the running launch's patched language modules
 _originals: dict = {}                              # Triton's own _patch_lang and GridExecutor.__call__
@@ -40,8 +39,11 @@ class _NothingToRestore:
 
 
 def _langs(fn, tl) -> frozenset:
-    """The language modules `fn` sees, as Triton's _patch_lang picks them (tl and tl.core)."""
-    return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+    """The language modules `fn` sees, as Triton's _patch_lang picks them (a global that is tl or
+    tl.core: its `ismodule(v) and v in [tl, tl.core]` is identity for modules), by identity alone
+    (called for every helper call: no per-global function calls)."""
+    core = tl.core
+    return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is core)
 
 
 def install() -> bool:
