@@ -11,16 +11,17 @@ that re-patching was half of the interpreter's time.
 Inside a launch the re-patching changes nothing: every builtin is already replaced (the
 replacements are not builtins, so the helper's pass skips them all), and the other attributes
 it sets are fresh copies of the functions already installed (stateless closures of the same
-code). So inside a launch, a helper whose language modules are all patched already (by the launch, or
-by an earlier helper call of the same launch: Triton's own `tl.sum`, `tl.zeros`, ... see
-`tl.core`, which a kernel module often does not, and Triton never restores what a helper call
-patches) skips it; anything else (a launch, the first helper call that sees a module not yet
-patched, a helper called outside any launch) patches exactly as Triton does. The numpy operations a kernel
-runs, and so its bits, are the same (tests/kernels/test_interpret_patch.py runs kernels both
-ways and compares the bytes).
+code). So inside a launch, a helper whose language modules are all patched already skips it:
+patched by the launch, or by an earlier helper call of the same launch (Triton's own `tl.sum`,
+`tl.zeros`, ... see `tl.core`, which a kernel module often does not, and Triton never restores
+what a helper call patches). Anything else (a launch, the first helper call that sees a module
+not yet patched, a helper called outside any launch) patches exactly as Triton does. The numpy
+operations a kernel runs, and so its bits, are the same (tests/kernels/test_interpret_patch.py
+runs kernels both ways and compares the bytes).
 
-Installed by kernels/__init__.py when the interpreter is on and Triton has the internals this
+Installed by kernels/_common.py when the interpreter is on and Triton has the internals this
 relies on (triton 3.x's `_patch_lang` and `GridExecutor`); otherwise Triton runs unchanged.
+Compiled kernels (a GPU) never reach this code.
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ def install() -> bool:
         return False
     original = getattr(interpreter, "_patch_lang", None)
     grid = getattr(interpreter, "GridExecutor", None)
-    if original is None or grid is None or getattr(original, "_lockstep", False):
-        return original is not None and getattr(original, "_lockstep", False)
+    if getattr(original, "_lockstep", False):
+        return True                                        # installed already
+    if original is None or grid is None:
+        return False
     launch = grid.__call__
     _originals.update(patch_lang=original, grid_call=launch)
 
