@@ -28,6 +28,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 USE_DOT = not INTERPRET
 PORTABLE_MATH = INTERPRET
 
+if INTERPRET:                      # before any kernel runs: the interpreter without its per-call re-patching
+    from kernels import _interpret
+    _interpret.install()
+
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()

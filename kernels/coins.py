@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels.portable import log64
+from kernels import _common  # noqa: F401  (in the interpreter: kernels/_interpret.py)
 
 SAMPLE_COLUMNS = 1 << 31
 DRAFT_COLUMNS = 1 << 30

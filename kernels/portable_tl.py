@@ -12,6 +12,7 @@ architecture and the Triton version, both recorded in a golden's provenance.
 
 import triton
 import triton.language as tl
+from kernels import _common  # noqa: F401  (in the interpreter: kernels/_interpret.py)
 
 _LN2_HI = tl.constexpr(6.93147180369123816490e-01)
 _LN2_LO = tl.constexpr(1.90821492927058770002e-10)

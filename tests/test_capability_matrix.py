@@ -53,6 +53,9 @@ def _run(args: list[str], env: dict) -> subprocess.CompletedProcess:
 
 
 MATRIX = [(cap, threads) for cap in ORDER for threads in (1, 2)]
+# one xdist worker runs the module (pyproject --dist loadgroup): the baseline runs (`_base_*`, each a
+# fresh process, cached in this process) are made once a run, not again on the other worker
+pytestmark = pytest.mark.xdist_group("capability-matrix")
 
 
 def _skip_unless_here(capability: str) -> None:

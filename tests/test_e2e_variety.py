@@ -32,6 +32,8 @@ from kernels import portable
 from tests.planted import Planted
 
 
+# one xdist worker runs the module (pyproject --dist loadgroup): its clean recordings (tests/planted.py) once a run
+pytestmark = pytest.mark.xdist_group("e2e-variety")
 ENGINE_SPECS = ["draft/own-rope-theta", "generate/router-top3", "generate/special-values"]
 
 

@@ -43,6 +43,8 @@ import kernels.sampling
 from kernels.attention import KV_TILE
 from tests.planted import Planted, module_with
 
+# one xdist worker runs the module (pyproject --dist loadgroup): its clean recordings (tests/planted.py) once a run
+pytestmark = pytest.mark.xdist_group("kernel-contracts")
 ENGINE_SPECS = ["generate/greedy-tiny-bf16", "generate/router-ties", "generate/gumbel-endpoints"]
 
 

@@ -14,6 +14,9 @@ N = 1_000_000
 
 
 slow_oracle = pytest.mark.slow     # 10^6 inputs per op: 127 s (docs/gate.md)
+# one xdist worker runs the whole module (tests/conftest.py): `findings` (70 CPU s) and the reference
+# fingerprint are each computed once per run
+pytestmark = pytest.mark.xdist_group("primitive-oracle")
 
 
 @pytest.fixture(scope="module")

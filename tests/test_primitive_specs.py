@@ -27,8 +27,10 @@ from harness.kinds import primitive
 from harness.targets import lockstep_run
 from tests.planted import Planted, module_with
 
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow encountered",
-                                        "ignore:divide by zero encountered")
+# one xdist worker runs the module (pyproject --dist loadgroup): its clean recordings (tests/planted.py) once a run
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:overflow encountered",
+                                        "ignore:divide by zero encountered"),
+              pytest.mark.xdist_group("primitive-specs")]
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,11 @@ def batch() -> list[Request]:
             Request(list(range(100, 112)), SamplingParams(greedy=True, max_new_tokens=6, stop_token_ids=()))]
 
 
+# one xdist worker runs the module (pyproject --dist loadgroup): `traces` (three recorded generations,
+# ~18 CPU s) once a run
+pytestmark = pytest.mark.xdist_group("record-replay")
+
+
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     """{name: path} of traces recorded once: plain, chain and tree speculative decoding."""

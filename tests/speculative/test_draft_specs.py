@@ -9,6 +9,8 @@ from engine.eagle3 import Eagle3Draft
 from kernels.rmsnorm import rms_norm_portable as rms_norm
 from tests.planted import Planted
 
+# one xdist worker runs the module (pyproject --dist loadgroup): its clean recordings (tests/planted.py) once a run
+pytestmark = pytest.mark.xdist_group("draft-specs")
 NORMS = ["draft/plain", "draft/norm-before-fc", "draft/fc-norm", "draft/both", "draft/plain-no-d2t",
          "draft/both-no-d2t", "draft/written-aux"]
 ALL = NORMS + ["draft/top-k-ties", "draft/shipped-fitted"]

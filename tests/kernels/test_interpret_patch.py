@@ -1,0 +1,95 @@
+"""kernels/_interpret.py: Triton's interpreter without its per-helper-call re-patching gives the
+bits of the interpreter as shipped, kernel by kernel, and really skips the re-patching (the gate's
+time, docs/gate.md). Interpreter only: compiled kernels never patch anything."""
+
+import inspect
+
+import pytest
+import torch
+
+from kernels import _interpret
+from kernels._common import INTERPRET
+from kernels import portable
+
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton's interpreter only (TRITON_INTERPRET=1)")
+
+
+def _rand(*shape, seed=0, scale=1.0):
+    return portable.normal(shape, torch.Generator().manual_seed(seed)) * scale
+
+
+def _attention(two_phase: bool):
+    from kernels.attention import attention_triton
+    T, Hq, Hkv, D, S = 3, 4, 2, 16, 160
+    q, k, v = _rand(T, Hq, D, seed=1), _rand(1, Hkv, S, D, seed=2), _rand(1, Hkv, S, D, seed=3)
+    pos = torch.tensor([0, 70, 159])
+    return attention_triton(q, k, v, torch.zeros(T, dtype=torch.int64), pos, _rand(Hq, seed=4), 96, 0.25,
+                            _split=64, _two_phase=two_phase)
+
+
+def _gumbel():
+    from kernels.sampling import gumbel_argmax_triton
+    logp = torch.log_softmax(_rand(3, 300, seed=5).to(torch.float64), -1)
+    return gumbel_argmax_triton(logp, torch.tensor([1, -2, 3]), torch.tensor([0, 5, 2**33]))
+
+
+def _linear():
+    from kernels.matmul import linear_triton
+    return linear_triton(_rand(5, 70, seed=6), _rand(33, 70, seed=7), _rand(33, seed=8))
+
+
+def _router():
+    from kernels.moe import router_top_k_triton
+    return torch.cat([t.to(torch.float64) for t in router_top_k_triton(_rand(4, 6, seed=9), 3, True)], 1)
+
+
+def _rmsnorm():
+    from kernels.rmsnorm import rms_norm_triton
+    return rms_norm_triton(_rand(3, 129, seed=10), _rand(129, seed=11), 1e-5)
+
+
+KERNELS = {"attention": lambda: _attention(False), "attention split-K": lambda: _attention(True),
+           "gumbel argmax": _gumbel, "linear": _linear, "router top-k": _router, "rmsnorm": _rmsnorm}
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def test_installed_under_the_pinned_triton():
+    from triton.runtime import interpreter
+    assert _interpret.install() and getattr(interpreter._patch_lang, "_lockstep", False)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_the_same_bits_as_the_interpreter_as_shipped(name):
+    ours = KERNELS[name]()
+    with _interpret.triton_as_shipped():
+        shipped = KERNELS[name]()
+    assert _bytes(ours) == _bytes(shipped)
+
+
+def _patch_passes(monkeypatch, run) -> int:
+    """How many inspect.getmembers passes (Triton's _patch_builtin) `run` makes."""
+    calls = []
+    real = inspect.getmembers
+    monkeypatch.setattr(inspect, "getmembers", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run()
+    monkeypatch.setattr(inspect, "getmembers", real)
+    return len(calls)
+
+
+def test_a_launch_patches_once_and_its_helper_calls_do_not(monkeypatch):
+    def shipped():
+        with _interpret.triton_as_shipped():
+            _attention(False)
+    ours, theirs = _patch_passes(monkeypatch, lambda: _attention(False)), _patch_passes(monkeypatch, shipped)
+    # the launch (tl, tl.tensor, tl.math, descriptors), then the first helper seeing tl.core: at most 12
+    assert 0 < ours <= 12 and 10 * ours < theirs, (ours, theirs)
+
+
+def test_after_a_launch_the_language_is_restored():
+    import triton.language as tl
+    before = {name: getattr(tl, name) for name in ("range", "reduce", "exp", "sum")}
+    _attention(True)
+    assert {name: getattr(tl, name) for name in before} == before
