@@ -85,8 +85,7 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
         rec["hash"] = prev = record_hash(prev, rec)
         lines.append(canonical(rec))
     payload = b"\n".join(lines) + b"\n"
-    parent = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=path.name + ".", suffix=".tmp-lockstep")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp-lockstep")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
