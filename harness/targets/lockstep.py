@@ -129,12 +129,14 @@ def _sampling(logp, seeds, positions, col_base=None):
     return gumbel_argmax_triton(logp, seeds, positions, SAMPLE_COLUMNS if col_base is None else col_base)
 
 
-@functools.lru_cache(maxsize=16)
 def engine(ctx) -> Target:
     """Lockstep's engine under the run context `ctx` (a harness.result.RunContext): the default
     target of `check` (see the module's docstring). `load()`'s operations, with those the run's
     device, backend and dtype policy decide (and those only Lockstep's engine exposes) from
-    harness/targets/lockstep_run.py; judged against the goldens (`has_goldens`)."""
+    harness/targets/lockstep_run.py; judged against the goldens (`has_goldens`). Built afresh for
+    every spec (a few dicts of closures): its operations bind the functions the modules hold now,
+    so a planted fault is always what runs; the costly things (models, drafts) are cached where
+    they are loaded."""
     from engine.checkpoint import CheckpointError
 
     base = load()

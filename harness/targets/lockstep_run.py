@@ -71,12 +71,11 @@ def _mxfp4_ops(ctx: RunContext) -> dict[str, Op]:
     import engine.mxfp4 as mx
     import kernels.matmul as matmul
 
-    # looked up at each call: engine(ctx) is cached, and a planted decoder patches the module's name
-    module, name, note = (matmul, "mxfp4_decode_triton", "kernels.matmul.mxfp4_decode_triton (the kernels' tile decode)") \
-        if ctx.backend == "triton" else (mx, "dequantize", "engine.mxfp4.dequantize")
+    decode, note = (matmul.mxfp4_decode_triton, "kernels.matmul.mxfp4_decode_triton (the kernels' tile decode)") \
+        if ctx.backend == "triton" else (mx.dequantize, "engine.mxfp4.dequantize")
 
     def mxfp4_decode(blocks, scales, dtype):
-        return getattr(module, name)(blocks.to(ctx.device), scales.to(ctx.device), dtype).cpu()
+        return decode(blocks.to(ctx.device), scales.to(ctx.device), dtype).cpu()
     return {"mxfp4_decode": Op(mxfp4_decode, EVERY, note)}
 
 
@@ -220,10 +219,6 @@ def _kernel_ops() -> dict[str, Op]:
     import kernels.moe as moe
     import kernels.rope as rope
 
-    def late(module, name):
-        # looked up at call time: engine(ctx) is cached, and a planted fault patches the module's name
-        return lambda *args, **kw: getattr(module, name)(*args, **kw)
-
     def experts(x, ids, gate_up_w, gate_up_b, down_w, alpha, limit):
         return experts_grouped(x, ids, gate_up_w, gate_up_b, down_w, k_chunk_bounds(gate_up_b.shape[1] // 2), 0,
                                gate_up_b.shape[0], alpha, limit)
@@ -234,10 +229,10 @@ def _kernel_ops() -> dict[str, Op]:
         return tok, lp, dist
 
     kernels = (INTERPRETER, CUDA)
-    return {"matmul": Op(late(matmul, "linear_triton"), kernels, "kernels.matmul.linear_triton"),
-            "rope": Op(late(rope, "apply_rope_triton"), kernels, "kernels.rope.apply_rope_triton"),
-            "router_top_k": Op(late(moe, "router_top_k_triton"), kernels, "kernels.moe.router_top_k_triton"),
-            "swiglu": Op(late(moe, "clamped_swiglu_triton"), kernels, "kernels.moe.clamped_swiglu_triton"),
+    return {"matmul": Op(matmul.linear_triton, kernels, "kernels.matmul.linear_triton"),
+            "rope": Op(rope.apply_rope_triton, kernels, "kernels.rope.apply_rope_triton"),
+            "router_top_k": Op(moe.router_top_k_triton, kernels, "kernels.moe.router_top_k_triton"),
+            "swiglu": Op(moe.clamped_swiglu_triton, kernels, "kernels.moe.clamped_swiglu_triton"),
             "experts": Op(experts, kernels, "engine.experts.experts_grouped (the grouped Triton expert path)"),
             "sample_fused": Op(sample, kernels, "engine.sampling.sample_fused and the fused target distributions")}
 

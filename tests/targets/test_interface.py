@@ -33,7 +33,18 @@ def test_the_engine_implements_every_operation_and_has_the_goldens():
     assert isinstance(target, TargetInterface) and target.has_goldens
     assert set(load().ops) <= set(target.ops)
     assert target.offers("hash", "backends") and not load().offers("hash", "backends")
-    assert engine(ctx) is target                       # one target per run context
+
+
+def test_the_engine_binds_the_kernels_the_modules_hold_when_a_spec_runs(monkeypatch):
+    # built per spec, never cached: a fault planted in a kernel module is what the next spec runs
+    import kernels.matmul as matmul
+    ctx = RunContext(detect("cpu"))
+    assert engine(ctx).ops["matmul"].fn is matmul.linear_triton
+
+    def planted(*args, **kw):
+        raise AssertionError("planted")
+    monkeypatch.setattr(matmul, "linear_triton", planted)
+    assert engine(ctx).ops["matmul"].fn is planted
 
 
 def test_an_object_without_the_interface_is_refused():
