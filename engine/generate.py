@@ -21,9 +21,9 @@ source (`Sampled`, the product's; `Forced`, teacher forcing for harness.replay),
 The step is the product's fast path: on a GPU each decode step replays one captured CUDA graph
 per bucket (engine.graphs.decode_steps; the eager forward when states are captured or a trace
 records, and on the CPU), its inputs go to the device in one copy without a sync, the whole
-group is sampled on the device at once (engine.sampling.sample_rows: row for row the bits of
-`sample`; on a GPU replayed from a captured engine.graphs.SampleGraph unless a row draws from
-the host generator), and the step's one host read is the sampled tokens, from which the stop
+group is sampled on the device at once (engine.sampling.sample_and_logprobs: row for row the
+bits of `sample`, and on a GPU the tokens and their logprobs from one fused launch; replayed
+from a captured engine.graphs.SampleGraph unless a row draws from the host generator), and the step's one host read is the sampled tokens, from which the stop
 flags follow. Logprobs stay on the device until the end (tests/engine/test_generate_host_reads.py).
 
 Because every row of the model is computed by the same operations whatever its batch
@@ -47,7 +47,7 @@ import torch
 from engine.graphs import DecodeSteps, decode_steps
 from engine.model import ONE_DEVICE, GptOssModel
 from engine.request import Request, Result, SamplingParams, check_request  # noqa: F401  (the request type)
-from engine.sampling import chosen_logprobs, host_to, sample_rows
+from engine.sampling import chosen_logprobs, host_to, row_settings, sample_and_logprobs
 
 
 # ---------------------------------------------------------------------- the decoding state
@@ -108,7 +108,7 @@ class Decoding:
 
 # ---------------------------------------------------------------------- token sources
 class Sampled:
-    """The product's token source: every row sampled on the device (engine.sampling.sample_rows,
+    """The product's token source: every row sampled on the device (engine.sampling.sample_and_logprobs,
     or a captured SampleGraph when the decode step hands one in); logprobs of the chosen ids."""
     forced = False
 
@@ -129,9 +129,9 @@ class Sampled:
         if graph is not None:
             chosen, lps = graph(logits, positions_dev)
             return chosen, lps.clone()                     # the graph's buffer is reused next step
-        chosen = sample_rows(logits, [self.requests[i].params for i in owners],
-                             [self.requests[i].seed for i in owners], positions, self.generator)
-        return chosen, chosen_logprobs(logits, chosen)
+        settings = row_settings([self.requests[i].params for i in owners], [self.requests[i].seed for i in owners],
+                                logits.device)
+        return sample_and_logprobs(logits, settings, host_to(logits.device, positions), self.generator)
 
 
 class Forced:

@@ -27,7 +27,7 @@ from collections import OrderedDict
 import torch
 
 from engine.kv_cache import KVCache
-from engine.sampling import chosen_logprobs, row_settings, sample_with
+from engine.sampling import row_settings, sample_and_logprobs
 
 KEPT_SAMPLERS = 4          # a group's composition changes as requests finish: keep the last few
 
@@ -90,9 +90,9 @@ class DecodeGraph(_Replayed):
 
 
 class SampleGraph(_Replayed):
-    """engine.sampling.sample_with and chosen_logprobs for one batch's RowSettings, captured
-    once on a GPU and replayed each step: ~200 small launches (the portable float64 log-softmax,
-    hash and Gumbel transform) become one. Same kernels, same arguments: the eager bits.
+    """engine.sampling.sample_and_logprobs for one batch's RowSettings, captured once on a GPU
+    and replayed each step (one fused sampling launch, plus the filter masks of rows that have
+    them). Same kernels, same arguments: the eager bits.
 
         sampler = SampleGraph(settings, rows=B, vocab=V, device=dev)
         tokens, logprobs = sampler(logits, positions)     # [B, V] fp32, [B] int64 -> [B], [B]
@@ -111,8 +111,7 @@ class SampleGraph(_Replayed):
         return self._replay(self.logits.device, self._sample)
 
     def _sample(self):
-        tokens = sample_with(self.logits, self.settings, self.positions)
-        return tokens, chosen_logprobs(self.logits, tokens)
+        return sample_and_logprobs(self.logits, self.settings, self.positions)
 
 
 class DecodeSteps:

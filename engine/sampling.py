@@ -261,6 +261,17 @@ def sample_fused(logits: torch.Tensor, settings: RowSettings, positions: torch.T
                                keep, None if keep is None else keep_idx)
 
 
+def sample_and_logprobs(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor,
+                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_with and the chosen logprobs of its tokens: -> (tokens [R] int64, logprobs [R] fp32).
+    On a GPU one kernels.sampling launch returns both where the fused kernel applies (the bits of
+    the two calls: tests/engine/test_sampling_fused.py), instead of a second pass over the rows."""
+    if settings.fused is not None and use_fused(logits.device):
+        return sample_fused(logits, settings, positions)
+    tokens = sample_with(logits, settings, positions, generator)
+    return tokens, chosen_logprobs(logits, tokens)
+
+
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int | None],
                 positions: list[int], generator: torch.Generator | None = None) -> torch.Tensor:
     """Row r of logits [R, V] (fp32) sampled as `sample(logits[r], params[r], seeds[r],
