@@ -10,6 +10,7 @@ does not.
 
     python bench/moe.py                 # gpt-oss-20b: H = I = 2880, 32 experts, top-4, fp32
     python bench/moe.py --only grouped --grouped-T 1 32 2048   # just the grouped table
+    python bench/moe.py --only grouped --block-m-T 256 2048    # + every block size at those batches
 Also prints router_top_k and clamped_swiglu alone against those baselines.
 On the CPU (Triton's interpreter) the defaults are a tiny shape, for a smoke test only.
 """
@@ -25,7 +26,7 @@ import torch  # noqa: E402
 from _util import DEVICE, ON_GPU, device_line, timed  # noqa: E402
 from engine.linear import k_chunk_bounds  # noqa: E402
 from engine.mxfp4 import dequantize  # noqa: E402
-from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_triton, expert_block_m,  # noqa: E402
+from kernels.moe import (EXPERT_BLOCK_M, EXPERT_BLOCK_SIZES, clamped_swiglu_triton, expert_block_m,  # noqa: E402
                          expert_down_partials_triton, expert_gate_up_triton, group_by_expert,
                          router_top_k_portable, router_top_k_triton)
 
@@ -146,11 +147,47 @@ def grouped_table(args):
     return ok
 
 
+def block_m_table(args):
+    """Each grouped kernel at every block size of EXPERT_BLOCK_SIZES (bf16 dense; MXFP4 with the
+    fast decode), batches --block-m-T: ms per call and the ratio to 16 rows a block, to check the
+    thresholds of expert_block_m (its pick is marked *)."""
+    H, I, E, k = args.H, args.I, args.E, args.k
+    bf16 = torch.bfloat16
+    g = torch.Generator(DEVICE).manual_seed(2)
+    mx = {"gate_up": (torch.randint(0, 256, (E, 2 * I, H // 32, 16), generator=g, dtype=torch.uint8, device=DEVICE),
+                      torch.randint(119, 124, (E, 2 * I, H // 32), generator=g, dtype=torch.uint8, device=DEVICE)),
+          "down": (torch.randint(0, 256, (E, H, I // 32, 16), generator=g, dtype=torch.uint8, device=DEVICE),
+                   torch.randint(119, 124, (E, H, I // 32), generator=g, dtype=torch.uint8, device=DEVICE))}
+    dense = {op: dequantize(*w, dtype=bf16) for op, w in mx.items()}
+    gu_b = torch.randn(E, 2 * I, generator=g, device=DEVICE).to(bf16)
+    bounds = k_chunk_bounds(I)
+    print(f"grouped experts by block size (ms per call; x16 = time / time at 16 rows; * = expert_block_m's pick)")
+    print(f"{'op':<9}{'T':>6}{'rows/expert':>12}" + "".join(f"{f'bf16 {b}':>10}{'x16':>6}" for b in EXPERT_BLOCK_SIZES)
+          + "".join(f"{f'mxfp4 {b}':>11}{'x16':>6}" for b in EXPERT_BLOCK_SIZES))
+    for T in args.block_m_T:
+        x = torch.randn(T, H, generator=g, device=DEVICE).to(bf16)
+        _, ids = router_top_k_portable(torch.randn(T, E, generator=g, device=DEVICE), k)
+        groups = {b: group_by_expert(ids.reshape(-1), 0, E, b) for b in EXPERT_BLOCK_SIZES}
+        a = clamped_swiglu_triton(expert_gate_up_triton(x, k, groups[16], dense["gate_up"], gu_b))
+        run = {"gate_up": lambda w, b: expert_gate_up_triton(x, k, groups[b], w, gu_b),
+               "down": lambda w, b: expert_down_partials_triton(a, groups[b], w, bounds)}
+        for op in ("gate_up", "down"):
+            cells = []
+            for w, mxfp4 in ((dense[op], False), (mx[op], True)):
+                t = {b: timed(lambda: run[op](w, b)) for b in EXPERT_BLOCK_SIZES}
+                pick = expert_block_m(T * k, E, bf16, mxfp4)
+                cells += [f"{t[b] * 1e3:>{10 if not mxfp4 else 11}.3f}{t[b] / t[16]:>5.2f}{'*' if b == pick else ' '}"
+                          for b in EXPERT_BLOCK_SIZES]
+            print(f"{op:<9}{T:>6}{T * k / E:>12.1f}" + "".join(cells))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, nargs="+", default=[1, 8, 64] if ON_GPU else [1, 2])
     ap.add_argument("--grouped-T", type=int, nargs="+", default=[1, 32],
                     help="batches of the grouped MXFP4 vs bf16 table")
+    ap.add_argument("--block-m-T", type=int, nargs="*", default=[],
+                    help="also time the grouped kernels at every block size for these batches")
     ap.add_argument("--H", type=int, default=2880 if ON_GPU else 128)
     ap.add_argument("--I", type=int, default=2880 if ON_GPU else 128)
     ap.add_argument("--E", type=int, default=32 if ON_GPU else 4)
@@ -162,7 +199,10 @@ def main():
     if args.only != "grouped":
         print(f"Triton vs torch reference, {args.dtype}")
         reference_table(args)
-    if args.only != "reference" and not grouped_table(args):
+    ok = args.only == "reference" or grouped_table(args)
+    if args.block_m_T:
+        block_m_table(args)
+    if not ok:
         sys.exit(3)
 
 

@@ -9,8 +9,9 @@
 #            specs whose prompts take 64- and 128-row blocks at bf16) on the triton backend, both
 #            dtypes: every one must pass unchanged.
 #   3. FIGURES  bench/moe.py's grouped table (16 rows a block against the engine's choice, in one
-#            process, with its own bit columns: exit 3 on a difference), then bench/e2e.py's decode
-#            and prefill 2048 for bf16 and MXFP4 experts.
+#            process, with its own bit columns: exit 3 on a difference; then every size at 256 and
+#            2048 tokens, to check the thresholds), then bench/e2e.py's decode and prefill 2048 for
+#            bf16 and MXFP4 experts.
 #
 # Exit 1 when a bit check fails (step 1, 2 or bench/moe.py's bit columns); figures that run out of
 # time print "TIMED OUT" and do not fail the script. If only the MXFP4 cases of step 1 fail ("mxfp4
@@ -44,8 +45,8 @@ tail -3 /tmp/device_tiles_check.log
 if [ "$rc" -eq 124 ]; then echo "GOLDENS: TIMED OUT (rows above are those reached)"; status=1
 elif [ "$rc" -ne 0 ]; then echo "GOLDENS: FAILED (exit $rc)"; status=1; else echo "GOLDENS: PASS"; fi
 
-step "3a. FIGURES: python3 bench/moe.py --only grouped --grouped-T 1 32 2048"
-timeout 40 python3 bench/moe.py --only grouped --grouped-T 1 32 2048
+step "3a. FIGURES: python3 bench/moe.py --only grouped --grouped-T 1 32 2048 --block-m-T 256 2048"
+timeout 50 python3 bench/moe.py --only grouped --grouped-T 1 32 2048 --block-m-T 256 2048
 rc=$?
 if [ "$rc" -eq 3 ]; then echo "bench/moe.py: BITS DIFFER between block sizes"; status=1
 elif [ "$rc" -eq 124 ]; then echo "bench/moe.py: TIMED OUT"; elif [ "$rc" -ne 0 ]; then echo "bench/moe.py: exit $rc"; fi

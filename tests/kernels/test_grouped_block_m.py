@@ -127,7 +127,8 @@ CASES = [("dense", True, BF16), ("dense", True, torch.float32), ("mxfp4", True, 
          ("mxfp4", True, torch.float32)]
 
 
-@pytest.mark.parametrize("kind, fast, dtype", CASES)
+@pytest.mark.parametrize("kind, fast, dtype", CASES,
+                         ids=[f"{k}-{'fast' if f else 'exact'}-{str(d)[6:]}" for k, f, d in CASES])
 def test_every_block_size_gives_the_same_bits(kind, fast, dtype):
     """70 tokens x 2 slots over 4 experts: 35 rows an expert, so 16- and 32-row blocks hold several
     per expert and end mid-block, 64 and 128 one partial block; I = 96: 12-column down chunks.
@@ -138,7 +139,8 @@ def test_every_block_size_gives_the_same_bits(kind, fast, dtype):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels at the 20b shapes need a GPU")
-@pytest.mark.parametrize("kind, fast", [("dense", True), ("mxfp4", True), ("mxfp4", False)])
+@pytest.mark.parametrize("kind, fast", [("dense", True), ("mxfp4", True), ("mxfp4", False)],
+                         ids=["dense", "mxfp4-fast", "mxfp4-exact"])
 def test_every_block_size_gives_the_same_bits_at_20b_shapes(kind, fast):
     """The engine's bf16 tiles at gpt-oss-20b's H = I = 2880, 600 tokens x 4 slots over 8 experts
     (300 rows an expert: whole and partial blocks at every size)."""
@@ -172,8 +174,9 @@ def test_experts_grouped_takes_the_policys_size_with_the_same_bits(kind, follows
 @pytest.mark.parametrize("kind", ["dense", "mxfp4"])
 def test_a_token_alone_has_its_bits_in_a_prefill_sized_batch(kind, follows):
     """D2 through the policy: each token alone (blocks of 16) against the same token at every
-    position of batches that take blocks of 32 and 64 (bf16; 6 experts, top-3)."""
-    E, H, I, k = 6, 64, 64, 3
+    position of batches that take blocks of 32 and 64 (bf16; 6 experts, top-3; H = 160: gate_up's
+    K loop takes two steps of the interpreter's 128, and a tail)."""
+    E, H, I, k = 6, 160, 64, 3
     weights = _weights(kind, E, H, I, BF16, seed=41)
     pool, pool_ids = tokens(8, H, k, E, BF16, seed=42)
     pool = pool / 64
