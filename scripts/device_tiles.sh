@@ -6,8 +6,9 @@
 #            SwiGLU at every block size (16, 32, 64, 128) give the bits of 16, bf16 dense and MXFP4
 #            packed (fast decode on and off), small shapes and the 20b shapes; the policy and D2.
 #   2. GOLDENS  the CUDA goldens of the grouped experts, MXFP4 and generate (plus the two prefix-cache
-#            specs whose prompts take 64- and 128-row blocks at bf16) on the triton backend, both
-#            dtypes: every one must pass unchanged.
+#            specs whose one-shot prefills take 32-row blocks at bf16) on the triton backend, both
+#            dtypes: every one must pass unchanged (generate/long-prompt-window's 260-token prefill
+#            takes 128-row blocks at bf16, its 64-token chunks 32, and must equal them bitwise).
 #   3. FIGURES  bench/moe.py's grouped table (16 rows a block against the engine's choice, in one
 #            process, with its own bit columns: exit 3 on a difference; then every size at 256 and
 #            2048 tokens, to check the thresholds), then bench/e2e.py's decode and prefill 2048 for
