@@ -12,7 +12,9 @@
 #   3. FIGURES  bench/moe.py's grouped table (16 rows a block against the engine's choice, in one
 #            process, with its own bit columns: exit 3 on a difference; then every size at 256 and
 #            2048 tokens, to check the thresholds), then bench/e2e.py's decode and prefill 2048 for
-#            bf16 and MXFP4 experts.
+#            bf16 and MXFP4 experts; last, if time is left, bench/linear_tiles.py at M = 2048 (qkv and
+#            an o_proj chunk): would 128-row tiles help the dense projections, with the same bits?
+#            (information only: the dense linear's tiles are not changed).
 #
 # Exit 1 when a bit check fails (step 1, 2 or bench/moe.py's bit columns); figures that run out of
 # time print "TIMED OUT" and do not fail the script. If only the MXFP4 cases of step 1 fail ("mxfp4
@@ -52,8 +54,8 @@ rc=$?
 if [ "$rc" -eq 3 ]; then echo "bench/moe.py: BITS DIFFER between block sizes"; status=1
 elif [ "$rc" -eq 124 ]; then echo "bench/moe.py: TIMED OUT"; elif [ "$rc" -ne 0 ]; then echo "bench/moe.py: exit $rc"; fi
 
-left=$((235 - (SECONDS - start)))
-step "3b. FIGURES: bench/e2e.py (${left} s left)"
+left=$((205 - (SECONDS - start)))          # 30 s kept for 3c
+step "3b. FIGURES: bench/e2e.py (${left} s for it)"
 if [ "$left" -gt 20 ]; then
   timeout "$left" python3 bench/e2e.py --dtype bf16,mxfp4 --modes deterministic --batches 1,32 --prefill 2048 \
     --new-tokens 0 --repeat 5 --no-hf
@@ -62,6 +64,15 @@ if [ "$left" -gt 20 ]; then
   [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && echo "bench/e2e.py: exit $rc"
 else
   echo "bench/e2e.py: not run (no time left)"
+fi
+
+left=$((236 - (SECONDS - start)))
+step "3c. FIGURES (linear tiles at prefill, bits across BLOCK_M 64/128; the first row is the tiles in use): ${left} s"
+if [ "$left" -gt 15 ]; then
+  timeout "$left" python3 bench/linear_tiles.py --M 2048 --shapes qkv "o_proj chunk" --block-m 64 128 \
+    --block-n 32 64 128 --block-k 64 --stages 3 --warps 4 8 --top 12 || echo "bench/linear_tiles.py: exit $? (124: timed out)"
+else
+  echo "bench/linear_tiles.py: not run (no time left)"
 fi
 
 step "done: $([ $status -eq 0 ] && echo 'every bit check PASSED' || echo 'a bit check FAILED')"
