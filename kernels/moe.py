@@ -80,8 +80,10 @@ def expert_block_m(rows: int, n_local: int, dtype: torch.dtype, mxfp4: bool = Fa
     A block reads its expert's weights (and decodes its MXFP4 tiles) once, so larger blocks read
     them fewer times: a 20b prefill of 2048 tokens has 256 rows an expert, where the sweep's best
     128-row tiles took 0.30x (gate_up) and 0.55x (down) of the 16-row time; a decode step (at most
-    a few rows an expert) keeps 16, the fastest there. float32 runs tl.dot as FMA chains (no tensor cores), where larger blocks only
-    spill registers (sm_90 compile of gate_up at 128 rows: 16 KB of stack), so it keeps 16."""
+    a few rows an expert) keeps 16, the fastest there. On an expert-parallel rank `rows` counts
+    every row of the launch, the other ranks' too: an over-estimate that costs only speed.
+    float32 runs tl.dot as FMA chains (no tensor cores), where larger blocks only spill registers
+    (an sm_90 compile of gate_up at 128 rows under Triton 3.9: 16 KB of stack), so it keeps 16."""
     if dtype == torch.float32 or not EXPERT_BLOCK_FOLLOWS_ROWS:
         return EXPERT_BLOCK_M
     per_expert = rows // max(n_local, 1)
