@@ -150,7 +150,9 @@ def grouped_table(args):
 def block_m_table(args):
     """Each grouped kernel at every block size of EXPERT_BLOCK_SIZES (bf16 dense; MXFP4 with the
     fast decode), batches --block-m-T: ms per call and the ratio to 16 rows a block, to check the
-    thresholds of expert_block_m (its pick is marked *)."""
+    thresholds of expert_block_m (its pick is marked *). In the interpreter up to 64 rows (its
+    largest tensor)."""
+    sizes = EXPERT_BLOCK_SIZES if ON_GPU else EXPERT_BLOCK_SIZES[:3]
     H, I, E, k = args.H, args.I, args.E, args.k
     bf16 = torch.bfloat16
     g = torch.Generator(DEVICE).manual_seed(2)
@@ -162,22 +164,22 @@ def block_m_table(args):
     gu_b = torch.randn(E, 2 * I, generator=g, device=DEVICE).to(bf16)
     bounds = k_chunk_bounds(I)
     print(f"grouped experts by block size (ms per call; x16 = time / time at 16 rows; * = expert_block_m's pick)")
-    print(f"{'op':<9}{'T':>6}{'rows/expert':>12}" + "".join(f"{f'bf16 {b}':>10}{'x16':>6}" for b in EXPERT_BLOCK_SIZES)
-          + "".join(f"{f'mxfp4 {b}':>11}{'x16':>6}" for b in EXPERT_BLOCK_SIZES))
+    print(f"{'op':<9}{'T':>6}{'rows/expert':>12}" + "".join(f"{f'bf16 {b}':>10}{'x16':>6}" for b in sizes)
+          + "".join(f"{f'mxfp4 {b}':>11}{'x16':>6}" for b in sizes))
     for T in args.block_m_T:
         x = torch.randn(T, H, generator=g, device=DEVICE).to(bf16)
         _, ids = router_top_k_portable(torch.randn(T, E, generator=g, device=DEVICE), k)
-        groups = {b: group_by_expert(ids.reshape(-1), 0, E, b) for b in EXPERT_BLOCK_SIZES}
+        groups = {b: group_by_expert(ids.reshape(-1), 0, E, b) for b in sizes}
         a = clamped_swiglu_triton(expert_gate_up_triton(x, k, groups[16], dense["gate_up"], gu_b))
         run = {"gate_up": lambda w, b: expert_gate_up_triton(x, k, groups[b], w, gu_b),
                "down": lambda w, b: expert_down_partials_triton(a, groups[b], w, bounds)}
         for op in ("gate_up", "down"):
             cells = []
             for w, mxfp4 in ((dense[op], False), (mx[op], True)):
-                t = {b: timed(lambda: run[op](w, b)) for b in EXPERT_BLOCK_SIZES}
+                t = {b: timed(lambda: run[op](w, b)) for b in sizes}
                 pick = expert_block_m(T * k, E, bf16, mxfp4)
                 cells += [f"{t[b] * 1e3:>{10 if not mxfp4 else 11}.3f}{t[b] / t[16]:>5.2f}{'*' if b == pick else ' '}"
-                          for b in EXPERT_BLOCK_SIZES]
+                          for b in sizes]
             print(f"{op:<9}{T:>6}{T * k / E:>12.1f}" + "".join(cells))
 
 
