@@ -150,7 +150,8 @@ def grouped_table(args):
 def block_m_table(args):
     """Each grouped kernel at every block size of EXPERT_BLOCK_SIZES (bf16 dense; MXFP4 with the
     fast decode), batches --block-m-T: ms per call and the ratio to 16 rows a block, to check the
-    thresholds of expert_block_m (its pick is marked *). In the interpreter up to 64 rows (its
+    thresholds of expert_block_m (its pick is marked *); "!" marks a size whose output bits differ
+    from 16's (MXFP4 above MXFP4_MAX_BLOCK_M is timed and marked, never picked). In the interpreter up to 64 rows (its
     largest tensor)."""
     sizes = EXPERT_BLOCK_SIZES if ON_GPU else EXPERT_BLOCK_SIZES[:3]
     H, I, E, k = args.H, args.I, args.E, args.k
@@ -177,9 +178,12 @@ def block_m_table(args):
             cells = []
             for w, mxfp4 in ((dense[op], False), (mx[op], True)):
                 t = {b: timed(lambda: run[op](w, b)) for b in sizes}
+                out = {b: run[op](w, b) for b in sizes}
+                same = {b: torch.equal(out[b].view(torch.int16 if op == "gate_up" else torch.int32),
+                                       out[16].view(torch.int16 if op == "gate_up" else torch.int32)) for b in sizes}
                 pick = expert_block_m(T * k, E, bf16, mxfp4)
-                cells += [f"{t[b] * 1e3:>{10 if not mxfp4 else 11}.3f}{t[b] / t[16]:>5.2f}{'*' if b == pick else ' '}"
-                          for b in sizes]
+                cells += [f"{t[b] * 1e3:>{9 if not mxfp4 else 10}.3f}{'' if same[b] else '!':1}{t[b] / t[16]:>5.2f}"
+                          f"{'*' if b == pick else ' '}" for b in sizes]
             print(f"{op:<9}{T:>6}{T * k / E:>12.1f}" + "".join(cells))
 
 

@@ -55,10 +55,15 @@ EXPERT_BLOCK_SIZES = (16, 32, 64, 128)
 # Compiled only: the interpreter's tile product [BLOCK_M, BLOCK_N, BLOCK_K] = [128, 128, 128] is
 # past Triton's largest tensor (2^20 elements), and numpy gains nothing from fewer weight reads.
 EXPERT_BLOCK_FOLLOWS_ROWS = not INTERPRET
-# The largest block MXFP4 packed weights may take (the packed path is its own recorded reduction on
-# the GPU, docs/benchmarks.md): lower it to the largest size whose bits tests/kernels/
-# test_grouped_block_m.py finds equal to 16's on the device (16: MXFP4 never follows the rows).
-MXFP4_MAX_BLOCK_M = 128
+# The largest block MXFP4 packed weights take. Their recorded bits are those of sm_90's mma.sync
+# with the weight decoded in registers, where Triton feeds both operands in kWidth = 4 (k permuted
+# within each 16-wide MMA step; dense tiles are loaded with kWidth = 2, hence the ulp differences
+# between the two, docs/benchmarks.md). BLOCK_M 16 and 32 compile to that same mma.sync layout;
+# from 64 Triton takes wgmma with both operands in shared memory (sm_90 TTGIR under Triton 3.9),
+# a different order within a step, so 64 and 128 would very likely move MXFP4 bits: 32 is the cap.
+# bench/moe.py --block-m-T marks each size whose bits differ from 16's; raising the cap puts the
+# new sizes under tests/kernels/test_grouped_block_m.py (16: MXFP4 keeps 16 rows a block).
+MXFP4_MAX_BLOCK_M = 32
 # GPU tiles (BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped expert kernels, by kernel:
 # chosen with bench/expert_tiles.py on an H200 (20b shapes, bf16) as the fastest for decode at
 # batch 1 and 32 with BLOCK_M = 16 (about 10 % and 15 % less time than the linear table's tiles).
@@ -69,14 +74,15 @@ EXPERT_GPU_TILES = {"gate_up": (64, 128, 4, 3), "down": (64, 64, 4, 3)}
 def expert_block_m(rows: int, n_local: int, dtype: torch.dtype, mxfp4: bool = False) -> int:
     """Rows per block of a grouped expert launch of `rows` (token, slot) rows over n_local experts,
     `dtype` activations, MXFP4 packed weights or not: the largest of EXPERT_BLOCK_SIZES that the
-    average expert fills (rows / n_local), at least EXPERT_BLOCK_M; always EXPERT_BLOCK_M in float32
-    and in the interpreter (EXPERT_BLOCK_FOLLOWS_ROWS).
+    average expert fills (rows / n_local), at least EXPERT_BLOCK_M, MXFP4 at most MXFP4_MAX_BLOCK_M;
+    always EXPERT_BLOCK_M in float32 and in the interpreter (EXPERT_BLOCK_FOLLOWS_ROWS).
 
     It may follow the rows because no output bit depends on it: each element is reduced over its
     chunk in BLOCK_K steps, first to last, whatever BLOCK_M is (in the interpreter an elementwise
-    product and sum per row; compiled, the tl.dot K loop: an H200 sweep of 60 tiles, BLOCK_M 16-128,
-    gave one set of bits, and tests/kernels/test_grouped_block_m.py pins every size here, dense and
-    MXFP4, on the GPU). So a row's bits still never depend on the rows sharing its launch (D2).
+    product and sum per row; compiled, the tl.dot K loop: an H200 sweep of 60 bf16 dense tiles,
+    BLOCK_M 16-128, gave one set of bits, and tests/kernels/test_grouped_block_m.py pins every size here, dense and
+    MXFP4 up to MXFP4_MAX_BLOCK_M, on the GPU). So a row's bits still never depend on the rows
+    sharing its launch (D2).
     A block reads its expert's weights (and decodes its MXFP4 tiles) once, so larger blocks read
     them fewer times: a 20b prefill of 2048 tokens has 256 rows an expert, where the sweep's best
     128-row tiles took 0.30x (gate_up) and 0.55x (down) of the 16-row time; a decode step (at most
