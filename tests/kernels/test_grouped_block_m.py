@@ -1,6 +1,6 @@
 """The grouped expert kernels' rows per block (kernels.moe expert_block_m): the block size follows
-the launch's rows, so it must move no bit. Every size the policy can pick (EXPERT_BLOCK_SIZES)
-gives the bits of EXPERT_BLOCK_M = 16 (the size every golden was recorded with) for gate_up, the
+the launch's rows, so it must move no bit. Every size the policy can pick (EXPERT_BLOCK_SIZES;
+MXFP4 up to MXFP4_MAX_BLOCK_M) gives the bits of EXPERT_BLOCK_M = 16 (the size every golden was recorded with) for gate_up, the
 down partials and the down kernel with the SwiGLU fused in its loads: bf16 dense and MXFP4 packed
 weights, the fast decode on and off. In Triton's interpreter (the CPU) at small shapes; compiled
 on a GPU at the 20b shapes (H = I = 2880: gate_up's K tail, down's 8 fixed chunks of 360 starting
