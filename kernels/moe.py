@@ -16,8 +16,8 @@ Grouped experts (the engine's MoE on the Triton backend; one launch per op, no h
         block_m; P = (cdiv(R, block_m) + n_local) * block_m depends on R and n_local only.
     expert_block_m(R, n_local, dtype, mxfp4) -> block_m
         the rows per block the engine groups with: compiled, 16 for a decode step, up to 128 for
-        a prefill (rows / n_local); 16 in float32 and in the interpreter. The kernels read
-        block_m off the groups' shapes.
+        a prefill (rows / n_local; MXFP4 up to 32); 16 in float32 and in the interpreter. The
+        kernels read block_m off the groups' shapes.
     expert_gate_up_triton(x [T, H], k, groups, weight, bias [E_l, 2I]) -> h [R = T * k, 2I]
         h[r] = x[r // k] @ W[flat_ids[r]]^T + b, in x's dtype; rows of non-local experts stay 0.
     expert_down_partials_triton(a [R, I] | h [R, 2I], groups, weight, bounds, prologue_swiglu)
@@ -31,8 +31,9 @@ kernels/matmul.py `_chunk_acc`: every element reduced over its chunk (gate_up: a
 in BLOCK_K steps first to last. A row's bits therefore depend only on its own input row, its
 expert's weights and the chunk bounds: not on which other rows, experts or batch size share the
 launch, nor on its place in its block, nor on block_m (so block_m may follow the launch's rows:
-expert_block_m; tests/kernels/test_grouped_block_m.py holds every size to the same bits). They equal linear_triton on the row's expert (gate_up)
-and on the chunk's fresh copy (down), the per-expert path the engine used before.
+expert_block_m; tests/kernels/test_grouped_block_m.py holds every size to the same bits). They
+equal linear_triton on the row's expert (gate_up) and on the chunk's fresh copy (down), the
+per-expert path the engine used before.
 """
 
 from __future__ import annotations
@@ -80,9 +81,9 @@ def expert_block_m(rows: int, n_local: int, dtype: torch.dtype, mxfp4: bool = Fa
     It may follow the rows because no output bit depends on it: each element is reduced over its
     chunk in BLOCK_K steps, first to last, whatever BLOCK_M is (in the interpreter an elementwise
     product and sum per row; compiled, the tl.dot K loop: an H200 sweep of 60 bf16 dense tiles,
-    BLOCK_M 16-128, gave one set of bits, and tests/kernels/test_grouped_block_m.py pins every size here, dense and
-    MXFP4 up to MXFP4_MAX_BLOCK_M, on the GPU). So a row's bits still never depend on the rows
-    sharing its launch (D2).
+    BLOCK_M 16-128, gave one set of bits, and tests/kernels/test_grouped_block_m.py pins every
+    size here, dense and MXFP4 up to MXFP4_MAX_BLOCK_M, on the GPU). So a row's bits still never
+    depend on the rows sharing its launch (D2).
     A block reads its expert's weights (and decodes its MXFP4 tiles) once, so larger blocks read
     them fewer times: a 20b prefill of 2048 tokens has 256 rows an expert, where the sweep's best
     128-row tiles took 0.30x (gate_up) and 0.55x (down) of the 16-row time; a decode step (at most

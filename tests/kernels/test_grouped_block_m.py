@@ -1,12 +1,13 @@
 """The grouped expert kernels' rows per block (kernels.moe expert_block_m): the block size follows
 the launch's rows, so it must move no bit. Every size the policy can pick (EXPERT_BLOCK_SIZES;
-MXFP4 up to MXFP4_MAX_BLOCK_M) gives the bits of EXPERT_BLOCK_M = 16 (the size every golden was recorded with) for gate_up, the
-down partials and the down kernel with the SwiGLU fused in its loads: bf16 dense and MXFP4 packed
-weights, the fast decode on and off. In Triton's interpreter (the CPU) at small shapes; compiled
-on a GPU at the 20b shapes (H = I = 2880: gate_up's K tail, down's 8 fixed chunks of 360 starting
-mid scale group), where BLOCK_M 16 and 32 run mma.sync and 64 and 128 run wgmma on an H200
-(sm_90 PTX under Triton 3.9). Then the engine: experts_grouped takes the policy's size, and a token alone has the bits
-it has inside a prefill-sized batch that takes larger blocks (D2)."""
+MXFP4 up to MXFP4_MAX_BLOCK_M) gives the bits of EXPERT_BLOCK_M = 16 (the size every golden was
+recorded with) for gate_up, the down partials and the down kernel with the SwiGLU fused in its
+loads: bf16 dense and MXFP4 packed weights, the fast decode on and off. In Triton's interpreter
+(the CPU) at small shapes; compiled on a GPU at the 20b shapes (H = I = 2880: gate_up's K tail,
+down's 8 fixed chunks of 360 starting mid scale group), where BLOCK_M 16 and 32 run mma.sync and
+64 and 128 run wgmma on an H200 (sm_90 TTGIR under Triton 3.9). Then the engine: experts_grouped
+takes the policy's size, and a token alone has the bits it has inside a prefill-sized batch that
+takes larger blocks (D2)."""
 
 import pytest
 import torch
