@@ -60,7 +60,7 @@ if [ "$check_rc" -eq 124 ]; then echo "GOLDENS: TIMED OUT (rows above are those 
 elif [ "$check_rc" -ne 0 ]; then echo "GOLDENS: FAILED (exit $check_rc)"; status=1; else echo "GOLDENS: PASS"; fi
 
 step "3a. FIGURES: python3 bench/moe.py --only grouped --grouped-T 1 32 2048 --block-m-T 256 2048"
-timeout 45 python3 bench/moe.py --only grouped --grouped-T 1 32 2048 --block-m-T 256 2048
+timeout 60 python3 bench/moe.py --only grouped --grouped-T 1 32 2048 --block-m-T 256 2048
 rc=$?
 if [ "$rc" -eq 3 ]; then echo "bench/moe.py: BITS DIFFER between block sizes"; status=1
 elif [ "$rc" -eq 124 ]; then echo "bench/moe.py: TIMED OUT"; elif [ "$rc" -ne 0 ]; then echo "bench/moe.py: exit $rc"; fi
