@@ -39,14 +39,17 @@ python3 -c 'import torch, triton; print(torch.cuda.get_device_name(), "torch", t
 # figures after them run alone.
 xdist=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 4" || echo "")
 step "1+2. BITS (tests/kernels/test_grouped_block_m.py compiled ${xdist}) and GOLDENS (harness check) side by side"
-timeout 130 python3 -m pytest -q -rA -o addopts="" -p no:cacheprovider $xdist tests/kernels/test_grouped_block_m.py \
-  > /tmp/device_tiles_bits.log 2>&1 &
+# Each in its own session (setsid: its pid is the process group), so that a timeout also ends its
+# worker processes (pytest-xdist, check -j) instead of leaving them on the GPU during the figures.
+setsid timeout 130 python3 -m pytest -q -rA -o addopts="" -p no:cacheprovider $xdist \
+  tests/kernels/test_grouped_block_m.py > /tmp/device_tiles_bits.log 2>&1 &
 bits_pid=$!
-timeout 130 python3 -m harness check --device cuda -j 8 --backend triton 'kernels/experts*' 'mxfp4/*' 'generate/*' \
-  'prefix-cache/seeded-unchunked' 'prefix-cache/tile-block-chunk-splits' > /tmp/device_tiles_check.log 2>&1 &
+setsid timeout 130 python3 -m harness check --device cuda -j 8 --backend triton 'kernels/experts*' 'mxfp4/*' \
+  'generate/*' 'prefix-cache/seeded-unchunked' 'prefix-cache/tile-block-chunk-splits' > /tmp/device_tiles_check.log 2>&1 &
 check_pid=$!
 wait $bits_pid; bits_rc=$?
 wait $check_pid; check_rc=$?
+kill -KILL -- -"$bits_pid" -"$check_pid" 2>/dev/null   # what is left of either group (nothing, normally)
 
 step "1. BITS: every block size gives 16's bits (compiled)"
 grep -E '^(PASSED|FAILED|SKIPPED|ERROR)|passed|failed|block_m [0-9]+ !=|Error' /tmp/device_tiles_bits.log | tail -40
