@@ -5,12 +5,13 @@
 For the experts of one 20b MoE layer (32 experts, top-4, H = I = 2880; down in the engine's 8
 fixed K chunks of 360) and each candidate (BLOCK_M rows per expert block, BLOCK_N, BLOCK_K,
 warps, stages; for down also one program per chunk or one looping over the chunks), prints the
-time per call, the ratio against the tiles in use now (kernels.moe.EXPERT_BLOCK_M and
-kernels/matmul.py's GPU table), the ratio against cuBLAS (F.linear on each routed expert's rows,
+time per call, the ratio against the tiles in use now (kernels.moe.expert_block_m's rows per
+block for the batch, and kernels.moe.EXPERT_GPU_TILES), the ratio against cuBLAS (F.linear on each routed expert's rows,
 in the same process), the bandwidth over the routed experts' weight bytes, and whether the output
 bits equal those of the tiles in use (the reduction order must not depend on the tiles: a
-candidate with other bits cannot be chosen). Used to choose the expert tiles, which may depend on
-the weight's shape and dtype only, never on the number of rows.
+candidate with other bits cannot be chosen). Used to choose the expert tiles: BLOCK_N, BLOCK_K,
+warps and stages by the weight's shape and dtype only; BLOCK_M follows the rows per expert
+(expert_block_m), since no bit depends on it.
 """
 
 import argparse
@@ -107,15 +108,16 @@ def main():
         a = torch.randn(T * TOP_K, I, generator=g, device="cuda").to(dt)
         routed = ids.unique().numel()
         groups = {bm: moe.group_by_expert(ids.reshape(-1), 0, E, bm) for bm in (16, 32, 64, 128)}
+        bm = moe.expert_block_m(T * TOP_K, E, dt)                      # the engine's rows per block
         bn, bk, warps, stages = moe.expert_tiles("gate_up", 2 * I, H, dt)
         sweep(f"gate_up T={T} ({routed} experts routed)",
-              lambda c: gate_up(x, groups[c[0]], gu_w, gu_b, c), (moe.EXPERT_BLOCK_M, bn, bk, warps, stages),
+              lambda c: gate_up(x, groups[c[0]], gu_w, gu_b, c), (bm, bn, bk, warps, stages),
               CANDIDATES, routed * gu_w[0].numel() * gu_w.element_size(),
               timed(lambda: cublas(x, ids, gu_w, gu_b)), args.top)
         bn, bk, warps, stages = moe.expert_tiles("down", H, I, dt)
         sweep(f"down T={T} (8 chunks of {I // 8})",
               lambda c: down(a, groups[c[0]], dn_w, bounds, c),
-              (moe.EXPERT_BLOCK_M, bn, bk, warps, stages, False),   # the engine's: chunk_loop off
+              (bm, bn, bk, warps, stages, False),   # the engine's: chunk_loop off
               [c + (loop,) for c in CANDIDATES for loop in (False, True)],
               routed * dn_w[0].numel() * dn_w.element_size(),
               timed(lambda: cublas(a, ids, dn_w, None)), args.top)

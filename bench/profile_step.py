@@ -6,8 +6,9 @@ total time (GPU only).
 
 Builds bench/e2e.py's random weights, prefills a 128-token context per request, then records
 one decode step with torch.profiler and prints the top kernels and the launch count. With
---prefill P it records one P-token prefill into an empty cache instead. --expert-block-m
-overrides kernels.moe.EXPERT_BLOCK_M (the rows per grouped expert block) to compare block sizes.
+--prefill P it records one P-token prefill into an empty cache instead. --expert-block-m fixes
+the rows per grouped expert block (else kernels.moe.expert_block_m picks them from the launch's
+rows) to compare block sizes.
 Used to find what to fuse next; the figures that count are bench/e2e.py's.
 """
 
@@ -30,11 +31,11 @@ def main():
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--prefill", type=int, default=0, help="profile a prefill of this many tokens instead")
-    ap.add_argument("--expert-block-m", type=int, default=0, help="override kernels.moe.EXPERT_BLOCK_M")
+    ap.add_argument("--expert-block-m", type=int, default=0, help="fix the grouped experts' rows per block")
     args = ap.parse_args()
     if args.expert_block_m:
-        import kernels.moe
-        kernels.moe.EXPERT_BLOCK_M = args.expert_block_m
+        import engine.experts
+        engine.experts.expert_block_m = lambda *_, **__: args.expert_block_m
     config = e2e.preset(e2e.SHAPES.get(args.shape, args.shape))
     floats, packed = e2e.random_weights(config, "cuda")
     weights = floats | (e2e.dense_experts(packed) if args.dtype == "bf16" else packed)

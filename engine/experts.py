@@ -38,7 +38,7 @@ import torch
 from engine.mxfp4 import Mxfp4Weight
 from kernels import portable
 from kernels.matmul import linear_chunks_portable, linear_portable
-from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_portable, clamped_swiglu_triton, expert_down_partials_triton,
+from kernels.moe import (clamped_swiglu_portable, clamped_swiglu_triton, expert_block_m, expert_down_partials_triton,
                          expert_gate_up_triton, group_by_expert)
 
 
@@ -51,7 +51,8 @@ def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
     CUDA goldens unchanged with it on."""
     k = top_ids.shape[1]
     bounds = list(bounds)
-    groups = group_by_expert(top_ids.reshape(-1), expert_lo, n_local, EXPERT_BLOCK_M)   # on the device
+    block_m = expert_block_m(top_ids.numel(), n_local, x.dtype, mxfp4=isinstance(gate_up_w, tuple))   # shapes only
+    groups = group_by_expert(top_ids.reshape(-1), expert_lo, n_local, block_m)            # on the device
     h = expert_gate_up_triton(x, k, groups, gate_up_w, gate_up_b)                     # [T * k, 2I']
     if fused_swiglu:
         return expert_down_partials_triton(h, groups, down_w, bounds, prologue_swiglu=(alpha, limit))

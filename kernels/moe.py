@@ -14,6 +14,10 @@ Grouped experts (the engine's MoE on the Triton backend; one launch per op, no h
         -> sorted_rows [P] int64 (-1 = padding), block_expert [P / block_m] int64 (-1 = unused)
         each local expert's (token, slot) rows in increasing order, padded to whole blocks of
         block_m; P = (cdiv(R, block_m) + n_local) * block_m depends on R and n_local only.
+    expert_block_m(R, n_local, dtype, mxfp4) -> block_m
+        the rows per block the engine groups with: compiled, 16 for a decode step, up to 128 for
+        a prefill (rows / n_local; MXFP4 up to 32); 16 in float32 and in the interpreter. The
+        kernels read block_m off the groups' shapes.
     expert_gate_up_triton(x [T, H], k, groups, weight, bias [E_l, 2I]) -> h [R = T * k, 2I]
         h[r] = x[r // k] @ W[flat_ids[r]]^T + b, in x's dtype; rows of non-local experts stay 0.
     expert_down_partials_triton(a [R, I] | h [R, 2I], groups, weight, bounds, prologue_swiglu)
@@ -26,8 +30,10 @@ A grouped program computes a [block_m, BLOCK_N] tile of one expert's rows with t
 kernels/matmul.py `_chunk_acc`: every element reduced over its chunk (gate_up: all of K) from 0,
 in BLOCK_K steps first to last. A row's bits therefore depend only on its own input row, its
 expert's weights and the chunk bounds: not on which other rows, experts or batch size share the
-launch, nor on its place in its block. They equal linear_triton on the row's expert (gate_up)
-and on the chunk's fresh copy (down), the per-expert path the engine used before.
+launch, nor on its place in its block, nor on block_m (so block_m may follow the launch's rows:
+expert_block_m; tests/kernels/test_grouped_block_m.py holds every size to the same bits). They
+equal linear_triton on the row's expert (gate_up) and on the chunk's fresh copy (down), the
+per-expert path the engine used before.
 """
 
 from __future__ import annotations
@@ -42,15 +48,54 @@ from kernels.matmul import _chunk_acc, bounds_tensor, tiles
 from kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
 
 BLOCK_H = 1024
-# Rows per block of a grouped expert launch (group_by_expert pads every expert to whole blocks).
-# Fixed, never chosen from the batch: tl.dot's smallest M, so a decode step wastes little.
+# Rows per block of a grouped expert launch (group_by_expert pads every expert to whole blocks):
+# one of EXPERT_BLOCK_SIZES, picked by expert_block_m from the launch's shape. EXPERT_BLOCK_M is
+# the decode size, tl.dot's smallest M, so a decode step wastes little.
 EXPERT_BLOCK_M = 16
+EXPERT_BLOCK_SIZES = (16, 32, 64, 128)
+# Compiled only: the interpreter's tile product [BLOCK_M, BLOCK_N, BLOCK_K] = [128, 128, 128] is
+# past Triton's largest tensor (2^20 elements), and numpy gains nothing from fewer weight reads.
+EXPERT_BLOCK_FOLLOWS_ROWS = not INTERPRET
+# The largest block MXFP4 packed weights take. Their recorded bits are those of sm_90's mma.sync
+# with the weight decoded in registers, where Triton feeds both operands in kWidth = 4 (k permuted
+# within each 16-wide MMA step; dense tiles are loaded with kWidth = 2, hence the ulp differences
+# between the two, docs/benchmarks.md). BLOCK_M 16 and 32 compile to that same mma.sync layout;
+# from 64 Triton takes wgmma with both operands in shared memory (sm_90 TTGIR under Triton 3.9),
+# a different order within a step, so 64 and 128 would very likely move MXFP4 bits: 32 is the cap.
+# bench/moe.py --block-m-T marks each size whose bits differ from 16's; raising the cap puts the
+# new sizes under tests/kernels/test_grouped_block_m.py (16: MXFP4 keeps 16 rows a block).
+MXFP4_MAX_BLOCK_M = 32
 # GPU tiles (BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped expert kernels, by kernel:
 # chosen with bench/expert_tiles.py on an H200 (20b shapes, bf16) as the fastest for decode at
-# batch 1 and 32 with BLOCK_M = 16 (about 10 % and 15 % less time than the linear table's tiles;
-# the 2048-token prefill wants larger blocks of rows, but BLOCK_M may not follow the batch). The
-# sweep found the same output bits for every candidate; a tile still never depends on the rows.
+# batch 1 and 32 with BLOCK_M = 16 (about 10 % and 15 % less time than the linear table's tiles).
+# The sweep found the same output bits for every candidate; a tile never depends on the rows.
 EXPERT_GPU_TILES = {"gate_up": (64, 128, 4, 3), "down": (64, 64, 4, 3)}
+
+
+def expert_block_m(rows: int, n_local: int, dtype: torch.dtype, mxfp4: bool = False) -> int:
+    """Rows per block of a grouped expert launch of `rows` (token, slot) rows over n_local experts,
+    `dtype` activations, MXFP4 packed weights or not: the largest of EXPERT_BLOCK_SIZES that the
+    average expert fills (rows / n_local), at least EXPERT_BLOCK_M, MXFP4 at most MXFP4_MAX_BLOCK_M;
+    always EXPERT_BLOCK_M in float32 and in the interpreter (EXPERT_BLOCK_FOLLOWS_ROWS).
+
+    It may follow the rows because no output bit depends on it: each element is reduced over its
+    chunk in BLOCK_K steps, first to last, whatever BLOCK_M is (in the interpreter an elementwise
+    product and sum per row; compiled, the tl.dot K loop: an H200 sweep of 60 bf16 dense tiles,
+    BLOCK_M 16-128, gave one set of bits, and tests/kernels/test_grouped_block_m.py pins every
+    size here, dense and MXFP4 up to MXFP4_MAX_BLOCK_M, on the GPU). So a row's bits still never
+    depend on the rows sharing its launch (D2).
+    A block reads its expert's weights (and decodes its MXFP4 tiles) once, so larger blocks read
+    them fewer times: a 20b prefill of 2048 tokens has 256 rows an expert, where the sweep's best
+    128-row tiles took 0.30x (gate_up) and 0.55x (down) of the 16-row time; a decode step (at most
+    a few rows an expert) keeps 16, the fastest there. On an expert-parallel rank `rows` counts
+    every row of the launch, the other ranks' too: an over-estimate that costs only speed.
+    float32 runs tl.dot as FMA chains (no tensor cores), where larger blocks only spill registers
+    (an sm_90 compile of gate_up at 128 rows under Triton 3.9: 16 KB of stack), so it keeps 16."""
+    if dtype == torch.float32 or not EXPERT_BLOCK_FOLLOWS_ROWS:
+        return EXPERT_BLOCK_M
+    per_expert = rows // max(n_local, 1)
+    cap = MXFP4_MAX_BLOCK_M if mxfp4 else EXPERT_BLOCK_SIZES[-1]
+    return max([EXPERT_BLOCK_M] + [bm for bm in EXPERT_BLOCK_SIZES if bm <= min(per_expert, cap)])
 
 
 def expert_tiles(kernel: str, N: int, K: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
@@ -299,8 +344,8 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
         raise ValueError(f"expert_gate_up: k must be a positive int, got {k!r}")
     T, H = x.shape
     R = T * k
-    sorted_rows, block_expert = _check_groups(groups, R, x.device)
-    w, s, E_l, N = _check_expert_weight("gate_up weight", weight, H, x, _n_local(block_expert, R))
+    sorted_rows, block_expert, block_m = _check_groups(groups, R, x.device)
+    w, s, E_l, N = _check_expert_weight("gate_up weight", weight, H, x, _n_local(block_expert, R, block_m))
     if not isinstance(bias, torch.Tensor) or bias.shape != (E_l, N) or not bias.is_floating_point() \
             or bias.device != x.device:
         raise ValueError(f"expert_gate_up: bias must be a float [{E_l}, {N}] tensor on {x.device}, got "
@@ -312,7 +357,7 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
     grid = (triton.cdiv(N, bn), block_expert.shape[0])
     mxfp4 = {"FAST_DECODE": fast_decode} if s is not w else {}
     _grouped_gate_up_kernel[grid](x.contiguous(), sorted_rows, block_expert, w, s, bias.contiguous(), h, R, N, H, k,
-                                  MXFP4=s is not w, USE_DOT=USE_DOT, BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn,
+                                  MXFP4=s is not w, USE_DOT=USE_DOT, BLOCK_M=block_m, BLOCK_N=bn,
                                   BLOCK_K=bk, num_warps=warps, num_stages=stages, **mxfp4)
     return h
 
@@ -331,8 +376,8 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
     if a.shape[1] % x_per_k:
         raise ValueError(f"expert_down_partials: the SwiGLU prologue needs an even width, got {tuple(a.shape)}")
     K = a.shape[1] // x_per_k
-    sorted_rows, block_expert = _check_groups(groups, R, a.device)
-    w, s, E_l, N = _check_expert_weight("down weight", weight, K, a, _n_local(block_expert, R))
+    sorted_rows, block_expert, block_m = _check_groups(groups, R, a.device)
+    w, s, E_l, N = _check_expert_weight("down weight", weight, K, a, _n_local(block_expert, R, block_m))
     bounds = list(bounds)
     b = bounds_tensor(bounds, K, a.device)                               # [C, 2]
     alpha, limit = prologue_swiglu if prologue_swiglu is not None else (0.0, 0.0)
@@ -346,7 +391,7 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
     _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K, C,
                                float(alpha), float(limit), SWIGLU=prologue_swiglu is not None, MXFP4=s is not w,
                                USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, CHUNK_LOOP=chunk_loop,
-                               BLOCK_M=EXPERT_BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+                               BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
                                **mxfp4)
     return parts
 
@@ -433,8 +478,9 @@ def _check_ids(flat_ids, n_local, block_m):
             raise ValueError(f"group_by_expert: {name} must be a positive int, got {v!r}")
 
 
-def _check_groups(groups, R: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """groups = group_by_expert(...) for R rows with EXPERT_BLOCK_M rows per block."""
+def _check_groups(groups, R: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """groups = group_by_expert(...) for R rows -> (sorted_rows, block_expert, block_m): the rows
+    per block read off the shapes (P = n_blocks * block_m), one of EXPERT_BLOCK_SIZES."""
     try:
         sorted_rows, block_expert = groups
     except (TypeError, ValueError):
@@ -442,15 +488,16 @@ def _check_groups(groups, R: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     for name, t in (("sorted_rows", sorted_rows), ("block_expert", block_expert)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or t.device != device:
             raise ValueError(f"groups: {name} must be a 1-D int64 tensor on {device}")
-    if sorted_rows.shape[0] != block_expert.shape[0] * EXPERT_BLOCK_M or \
-            block_expert.shape[0] <= triton.cdiv(R, EXPERT_BLOCK_M):
-        raise ValueError(f"groups: {sorted_rows.shape[0]} rows in {block_expert.shape[0]} blocks are not "
-                         f"group_by_expert of {R} rows with block_m = {EXPERT_BLOCK_M}")
-    return sorted_rows.contiguous(), block_expert.contiguous()
+    P, n_blocks = sorted_rows.shape[0], block_expert.shape[0]
+    block_m = P // n_blocks if n_blocks else 0
+    if block_m not in EXPERT_BLOCK_SIZES or P != n_blocks * block_m or n_blocks <= triton.cdiv(R, block_m):
+        raise ValueError(f"groups: {P} rows in {n_blocks} blocks are not group_by_expert of {R} rows with "
+                         f"block_m in {EXPERT_BLOCK_SIZES}")
+    return sorted_rows.contiguous(), block_expert.contiguous(), block_m
 
 
-def _n_local(block_expert: torch.Tensor, R: int) -> int:
-    return block_expert.shape[0] - triton.cdiv(R, EXPERT_BLOCK_M)        # P / block_m = cdiv(R, bm) + n_local
+def _n_local(block_expert: torch.Tensor, R: int, block_m: int) -> int:
+    return block_expert.shape[0] - triton.cdiv(R, block_m)        # P / block_m = cdiv(R, bm) + n_local
 
 
 def _check_expert_weight(name, weight, K: int, x: torch.Tensor, n_local: int):
