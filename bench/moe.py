@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from _util import DEVICE, ON_GPU, device_line, timed  # noqa: E402
 from engine.linear import k_chunk_bounds  # noqa: E402
 from engine.mxfp4 import dequantize  # noqa: E402
-from kernels.moe import (EXPERT_BLOCK_M, EXPERT_BLOCK_SIZES, clamped_swiglu_triton, expert_block_m,  # noqa: E402
+from kernels.moe import (EXPERT_BLOCK_M, EXPERT_BLOCK_SIZES, MXFP4_MAX_BLOCK_M, clamped_swiglu_triton, expert_block_m,  # noqa: E402
                          expert_down_partials_triton, expert_gate_up_triton, group_by_expert,
                          router_top_k_portable, router_top_k_triton)
 
@@ -151,8 +151,10 @@ def block_m_table(args):
     """Each grouped kernel at every block size of EXPERT_BLOCK_SIZES (bf16 dense; MXFP4 with the
     fast decode), batches --block-m-T: ms per call and the ratio to 16 rows a block, to check the
     thresholds of expert_block_m (its pick is marked *); "!" marks a size whose output bits differ
-    from 16's (MXFP4 above MXFP4_MAX_BLOCK_M is timed and marked, never picked). In the interpreter up to 64 rows (its
-    largest tensor)."""
+    from 16's. MXFP4 stops at MXFP4_MAX_BLOCK_M ("n/a" past it): on the H200 (triton 3.6) its fast
+    decode at 64 and 128 rows aborts the compiler (LLVM ERROR: Illegal shared layout) and the exact
+    decode there gives other bits than 16's (docs/benchmarks.md). In the interpreter up to 64 rows
+    (its largest tensor)."""
     sizes = EXPERT_BLOCK_SIZES if ON_GPU else EXPERT_BLOCK_SIZES[:3]
     H, I, E, k = args.H, args.I, args.E, args.k
     bf16 = torch.bfloat16
@@ -177,13 +179,15 @@ def block_m_table(args):
         for op in ("gate_up", "down"):
             cells = []
             for w, mxfp4 in ((dense[op], False), (mx[op], True)):
-                t = {b: timed(lambda: run[op](w, b)) for b in sizes}
-                out = {b: run[op](w, b) for b in sizes}
+                ok = [b for b in sizes if not mxfp4 or b <= MXFP4_MAX_BLOCK_M]
+                t = {b: timed(lambda: run[op](w, b)) for b in ok}
+                out = {b: run[op](w, b) for b in ok}
                 same = {b: torch.equal(out[b].view(torch.int16 if op == "gate_up" else torch.int32),
-                                       out[16].view(torch.int16 if op == "gate_up" else torch.int32)) for b in sizes}
+                                       out[16].view(torch.int16 if op == "gate_up" else torch.int32)) for b in ok}
                 pick = expert_block_m(T * k, E, bf16, mxfp4)
-                cells += [f"{t[b] * 1e3:>{9 if not mxfp4 else 10}.3f}{'' if same[b] else '!':1}{t[b] / t[16]:>5.2f}"
-                          f"{'*' if b == pick else ' '}" for b in sizes]
+                width = 9 if not mxfp4 else 10
+                cells += [f"{t[b] * 1e3:>{width}.3f}{'' if same[b] else '!':1}{t[b] / t[16]:>5.2f}"
+                          f"{'*' if b == pick else ' '}" if b in ok else f"{'n/a':>{width + 7}}" for b in sizes]
             print(f"{op:<9}{T:>6}{T * k / E:>12.1f}" + "".join(cells))
 
 
