@@ -74,6 +74,23 @@ def test_the_final_coin_is_used_in_float64():
     assert verify_rejection(Tree([1], [-1], [None]), p, coins(0.0), 0.5 - 1e-10) == ([0], 0)
 
 
+# ---------------------------------------------------------------------- the verify layout
+def test_layout_of_two_trees_in_full():
+    """P = 3 paths of W = 4 rows per request. Tree A: 0 -> {1, 2}, 1 -> 3 (leaves 2 and 3: the
+    paths [0, 2] and [0, 1, 3]); tree B: the chain 0 -> 1 -> 2 -> 3 (one path). Rows past a leaf
+    and paths past the last leaf are padding: node 0, not valid. A node's row is in the first path
+    holding it, at its depth: (request * P + path) * W + depth."""
+    lay = spec._layout(torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2]]), 3, 4, 2)
+    T, F = True, False
+    assert lay.path_nodes.tolist() == [[[0, 2, 0, 0], [0, 1, 3, 0], [0, 0, 0, 0]],
+                                       [[0, 1, 2, 3], [0, 0, 0, 0], [0, 0, 0, 0]]]
+    assert lay.valid.tolist() == [[[T, T, F, F], [T, T, T, F], [F, F, F, F]],
+                                  [[T, T, T, T], [F, F, F, F], [F, F, F, F]]]
+    assert lay.node_path.tolist() == [[0, 1, 0, 1], [0, 0, 0, 0]]
+    assert lay.node_row.tolist() == [[0, 5, 1, 6], [12, 13, 14, 15]]
+    assert lay.children.tolist() == [[[1, 2], [3, -1], [-1, -1], [-1, -1]], [[1, -1], [2, -1], [3, -1], [-1, -1]]]
+
+
 # ---------------------------------------------------------------------- target-only's comparisons
 def test_target_only_a_zero_probability_child_is_refused_even_at_coin_zero():
     tree = Tree([2, 0, 1], [-1, 0, 0])
