@@ -280,3 +280,36 @@ def test_accept_step_decides_every_request_by_its_own_rule_and_coins():
             assert acc.acc_nodes[a].tolist() == padded and acc.last[a].item() == nodes[-1], (trial, a, mode)
             assert acc.ints[a].tolist() == ([len(nodes)] + [t.tokens[n] for n in padded] + [argmax[nodes[-1]]]
                                             + padded), (trial, a, mode)
+
+
+# ---------------------------------------------------------------------- the device of every tensor
+@pytest.mark.parametrize("mode", ["target-only", "rejection"])
+def test_the_acceptance_makes_no_tensor_on_the_default_device(mode):
+    """In a round these helpers run on the target's device (a GPU) with no host read. Run on the
+    "meta" device (shapes, no data), a tensor made on the CPU by default meets the inputs in an
+    operation and torch refuses the mix, as CUDA would; the CPU tests cannot see it otherwise."""
+    m = "meta"
+    parents = torch.tensor([[-1, 0, 1, 2], [-1, 0, 1, 2]] if mode == "rejection" else [[-1, 0, 0, 1], [-1, 0, 1, 2]],
+                           device=m)
+    K = 1 if mode == "rejection" else 2
+    lay = spec._layout(parents, 3, 4, K)
+    assert {t.device.type for t in (lay.path_nodes, lay.valid, lay.node_row, lay.node_path, lay.children)} == {m}
+    tokens, logits = torch.zeros(2, 4, dtype=torch.int64, device=m), torch.zeros(2, 4, 6, device=m)
+    q = torch.zeros(2, 4, 6, dtype=f64, device=m) if mode == "rejection" else None
+    requests = [Request([1, 2], SamplingParams(temperature=0.8), seed=3), Request([1, 2], SamplingParams(temperature=1.0))]
+    run = SimpleNamespace(shape=SimpleNamespace(N=4, W=4), requests=requests,
+                          spec=SpecParams(num_steps=3, topk=K, draft_token_num=4, verify=mode),
+                          state=SimpleNamespace(length=lambda i: 5), generator=torch.Generator().manual_seed(0))
+    rin = SimpleNamespace(active=[1, 0], greedy=[False, False])          # unseeded, then seeded
+    acc = spec._accept_step(run, rin, TreeBatch(tokens, parents, q), SimpleNamespace(tokens=tokens, lay=lay,
+                                                                                    node_logits=logits))
+    assert {t.device.type for t in (acc.acc_nodes, acc.last, acc.ints, acc.weights, acc.final_coins)} == {m}
+    assert acc.ints.shape == (2, 2 + 2 * 4) and acc.weights.shape == (2, 6)
+    choice = spec._accept_greedy(tokens, lay.children, torch.zeros(2, 4, dtype=torch.int64, device=m))
+    nodes, count = spec._walk(choice, 4)
+    assert (nodes.device.type, count.device.type) == (m, m)
+    tokens, parents, order = spec.number_tree(torch.zeros(2, dtype=torch.int64, device=m),
+                                              torch.zeros(2, 5, dtype=torch.int64, device=m),
+                                              torch.tensor([[-1, -1, 0, 0, 1]] * 2, device=m),
+                                              torch.zeros(2, 5, dtype=f64, device=m), 4)
+    assert {t.device.type for t in (tokens, parents, order)} == {m} and parents.shape == (2, 4)
