@@ -2,7 +2,9 @@
 hand, each one where a near variant of the code (mutmut's survivors, docs/contributing.md) gives
 another answer: a tree of the root alone, a coin exactly at the threshold, a zero-probability
 child at coin 0, sums that round differently in float32, ties among more candidates than an
-unstable sort keeps in order, and batches whose rows must not see each other. No model."""
+unstable sort keeps in order, batches whose rows must not see each other, the round's step 3
+(_accept_step) on a fake run, and the helpers on the "meta" device, where a tensor made on the
+default device is refused as on a GPU. No model."""
 
 from __future__ import annotations
 
