@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from typing import Sequence
 
 import torch
 
 from engine.kv_cache import KVCache
+from engine.model import ONE_DEVICE
 from engine.sampling import chosen_logprobs, row_settings, sample_with
 
 KEPT_SAMPLERS = 4          # a group's composition changes as requests finish: keep the last few
@@ -64,29 +66,59 @@ class _Replayed:
         return self.out
 
 
-class DecodeGraph(_Replayed):
+class StaticGraph(_Replayed):
+    """fn over fixed input buffers: each call checks its tensors against the buffers' shapes and
+    dtypes, copies them in (device copies, no host read) and runs `fn(*buffers)`, captured at the
+    first call on a GPU and replayed after (its output is then a view the next call rewrites:
+    copy or index it to keep it). fn must read nothing but the buffers, its weights and state on
+    the device: no host int that changes between calls, no host read.
+
+        step = StaticGraph("verify", fn, [("tokens", (T,), torch.int64), ...], device)
+        out = step(tokens, ...)
+    """
+
+    def __init__(self, name: str, fn, inputs, device):
+        self.name, self.fn, self.device = name, fn, torch.device(device)
+        self.names = [n for n, _, _ in inputs]
+        self.buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for _, shape, dtype in inputs]
+
+    def __call__(self, *args: torch.Tensor):
+        if len(args) != len(self.buffers):
+            raise ValueError(f"{self.name}: {len(args)} inputs, expected {len(self.buffers)} ({', '.join(self.names)})")
+        for name, buf, t in zip(self.names, self.buffers, args):
+            if t.shape != buf.shape or t.dtype != buf.dtype:
+                raise ValueError(f"{self.name}: {name} must be {str(buf.dtype).removeprefix('torch.')} "
+                                 f"{list(buf.shape)}, got {t.dtype} {list(t.shape)}")
+        for buf, t in zip(self.buffers, args):
+            buf.copy_(t)
+        return self._replay(self.device, lambda: self.fn(*self.buffers))
+
+
+def forward_graph(model, cache: KVCache, rows: int, capture: Sequence[int] = (), name: str = "ForwardGraph"
+                  ) -> StaticGraph:
+    """model.forward of `rows` rows (tokens, positions, slots [rows] int64) over `cache`,
+    returning `capture`'s boundary states too: -> ForwardOutput (logits [rows, V] fp32, captured)."""
+    if rows < 1:
+        raise ValueError(f"{name} needs batch_size >= 1, got {rows}")
+    capture = tuple(capture)
+    return StaticGraph(name, lambda t, p, s: model.forward(t, p, s, cache, capture=capture),
+                       [(n, (rows,), torch.int64) for n in ("tokens", "positions", "slots")], model.device)
+
+
+class DecodeGraph:
+    """A decode step of `batch_size` rows: forward_graph without captured states, logits only."""
+
     def __init__(self, model, cache: KVCache, batch_size: int):
-        if batch_size < 1:
-            raise ValueError(f"DecodeGraph needs batch_size >= 1, got {batch_size}")
         self.model, self.cache, self.batch_size = model, cache, batch_size
-        dev = model.device
-        self.tokens = torch.zeros(batch_size, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(batch_size, dtype=torch.int64, device=dev)
-        self.slots = torch.zeros(batch_size, dtype=torch.int64, device=dev)
+        self.step = forward_graph(model, cache, batch_size, name="DecodeGraph")
+
+    @property
+    def graph(self):
+        return self.step.graph
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """One decode step: tokens, positions, slots [B] int64 -> logits [B, V] fp32."""
-        for name, t in (("tokens", tokens), ("positions", positions), ("slots", slots)):
-            if t.shape != (self.batch_size,) or t.dtype != torch.int64:
-                raise ValueError(f"DecodeGraph: {name} must be int64 [{self.batch_size}], got {t.dtype} "
-                                 f"{tuple(t.shape)}")
-        self.tokens.copy_(tokens)
-        self.positions.copy_(positions)
-        self.slots.copy_(slots)
-        return self._replay(self.model.device, self._forward)
-
-    def _forward(self) -> torch.Tensor:
-        return self.model.forward(self.tokens, self.positions, self.slots, self.cache).logits
+        return self.step(tokens, positions, slots).logits
 
 
 class SampleGraph(_Replayed):
@@ -148,6 +180,14 @@ class DecodeSteps:
 
 
 _KEPT: "weakref.WeakKeyDictionary[object, DecodeSteps]" = weakref.WeakKeyDictionary()
+_KEPT_ROUNDS: "weakref.WeakKeyDictionary[object, RoundGraphs]" = weakref.WeakKeyDictionary()
+
+
+def capturable(model) -> bool:
+    """A model's forward can be captured: it runs on a GPU, unsharded (the expert-parallel torch
+    path reads routed ids on the host, and collectives are not captured here), and records into
+    no trace (a recording reads every op back to the host)."""
+    return model.device.type == "cuda" and model.comm is ONE_DEVICE and model.trace is None
 
 
 def decode_steps(model, num_slots: int, capacity: int) -> DecodeSteps:
@@ -161,4 +201,78 @@ def decode_steps(model, num_slots: int, capacity: int) -> DecodeSteps:
         return kept
     _KEPT.pop(model, None)                     # free the old cache and graphs before allocating
     kept = _KEPT[model] = DecodeSteps(model, num_slots, capacity)
+    return kept
+
+
+class RoundGraphs:
+    """engine.speculative's round forwards over one run's target KV cache and draft KV (which
+    it owns), each a StaticGraph per shape: the verify call per row count, and on the draft's
+    cached path (bf16 policy) a draft step per (rows, ancestors) and the draft extend per row
+    count. `verify` and `draft_forward` take the eager calls' arguments; where a forward cannot
+    be captured they are the eager calls:
+      - the target while it records into a trace or is sharded (`capturable`);
+      - the fp32 portable draft head: its attend_rows sizes its key axis by kv_len, a host int
+        that grows every round (the cached path's attention walks the whole slot instead);
+      - graphs=False (tests compare the two).
+    On the CPU a StaticGraph is the eager call on its buffers, so both paths give the eager bits.
+    """
+
+    def __init__(self, target, draft, num_slots: int, dkv_slots: int, capacity: int, scratch: int,
+                 graphs: bool = True):
+        self.target, self.draft, self.enabled = target, draft, graphs
+        self.shape = (num_slots, dkv_slots, capacity, scratch)
+        self.cache = target.new_cache(num_slots, capacity)
+        self.dkv = draft.new_kv(dkv_slots, capacity, scratch)
+        self.capture = tuple(draft.boundaries)
+        self.graphs: dict[tuple, StaticGraph] = {}
+
+    def verify(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor):
+        """target.forward(tokens, positions, slots, cache, capture=the draft's boundaries)."""
+        t = self.target
+        if not (self.enabled and t.comm is ONE_DEVICE and t.trace is None):     # capturable but for the device
+            return t.forward(tokens, positions, slots, self.cache, capture=self.capture)
+        key = ("verify", tokens.shape[0])
+        if key not in self.graphs:
+            self.graphs[key] = forward_graph(t, self.cache, tokens.shape[0], self.capture, name="verify")
+        return self.graphs[key](tokens, positions, slots)
+
+    def draft_forward(self, tokens, positions, hidden, kv, slots, commit: bool, prefix_lens=None,
+                      ancestors=None, kv_len=None):
+        """Eagle3Draft.forward with its arguments (kv_len is the portable path's only)."""
+        d = self.draft
+        tree_pair = isinstance(ancestors, tuple) and isinstance(ancestors[0], torch.Tensor)
+        if not (self.enabled and d.cached and kv is self.dkv and (commit or tree_pair)):
+            return d.forward(tokens, positions, hidden, kv, slots, commit, prefix_lens=prefix_lens,
+                             ancestors=ancestors, kv_len=kv_len)
+        args = (tokens, positions, hidden, slots) + (() if commit else (prefix_lens, *ancestors))
+        key = ("draft", commit) + tuple((tuple(a.shape), a.dtype) for a in args)
+        if key not in self.graphs:
+            names = ["tokens", "positions", "hidden", "slots"] + ([] if commit else ["prefix_lens", "anc_k", "anc_v"])
+            if commit:
+                fn = lambda t, p, h, s: self.draft.forward(t, p, h, self.dkv, s, True)        # noqa: E731
+            else:
+                fn = lambda t, p, h, s, pl, ak, av: self.draft.forward(                        # noqa: E731
+                    t, p, h, self.dkv, s, False, prefix_lens=pl, ancestors=(ak, av))
+            self.graphs[key] = StaticGraph(f"draft {'extend' if commit else 'step'}", fn,
+                                           [(n, a.shape, a.dtype) for n, a in zip(names, args)], d.device)
+        return self.graphs[key](*args)
+
+    def reset(self) -> None:
+        """The state of fresh caches (zeros), graphs kept."""
+        for buf in (self.cache.k_all, self.cache.v_all, self.dkv.k, self.dkv.v):
+            buf.zero_()
+
+
+def round_graphs(target, draft, num_slots: int, dkv_slots: int, capacity: int, scratch: int,
+                 graphs: bool = True) -> RoundGraphs:
+    """RoundGraphs over zeroed caches; on a GPU the target's last ones are reused when the draft
+    and the shape match (as decode_steps: captured once per shape, not once per call)."""
+    if target.device.type != "cuda" or not graphs:
+        return RoundGraphs(target, draft, num_slots, dkv_slots, capacity, scratch, graphs)
+    kept = _KEPT_ROUNDS.get(target)
+    if kept is not None and kept.draft is draft and kept.shape == (num_slots, dkv_slots, capacity, scratch):
+        kept.reset()
+        return kept
+    _KEPT_ROUNDS.pop(target, None)             # free the old caches and graphs before allocating
+    kept = _KEPT_ROUNDS[target] = RoundGraphs(target, draft, num_slots, dkv_slots, capacity, scratch)
     return kept

@@ -53,6 +53,11 @@ depend on its batchmates:
      committed positions (target features from the verify rows; W rows per request, the ones
      past the accepted count again padding) writes them and yields the next round's depth 1.
 
+The round's forwards replay CUDA graphs on a GPU (engine.graphs.RoundGraphs, owned by the run with
+its caches): the verify call per row count, and on the draft's cached path (bf16 policy) each
+draft step per (rows, depth) and the draft extend per row count; the same kernels with the same
+arguments as the eager calls, so the same bits. The fp32 portable head stays eager.
+
 The per-row sampling helpers (_target_distributions, _chosen_logprobs) are the one place this
 module calls engine.sampling's row functions in a round: a batched sampler goes there.
 
@@ -70,6 +75,7 @@ import torch
 
 from engine.eagle3 import DraftKV, Eagle3Draft
 from engine.generate import Decoding, generator_for, observing, validate_request
+from engine.graphs import RoundGraphs, round_graphs
 from engine.model import GptOssModel
 from engine.request import Request, Result, SamplingParams, seed_as_int64
 from kernels.moe import top_k_lowest_index
@@ -347,13 +353,15 @@ class TreeBatch:
 
 def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch.Tensor, root_tok: torch.Tensor,
                  root_logits: torch.Tensor, root_h: torch.Tensor, rows: _DraftRows, spec: SpecParams,
-                 generator: torch.Generator | None, kv_len: int) -> TreeBatch:
+                 generator: torch.Generator | None, kv_len: int, forward=None) -> TreeBatch:
     """One draft tree per request (module docstring, step 1), all requests at once on the device.
     slots, r (root positions), root_tok [R]; root_logits/root_h: the draft's last committed row.
     Candidates are numbered in creation order: depth 1's k, then per depth k beams x k children
     (beams in ascending candidate order). Every beam set and the final tree are stable
-    descending sorts of the float64 scores, so equal scores go to the earlier candidate."""
+    descending sorts of the float64 scores, so equal scores go to the earlier candidate.
+    `forward`: the draft forward to call (default draft.forward; the round's: RoundGraphs.draft_forward)."""
     R, K = r.shape[0], spec.topk
+    forward = forward or draft.forward
     hot = draft.hot_ids
     ids, lp, q = _draft_children_rows(hot, draft.config.vocab_size, root_logits, rows, K, r + 1, generator)
     cand_tok, cand_parent, cand_score, cand_q = [hot[ids]], [torch.full_like(ids, -1)], [lp], [q]
@@ -372,7 +380,7 @@ def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch
         dkv.copy_prefix(beam_slots, _each(slots, Kb), kv_len)
     for d in range(2, spec.num_steps + 1):                      # beams sit at depth d - 1
         rr = _each(r, Kb)
-        step = draft.forward(beam_tok.reshape(-1), rr + d - 2, beam_h.reshape(R * Kb, -1), dkv,
+        step = forward(beam_tok.reshape(-1), rr + d - 2, beam_h.reshape(R * Kb, -1), dkv,
                              beam_slots, commit=False, prefix_lens=rr,
                              ancestors=(anc_k.flatten(0, 1), anc_v.flatten(0, 1)), kv_len=kv_len)
         ids, lp, q = _draft_children_rows(hot, draft.config.vocab_size, step.logits, beam_rows, K, rr + d, generator)
@@ -619,13 +627,15 @@ def check_pair(target: GptOssModel, draft: Eagle3Draft) -> None:
 # ---------------------------------------------------------------------- the loop
 def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequence[Request],
                          spec: SpecParams = SpecParams(), *, generator: torch.Generator | None = None,
-                         max_context: int | None = None, observer=None) -> list[Result]:
+                         max_context: int | None = None, observer=None, graphs: bool = True) -> list[Result]:
     """Run `requests` to completion with speculative decoding; results in request order.
-    `observer` (an engine.trace.Trace, or None) records the run (step r = verify round r)."""
+    `observer` (an engine.trace.Trace, or None) records the run (step r = verify round r).
+    `graphs` (internal: tests compare the two): False runs the round's forwards eagerly instead
+    of replaying engine.graphs.RoundGraphs' CUDA graphs (the same bits)."""
     _check(target, draft, requests, spec, max_context)
     if not requests:
         return []
-    run = _SpecRun.start(target, draft, requests, spec, generator_for(requests, generator), observer)
+    run = _SpecRun.start(target, draft, requests, spec, generator_for(requests, generator), observer, graphs)
     with observing(target, observer):
         prefill(run)
         speculative_decode(run)
@@ -674,8 +684,7 @@ class _SpecRun:
     draft: Eagle3Draft
     spec: SpecParams
     shape: _RoundShape
-    cache: object
-    dkv: DraftKV
+    graphs: RoundGraphs                # the target's KV cache, the draft KV and the round's forwards
     root_logits: torch.Tensor          # [n_req, V_draft] fp32
     root_h: torch.Tensor               # [n_req, H_draft] in the draft's storage dtype
     generator: torch.Generator | None
@@ -684,21 +693,29 @@ class _SpecRun:
     accept_lengths: list[list[int]]    # per request, per verify round: accepted drafts + 1
 
     @classmethod
-    def start(cls, target, draft, requests, spec, generator, observer=None) -> "_SpecRun":
-        """Empty caches for `requests` (nothing run yet)."""
+    def start(cls, target, draft, requests, spec, generator, observer=None, graphs: bool = True) -> "_SpecRun":
+        """Empty caches for `requests` (nothing run yet); graphs=False: every forward eager."""
         n, dcfg = len(requests), draft.config
         capacity = max(len(r.prompt) + r.params.max_new_tokens + spec.num_steps for r in requests)
         shape = _RoundShape(spec)
         zeros = lambda width, dt: torch.zeros((n, width), dtype=dt, device=draft.device)  # noqa: E731
         scratch = n * spec.topk if draft.cached and spec.topk > 1 else 0     # a tree's beams (_draft_trees)
-        return cls(target, draft, spec, shape, target.new_cache(n * shape.P, capacity),
-                   draft.new_kv(n, capacity, scratch), zeros(dcfg.draft_vocab_size, torch.float32),
+        return cls(target, draft, spec, shape, round_graphs(target, draft, n * shape.P, n, capacity, scratch, graphs),
+                   zeros(dcfg.draft_vocab_size, torch.float32),
                    zeros(dcfg.hidden_size, draft.act), generator, capacity,
                    Decoding(requests, target.config.eos_token_id, observer), [[] for _ in requests])
 
     @property
     def requests(self) -> list[Request]:
         return self.state.requests
+
+    @property
+    def cache(self):
+        return self.graphs.cache
+
+    @property
+    def dkv(self) -> DraftKV:
+        return self.graphs.dkv
 
     @property
     def observer(self):
@@ -759,11 +776,12 @@ def speculative_decode(run: _SpecRun) -> None:
 
 def _draft_extend(draft: Eagle3Draft, dkv: DraftKV, root_logits: torch.Tensor, root_h: torch.Tensor,
                   req: torch.Tensor, pos: torch.Tensor, tok: torch.Tensor, feats: torch.Tensor,
-                  last: torch.Tensor, which: torch.Tensor, kv_len: int) -> None:
+                  last: torch.Tensor, which: torch.Tensor, kv_len: int, forward=None) -> None:
     """Commit rows (request req[t], position pos[t], token x_{pos+1} tok[t], target feature
     feats[t]) to the draft KV in one draft forward; row last[m] (request which[m]'s last
-    committed row) gives that request's next depth 1 (root_logits, root_h)."""
-    step = draft.forward(tok, pos, draft.combine_aux(feats), dkv, req, commit=True, kv_len=kv_len)
+    committed row) gives that request's next depth 1 (root_logits, root_h). `forward`: the
+    draft forward to call (default draft.forward; the round's: RoundGraphs.draft_forward)."""
+    step = (forward or draft.forward)(tok, pos, draft.combine_aux(feats), dkv, req, commit=True, kv_len=kv_len)
     dev = root_logits.device
     at, which = last.to(dev), which.to(dev)
     root_logits.index_copy_(0, which, step.logits.index_select(0, at))
@@ -774,8 +792,10 @@ def _draft_extend(draft: Eagle3Draft, dkv: DraftKV, root_logits: torch.Tensor, r
 # A round is four steps over explicit tensors (module docstring, steps 1-4): _round_inputs (the
 # host facts, moved to the device), _draft_step, _verify_step and _accept_step (device only: no
 # host read), then _read_round (the one host read) and _commit (host bookkeeping, then the KV
-# copies and the draft extend). Everything a step needs is in its arguments, so the device steps
-# can be captured as they are.
+# copies and the draft extend). Everything a step needs is in its arguments. The forwards (the
+# verify call, each draft step, the draft extend) go through run.graphs (engine.graphs.RoundGraphs):
+# on a GPU each is a CUDA graph per shape, captured at its first round and replayed after, with
+# the round's tensors copied into its input buffers; the ops between them still run eagerly.
 @dataclass
 class _RoundIn:
     """The host facts of a round for the `active` requests, on the draft's device."""
@@ -839,7 +859,8 @@ def _round_inputs(run: _SpecRun, active: list[int]) -> _RoundIn:
 def _draft_step(run: _SpecRun, rin: _RoundIn) -> TreeBatch:
     """1. One draft tree per request, from its depth-1 inputs."""
     trees = _draft_trees(run.draft, run.dkv, rin.act, rin.r, rin.root_tok, run.root_logits.index_select(0, rin.act),
-                         run.root_h.index_select(0, rin.act), rin.rows, run.spec, run.generator, kv_len=rin.max_r)
+                         run.root_h.index_select(0, rin.act), rin.rows, run.spec, run.generator, kv_len=rin.max_r,
+                         forward=run.graphs.draft_forward)
     if run.observer is not None:                           # host reads, trace only
         for a, i in enumerate(rin.active):
             t = trees.tree(a)
@@ -868,8 +889,7 @@ def _verify_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch) -> _Verified:
         req_of = [i for i in rin.active for _ in range(P * W)]
         run.observer.rows([q if ok else -1 for q, ok in zip(req_of, valid)],
                           [len(run.accept_lengths[q]) + 1 if ok else 0 for q, ok in zip(req_of, valid)])
-    vout = run.target.forward(v_tok.reshape(-1), v_pos.reshape(-1), v_slot.reshape(-1), cache,
-                              capture=run.draft.boundaries)
+    vout = run.graphs.verify(v_tok.reshape(-1), v_pos.reshape(-1), v_slot.reshape(-1))    # a replayed graph
     node_logits = vout.logits.index_select(0, lay.node_row.reshape(-1)).view(R, run.shape.N, -1)
     node_feats = vout.captured.index_select(0, lay.node_row.reshape(-1)).view(R, run.shape.N, -1)
     return _Verified(lay, tokens, path_slot, node_logits, node_feats)
@@ -953,7 +973,7 @@ def _extend_committed(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accept
     _draft_extend(run.draft, run.dkv, run.root_logits, run.root_h, _each(rin.act.index_select(0, e_d), W),
                   (rin.r.index_select(0, e_d)[:, None] + torch.arange(W, device=ddev)).reshape(-1),
                   new_t.index_select(0, e).reshape(-1).to(ddev), feats,
-                  at, rin.act.index_select(0, e_d), kv_len=rin.max_r + W)
+                  at, rin.act.index_select(0, e_d), kv_len=rin.max_r + W, forward=run.graphs.draft_forward)
 
 
 def _coins(requests, which: list[int], seq_lens: list[int], N: int, generator, device
