@@ -1,4 +1,4 @@
-"""Decode steps replayed from CUDA graphs: one capture per batch size, no host round trip.
+"""Forwards replayed from CUDA graphs: one capture per shape, no host round trip.
 
 A decode step of B requests is the same sequence of kernels every time: one token per request,
 static shapes, nothing read back to the host inside the step (the MoE groups its tokens by
@@ -11,14 +11,19 @@ tests/engine/test_graphs.py).
     step = DecodeGraph(model, cache, batch_size=8)
     logits = step(tokens, positions, slots)      # [8] int64 each -> [8, V] fp32 (a view: copy to keep)
 
-On the CPU (no CUDA graphs) the same object runs the eager forward, so callers need no branch.
+`StaticGraph` is that mechanism for any function of fixed-shape tensors (checked, copied into
+its buffers); `forward_graph` is model.forward over it with captured boundary states (the
+speculative verify call), DecodeGraph the logits-only decode step, and `RoundGraphs` the
+speculative round's forwards (verify, draft steps, draft extend) over the run's caches.
+On the CPU (no CUDA graphs) the same objects run the eager call, so callers need no branch.
 
 `decode_steps(model, slots, capacity)` is what engine.generate uses: a fresh KV cache, one
-DecodeGraph per batch bucket over it, and a SampleGraph per group composition (its sampling). On a GPU the last one per model is kept and handed to the
-next generate() of the same cache shape with its cache zeroed (the state of a new cache, so
-the same bits), so graphs are captured once per shape, not once per call.
+DecodeGraph per batch bucket over it, and a SampleGraph per group composition (its sampling).
+On a GPU the last one per model is kept and handed to the next generate() of the same cache
+shape with its cache zeroed (the state of a new cache, so the same bits), so graphs are
+captured once per shape, not once per call; `round_graphs` does the same for
+engine.speculative.
 """
-
 from __future__ import annotations
 
 import weakref
@@ -80,7 +85,8 @@ class StaticGraph(_Replayed):
     def __init__(self, name: str, fn, inputs, device):
         self.name, self.fn, self.device = name, fn, torch.device(device)
         self.names = [n for n, _, _ in inputs]
-        self.buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for _, shape, dtype in inputs]
+        with torch.inference_mode(False):      # normal tensors: copied into in and out of inference mode
+            self.buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for _, shape, dtype in inputs]
 
     def __call__(self, *args: torch.Tensor):
         if len(args) != len(self.buffers):
@@ -221,8 +227,9 @@ class RoundGraphs:
                  graphs: bool = True):
         self.target, self.draft, self.enabled = target, draft, graphs
         self.shape = (num_slots, dkv_slots, capacity, scratch)
-        self.cache = target.new_cache(num_slots, capacity)
-        self.dkv = draft.new_kv(dkv_slots, capacity, scratch)
+        with torch.inference_mode(False):      # normal tensors: kept ones are zeroed in and out of it
+            self.cache = target.new_cache(num_slots, capacity)
+            self.dkv = draft.new_kv(dkv_slots, capacity, scratch)
         self.capture = tuple(draft.boundaries)
         self.graphs: dict[tuple, StaticGraph] = {}
 
