@@ -226,6 +226,7 @@ class RoundGraphs:
     def __init__(self, target, draft, num_slots: int, dkv_slots: int, capacity: int, scratch: int,
                  graphs: bool = True):
         self.target, self.draft, self.enabled = target, draft, graphs
+        self.draft_fn = draft.forward          # what the draft graphs capture (a patched head is another)
         self.shape = (num_slots, dkv_slots, capacity, scratch)
         with torch.inference_mode(False):      # normal tensors: kept ones are zeroed in and out of it
             self.cache = target.new_cache(num_slots, capacity)
@@ -277,7 +278,8 @@ def round_graphs(target, draft, num_slots: int, dkv_slots: int, capacity: int, s
     if target.device.type != "cuda" or not graphs:
         return RoundGraphs(target, draft, num_slots, dkv_slots, capacity, scratch, graphs)
     kept = _KEPT_ROUNDS.get(target)
-    if kept is not None and kept.draft is draft and kept.shape == (num_slots, dkv_slots, capacity, scratch):
+    if kept is not None and kept.draft is draft and kept.draft_fn == draft.forward \
+            and kept.shape == (num_slots, dkv_slots, capacity, scratch):
         kept.reset()
         return kept
     _KEPT_ROUNDS.pop(target, None)             # free the old caches and graphs before allocating
