@@ -26,6 +26,7 @@ engine.speculative.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections import OrderedDict
 from typing import Sequence
@@ -59,14 +60,22 @@ class _Replayed:
 
     graph: torch.cuda.CUDAGraph | None = None
     out = None
+    failed: str | None = None          # why the capture was refused: the step runs eagerly since
 
     def _replay(self, device: torch.device, step):
-        if device.type != "cuda":
+        if device.type != "cuda" or self.failed is not None:
             return step()
         if self.graph is None:
             # the warm-up runs the step once (a decode step writes its keys and values into the
             # cache: the bits the replay writes again right after)
-            self.graph, self.out = _capture(step)
+            try:
+                self.graph, self.out = _capture(step)
+            except RuntimeError as e:
+                # something in the step needs the host (a sync inside the capture): the eager
+                # step instead, with its bits (the tests assert that every graph was captured)
+                self.failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                warnings.warn(f"{type(self).__name__}: CUDA graph capture refused ({self.failed}); running eagerly")
+                return step()
         self.graph.replay()
         return self.out
 
@@ -211,11 +220,12 @@ def decode_steps(model, num_slots: int, capacity: int) -> DecodeSteps:
 
 
 class RoundGraphs:
-    """engine.speculative's round forwards over one run's target KV cache and draft KV (which
-    it owns), each a StaticGraph per shape: the verify call per row count, and on the draft's
-    cached path (bf16 policy) a draft step per (rows, ancestors) and the draft extend per row
-    count. `verify` and `draft_forward` take the eager calls' arguments; where a forward cannot
-    be captured they are the eager calls:
+    """engine.speculative's round graphs over one run's target KV cache and draft KV (which it
+    owns), each a StaticGraph per shape: the verify call per row count, and on the draft's cached
+    path (bf16 policy) a draft step per (rows, ancestors) and the draft extend per row count;
+    `replay` serves the round's other device-only pieces (the whole draft tree, the verify
+    layout, the chosen logprobs) the same way. `verify` and `draft_forward` take the eager calls'
+    arguments; where a forward cannot be captured they are the eager calls:
       - the target while it records into a trace or is sharded (`capturable`);
       - the fp32 portable draft head: its attend_rows sizes its key axis by kv_len, a host int
         that grows every round (the cached path's attention walks the whole slot instead);
@@ -243,6 +253,19 @@ class RoundGraphs:
         if key not in self.graphs:
             self.graphs[key] = forward_graph(t, self.cache, tokens.shape[0], self.capture, name="verify")
         return self.graphs[key](tokens, positions, slots)
+
+    def replay(self, key: tuple, fn, args: tuple):
+        """fn(*args) through a StaticGraph per (key, the args' shapes and dtypes). fn's closure
+        must be fixed by the key (the spec, the layout sizes) and fn must read only its tensor
+        arguments and the run's state on the device (the outputs are views the next call
+        rewrites: anything kept past the round is cloned)."""
+        if not self.enabled:
+            return fn(*args)
+        key = key + tuple((tuple(a.shape), a.dtype) for a in args)
+        if key not in self.graphs:
+            self.graphs[key] = StaticGraph(str(key[0]), fn, [(f"input {i}", a.shape, a.dtype) for i, a in enumerate(args)],
+                                           args[0].device)
+        return self.graphs[key](*args)
 
     def draft_forward(self, tokens, positions, hidden, kv, slots, commit: bool, prefix_lens=None,
                       ancestors=None, kv_len=None):
@@ -275,6 +298,7 @@ def round_graphs(target, draft, num_slots: int, dkv_slots: int, capacity: int, s
                  graphs: bool = True) -> RoundGraphs:
     """RoundGraphs over zeroed caches; on a GPU the target's last ones are reused when the draft
     and the shape match (as decode_steps: captured once per shape, not once per call)."""
+    graphs = graphs and target.comm is ONE_DEVICE       # a sharded run's ranks stay eager
     if target.device.type != "cuda" or not graphs:
         return RoundGraphs(target, draft, num_slots, dkv_slots, capacity, scratch, graphs)
     kept = _KEPT_ROUNDS.get(target)

@@ -353,12 +353,13 @@ class TreeBatch:
 
 def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch.Tensor, root_tok: torch.Tensor,
                  root_logits: torch.Tensor, root_h: torch.Tensor, rows: _DraftRows, spec: SpecParams,
-                 generator: torch.Generator | None, kv_len: int, forward=None) -> TreeBatch:
+                 generator: torch.Generator | None, kv_len: int | None, forward=None) -> TreeBatch:
     """One draft tree per request (module docstring, step 1), all requests at once on the device.
     slots, r (root positions), root_tok [R]; root_logits/root_h: the draft's last committed row.
     Candidates are numbered in creation order: depth 1's k, then per depth k beams x k children
     (beams in ascending candidate order). Every beam set and the final tree are stable
     descending sorts of the float64 scores, so equal scores go to the earlier candidate.
+    kv_len: the portable head's attention bound (Eagle3Draft.forward; the cached path ignores it).
     `forward`: the draft forward to call (default draft.forward; the round's: RoundGraphs.draft_forward)."""
     R, K = r.shape[0], spec.topk
     forward = forward or draft.forward
@@ -377,7 +378,9 @@ def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch
     beam_slots = _each(slots, Kb)
     if draft.cached and Kb > 1 and spec.num_steps > 1:          # tree rows write their keys: a slot per beam
         beam_slots = dkv.num_slots + beam_slots * Kb + torch.arange(Kb, device=r.device).repeat(R)
-        dkv.copy_prefix(beam_slots, _each(slots, Kb), kv_len)
+        # the whole slot (a fixed length, so the step can be captured): a tree row reads only its
+        # prefix, which this copies, and the positions it writes itself first
+        dkv.copy_prefix(beam_slots, _each(slots, Kb), dkv.k.shape[2])
     for d in range(2, spec.num_steps + 1):                      # beams sit at depth d - 1
         rr = _each(r, Kb)
         step = forward(beam_tok.reshape(-1), rr + d - 2, beam_h.reshape(R * Kb, -1), dkv,
@@ -857,10 +860,24 @@ def _round_inputs(run: _SpecRun, active: list[int]) -> _RoundIn:
 
 
 def _draft_step(run: _SpecRun, rin: _RoundIn) -> TreeBatch:
-    """1. One draft tree per request, from its depth-1 inputs."""
-    trees = _draft_trees(run.draft, run.dkv, rin.act, rin.r, rin.root_tok, run.root_logits.index_select(0, rin.act),
-                         run.root_h.index_select(0, rin.act), rin.rows, run.spec, run.generator, kv_len=rin.max_r,
-                         forward=run.graphs.draft_forward)
+    """1. One draft tree per request, from its depth-1 inputs. On the cached path the whole of
+    _draft_trees (every draft step, top-k, beam and numbering op) is one replayed graph, unless a
+    row draws from the host generator (then each draft forward is one: RoundGraphs.draft_forward)."""
+    inputs = (rin.act, rin.r, rin.root_tok, run.root_logits.index_select(0, rin.act),
+              run.root_h.index_select(0, rin.act))
+    rows = rin.rows
+    if run.draft.cached and not rows.unseeded:
+        draft, dkv, spec, any_sampled = run.draft, run.dkv, run.spec, rows.any_sampled    # what the key fixes
+
+        def trees_of(slots, r, root_tok, root_logits, root_h, sampled, temperature, seeds):
+            return _draft_trees(draft, dkv, slots, r, root_tok, root_logits, root_h,
+                                _DraftRows(sampled, temperature, seeds, [], any_sampled), spec, None, kv_len=None)
+
+        trees = run.graphs.replay(("draft trees", spec, any_sampled), trees_of,
+                                  inputs + (rows.sampled, rows.temperature, rows.seeds))
+    else:
+        trees = _draft_trees(run.draft, run.dkv, *inputs, rows, run.spec, run.generator, kv_len=rin.max_r,
+                             forward=run.graphs.draft_forward)
     if run.observer is not None:                           # host reads, trace only
         for a, i in enumerate(rin.active):
             t = trees.tree(a)
@@ -872,27 +889,38 @@ def _draft_step(run: _SpecRun, rin: _RoundIn) -> TreeBatch:
 def _verify_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch) -> _Verified:
     """2. Every root-to-leaf path as a chain in one target call; path 0 in the request's own slot,
     the others in scratch slots that first receive a copy of the request's committed KV."""
-    R, P, W, cache = len(rin.active), run.shape.P, run.shape.W, run.cache
+    R, P, W, K, cache = len(rin.active), run.shape.P, run.shape.W, run.spec.topk, run.cache
     tdev = cache.k_all.device                             # the target's device
-    lay = _layout(trees.parents.to(tdev), P, W, run.spec.topk)
     tokens = trees.tokens.to(tdev)
     act_t, r_t = rin.act.to(tdev), rin.r.to(tdev)
     n_req = run.root_logits.shape[0]
-    path_slot = torch.cat([act_t[:, None], n_req + act_t[:, None] * (P - 1) + torch.arange(P - 1, device=tdev)], 1)
+    lay, path_slot, v_tok, v_pos, v_slot = run.graphs.replay(                        # a replayed graph
+        ("verify rows", P, W, K, n_req), lambda par, tok, act, r: _verify_rows(par, tok, act, r, P, W, K, n_req),
+        (trees.parents.to(tdev), tokens, act_t, r_t))
     if P > 1:                                              # scratch slots start as copies of the request's
         cache.copy_prefix(path_slot[:, 1:].reshape(-1), _each(act_t, P - 1), rin.max_r)
-    v_tok = torch.where(lay.valid, tokens.gather(1, lay.path_nodes.flatten(1)).view(R, P, W), 0)
-    v_pos = (r_t[:, None, None] + torch.arange(W, device=tdev)).expand(R, P, W)
-    v_slot = path_slot[:, :, None].expand(R, P, W)
     if run.observer is not None:                           # padding rows serve no request
         valid = lay.valid.reshape(-1).tolist()
         req_of = [i for i in rin.active for _ in range(P * W)]
         run.observer.rows([q if ok else -1 for q, ok in zip(req_of, valid)],
                           [len(run.accept_lengths[q]) + 1 if ok else 0 for q, ok in zip(req_of, valid)])
-    vout = run.graphs.verify(v_tok.reshape(-1), v_pos.reshape(-1), v_slot.reshape(-1))    # a replayed graph
+    vout = run.graphs.verify(v_tok, v_pos, v_slot)                                  # a replayed graph
     node_logits = vout.logits.index_select(0, lay.node_row.reshape(-1)).view(R, run.shape.N, -1)
     node_feats = vout.captured.index_select(0, lay.node_row.reshape(-1)).view(R, run.shape.N, -1)
     return _Verified(lay, tokens, path_slot, node_logits, node_feats)
+
+
+def _verify_rows(parents: torch.Tensor, tokens: torch.Tensor, act: torch.Tensor, r: torch.Tensor, P: int, W: int,
+                 K: int, n_req: int) -> tuple:
+    """The verify call's fixed layout (_layout) and rows: -> (layout, path slots [R, P], and the
+    rows' tokens, positions and slots [R * P * W]; padding rows: token 0). Device only."""
+    R, dev = parents.shape[0], parents.device
+    lay = _layout(parents, P, W, K)
+    path_slot = torch.cat([act[:, None], n_req + act[:, None] * (P - 1) + torch.arange(P - 1, device=dev)], 1)
+    v_tok = torch.where(lay.valid, tokens.gather(1, lay.path_nodes.flatten(1)).view(R, P, W), 0)
+    v_pos = (r[:, None, None] + torch.arange(W, device=dev)).expand(R, P, W)
+    v_slot = path_slot[:, :, None].expand(R, P, W)
+    return lay, path_slot, v_tok.reshape(-1), v_pos.reshape(-1), v_slot.reshape(-1)
 
 
 def _accept_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch, ver: _Verified) -> _Accepted:
@@ -939,8 +967,8 @@ def _commit(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accepted, host: 
         nxt = final_of.get(a, host[a][1 + W])
         new_tok.append(toks[1:L] + [nxt] + [0] * (W - L))
     new_t = torch.tensor(new_tok, device=tdev)
-    lps = _chosen_logprobs(node_logits.gather(1, acc.acc_nodes[:, :, None].expand(R, W, node_logits.shape[2]))
-                           .flatten(0, 1), new_t.reshape(-1))                  # [R * W]
+    rows = node_logits.gather(1, acc.acc_nodes[:, :, None].expand(R, W, node_logits.shape[2])).flatten(0, 1)
+    lps = run.graphs.replay(("chosen logprobs",), _chosen_logprobs, (rows, new_t.reshape(-1))).clone()   # [R * W]
     # target KV: bring the accepted path's rows into the request's own slot (a no-op copy for path 0)
     act_t, r_t = rin.act.to(tdev), rin.r.to(tdev)
     src = ver.path_slot.gather(1, ver.lay.node_path.gather(1, acc.last[:, None]))[:, 0]
