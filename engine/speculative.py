@@ -925,33 +925,43 @@ def _verify_rows(parents: torch.Tensor, tokens: torch.Tensor, act: torch.Tensor,
 
 def _accept_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch, ver: _Verified) -> _Accepted:
     """3. The acceptance rule of every request's mode at every node at once, the walk from the
-    root, the bonus token, and for sampled requests the final draw's distribution."""
-    R, N, W = len(rin.active), run.shape.N, run.shape.W
+    root, the bonus token, and for sampled requests the final draw's distribution. A round of
+    greedy requests only is one replayed graph (device only: no coins, no host list)."""
+    N, W = run.shape.N, run.shape.W
     tokens, kids, node_logits = ver.tokens, ver.lay.children, ver.node_logits
     tdev = tokens.device
-    choice = _accept_greedy(tokens, kids, torch.argmax(node_logits, dim=-1))
     sampled = [a for a, g in enumerate(rin.greedy) if not g]
-    weights = fin = None
-    if sampled:
-        s_idx = torch.tensor(sampled, device=tdev)
-        which = [rin.active[a] for a in sampled]
-        p = _target_distributions(node_logits.index_select(0, s_idx), [run.requests[i].params for i in which])
-        coins, fin = _coins(run.requests, which, [run.state.length(i) for i in which], N, run.generator, tdev)
-        s_tok, s_kids = tokens.index_select(0, s_idx), kids.index_select(0, s_idx)
-        q = trees.q.to(tdev).index_select(0, s_idx) if run.spec.verify == "rejection" else None
-        if q is not None:
-            s_choice = _accept_rejection(s_tok, s_kids, p, q, coins)
-        else:
-            s_choice = _accept_target_only(s_tok, s_kids, p, coins, run.spec.threshold_single, run.spec.threshold_acc)
-        choice = choice.index_copy(0, s_idx, s_choice)
+    if not sampled:
+        acc_nodes, last, ints = run.graphs.replay(
+            ("greedy accept", W), lambda t, k, nl: _accepted(t, _accept_greedy(t, k, torch.argmax(nl, dim=-1)), nl, W),
+            (tokens, kids, node_logits))
+        return _Accepted(acc_nodes, last, ints, sampled, None, None)
+    choice = _accept_greedy(tokens, kids, torch.argmax(node_logits, dim=-1))
+    s_idx = torch.tensor(sampled, device=tdev)
+    which = [rin.active[a] for a in sampled]
+    p = _target_distributions(node_logits.index_select(0, s_idx), [run.requests[i].params for i in which])
+    coins, fin = _coins(run.requests, which, [run.state.length(i) for i in which], N, run.generator, tdev)
+    s_tok, s_kids = tokens.index_select(0, s_idx), kids.index_select(0, s_idx)
+    q = trees.q.to(tdev).index_select(0, s_idx) if run.spec.verify == "rejection" else None
+    if q is not None:
+        s_choice = _accept_rejection(s_tok, s_kids, p, q, coins)
+    else:
+        s_choice = _accept_target_only(s_tok, s_kids, p, coins, run.spec.threshold_single, run.spec.threshold_acc)
+    acc_nodes, last, ints = _accepted(tokens, choice.index_copy(0, s_idx, s_choice), node_logits, W)
+    weights = _final_draw_weights(p, s_tok, s_kids, last.index_select(0, s_idx), q)   # q None: target-only
+    return _Accepted(acc_nodes, last, ints, sampled, weights, fin)
+
+
+def _accepted(tokens: torch.Tensor, choice: torch.Tensor, node_logits: torch.Tensor, W: int) -> tuple:
+    """From every node's chosen child: the walk from the root (_walk) and what the host reads ->
+    (accepted nodes [R, W], the last [R], ints [R, 2 + 2W]: count, accepted tokens (column 0 =
+    the root), the bonus (the last node's target argmax), accepted nodes)."""
+    R, V = tokens.shape[0], node_logits.shape[2]
     acc_nodes, n_acc = _walk(choice, W)
     last = acc_nodes[:, -1]
-    bonus = torch.argmax(node_logits.gather(1, last[:, None, None].expand(R, 1, node_logits.shape[2]))[:, 0], -1)
-    if sampled:
-        weights = _final_draw_weights(p, s_tok, s_kids, last.index_select(0, s_idx), q)   # q None: target-only
-    acc_tok = tokens.gather(1, acc_nodes)                                       # [R, W]; column 0 = the root
-    ints = torch.cat([n_acc[:, None], acc_tok, bonus[:, None], acc_nodes], dim=1)
-    return _Accepted(acc_nodes, last, ints, sampled, weights, fin)
+    bonus = torch.argmax(node_logits.gather(1, last[:, None, None].expand(R, 1, V))[:, 0], -1)
+    ints = torch.cat([n_acc[:, None], tokens.gather(1, acc_nodes), bonus[:, None], acc_nodes], dim=1)
+    return acc_nodes, last, ints
 
 
 def _commit(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accepted, host: list, finals: list[int]) -> None:
