@@ -53,10 +53,12 @@ depend on its batchmates:
      committed positions (target features from the verify rows; W rows per request, the ones
      past the accepted count again padding) writes them and yields the next round's depth 1.
 
-The round's forwards replay CUDA graphs on a GPU (engine.graphs.RoundGraphs, owned by the run with
-its caches): the verify call per row count, and on the draft's cached path (bf16 policy) each
-draft step per (rows, depth) and the draft extend per row count; the same kernels with the same
-arguments as the eager calls, so the same bits. The fp32 portable head stays eager.
+The round replays CUDA graphs on a GPU (engine.graphs.RoundGraphs, owned by the run with its
+caches), each per shape: the verify layout, the verify call, a greedy round's acceptance, the
+chosen logprobs, and on the draft's cached path (bf16 policy) the whole draft tree and the draft
+extend; the same kernels with the same arguments as the eager calls, so the same bits. What needs
+the host (the sampled acceptance's row lists and generator coins, rows drawing from an unseeded
+generator, the KV copies sized by a host int, the bookkeeping) and the fp32 portable head stay eager.
 
 The per-row sampling helpers (_target_distributions, _chosen_logprobs) are the one place this
 module calls engine.sampling's row functions in a round: a batched sampler goes there.
@@ -795,10 +797,11 @@ def _draft_extend(draft: Eagle3Draft, dkv: DraftKV, root_logits: torch.Tensor, r
 # A round is four steps over explicit tensors (module docstring, steps 1-4): _round_inputs (the
 # host facts, moved to the device), _draft_step, _verify_step and _accept_step (device only: no
 # host read), then _read_round (the one host read) and _commit (host bookkeeping, then the KV
-# copies and the draft extend). Everything a step needs is in its arguments. The forwards (the
-# verify call, each draft step, the draft extend) go through run.graphs (engine.graphs.RoundGraphs):
-# on a GPU each is a CUDA graph per shape, captured at its first round and replayed after, with
-# the round's tensors copied into its input buffers; the ops between them still run eagerly.
+# copies and the draft extend). Everything a step needs is in its arguments. The device-only
+# pieces (the draft tree, the verify layout, the verify call, a greedy acceptance, the chosen
+# logprobs, the draft extend) go through run.graphs (engine.graphs.RoundGraphs): on a GPU each is a
+# CUDA graph per shape, captured at its first round and replayed after, with the round's tensors
+# copied into its input buffers; what needs the host runs eagerly between them.
 @dataclass
 class _RoundIn:
     """The host facts of a round for the `active` requests, on the draft's device."""
