@@ -102,3 +102,17 @@ def test_forward_graph_with_captured_states_equals_eager_verify_calls(tiny_ckpts
         starts = starts + 1                                   # the next round starts one further
     assert torch.equal(graph_cache.k_all, eager_cache.k_all) and torch.equal(graph_cache.v_all, eager_cache.v_all)
     assert (step.graph is not None) == (DEVICE.type == "cuda")
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the capture (and its refusal) happens on a GPU only")
+def test_a_step_that_reads_the_host_is_refused_by_the_capture_and_runs_eagerly():
+    """A step with a host read inside cannot be captured: the StaticGraph says why (`failed`),
+    warns, and gives the eager step's result at every call."""
+    def reads_the_host(a):
+        return a * int(a.sum())                                  # a sync: refused while capturing
+    step = StaticGraph("reads", reads_the_host, [("a", (3,), torch.int64)], DEVICE)
+    with pytest.warns(UserWarning, match="capture refused"):
+        first = step(torch.arange(3, device=DEVICE))
+    assert step.graph is None and step.failed
+    assert torch.equal(first, torch.arange(3, device=DEVICE) * 3)
+    assert torch.equal(step(torch.ones(3, dtype=torch.int64, device=DEVICE)), torch.full((3,), 3, device=DEVICE))
