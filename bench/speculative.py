@@ -10,7 +10,7 @@ greedy verification:
   decode step    one target forward of B rows, eager
   captured step  the baseline users get: the same step replayed from engine.graphs.DecodeGraph,
                  as generate runs it on a GPU (on the CPU it is the eager step again)
-  draft step     one draft forward of B tree rows at depth 3 (over the committed keys and one
+  draft step     one draft forward of B tree rows at depth 2 (over the committed keys and one
                  ancestor), through engine.graphs.RoundGraphs (on the cached path replayed from
                  a CUDA graph of its own; in the round the whole draft tree is one graph)
   verify         one target forward of B * (steps + 1) rows: the chain at its real positions,
