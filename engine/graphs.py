@@ -254,39 +254,36 @@ class RoundGraphs:
             self.graphs[key] = forward_graph(t, self.cache, tokens.shape[0], self.capture, name="verify")
         return self.graphs[key](tokens, positions, slots)
 
-    def replay(self, key: tuple, fn, args: tuple):
+    def replay(self, key: tuple, fn, args: tuple, names: Sequence[str] = ()):
         """fn(*args) through a StaticGraph per (key, the args' shapes and dtypes). fn's closure
         must be fixed by the key (the spec, the layout sizes) and fn must read only its tensor
         arguments and the run's state on the device (the outputs are views the next call
-        rewrites: anything kept past the round is cloned)."""
+        rewrites: anything kept past the round is cloned). `names`: the args' (error messages)."""
         if not self.enabled:
             return fn(*args)
         key = key + tuple((tuple(a.shape), a.dtype) for a in args)
         if key not in self.graphs:
-            self.graphs[key] = StaticGraph(str(key[0]), fn, [(f"input {i}", a.shape, a.dtype) for i, a in enumerate(args)],
+            names = list(names) or [f"input {i}" for i in range(len(args))]
+            self.graphs[key] = StaticGraph(str(key[0]), fn, [(n, a.shape, a.dtype) for n, a in zip(names, args)],
                                            args[0].device)
         return self.graphs[key](*args)
 
     def draft_forward(self, tokens, positions, hidden, kv, slots, commit: bool, prefix_lens=None,
                       ancestors=None, kv_len=None):
-        """Eagle3Draft.forward with its arguments (kv_len is the portable path's only)."""
+        """Eagle3Draft.forward with its arguments (kv_len is the portable path's only): committed
+        rows are a "draft extend" graph, tree rows with ancestor tensors a "draft step" graph."""
         d = self.draft
         tree_pair = isinstance(ancestors, tuple) and isinstance(ancestors[0], torch.Tensor)
-        if not (self.enabled and d.cached and kv is self.dkv and (commit or tree_pair)):
+        if not (d.cached and kv is self.dkv and (commit or tree_pair)):
             return d.forward(tokens, positions, hidden, kv, slots, commit, prefix_lens=prefix_lens,
                              ancestors=ancestors, kv_len=kv_len)
-        args = (tokens, positions, hidden, slots) + (() if commit else (prefix_lens, *ancestors))
-        key = ("draft", commit) + tuple((tuple(a.shape), a.dtype) for a in args)
-        if key not in self.graphs:
-            names = ["tokens", "positions", "hidden", "slots"] + ([] if commit else ["prefix_lens", "anc_k", "anc_v"])
-            if commit:
-                fn = lambda t, p, h, s: self.draft.forward(t, p, h, self.dkv, s, True)        # noqa: E731
-            else:
-                fn = lambda t, p, h, s, pl, ak, av: self.draft.forward(                        # noqa: E731
-                    t, p, h, self.dkv, s, False, prefix_lens=pl, ancestors=(ak, av))
-            self.graphs[key] = StaticGraph(f"draft {'extend' if commit else 'step'}", fn,
-                                           [(n, a.shape, a.dtype) for n, a in zip(names, args)], d.device)
-        return self.graphs[key](*args)
+        names = ("tokens", "positions", "hidden", "slots", "prefix_lens", "anc_k", "anc_v")
+        if commit:
+            return self.replay(("draft extend",), lambda t, p, h, s: d.forward(t, p, h, self.dkv, s, True),
+                               (tokens, positions, hidden, slots), names)
+        return self.replay(("draft step",), lambda t, p, h, s, pl, ak, av: d.forward(
+            t, p, h, self.dkv, s, False, prefix_lens=pl, ancestors=(ak, av)),
+            (tokens, positions, hidden, slots, prefix_lens, *ancestors), names)
 
     def reset(self) -> None:
         """The state of fresh caches (zeros), graphs kept."""

@@ -61,8 +61,8 @@ def test_draft_steps_and_extend_through_round_graphs_equal_eager(backend):
             got = rg.draft_forward(t, prefix + A, h, rg.dkv, slots, **kw)
             assert torch.equal(got.logits, want.logits) and torch.equal(got.hidden, want.hidden), (rnd, A)
     assert torch.equal(rg.dkv.k, eager_kv.k) and torch.equal(rg.dkv.v, eager_kv.v)
-    kinds = sorted(k[:2] for k in rg.graphs)
-    assert kinds == [("draft", False), ("draft", False), ("draft", True)], kinds   # one per shape
+    kinds = sorted(k[0] for k in rg.graphs)
+    assert kinds == ["draft extend", "draft step", "draft step"], kinds   # one per shape
     assert all((s.graph is not None) == (DEVICE.type == "cuda") for s in rg.graphs.values())
 
 
@@ -121,6 +121,6 @@ def test_speculative_generate_with_graphs_equals_without(backend, dtype, sp):
         kept = graphs_mod._KEPT_ROUNDS[target]
         names = {k[0] for k in kept.graphs}
         assert {"verify", "verify rows", "chosen logprobs"} <= names, names
-        assert ("draft trees" in names) == ("draft" in names) == draft.cached, names   # the fp32 head stays eager
+        assert ("draft trees" in names) == ("draft extend" in names) == draft.cached, names   # the fp32 head: eager
         failed = {k: s.failed for k, s in kept.graphs.items() if s.graph is None}
         assert not failed, failed                                  # every graph captured, none refused
