@@ -81,7 +81,7 @@ from engine.graphs import RoundGraphs, round_graphs
 from engine.model import GptOssModel
 from engine.request import Request, Result, SamplingParams, seed_as_int64
 from kernels.moe import top_k_lowest_index
-from engine.sampling import chosen_logprob, keep_mask, sample, target_distributions
+from engine.sampling import chosen_logprob, host_to, keep_mask, sample, target_distributions
 from kernels import portable
 from kernels.coins import COIN_MAX, DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise, verify_coins
 
@@ -847,19 +847,22 @@ def _round(run: _SpecRun, active: list[int]) -> None:
 
 
 def _round_inputs(run: _SpecRun, active: list[int]) -> _RoundIn:
+    """The round's host facts on the draft's device: the integers in one copy, the temperatures in
+    another (engine.sampling.host_to: pinned, no host sync)."""
     state, requests, ddev = run.state, run.requests, run.draft.device
     r_host = [state.length(i) - 1 for i in active]
     greedy = [requests[i].params.is_greedy for i in active]
     d_sampled = [run.spec.verify == "rejection" and not g for g in greedy]
-    rows = _DraftRows(torch.tensor(d_sampled, device=ddev),
-                      torch.tensor([requests[i].params.temperature if s else 1.0 for i, s in zip(active, d_sampled)],
-                                   dtype=torch.float64, device=ddev),
-                      torch.tensor([seed_as_int64(requests[i].seed) if s and requests[i].seed is not None else 0
-                                    for i, s in zip(active, d_sampled)], dtype=torch.int64, device=ddev),
+    seeds = [seed_as_int64(requests[i].seed) if s and requests[i].seed is not None else 0
+             for i, s in zip(active, d_sampled)]
+    act, r, root_tok, sampled, seeds_t = host_to(ddev, [active, r_host, [state.last(i) for i in active],
+                                                        [int(s) for s in d_sampled], seeds])
+    temperature = host_to(ddev, [requests[i].params.temperature if s else 1.0 for i, s in zip(active, d_sampled)],
+                          torch.float64)
+    rows = _DraftRows(sampled.bool(), temperature, seeds_t,
                       [a for a, (i, s) in enumerate(zip(active, d_sampled)) if s and requests[i].seed is None],
                       any(d_sampled))
-    return _RoundIn(active, torch.tensor(active, device=ddev), torch.tensor(r_host, device=ddev), max(r_host),
-                    torch.tensor([state.last(i) for i in active], device=ddev), greedy, rows)
+    return _RoundIn(active, act, r, max(r_host), root_tok, greedy, rows)
 
 
 def _draft_step(run: _SpecRun, rin: _RoundIn) -> TreeBatch:
