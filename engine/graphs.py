@@ -61,9 +61,13 @@ class _Replayed:
     graph: torch.cuda.CUDAGraph | None = None
     out = None
     failed: str | None = None          # why the capture was refused: the step runs eagerly since
+    eager_calls = 0                    # calls run eagerly before the capture (a shape seen once is not captured)
 
     def _replay(self, device: torch.device, step):
         if device.type != "cuda" or self.failed is not None:
+            return step()
+        if self.eager_calls > 0 and self.graph is None:
+            self.eager_calls -= 1
             return step()
         if self.graph is None:
             # the warm-up runs the step once (a decode step writes its keys and values into the
@@ -91,8 +95,8 @@ class StaticGraph(_Replayed):
         out = step(tokens, ...)
     """
 
-    def __init__(self, name: str, fn, inputs, device):
-        self.name, self.fn, self.device = name, fn, torch.device(device)
+    def __init__(self, name: str, fn, inputs, device, eager_calls: int = 0):
+        self.name, self.fn, self.device, self.eager_calls = name, fn, torch.device(device), eager_calls
         self.names = [n for n, _, _ in inputs]
         with torch.inference_mode(False):      # normal tensors: copied into in and out of inference mode
             self.buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for _, shape, dtype in inputs]
@@ -109,15 +113,15 @@ class StaticGraph(_Replayed):
         return self._replay(self.device, lambda: self.fn(*self.buffers))
 
 
-def forward_graph(model, cache: KVCache, rows: int, capture: Sequence[int] = (), name: str = "ForwardGraph"
-                  ) -> StaticGraph:
+def forward_graph(model, cache: KVCache, rows: int, capture: Sequence[int] = (), name: str = "ForwardGraph",
+                  eager_calls: int = 0) -> StaticGraph:
     """model.forward of `rows` rows (tokens, positions, slots [rows] int64) over `cache`,
     returning `capture`'s boundary states too: -> ForwardOutput (logits [rows, V] fp32, captured)."""
     if rows < 1:
         raise ValueError(f"{name} needs batch_size >= 1, got {rows}")
     capture = tuple(capture)
     return StaticGraph(name, lambda t, p, s: model.forward(t, p, s, cache, capture=capture),
-                       [(n, (rows,), torch.int64) for n in ("tokens", "positions", "slots")], model.device)
+                       [(n, (rows,), torch.int64) for n in ("tokens", "positions", "slots")], model.device, eager_calls)
 
 
 class DecodeGraph:
@@ -230,6 +234,8 @@ class RoundGraphs:
       - the fp32 portable draft head: its attend_rows sizes its key axis by kv_len, a host int
         that grows every round (the cached path's attention walks the whole slot instead);
       - graphs=False (tests compare the two).
+    A graph is captured at the second call of its shape (the first runs eagerly): a run's
+    requests finish at different rounds, and a shape seen once would cost a capture for nothing.
     On the CPU a StaticGraph is the eager call on its buffers, so both paths give the eager bits.
     """
 
@@ -251,7 +257,7 @@ class RoundGraphs:
             return t.forward(tokens, positions, slots, self.cache, capture=self.capture)
         key = ("verify", tokens.shape[0])
         if key not in self.graphs:
-            self.graphs[key] = forward_graph(t, self.cache, tokens.shape[0], self.capture, name="verify")
+            self.graphs[key] = forward_graph(t, self.cache, tokens.shape[0], self.capture, "verify", eager_calls=1)
         return self.graphs[key](tokens, positions, slots)
 
     def replay(self, key: tuple, fn, args: tuple, names: Sequence[str] = ()):
@@ -265,7 +271,7 @@ class RoundGraphs:
         if key not in self.graphs:
             names = list(names) or [f"input {i}" for i in range(len(args))]
             self.graphs[key] = StaticGraph(str(key[0]), fn, [(n, a.shape, a.dtype) for n, a in zip(names, args)],
-                                           args[0].device)
+                                           args[0].device, eager_calls=1)
         return self.graphs[key](*args)
 
     def draft_forward(self, tokens, positions, hidden, kv, slots, commit: bool, prefix_lens=None,

@@ -60,6 +60,8 @@ def test_draft_steps_and_extend_through_round_graphs_equal_eager(backend):
             want = draft.forward(t, prefix + A, h, eager_kv, slots, **kw)
             got = rg.draft_forward(t, prefix + A, h, rg.dkv, slots, **kw)
             assert torch.equal(got.logits, want.logits) and torch.equal(got.hidden, want.hidden), (rnd, A)
+        if rnd == 0:                                       # a shape's first call runs eagerly
+            assert all(s.graph is None for s in rg.graphs.values())
     assert torch.equal(rg.dkv.k, eager_kv.k) and torch.equal(rg.dkv.v, eager_kv.v)
     kinds = sorted(k[0] for k in rg.graphs)
     assert kinds == ["draft extend", "draft step", "draft step"], kinds   # one per shape
