@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The captured speculative round on one GPU (issue 34 item 2): engine.graphs.RoundGraphs replays
-# the verify call, the draft steps and the draft extend from CUDA graphs. Three parts, each
-# labelled, each under its own time limit so the whole stays within 240 s:
+# the round's device-only pieces from CUDA graphs (the draft tree, the verify layout, the verify
+# call, a greedy acceptance, the chosen logprobs, the draft extend). Three parts, each labelled,
+# each under its own time limit so the whole stays within 240 s:
 #   1. GPU tests: captured verify / draft steps / draft extend = the eager calls bit for bit over
-#      several rounds, and speculative_generate with graphs = without (tests/engine/test_graphs.py,
-#      tests/speculative/test_round_graphs.py).
+#      several rounds, speculative_generate with graphs = without (chain, tree, rejection with an
+#      unseeded request, fp32 head; torch and triton), every graph captured (none refused), and a
+#      step with a host read refused by the capture and run eagerly
+#      (tests/speculative/test_round_graphs.py, tests/engine/test_graphs.py).
 #   2. The bit check: every CUDA golden of speculative/* and draft/* on the four pairs
 #      (fp32/bf16 x torch/triton), recorded before the round was captured, must still pass.
 #   3. bench/speculative.py --batches 1,8 --repeat 5: the round (its forwards replayed) against
