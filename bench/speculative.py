@@ -7,15 +7,18 @@ step, on random gpt-oss weights and a random EAGLE3 draft built in memory on the
 For each batch B (B requests whose --context tokens are already in the target cache and the
 draft's committed KV), chain drafting with --steps draft steps (topk 1, steps + 1 tree nodes),
 greedy verification:
-  decode step    one target forward of B rows, eager (as the verify runs it)
+  decode step    one target forward of B rows, eager
   captured step  the baseline users get: the same step replayed from engine.graphs.DecodeGraph,
                  as generate runs it on a GPU (on the CPU it is the eager step again)
   draft step     one draft forward of B tree rows at depth 2 (over the committed keys and one
-                 ancestor), as each draft step of a round after the first
-  verify         one target forward of B * (steps + 1) rows: the chain at its real positions
+                 ancestor), through engine.graphs.RoundGraphs (on the cached path replayed from
+                 a CUDA graph of its own; in the round the whole draft tree is one graph)
+  verify         one target forward of B * (steps + 1) rows: the chain at its real positions,
+                 as the round runs it (RoundGraphs: replayed from a CUDA graph on a GPU)
   round          engine.speculative's whole round (_round: draft trees, verify, batched
                  acceptance, the one host read, KV copy-back, draft extend), as
-                 speculative_generate runs it between its bookkeeping
+                 speculative_generate runs it between its bookkeeping: its forwards replayed
+                 from the graphs captured at the warm-up rounds
   end to end     (B = 1, --new-tokens tokens) wall clock of plain `generate` (captured decode
                  steps) against `speculative_generate` whose draft (`proposing`) proposes the
                  plain run's own tokens after its real forward: full acceptance, measured
@@ -51,6 +54,7 @@ from engine.eagle3 import Eagle3Config, Eagle3Draft, expected_draft_tensors  # n
 from engine.generate import Decoding, Request  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 import engine.speculative as spec_mod  # noqa: E402
+from engine.graphs import DecodeGraph, RoundGraphs  # noqa: E402
 
 SHAPES = {"20b": "gpt-oss-20b", "120b": "gpt-oss-120b"}
 
@@ -116,8 +120,9 @@ class State:
         self.seqs = [torch.randint(0, V, (context,), generator=g).tolist() for _ in range(batch)]
         self.requests = [Request(s, SamplingParams(greedy=True, max_new_tokens=1 << 20)) for s in self.seqs]
         cap = context + 4 * (spec.num_steps + 1) + 16
-        self.cache = target.new_cache(batch * self.shape.P, cap)
-        self.dkv = draft.new_kv(batch, cap)
+        # the round's caches and its captured forwards, kept across the timed rounds
+        self.graphs = RoundGraphs(target, draft, batch * self.shape.P, batch, cap, 0)
+        self.cache, self.dkv = self.graphs.cache, self.graphs.dkv
         self.root_logits = torch.zeros((batch, draft.config.draft_vocab_size), device=draft.device)
         self.root_h = torch.zeros((batch, draft.config.hidden_size), dtype=draft.act, device=draft.device)
         m = context - 1                                    # positions 0 .. n-2 are in the caches
@@ -133,7 +138,7 @@ class State:
     def round(self, target, draft):
         """One round over a fresh decoding state, so every call starts from the same committed sequences."""
         B = self.batch
-        run = spec_mod._SpecRun(target, draft, self.spec, self.shape, self.cache, self.dkv, self.root_logits,
+        run = spec_mod._SpecRun(target, draft, self.spec, self.shape, self.graphs, self.root_logits,
                                 self.root_h, None, self.cap, Decoding(self.requests, target.config.eos_token_id),
                                 [[] for _ in range(B)])
         spec_mod._round(run, list(range(B)))
@@ -150,7 +155,6 @@ def measure(target, draft, batch, context, steps, repeat, device):
     def decode(_):
         target.forward(tok, torch.full((batch,), r, device=dev), slots, st.cache)
 
-    from engine.graphs import DecodeGraph
     graph = DecodeGraph(target, st.cache, batch)
     d_pos = torch.full((batch,), r, device=dev)
 
@@ -163,7 +167,7 @@ def measure(target, draft, batch, context, steps, repeat, device):
     v_slot = slots.repeat_interleave(W)
 
     def verify(_):
-        target.forward(v_tok, v_pos, v_slot, st.cache, capture=draft.boundaries)
+        st.graphs.verify(v_tok, v_pos, v_slot)
 
     ddev = draft.device
     Hkv, D = st.dkv.k.shape[1], st.dkv.k.shape[3]
@@ -171,9 +175,9 @@ def measure(target, draft, batch, context, steps, repeat, device):
     d_tok = tok.to(ddev)
 
     def draft_step(_):
-        draft.forward(d_tok, torch.full((batch,), r + 1, device=ddev), st.root_h, st.dkv, slots.to(ddev),
-                      commit=False, prefix_lens=torch.full((batch,), r, device=ddev), ancestors=(anc, anc),
-                      kv_len=r)
+        st.graphs.draft_forward(d_tok, torch.full((batch,), r + 1, device=ddev), st.root_h, st.dkv, slots.to(ddev),
+                                commit=False, prefix_lens=torch.full((batch,), r, device=ddev), ancestors=(anc, anc),
+                                kv_len=r)
 
     out = {}
     for name, fn in (("decode step", decode), ("captured step", captured), ("draft step", draft_step),

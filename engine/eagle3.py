@@ -365,6 +365,7 @@ class Eagle3Draft:
         self.inv_freq = self.inv_freq.to(self.device)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self._rope_table = None                       # cos, sin of every draft KV position (_cos_sin)
+        self._old_rope_tables: list = []
 
     def _load_weights(self, weights: dict, with_embed: bool, target_embed: torch.Tensor | None, Ht: int) -> None:
         """The tensors on the device: norm weights fp32; matmul weights and the embedding fp32
@@ -394,8 +395,12 @@ class Eagle3Draft:
 
     def _cos_sin(self, positions: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """rope_cos_sin at `positions` (< capacity), read from a table of every position below the
-        KV capacity (rebuilt when a larger KV comes): the same bits, two launches instead of ~80."""
+        KV capacity (rebuilt when a larger KV comes): the same bits, two launches instead of ~80.
+        An outgrown table is kept alive: a captured draft step (engine.graphs.RoundGraphs) reads
+        the table that existed when it was captured."""
         if self._rope_table is None or self._rope_table[0].shape[0] < capacity:
+            if self._rope_table is not None:
+                self._old_rope_tables.append(self._rope_table)
             self._rope_table = rope_cos_sin(torch.arange(capacity, device=self.device), self.inv_freq, 1.0)
         cos, sin = self._rope_table
         return cos.index_select(0, positions), sin.index_select(0, positions)

@@ -44,8 +44,8 @@ from typing import Sequence
 
 import torch
 
-from engine.graphs import DecodeSteps, decode_steps
-from engine.model import ONE_DEVICE, GptOssModel
+from engine.graphs import DecodeSteps, capturable, decode_steps
+from engine.model import GptOssModel
 from engine.request import Request, Result, SamplingParams, check_request  # noqa: F401  (the request type)
 from engine.sampling import chosen_logprobs, host_to, row_settings, sample_and_logprobs
 
@@ -192,7 +192,7 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
     if not requests:
         return []
     source = source or Sampled(requests, generator_for(requests, generator))
-    eager = bool(capture) or observer is not None or not _capturable(model)
+    eager = bool(capture) or observer is not None or not capturable(model)
     steps = decode_steps(model, len(requests) + 1, max(len(r.prompt) + r.params.max_new_tokens for r in requests))
     run = _Run(model, requests, Decoding(requests, model.config.eos_token_id, observer), source, steps,
                tuple(capture), max_batch, eager, [[] for _ in requests])
@@ -333,10 +333,3 @@ def _bucket(n: int, max_batch: int) -> int:
     while b < n:
         b *= 2
     return min(b, max(max_batch, n))
-
-
-def _capturable(model) -> bool:
-    """Decode steps replay a CUDA graph on a GPU, except on a sharded model (its expert-parallel
-    torch path reads routed ids on the host, and collectives are not captured here) and on a
-    model whose forward records into a trace (a recording reads every op back to the host)."""
-    return model.device.type == "cuda" and model.comm is ONE_DEVICE and model.trace is None

@@ -53,6 +53,13 @@ depend on its batchmates:
      committed positions (target features from the verify rows; W rows per request, the ones
      past the accepted count again padding) writes them and yields the next round's depth 1.
 
+The round replays CUDA graphs on a GPU (engine.graphs.RoundGraphs, owned by the run with its
+caches), each per shape: the verify layout, the verify call, a greedy round's acceptance, the
+chosen logprobs, and on the draft's cached path (bf16 policy) the whole draft tree and the draft
+extend; the same kernels with the same arguments as the eager calls, so the same bits. What needs
+the host (the sampled acceptance's row lists and generator coins, rows drawing from an unseeded
+generator, the KV copies sized by a host int, the bookkeeping) and the fp32 portable head stay eager.
+
 The per-row sampling helpers (_target_distributions, _chosen_logprobs) are the one place this
 module calls engine.sampling's row functions in a round: a batched sampler goes there.
 
@@ -70,10 +77,11 @@ import torch
 
 from engine.eagle3 import DraftKV, Eagle3Draft
 from engine.generate import Decoding, generator_for, observing, validate_request
+from engine.graphs import RoundGraphs, round_graphs
 from engine.model import GptOssModel
 from engine.request import Request, Result, SamplingParams, seed_as_int64
 from kernels.moe import top_k_lowest_index
-from engine.sampling import chosen_logprob, keep_mask, sample, target_distributions
+from engine.sampling import chosen_logprob, host_to, keep_mask, sample, target_distributions
 from kernels import portable
 from kernels.coins import COIN_MAX, DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise, verify_coins
 
@@ -347,13 +355,16 @@ class TreeBatch:
 
 def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch.Tensor, root_tok: torch.Tensor,
                  root_logits: torch.Tensor, root_h: torch.Tensor, rows: _DraftRows, spec: SpecParams,
-                 generator: torch.Generator | None, kv_len: int) -> TreeBatch:
+                 generator: torch.Generator | None, kv_len: int | None, forward=None) -> TreeBatch:
     """One draft tree per request (module docstring, step 1), all requests at once on the device.
     slots, r (root positions), root_tok [R]; root_logits/root_h: the draft's last committed row.
     Candidates are numbered in creation order: depth 1's k, then per depth k beams x k children
     (beams in ascending candidate order). Every beam set and the final tree are stable
-    descending sorts of the float64 scores, so equal scores go to the earlier candidate."""
+    descending sorts of the float64 scores, so equal scores go to the earlier candidate.
+    kv_len: the portable head's attention bound (Eagle3Draft.forward; the cached path ignores it).
+    `forward`: the draft forward to call (default draft.forward; the round's: RoundGraphs.draft_forward)."""
     R, K = r.shape[0], spec.topk
+    forward = forward or draft.forward
     hot = draft.hot_ids
     ids, lp, q = _draft_children_rows(hot, draft.config.vocab_size, root_logits, rows, K, r + 1, generator)
     cand_tok, cand_parent, cand_score, cand_q = [hot[ids]], [torch.full_like(ids, -1)], [lp], [q]
@@ -369,10 +380,12 @@ def _draft_trees(draft: Eagle3Draft, dkv: DraftKV, slots: torch.Tensor, r: torch
     beam_slots = _each(slots, Kb)
     if draft.cached and Kb > 1 and spec.num_steps > 1:          # tree rows write their keys: a slot per beam
         beam_slots = dkv.num_slots + beam_slots * Kb + torch.arange(Kb, device=r.device).repeat(R)
-        dkv.copy_prefix(beam_slots, _each(slots, Kb), kv_len)
+        # the whole slot (a fixed length, so the step can be captured): a tree row reads only its
+        # prefix, which this copies, and the positions it writes itself first
+        dkv.copy_prefix(beam_slots, _each(slots, Kb), dkv.k.shape[2])
     for d in range(2, spec.num_steps + 1):                      # beams sit at depth d - 1
         rr = _each(r, Kb)
-        step = draft.forward(beam_tok.reshape(-1), rr + d - 2, beam_h.reshape(R * Kb, -1), dkv,
+        step = forward(beam_tok.reshape(-1), rr + d - 2, beam_h.reshape(R * Kb, -1), dkv,
                              beam_slots, commit=False, prefix_lens=rr,
                              ancestors=(anc_k.flatten(0, 1), anc_v.flatten(0, 1)), kv_len=kv_len)
         ids, lp, q = _draft_children_rows(hot, draft.config.vocab_size, step.logits, beam_rows, K, rr + d, generator)
@@ -619,13 +632,15 @@ def check_pair(target: GptOssModel, draft: Eagle3Draft) -> None:
 # ---------------------------------------------------------------------- the loop
 def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequence[Request],
                          spec: SpecParams = SpecParams(), *, generator: torch.Generator | None = None,
-                         max_context: int | None = None, observer=None) -> list[Result]:
+                         max_context: int | None = None, observer=None, graphs: bool = True) -> list[Result]:
     """Run `requests` to completion with speculative decoding; results in request order.
-    `observer` (an engine.trace.Trace, or None) records the run (step r = verify round r)."""
+    `observer` (an engine.trace.Trace, or None) records the run (step r = verify round r).
+    `graphs` (internal: tests compare the two): False runs the round's forwards eagerly instead
+    of replaying engine.graphs.RoundGraphs' CUDA graphs (the same bits)."""
     _check(target, draft, requests, spec, max_context)
     if not requests:
         return []
-    run = _SpecRun.start(target, draft, requests, spec, generator_for(requests, generator), observer)
+    run = _SpecRun.start(target, draft, requests, spec, generator_for(requests, generator), observer, graphs)
     with observing(target, observer):
         prefill(run)
         speculative_decode(run)
@@ -674,8 +689,7 @@ class _SpecRun:
     draft: Eagle3Draft
     spec: SpecParams
     shape: _RoundShape
-    cache: object
-    dkv: DraftKV
+    graphs: RoundGraphs                # the target's KV cache, the draft KV and the round's forwards
     root_logits: torch.Tensor          # [n_req, V_draft] fp32
     root_h: torch.Tensor               # [n_req, H_draft] in the draft's storage dtype
     generator: torch.Generator | None
@@ -684,21 +698,29 @@ class _SpecRun:
     accept_lengths: list[list[int]]    # per request, per verify round: accepted drafts + 1
 
     @classmethod
-    def start(cls, target, draft, requests, spec, generator, observer=None) -> "_SpecRun":
-        """Empty caches for `requests` (nothing run yet)."""
+    def start(cls, target, draft, requests, spec, generator, observer=None, graphs: bool = True) -> "_SpecRun":
+        """Empty caches for `requests` (nothing run yet); graphs=False: every forward eager."""
         n, dcfg = len(requests), draft.config
         capacity = max(len(r.prompt) + r.params.max_new_tokens + spec.num_steps for r in requests)
         shape = _RoundShape(spec)
         zeros = lambda width, dt: torch.zeros((n, width), dtype=dt, device=draft.device)  # noqa: E731
         scratch = n * spec.topk if draft.cached and spec.topk > 1 else 0     # a tree's beams (_draft_trees)
-        return cls(target, draft, spec, shape, target.new_cache(n * shape.P, capacity),
-                   draft.new_kv(n, capacity, scratch), zeros(dcfg.draft_vocab_size, torch.float32),
+        return cls(target, draft, spec, shape, round_graphs(target, draft, n * shape.P, n, capacity, scratch, graphs),
+                   zeros(dcfg.draft_vocab_size, torch.float32),
                    zeros(dcfg.hidden_size, draft.act), generator, capacity,
                    Decoding(requests, target.config.eos_token_id, observer), [[] for _ in requests])
 
     @property
     def requests(self) -> list[Request]:
         return self.state.requests
+
+    @property
+    def cache(self):
+        return self.graphs.cache
+
+    @property
+    def dkv(self) -> DraftKV:
+        return self.graphs.dkv
 
     @property
     def observer(self):
@@ -759,11 +781,12 @@ def speculative_decode(run: _SpecRun) -> None:
 
 def _draft_extend(draft: Eagle3Draft, dkv: DraftKV, root_logits: torch.Tensor, root_h: torch.Tensor,
                   req: torch.Tensor, pos: torch.Tensor, tok: torch.Tensor, feats: torch.Tensor,
-                  last: torch.Tensor, which: torch.Tensor, kv_len: int) -> None:
+                  last: torch.Tensor, which: torch.Tensor, kv_len: int, forward=None) -> None:
     """Commit rows (request req[t], position pos[t], token x_{pos+1} tok[t], target feature
     feats[t]) to the draft KV in one draft forward; row last[m] (request which[m]'s last
-    committed row) gives that request's next depth 1 (root_logits, root_h)."""
-    step = draft.forward(tok, pos, draft.combine_aux(feats), dkv, req, commit=True, kv_len=kv_len)
+    committed row) gives that request's next depth 1 (root_logits, root_h). `forward`: the
+    draft forward to call (default draft.forward; the round's: RoundGraphs.draft_forward)."""
+    step = (forward or draft.forward)(tok, pos, draft.combine_aux(feats), dkv, req, commit=True, kv_len=kv_len)
     dev = root_logits.device
     at, which = last.to(dev), which.to(dev)
     root_logits.index_copy_(0, which, step.logits.index_select(0, at))
@@ -774,8 +797,11 @@ def _draft_extend(draft: Eagle3Draft, dkv: DraftKV, root_logits: torch.Tensor, r
 # A round is four steps over explicit tensors (module docstring, steps 1-4): _round_inputs (the
 # host facts, moved to the device), _draft_step, _verify_step and _accept_step (device only: no
 # host read), then _read_round (the one host read) and _commit (host bookkeeping, then the KV
-# copies and the draft extend). Everything a step needs is in its arguments, so the device steps
-# can be captured as they are.
+# copies and the draft extend). Everything a step needs is in its arguments. The device-only
+# pieces (the draft tree, the verify layout, the verify call, a greedy acceptance, the chosen
+# logprobs, the draft extend) go through run.graphs (engine.graphs.RoundGraphs): on a GPU each is a
+# CUDA graph per shape, captured at its first round and replayed after, with the round's tensors
+# copied into its input buffers; what needs the host runs eagerly between them.
 @dataclass
 class _RoundIn:
     """The host facts of a round for the `active` requests, on the draft's device."""
@@ -821,25 +847,43 @@ def _round(run: _SpecRun, active: list[int]) -> None:
 
 
 def _round_inputs(run: _SpecRun, active: list[int]) -> _RoundIn:
+    """The round's host facts on the draft's device: the integers in one copy, the temperatures in
+    another (engine.sampling.host_to: pinned, no host sync)."""
     state, requests, ddev = run.state, run.requests, run.draft.device
     r_host = [state.length(i) - 1 for i in active]
     greedy = [requests[i].params.is_greedy for i in active]
     d_sampled = [run.spec.verify == "rejection" and not g for g in greedy]
-    rows = _DraftRows(torch.tensor(d_sampled, device=ddev),
-                      torch.tensor([requests[i].params.temperature if s else 1.0 for i, s in zip(active, d_sampled)],
-                                   dtype=torch.float64, device=ddev),
-                      torch.tensor([seed_as_int64(requests[i].seed) if s and requests[i].seed is not None else 0
-                                    for i, s in zip(active, d_sampled)], dtype=torch.int64, device=ddev),
+    seeds = [seed_as_int64(requests[i].seed) if s and requests[i].seed is not None else 0
+             for i, s in zip(active, d_sampled)]
+    act, r, root_tok, sampled, seeds_t = host_to(ddev, [active, r_host, [state.last(i) for i in active],
+                                                        [int(s) for s in d_sampled], seeds])
+    temperature = host_to(ddev, [requests[i].params.temperature if s else 1.0 for i, s in zip(active, d_sampled)],
+                          torch.float64)
+    rows = _DraftRows(sampled.bool(), temperature, seeds_t,
                       [a for a, (i, s) in enumerate(zip(active, d_sampled)) if s and requests[i].seed is None],
                       any(d_sampled))
-    return _RoundIn(active, torch.tensor(active, device=ddev), torch.tensor(r_host, device=ddev), max(r_host),
-                    torch.tensor([state.last(i) for i in active], device=ddev), greedy, rows)
+    return _RoundIn(active, act, r, max(r_host), root_tok, greedy, rows)
 
 
 def _draft_step(run: _SpecRun, rin: _RoundIn) -> TreeBatch:
-    """1. One draft tree per request, from its depth-1 inputs."""
-    trees = _draft_trees(run.draft, run.dkv, rin.act, rin.r, rin.root_tok, run.root_logits.index_select(0, rin.act),
-                         run.root_h.index_select(0, rin.act), rin.rows, run.spec, run.generator, kv_len=rin.max_r)
+    """1. One draft tree per request, from its depth-1 inputs. On the cached path the whole of
+    _draft_trees (every draft step, top-k, beam and numbering op) is one replayed graph, unless a
+    row draws from the host generator (then each draft forward is one: RoundGraphs.draft_forward)."""
+    inputs = (rin.act, rin.r, rin.root_tok, run.root_logits.index_select(0, rin.act),
+              run.root_h.index_select(0, rin.act))
+    rows = rin.rows
+    if run.draft.cached and not rows.unseeded:
+        draft, dkv, spec, any_sampled = run.draft, run.dkv, run.spec, rows.any_sampled    # what the key fixes
+
+        def trees_of(slots, r, root_tok, root_logits, root_h, sampled, temperature, seeds):
+            return _draft_trees(draft, dkv, slots, r, root_tok, root_logits, root_h,
+                                _DraftRows(sampled, temperature, seeds, [], any_sampled), spec, None, kv_len=None)
+
+        trees = run.graphs.replay(("draft trees", spec, any_sampled), trees_of,
+                                  inputs + (rows.sampled, rows.temperature, rows.seeds))
+    else:
+        trees = _draft_trees(run.draft, run.dkv, *inputs, rows, run.spec, run.generator, kv_len=rin.max_r,
+                             forward=run.graphs.draft_forward)
     if run.observer is not None:                           # host reads, trace only
         for a, i in enumerate(rin.active):
             t = trees.tree(a)
@@ -851,59 +895,79 @@ def _draft_step(run: _SpecRun, rin: _RoundIn) -> TreeBatch:
 def _verify_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch) -> _Verified:
     """2. Every root-to-leaf path as a chain in one target call; path 0 in the request's own slot,
     the others in scratch slots that first receive a copy of the request's committed KV."""
-    R, P, W, cache = len(rin.active), run.shape.P, run.shape.W, run.cache
+    R, P, W, K, cache = len(rin.active), run.shape.P, run.shape.W, run.spec.topk, run.cache
     tdev = cache.k_all.device                             # the target's device
-    lay = _layout(trees.parents.to(tdev), P, W, run.spec.topk)
     tokens = trees.tokens.to(tdev)
     act_t, r_t = rin.act.to(tdev), rin.r.to(tdev)
     n_req = run.root_logits.shape[0]
-    path_slot = torch.cat([act_t[:, None], n_req + act_t[:, None] * (P - 1) + torch.arange(P - 1, device=tdev)], 1)
+    lay, path_slot, v_tok, v_pos, v_slot = run.graphs.replay(                        # a replayed graph
+        ("verify rows", P, W, K, n_req), lambda par, tok, act, r: _verify_rows(par, tok, act, r, P, W, K, n_req),
+        (trees.parents.to(tdev), tokens, act_t, r_t))
     if P > 1:                                              # scratch slots start as copies of the request's
         cache.copy_prefix(path_slot[:, 1:].reshape(-1), _each(act_t, P - 1), rin.max_r)
-    v_tok = torch.where(lay.valid, tokens.gather(1, lay.path_nodes.flatten(1)).view(R, P, W), 0)
-    v_pos = (r_t[:, None, None] + torch.arange(W, device=tdev)).expand(R, P, W)
-    v_slot = path_slot[:, :, None].expand(R, P, W)
     if run.observer is not None:                           # padding rows serve no request
         valid = lay.valid.reshape(-1).tolist()
         req_of = [i for i in rin.active for _ in range(P * W)]
         run.observer.rows([q if ok else -1 for q, ok in zip(req_of, valid)],
                           [len(run.accept_lengths[q]) + 1 if ok else 0 for q, ok in zip(req_of, valid)])
-    vout = run.target.forward(v_tok.reshape(-1), v_pos.reshape(-1), v_slot.reshape(-1), cache,
-                              capture=run.draft.boundaries)
+    vout = run.graphs.verify(v_tok, v_pos, v_slot)                                  # a replayed graph
     node_logits = vout.logits.index_select(0, lay.node_row.reshape(-1)).view(R, run.shape.N, -1)
     node_feats = vout.captured.index_select(0, lay.node_row.reshape(-1)).view(R, run.shape.N, -1)
     return _Verified(lay, tokens, path_slot, node_logits, node_feats)
 
 
+def _verify_rows(parents: torch.Tensor, tokens: torch.Tensor, act: torch.Tensor, r: torch.Tensor, P: int, W: int,
+                 K: int, n_req: int) -> tuple:
+    """The verify call's fixed layout (_layout) and rows: -> (layout, path slots [R, P], and the
+    rows' tokens, positions and slots [R * P * W]; padding rows: token 0). Device only."""
+    R, dev = parents.shape[0], parents.device
+    lay = _layout(parents, P, W, K)
+    path_slot = torch.cat([act[:, None], n_req + act[:, None] * (P - 1) + torch.arange(P - 1, device=dev)], 1)
+    v_tok = torch.where(lay.valid, tokens.gather(1, lay.path_nodes.flatten(1)).view(R, P, W), 0)
+    v_pos = (r[:, None, None] + torch.arange(W, device=dev)).expand(R, P, W)
+    v_slot = path_slot[:, :, None].expand(R, P, W)
+    return lay, path_slot, v_tok.reshape(-1), v_pos.reshape(-1), v_slot.reshape(-1)
+
+
 def _accept_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch, ver: _Verified) -> _Accepted:
     """3. The acceptance rule of every request's mode at every node at once, the walk from the
-    root, the bonus token, and for sampled requests the final draw's distribution."""
-    R, N, W = len(rin.active), run.shape.N, run.shape.W
+    root, the bonus token, and for sampled requests the final draw's distribution. A round of
+    greedy requests only is one replayed graph (device only: no coins, no host list)."""
+    N, W = run.shape.N, run.shape.W
     tokens, kids, node_logits = ver.tokens, ver.lay.children, ver.node_logits
     tdev = tokens.device
-    choice = _accept_greedy(tokens, kids, torch.argmax(node_logits, dim=-1))
     sampled = [a for a, g in enumerate(rin.greedy) if not g]
-    weights = fin = None
-    if sampled:
-        s_idx = torch.tensor(sampled, device=tdev)
-        which = [rin.active[a] for a in sampled]
-        p = _target_distributions(node_logits.index_select(0, s_idx), [run.requests[i].params for i in which])
-        coins, fin = _coins(run.requests, which, [run.state.length(i) for i in which], N, run.generator, tdev)
-        s_tok, s_kids = tokens.index_select(0, s_idx), kids.index_select(0, s_idx)
-        q = trees.q.to(tdev).index_select(0, s_idx) if run.spec.verify == "rejection" else None
-        if q is not None:
-            s_choice = _accept_rejection(s_tok, s_kids, p, q, coins)
-        else:
-            s_choice = _accept_target_only(s_tok, s_kids, p, coins, run.spec.threshold_single, run.spec.threshold_acc)
-        choice = choice.index_copy(0, s_idx, s_choice)
+    if not sampled:
+        acc_nodes, last, ints = run.graphs.replay(
+            ("greedy accept", W), lambda t, k, nl: _accepted(t, _accept_greedy(t, k, torch.argmax(nl, dim=-1)), nl, W),
+            (tokens, kids, node_logits))
+        return _Accepted(acc_nodes, last, ints, sampled, None, None)
+    choice = _accept_greedy(tokens, kids, torch.argmax(node_logits, dim=-1))
+    s_idx = torch.tensor(sampled, device=tdev)
+    which = [rin.active[a] for a in sampled]
+    p = _target_distributions(node_logits.index_select(0, s_idx), [run.requests[i].params for i in which])
+    coins, fin = _coins(run.requests, which, [run.state.length(i) for i in which], N, run.generator, tdev)
+    s_tok, s_kids = tokens.index_select(0, s_idx), kids.index_select(0, s_idx)
+    q = trees.q.to(tdev).index_select(0, s_idx) if run.spec.verify == "rejection" else None
+    if q is not None:
+        s_choice = _accept_rejection(s_tok, s_kids, p, q, coins)
+    else:
+        s_choice = _accept_target_only(s_tok, s_kids, p, coins, run.spec.threshold_single, run.spec.threshold_acc)
+    acc_nodes, last, ints = _accepted(tokens, choice.index_copy(0, s_idx, s_choice), node_logits, W)
+    weights = _final_draw_weights(p, s_tok, s_kids, last.index_select(0, s_idx), q)   # q None: target-only
+    return _Accepted(acc_nodes, last, ints, sampled, weights, fin)
+
+
+def _accepted(tokens: torch.Tensor, choice: torch.Tensor, node_logits: torch.Tensor, W: int) -> tuple:
+    """From every node's chosen child: the walk from the root (_walk) and what the host reads ->
+    (accepted nodes [R, W], the last [R], ints [R, 2 + 2W]: count, accepted tokens (column 0 =
+    the root), the bonus (the last node's target argmax), accepted nodes)."""
+    R, V = tokens.shape[0], node_logits.shape[2]
     acc_nodes, n_acc = _walk(choice, W)
     last = acc_nodes[:, -1]
-    bonus = torch.argmax(node_logits.gather(1, last[:, None, None].expand(R, 1, node_logits.shape[2]))[:, 0], -1)
-    if sampled:
-        weights = _final_draw_weights(p, s_tok, s_kids, last.index_select(0, s_idx), q)   # q None: target-only
-    acc_tok = tokens.gather(1, acc_nodes)                                       # [R, W]; column 0 = the root
-    ints = torch.cat([n_acc[:, None], acc_tok, bonus[:, None], acc_nodes], dim=1)
-    return _Accepted(acc_nodes, last, ints, sampled, weights, fin)
+    bonus = torch.argmax(node_logits.gather(1, last[:, None, None].expand(R, 1, V))[:, 0], -1)
+    ints = torch.cat([n_acc[:, None], tokens.gather(1, acc_nodes), bonus[:, None], acc_nodes], dim=1)
+    return acc_nodes, last, ints
 
 
 def _commit(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accepted, host: list, finals: list[int]) -> None:
@@ -919,8 +983,8 @@ def _commit(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accepted, host: 
         nxt = final_of.get(a, host[a][1 + W])
         new_tok.append(toks[1:L] + [nxt] + [0] * (W - L))
     new_t = torch.tensor(new_tok, device=tdev)
-    lps = _chosen_logprobs(node_logits.gather(1, acc.acc_nodes[:, :, None].expand(R, W, node_logits.shape[2]))
-                           .flatten(0, 1), new_t.reshape(-1))                  # [R * W]
+    rows = node_logits.gather(1, acc.acc_nodes[:, :, None].expand(R, W, node_logits.shape[2])).flatten(0, 1)
+    lps = run.graphs.replay(("chosen logprobs",), _chosen_logprobs, (rows, new_t.reshape(-1))).clone()   # [R * W]
     # target KV: bring the accepted path's rows into the request's own slot (a no-op copy for path 0)
     act_t, r_t = rin.act.to(tdev), rin.r.to(tdev)
     src = ver.path_slot.gather(1, ver.lay.node_path.gather(1, acc.last[:, None]))[:, 0]
@@ -953,7 +1017,7 @@ def _extend_committed(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accept
     _draft_extend(run.draft, run.dkv, run.root_logits, run.root_h, _each(rin.act.index_select(0, e_d), W),
                   (rin.r.index_select(0, e_d)[:, None] + torch.arange(W, device=ddev)).reshape(-1),
                   new_t.index_select(0, e).reshape(-1).to(ddev), feats,
-                  at, rin.act.index_select(0, e_d), kv_len=rin.max_r + W)
+                  at, rin.act.index_select(0, e_d), kv_len=rin.max_r + W, forward=run.graphs.draft_forward)
 
 
 def _coins(requests, which: list[int], seq_lens: list[int], N: int, generator, device
