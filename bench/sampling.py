@@ -8,6 +8,12 @@ chosen logprob), in one process on the same logits, with the bits checked equal 
 Rows: seeded sampling at temperature 0.8 (no filters: generate's common case), greedy, and the
 replay's forced chosen logprobs. Each figure is the time of one batched call; ratio = torch /
 fused (> 1: the kernel is faster).
+
+    python3 bench/sampling.py --chunks 1,4,8,16,32,64   # programs per row (speed only)
+
+--chunks times kernels.sampling.sample_fused_triton with each row split over that many programs
+against one program per row (chunks 1, the baseline), per mode, and checks every split's bits
+equal to the baseline's; "default" is kernels.sampling.chunks_per_row's choice for the batch.
 """
 
 from __future__ import annotations
@@ -46,12 +52,46 @@ def case(name, logits, params, positions, repeat):
           f" | chosen logprobs {t_lp_torch * 1e3:>9.3f}ms {t_lp_fused * 1e3:>9.3f}ms {t_lp_torch / t_lp_fused:>7.1f}x")
 
 
+def sweep_chunks(R, V, chunks, repeat):
+    """One row of the --chunks table per mode: time per split, ratio against chunks = 1."""
+    from kernels.sampling import FORCED, GREEDY, SEEDED, _tree_shape, chunks_per_row, fused_temperature, \
+        sample_fused_triton
+    g = torch.Generator().manual_seed(R)
+    x = (torch.randn(R, V, generator=g) * 3).to(DEVICE)
+    Q = _tree_shape(V)["Q"]
+    sizes = [c for c in chunks if c <= Q]
+    for mode, name in ((SEEDED, "seeded"), (GREEDY, "greedy"), (FORCED, "forced")):
+        args = (x, torch.full((R,), mode, dtype=torch.int32, device=DEVICE),
+                torch.full((R,), fused_temperature(0.8, DEVICE), dtype=torch.float64, device=DEVICE),
+                torch.arange(R, device=DEVICE) * 7919 + 1, torch.arange(R, device=DEVICE) + 100,
+                torch.arange(R, device=DEVICE) * 13)
+        want = sample_fused_triton(*args, chunks=1)
+        cells = []
+        for c in sizes:
+            got = sample_fused_triton(*args, chunks=c)
+            if not (torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.int32), want[1].view(torch.int32))):
+                print(f"{name} R={R}: chunks {c} changed the bits")
+                sys.exit(3)
+            cells.append(timed(lambda: sample_fused_triton(*args, chunks=c), repeat))
+        base = cells[0] if sizes[0] == 1 else float("nan")
+        row = " ".join(f"{t * 1e3:>8.3f}ms ({base / t:>4.1f}x)" for t in cells)
+        print(f"{name:>8} {R:>4} default {chunks_per_row(R, Q):>3} | {row}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vocab", type=int, default=201088)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--repeat", type=int)
+    ap.add_argument("--chunks", help="programs per row to sweep, e.g. 1,4,8,16,32,64 (1 first: the baseline)")
     args = ap.parse_args(argv)
+    if args.chunks:
+        sizes = [int(c) for c in args.chunks.split(",")]
+        print(f"fused sampler, V = {args.vocab}, {device_line()}; time per call at chunks {sizes} "
+              f"(ratio: chunks 1 / this); bits checked equal to chunks 1")
+        for R in [int(b) for b in args.batches.split(",")]:
+            sweep_chunks(R, args.vocab, sizes, args.repeat)
+        return
     print(f"sampling, V = {args.vocab}, {device_line()}; bits checked equal before timing")
     print(f"{'rows':>8} {'R':>4} {'torch':>12} {'fused':>11} {'ratio':>8} | {'':15} {'torch':>11} {'fused':>11}")
     g = torch.Generator().manual_seed(0)

@@ -30,7 +30,9 @@ accepted, so the times are the real ones and only the acceptance is assumed.
 
 The draft's shape is an assumption (no EAGLE3 checkpoint is read): H_draft = the target's
 hidden size, 64 query / 8 KV heads of 64, intermediate 4 * H, a 32 000-id draft vocabulary
-(holding the end-to-end run's tokens), the target's embedding, the target's dtype policy. Times are CUDA events after warm-up calls; wall clock on the CPU.
+(holding the end-to-end run's tokens), the target's embedding, the target's dtype policy and
+backend (before 2026-12-03 the bench left the draft on the torch backend's portable ops: ~1,800
+launches per draft step). Times are CUDA events after warm-up calls; wall clock on the CPU.
 Before timing, "check" runs greedy speculative_generate against greedy generate on one prompt
 (tokens and logprob bits must agree; exit 3 if not), so a wrong round cannot hide behind a time.
 """
@@ -61,7 +63,8 @@ SHAPES = {"20b": "gpt-oss-20b", "120b": "gpt-oss-120b"}
 
 def random_draft(target, device, seed=1, dtype="fp32", must=()):
     """A random EAGLE3 head for `target` (module docstring's shape), weights made on the device,
-    under dtype policy `dtype`; its draft vocabulary holds the target ids `must`."""
+    under dtype policy `dtype` and the target's backend (its ops table: on the triton backend the
+    target's kernels); its draft vocabulary holds the target ids `must`."""
     tc = target.config
     H = tc.hidden_size
     heads = 64 if H >= 1024 else 2
@@ -83,7 +86,8 @@ def random_draft(target, device, seed=1, dtype="fp32", must=()):
     hot = list(dict.fromkeys([*must, *perm]))[:cfg.draft_vocab_size]            # `must` first, no repeats
     hot = torch.tensor(sorted(hot), device=device)
     w["d2t"] = hot - torch.arange(cfg.draft_vocab_size, device=device)
-    return Eagle3Draft(cfg, w, tc, "boundary", target_embed=target.embed, device=device, dtype=dtype)
+    return Eagle3Draft(cfg, w, tc, "boundary", target_embed=target.embed, backend=target.backend, device=device,
+                       dtype=dtype)
 
 
 def proposing(draft, seqs: torch.Tensor):

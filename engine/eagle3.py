@@ -609,7 +609,7 @@ def _ancestor_tensors(ancestors, T: int, Hkv: int, D: int, like: torch.Tensor
 
 
 # ---------------------------------------------------------------------- loading
-def load_draft(path: str | Path, target, *, convention: str, backend: str = "torch",
+def load_draft(path: str | Path, target, *, convention: str, backend: str | None = None,
                device: str | torch.device | None = None, target_embed: torch.Tensor | None = None,
                dtype: str | None = None) -> Eagle3Draft:
     """Load an HF-style EAGLE3 draft for `target` (a GptOssModel, or a GptOssConfig when the draft
@@ -617,7 +617,8 @@ def load_draft(path: str | Path, target, *, convention: str, backend: str = "tor
     `device`: default the target model's device (cpu for a config). `target_embed`: the target's
     full [V, H] embedding, for a draft without its own when `target.embed` is not the full table
     (engine.parallel holds a vocab shard per rank); default `target.embed`. `dtype`: the dtype
-    policy; default the target model's (fp32 for a config)."""
+    policy; default the target model's (fp32 for a config). `backend`: the ops table; default the
+    target model's ("torch" for a config), so a pair runs one backend unless a caller asks otherwise."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json")
@@ -638,6 +639,8 @@ def load_draft(path: str | Path, target, *, convention: str, backend: str = "tor
         device = getattr(target, "device", None)
     if dtype is None:
         dtype = "fp32" if isinstance(target, GptOssConfig) else getattr(target, "dtype_policy", "fp32")
+    if backend is None:
+        backend = "torch" if isinstance(target, GptOssConfig) else getattr(target, "backend", "torch")
     return Eagle3Draft(cfg, weights, target_config, convention, target_embed, backend, device, dtype)
 
 

@@ -943,7 +943,7 @@ def _accept_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch, ver: _Verified)
             (tokens, kids, node_logits))
         return _Accepted(acc_nodes, last, ints, sampled, None, None)
     choice = _accept_greedy(tokens, kids, torch.argmax(node_logits, dim=-1))
-    s_idx = torch.tensor(sampled, device=tdev)
+    s_idx = host_to(tdev, sampled)
     which = [rin.active[a] for a in sampled]
     p = _target_distributions(node_logits.index_select(0, s_idx), [run.requests[i].params for i in which])
     coins, fin = _coins(run.requests, which, [run.state.length(i) for i in which], N, run.generator, tdev)
@@ -982,7 +982,7 @@ def _commit(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accepted, host: 
         L, toks = host[a][0], host[a][1:1 + W]
         nxt = final_of.get(a, host[a][1 + W])
         new_tok.append(toks[1:L] + [nxt] + [0] * (W - L))
-    new_t = torch.tensor(new_tok, device=tdev)
+    new_t = host_to(tdev, new_tok)                      # pinned, no sync: the device may still run
     rows = node_logits.gather(1, acc.acc_nodes[:, :, None].expand(R, W, node_logits.shape[2])).flatten(0, 1)
     lps = run.graphs.replay(("chosen logprobs",), _chosen_logprobs, (rows, new_t.reshape(-1))).clone()   # [R * W]
     # target KV: bring the accepted path's rows into the request's own slot (a no-op copy for path 0)
@@ -1009,8 +1009,8 @@ def _extend_committed(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accept
     """Draft KV: commit the accepted positions r .. r + L - 1 of the rows `ext_req` (fixed W rows
     per request; rows past L write positions no query sees before they are written again)."""
     W, ddev, tdev, node_feats = run.shape.W, run.draft.device, new_t.device, ver.node_feats
-    at = torch.tensor([k * W + L - 1 for k, L in enumerate(ext_last)], device=ddev)
-    e = torch.tensor(ext_req, device=tdev)
+    at = host_to(ddev, [k * W + L - 1 for k, L in enumerate(ext_last)])
+    e = host_to(tdev, ext_req)
     feats = node_feats.index_select(0, e).gather(1, acc.acc_nodes.index_select(0, e)[:, :, None].expand(
         -1, W, node_feats.shape[2])).flatten(0, 1).to(ddev)
     e_d = e.to(ddev)
@@ -1029,9 +1029,9 @@ def _coins(requests, which: list[int], seq_lens: list[int], N: int, generator, d
     fin = torch.empty(len(which), dtype=torch.float32, device=device)
     seeded = [m for m, i in enumerate(which) if requests[i].seed is not None]
     if seeded:
-        c, f = verify_coins(torch.tensor([seed_as_int64(requests[which[m]].seed) for m in seeded], device=device),
-                            torch.tensor([seq_lens[m] for m in seeded], device=device), N)
-        at = torch.tensor(seeded, device=device)
+        c, f = verify_coins(host_to(device, [seed_as_int64(requests[which[m]].seed) for m in seeded]),
+                            host_to(device, [seq_lens[m] for m in seeded]), N)
+        at = host_to(device, seeded)
         coins[at], fin[at] = c, f
     for m, i in enumerate(which):
         if requests[i].seed is None:

@@ -86,8 +86,8 @@ def _check(logp, seeds, positions):
 
 
 # =========================================================================== the fused sampler
-# One program per row does the whole of engine.sampling's per-row path, every step the torch
-# path's own IEEE operations in its own order, so the bits are the torch path's on every row:
+# engine.sampling's per-row path, every step the torch path's own IEEE operations in its own
+# order, so the bits are the torch path's on every row:
 #
 #   z      = float64(x) / t   (CPU)   or   float64(x) * (1 / t)   (CUDA: torch multiplies by a
 #            scalar divisor's reciprocal there, so the CUDA torch path does too)
@@ -100,11 +100,24 @@ def _check(logp, seeds, positions):
 # which is a halving tree over the B-strided blocks followed by one over the B lanes: the
 # blocks are visited in bit-reversed order and summed pairwise on a stack (_push), so the
 # additions are exactly the tree's. The float64 math is kernels.portable_tl's polynomials
-# (never the GPU's own exp/log) and the launch turns FMA contraction off.
+# (never the GPU's own exp/log) and the launches turn FMA contraction off.
+#
+# A row is split over C programs (chunks; C a power of two picked from the batch so that a
+# launch fills the GPU: one program per row left a batch of one on one SM, ~1 ms a call). The
+# bits do not depend on C: a max and a first-maximum argmax merge exactly in any grouping, and
+# chunk c's share of the tree is the whole subtree over leaves [c Q / C, (c + 1) Q / C), whose
+# root the top levels then add in the tree's order. Five launches, each one kernel below:
+#   _maxima_kernel   [R, C]  the chunk's max of z' and of x; a GREEDY row's argmax of x
+#   _sums_kernel     [R, C]  the row's maxima merged; the chunk's subtrees of both tree sums
+#   _totals_kernel   [R]     the subtrees added by the top levels, the lanes halved: the sums
+#   _draws_kernel    [R, C]  a SEEDED row's argmax of logp + gumbel over the chunk
+#   _finish_kernel   [R]     the chunks' argmaxes merged in order: the token, its logprob
 
 MAX_LEVELS = 8                      # the block stack: up to 2^8 blocks of FUSED_BLOCK ids
 FUSED_BLOCK = 1024
 GREEDY, SEEDED, FORCED = 0, 1, 2    # what a row does (the mode of the row)
+MAX_CHUNKS = 64                     # programs per row, at most
+FILL_PROGRAMS = 512                 # programs a launch aims at (rows x chunks), ~4 per SM of an H200
 
 
 @triton.jit
@@ -179,33 +192,37 @@ def _leaf(x_row, keep_row, has_keep, j, V, m, temp, F64: tl.constexpr, RECIP: tl
 
 
 @triton.jit
-def _tree_sum(x_row, keep_row, has_keep, V, m, temp, F64: tl.constexpr, RECIP: tl.constexpr,
-              P: tl.constexpr, B: tl.constexpr, Q: tl.constexpr, L: tl.constexpr):
-    """portable.tree_sum over the row's V leaves (see the section comment)."""
+def _tree_sum(x_row, keep_row, has_keep, V, m, temp, t0, F64: tl.constexpr, RECIP: tl.constexpr,
+              P: tl.constexpr, B: tl.constexpr, QC: tl.constexpr, LC: tl.constexpr, L: tl.constexpr):
+    """The subtree of portable.tree_sum over the row's leaf blocks t0 .. t0 + QC - 1 (QC = 2^LC,
+    t0 a multiple of QC; L the whole tree's levels) -> its root [B], lanes not yet halved."""
     i = tl.arange(0, B).to(tl.int64)
     if F64:
         zero = tl.zeros((B,), dtype=tl.float64)
     else:
         zero = tl.zeros((B,), dtype=tl.float32)
     s0, s1, s2, s3, s4, s5, s6, s7, total = zero, zero, zero, zero, zero, zero, zero, zero, zero
-    for t in range(Q):
-        q = t * 0
+    for t in range(QC):
+        tt = t0 + t
+        q = tt * 0
         for k in tl.static_range(L):
-            q = q | (((t >> k) & 1) << (L - 1 - k))           # block bitrev(t): the tree's order
+            q = q | (((tt >> k) & 1) << (L - 1 - k))         # block bitrev(tt): the tree's order
         j = q.to(tl.int64) * B + i
         a = _leaf(x_row, keep_row, has_keep, j, V, m, temp, F64, RECIP)
         b = _leaf(x_row, keep_row, has_keep, j + P, V, m, temp, F64, RECIP)
         leaf = tl.where(j + P < V, a + b, a)                     # the tail folded onto the head
-        s0, s1, s2, s3, s4, s5, s6, s7, total = _push(s0, s1, s2, s3, s4, s5, s6, s7, leaf, t, L)
-    return _halve_all(total, B)
+        s0, s1, s2, s3, s4, s5, s6, s7, total = _push(s0, s1, s2, s3, s4, s5, s6, s7, leaf, t, LC)
+    return total
 
 
 @triton.jit
-def _row_max(x_row, keep_row, has_keep, V, temp, F64: tl.constexpr, RECIP: tl.constexpr, B: tl.constexpr):
-    """amax of the row (z' when F64, else the raw fp32 logits), NaN if any entry is NaN."""
+def _row_max(x_row, keep_row, has_keep, V, temp, lo, hi, F64: tl.constexpr, RECIP: tl.constexpr,
+             B: tl.constexpr):
+    """amax of ids lo .. hi - 1 of the row (z' when F64, else the raw fp32 logits), NaN if any
+    entry is NaN (float64; -inf for an empty range)."""
     best = tl.full((), float("-inf"), tl.float64)
     nan = tl.full((), 0, tl.int32)
-    for v0 in range(0, V, B):
+    for v0 in range(lo, hi, B):
         j = v0 + tl.arange(0, B).to(tl.int64)
         if F64:
             val = _scaled(x_row, keep_row, has_keep, j, V, temp, RECIP)
@@ -246,41 +263,143 @@ def _gumbel(seed, pos, j, col_base, RECIP: tl.constexpr):
 
 
 @triton.jit
-def _sample_kernel(x_ptr, keep_ptr, keep_idx_ptr, mode_ptr, temp_ptr, seed_ptr, pos_ptr, tok_ptr, lp_ptr,
-                   V, col_base, P: tl.constexpr, B: tl.constexpr, Q: tl.constexpr, L: tl.constexpr,
-                   RECIP: tl.constexpr):
+def _chunk_ids(c, V, C: tl.constexpr, B: tl.constexpr):
+    """The ids chunk c of C walks in the maxima and argmax passes: whole blocks of B, in order."""
+    per = tl.cdiv(tl.cdiv(V, B), C) * B
+    return c * per, tl.minimum(c * per + per, tl.cdiv(V, B) * B)
+
+
+@triton.jit
+def _merged_max(part_ptr, C: tl.constexpr):
+    """The maxima of a row's C chunks merged: NaN if any is NaN, else the largest."""
+    v = tl.load(part_ptr + tl.arange(0, C))
+    isn = v != v
+    return tl.where(tl.max(isn.to(tl.int32), axis=0) > 0, float("nan"), tl.max(tl.where(isn, float("-inf"), v), axis=0))
+
+
+@triton.jit
+def _maxima_kernel(x_ptr, keep_ptr, keep_idx_ptr, mode_ptr, temp_ptr, zmax_ptr, xmax_ptr,
+                   best_ptr, id_ptr, nan_ptr, V, C: tl.constexpr, B: tl.constexpr, RECIP: tl.constexpr):
+    """Chunk c of row r: the max of z' (SEEDED rows), of x, and a GREEDY row's argmax of x."""
     r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64)
     x_row = x_ptr + r * V
-    mode = tl.load(mode_ptr + r)
     keep_row = keep_ptr + tl.load(keep_idx_ptr + r) * V            # a row of ones if unfiltered
-    has_keep = 0
+    mode = tl.load(mode_ptr + r)
     temp = tl.load(temp_ptr + r)
-    BIG = V + B
-    token = tl.load(tok_ptr + r)                                      # FORCED rows keep theirs
+    lo, hi = _chunk_ids(c, V, C, B)
+    if mode == 1:
+        tl.store(zmax_ptr + r * C + c, _row_max(x_row, keep_row, 0, V, temp, lo, hi, True, RECIP, B))
+    tl.store(xmax_ptr + r * C + c, _row_max(x_row, keep_row, 0, V, temp, lo, hi, False, RECIP, B))
     if mode == 0:                                                     # GREEDY: argmax of the raw logits
+        BIG = V + B
         best, best_id, nan_id = tl.full((), float("-inf"), tl.float64), BIG.to(tl.int64), BIG.to(tl.int64)
-        for v0 in range(0, V, B):
+        for v0 in range(lo, hi, B):
             j = v0 + tl.arange(0, B).to(tl.int64)
             val = tl.load(x_row + j, mask=j < V, other=0.0).to(tl.float64)
             best, best_id, nan_id = _argmax_step(val, j, j < V, best, best_id, nan_id, BIG)
-        token = tl.where(nan_id < BIG, nan_id, best_id)
-    if mode == 1:                                                     # SEEDED: Gumbel-max over logp
-        m = _row_max(x_row, keep_row, has_keep, V, temp, True, RECIP, B)
-        log_s = log64(_tree_sum(x_row, keep_row, has_keep, V, m, temp, True, RECIP, P, B, Q, L))
+        tl.store(best_ptr + r * C + c, best)
+        tl.store(id_ptr + r * C + c, best_id)
+        tl.store(nan_ptr + r * C + c, nan_id)
+
+
+@triton.jit
+def _sums_kernel(x_ptr, keep_ptr, keep_idx_ptr, mode_ptr, temp_ptr, zmax_ptr, xmax_ptr, s64_ptr, s32_ptr,
+                 V, C: tl.constexpr, P: tl.constexpr, B: tl.constexpr, QC: tl.constexpr, LC: tl.constexpr,
+                 L: tl.constexpr, RECIP: tl.constexpr):
+    """Chunk c of row r: its subtrees of the float64 sum (SEEDED rows) and of the fp32 sum."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64)
+    x_row = x_ptr + r * V
+    keep_row = keep_ptr + tl.load(keep_idx_ptr + r) * V
+    mode = tl.load(mode_ptr + r)
+    temp = tl.load(temp_ptr + r)
+    lanes = tl.arange(0, B)
+    if mode == 1:
+        m = _merged_max(zmax_ptr + r * C, C)
+        part = _tree_sum(x_row, keep_row, 0, V, m, temp, c * QC, True, RECIP, P, B, QC, LC, L)
+        tl.store(s64_ptr + (r * C + c) * B + lanes, part)
+    m32 = _merged_max(xmax_ptr + r * C, C).to(tl.float32)
+    part32 = _tree_sum(x_row, keep_row, 0, V, m32, temp, c * QC, False, RECIP, P, B, QC, LC, L)
+    tl.store(s32_ptr + (r * C + c) * B + lanes, part32)
+
+
+@triton.jit
+def _top_of_tree(part_ptr, r, F64: tl.constexpr, C: tl.constexpr, LT: tl.constexpr, B: tl.constexpr):
+    """Row r's C subtree roots [C, B] added by the tree's top LT levels, then the lanes halved."""
+    lanes = tl.arange(0, B)
+    if F64:
+        zero = tl.zeros((B,), dtype=tl.float64)
+    else:
+        zero = tl.zeros((B,), dtype=tl.float32)
+    s0, s1, s2, s3, s4, s5, s6, s7, total = zero, zero, zero, zero, zero, zero, zero, zero, zero
+    for c in range(C):
+        leaf = tl.load(part_ptr + (r * C + c) * B + lanes)
+        s0, s1, s2, s3, s4, s5, s6, s7, total = _push(s0, s1, s2, s3, s4, s5, s6, s7, leaf, c, LT)
+    return _halve_all(total, B)
+
+
+@triton.jit
+def _totals_kernel(mode_ptr, zmax_ptr, xmax_ptr, s64_ptr, s32_ptr, logs_ptr, m_ptr, m32_ptr, sum32_ptr,
+                   C: tl.constexpr, LT: tl.constexpr, B: tl.constexpr):
+    """Row r's maxima and sums: log of the float64 sum (SEEDED rows) and the fp32 sum."""
+    r = tl.program_id(0).to(tl.int64)
+    if tl.load(mode_ptr + r) == 1:
+        tl.store(m_ptr + r, _merged_max(zmax_ptr + r * C, C))
+        tl.store(logs_ptr + r, log64(_top_of_tree(s64_ptr, r, True, C, LT, B)))
+    tl.store(m32_ptr + r, _merged_max(xmax_ptr + r * C, C).to(tl.float32))
+    tl.store(sum32_ptr + r, _top_of_tree(s32_ptr, r, False, C, LT, B))
+
+
+@triton.jit
+def _draws_kernel(x_ptr, keep_ptr, keep_idx_ptr, mode_ptr, temp_ptr, seed_ptr, pos_ptr, m_ptr, logs_ptr,
+                  best_ptr, id_ptr, nan_ptr, V, col_base, C: tl.constexpr, B: tl.constexpr, RECIP: tl.constexpr):
+    """Chunk c of a SEEDED row r: the argmax of logp + gumbel over its ids."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64)
+    if tl.load(mode_ptr + r) == 1:
+        x_row = x_ptr + r * V
+        keep_row = keep_ptr + tl.load(keep_idx_ptr + r) * V
+        temp = tl.load(temp_ptr + r)
         seed = tl.load(seed_ptr + r)
         pos = tl.load(pos_ptr + r)
+        m = tl.load(m_ptr + r)
+        log_s = tl.load(logs_ptr + r)
+        lo, hi = _chunk_ids(c, V, C, B)
+        BIG = V + B
         best, best_id, nan_id = tl.full((), float("-inf"), tl.float64), BIG.to(tl.int64), BIG.to(tl.int64)
-        for v0 in range(0, V, B):
+        for v0 in range(lo, hi, B):
             j = v0 + tl.arange(0, B).to(tl.int64)
-            logp = (_scaled(x_row, keep_row, has_keep, j, V, temp, RECIP) - m) - log_s
+            logp = (_scaled(x_row, keep_row, 0, j, V, temp, RECIP) - m) - log_s
             best, best_id, nan_id = _argmax_step(logp + _gumbel(seed, pos, j, col_base, RECIP), j, j < V,
                                                  best, best_id, nan_id, BIG)
+        tl.store(best_ptr + r * C + c, best)
+        tl.store(id_ptr + r * C + c, best_id)
+        tl.store(nan_ptr + r * C + c, nan_id)
+
+
+@triton.jit
+def _finish_kernel(x_ptr, mode_ptr, best_ptr, id_ptr, nan_ptr, m32_ptr, sum32_ptr, tok_ptr, lp_ptr, V,
+                   C: tl.constexpr, B: tl.constexpr):
+    """Row r: the chunks' argmaxes merged in chunk order (the first maximum, else the first NaN;
+    FORCED rows keep their token), then the token's fp32 logprob."""
+    r = tl.program_id(0).to(tl.int64)
+    token = tl.load(tok_ptr + r)
+    if tl.load(mode_ptr + r) != 2:
+        BIG = V + B
+        best, best_id, nan_id = tl.full((), float("-inf"), tl.float64), BIG.to(tl.int64), BIG.to(tl.int64)
+        for c in range(C):
+            cm = tl.load(best_ptr + r * C + c)
+            cid = tl.load(id_ptr + r * C + c)
+            nan_id = tl.minimum(nan_id, tl.load(nan_ptr + r * C + c))
+            take = (cid < BIG) & ((cm > best) | (best_id == BIG))
+            best = tl.where(take, cm, best)
+            best_id = tl.where(take, cid, best_id)
         token = tl.where(nan_id < BIG, nan_id, best_id)
-    m32 = _row_max(x_row, keep_row, has_keep, V, temp, False, RECIP, B).to(tl.float32)
-    s32 = _tree_sum(x_row, keep_row, has_keep, V, m32, temp, False, RECIP, P, B, Q, L)
-    x_tok = tl.load(x_row + token)
+    m32 = tl.load(m32_ptr + r)
+    x_tok = tl.load(x_ptr + r * V + token)
     tl.store(tok_ptr + r, token)
-    tl.store(lp_ptr + r, (x_tok - m32) - log64(s32.to(tl.float64)).to(tl.float32))
+    tl.store(lp_ptr + r, (x_tok - m32) - log64(tl.load(sum32_ptr + r).to(tl.float64)).to(tl.float32))
 
 
 @triton.jit
@@ -293,8 +412,8 @@ def _distribution_kernel(x_ptr, keep_ptr, keep_idx_ptr, temp_ptr, out_ptr, V,
     keep_row = keep_ptr + tl.load(keep_idx_ptr + r) * V            # a row of ones if unfiltered
     has_keep = 0
     temp = tl.load(temp_ptr + r)
-    m = _row_max(x_row, keep_row, has_keep, V, temp, True, RECIP, B)
-    s = _tree_sum(x_row, keep_row, has_keep, V, m, temp, True, RECIP, P, B, Q, L)
+    m = _row_max(x_row, keep_row, has_keep, V, temp, 0, V, True, RECIP, B)
+    s = _halve_all(_tree_sum(x_row, keep_row, has_keep, V, m, temp, 0, True, RECIP, P, B, Q, L, L), B)
     for v0 in range(0, V, B):
         j = v0 + tl.arange(0, B).to(tl.int64)
         e = exp64(_scaled(x_row, keep_row, has_keep, j, V, temp, RECIP) - m)
@@ -330,20 +449,50 @@ def fused_temperature(t: float, device) -> float:
     return 1.0 / t if torch.device(device).type == "cuda" else t
 
 
+def chunks_per_row(R: int, Q: int) -> int:
+    """C, the programs a row is split over: enough for R rows to fill the GPU (FILL_PROGRAMS),
+    at most MAX_CHUNKS and the row's Q leaf blocks; a power of two. Speed only: not the bits."""
+    want = max(1, -(-FILL_PROGRAMS // max(R, 1)))
+    return min(1 << (want - 1).bit_length(), MAX_CHUNKS, Q)
+
+
 def sample_fused_triton(logits: torch.Tensor, modes: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor,
                         positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None = None,
-                        keep_idx: torch.Tensor | None = None, col_base: int = SAMPLE_COLUMNS):
+                        keep_idx: torch.Tensor | None = None, col_base: int = SAMPLE_COLUMNS, chunks: int | None = None):
     """Every row of logits [R, V] fp32 sampled by its mode (GREEDY, SEEDED, FORCED: tokens[r] is
     kept) -> (tokens [R] int64, chosen logprobs [R] fp32). temps [R] float64 from
-    fused_temperature; keep [K, V] bool and keep_idx [R] (-1: no mask) the rows' filter masks."""
+    fused_temperature; keep [K, V] bool and keep_idx [R] (-1: no mask) the rows' filter masks.
+    chunks: programs per row (default chunks_per_row; tests vary it: the bits must not move)."""
     R, V = logits.shape
     x, temps, keep, keep_idx = _row_inputs(logits, temps, keep, keep_idx)
     tok = tokens.to(torch.int64).clone()
     lp = torch.empty(R, dtype=torch.float32, device=logits.device)
-    if R:
-        _sample_kernel[(R,)](x, keep, keep_idx, modes.to(torch.int32).contiguous(), temps, seeds.contiguous(),
-                             positions.contiguous(), tok, lp, V, int(col_base), **_tree_shape(V),
-                             RECIP=logits.device.type == "cuda", num_warps=8, enable_fp_fusion=False)
+    if not R:
+        return tok, lp
+    tree = _tree_shape(V)
+    P, B, Q, L = tree["P"], tree["B"], tree["Q"], tree["L"]
+    C = chunks or chunks_per_row(R, Q)
+    if C & (C - 1) or not 1 <= C <= Q:
+        raise ValueError(f"sample_fused_triton: chunks must be a power of two in 1 .. {Q}, got {C}")
+    LT = C.bit_length() - 1
+    dev = logits.device
+    f64 = lambda *shape: torch.empty(shape, dtype=torch.float64, device=dev)       # noqa: E731
+    i64 = lambda *shape: torch.empty(shape, dtype=torch.int64, device=dev)         # noqa: E731
+    zmax, xmax, best, ids, nans = f64(R, C), f64(R, C), f64(R, C), i64(R, C), i64(R, C)
+    s64, s32 = f64(R, C, B), torch.empty((R, C, B), dtype=torch.float32, device=dev)
+    logs, m, m32, sum32 = f64(R), f64(R), torch.empty(R, dtype=torch.float32, device=dev), \
+        torch.empty(R, dtype=torch.float32, device=dev)
+    modes, seeds, positions = modes.to(torch.int32).contiguous(), seeds.contiguous(), positions.contiguous()
+    recip = dev.type == "cuda"
+    opts = dict(num_warps=8, enable_fp_fusion=False)
+    _maxima_kernel[(R, C)](x, keep, keep_idx, modes, temps, zmax, xmax, best, ids, nans, V, C=C, B=B,
+                           RECIP=recip, **opts)
+    _sums_kernel[(R, C)](x, keep, keep_idx, modes, temps, zmax, xmax, s64, s32, V, C=C, P=P, B=B, QC=Q // C,
+                         LC=L - LT, L=L, RECIP=recip, **opts)
+    _totals_kernel[(R,)](modes, zmax, xmax, s64, s32, logs, m, m32, sum32, C=C, LT=LT, B=B, **opts)
+    _draws_kernel[(R, C)](x, keep, keep_idx, modes, temps, seeds, positions, m, logs, best, ids, nans, V,
+                          int(col_base), C=C, B=B, RECIP=recip, **opts)
+    _finish_kernel[(R,)](x, modes, best, ids, nans, m32, sum32, tok, lp, V, C=C, B=B, **opts)
     return tok, lp
 
 

@@ -60,3 +60,34 @@ def test_tree_order_over_blocks():
     x = (torch.randn(24, 5000, generator=torch.Generator().manual_seed(0)) * 3).to(DEV)
     ps = [SamplingParams(temperature=1.0)] * 24
     assert torch.equal(_bits(target_distributions(x, ps, fused=True)), _bits(target_distributions(x, ps, fused=False)))
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 4, 8])
+def test_a_row_split_over_programs_keeps_its_bits(chunks):
+    """sample_fused_triton splits each row over `chunks` programs (the subtrees of the tree sum,
+    the chunks' maxima and argmaxes merged after): every split gives the torch path's bits. V =
+    9000 has 9 blocks of 1024 over Q = 8 leaves, so at 8 chunks the last chunk's argmax walks
+    the folded tail block alone and some chunks of 2 walk none; rows are greedy, seeded (one
+    with ties, one with a NaN, one half masked) and forced."""
+    from kernels.sampling import FORCED, GREEDY, SEEDED, fused_temperature, sample_fused_triton
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 9000, generator=g) * 3
+    x[1, :] = 1.5                                            # every logit tied
+    x[2, 4321] = float("nan")
+    x[3, :4500] = float("-inf")
+    x[4, [17, 8999]] = 40.0                                  # a greedy tie across the first and last chunk
+    x = x.to(DEV)
+    modes = torch.tensor([SEEDED, SEEDED, SEEDED, SEEDED, GREEDY, FORCED], dtype=torch.int32, device=DEV)
+    temps = torch.tensor([fused_temperature(t, DEV) for t in (1.0, 1.3, 0.8, 1.0, 1.0, 1.0)], dtype=torch.float64,
+                         device=DEV)
+    seeds = torch.tensor([11, -12, 13, 14, 0, 0], device=DEV)
+    positions = torch.tensor([5, 6, 7, 8, 9, 10], device=DEV)
+    forced = torch.tensor([0, 0, 0, 0, 0, 8123], device=DEV)
+    want = sample_fused_triton(x, modes, temps, seeds, positions, forced, chunks=1)
+    got = sample_fused_triton(x, modes, temps, seeds, positions, forced, chunks=chunks)
+    assert got[0].tolist() == want[0].tolist() and want[0][4].item() == 17 and want[0][5].item() == 8123
+    assert torch.equal(_bits(got[1]), _bits(want[1]))
+    params = [SamplingParams(temperature=t) for t in (1.0, 1.3, 0.8, 1.0)] + [SamplingParams(temperature=0)]
+    settings = row_settings(params, [11, -12, 13, 14, None], DEV)
+    assert want[0][:5].tolist() == sample_with(x[:5], settings, positions[:5], fused=False).tolist()
+    assert torch.equal(_bits(want[1]), _bits(chosen_logprobs(x, want[0], fused=False)))
