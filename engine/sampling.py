@@ -256,7 +256,7 @@ def sample_fused(logits: torch.Tensor, settings: RowSettings, positions: torch.T
     -> (tokens [R] int64, logprobs [R] fp32); the filter masks, where a row has one, come from
     keep_mask_rows (a sort and a scan) first."""
     modes, temps, seeds, keep_idx = settings.fused
-    keep = None if settings.rows is None else _keep_rows(_scaled_rows(logits, settings), settings)
+    keep = _keep_rows(_scaled_rows(logits, settings), settings) if settings.filtered else None   # z: masks only
     return sample_fused_triton(logits, modes, temps, seeds, positions, torch.zeros_like(positions),
                                keep, None if keep is None else keep_idx)
 
