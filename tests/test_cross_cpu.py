@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.fingerprint import first_difference
 
@@ -63,3 +64,25 @@ def test_reference_bits_equal_on_an_emulated_cpu(native, cpu):
     assert all(s["trail"] for s in native["sections"].values())          # something ran
     where = first_difference(native, other)
     assert where is None, f"native and emulated {cpu} differ: {where}"
+
+
+def test_a_one_bit_difference_is_found():
+    """Planted: an emulated CPU that got one input bit of the primitives section differently (the
+    last element of the tensor, so a hash that read less than all of each output would miss it)."""
+    from harness import fingerprint
+
+    def flipped():
+        x = real()
+        x.numpy().view("int64")[-1] ^= 1        # through numpy: no torch op, so the same op sequence
+        return x
+
+    clean = fingerprint.fingerprint(("primitives",))
+    real = fingerprint._primitive_inputs
+    try:
+        fingerprint._primitive_inputs = flipped
+        planted = fingerprint.fingerprint(("primitives",))
+    finally:
+        fingerprint._primitive_inputs = real
+    assert clean["sections"]["primitives"]["ops"] == planted["sections"]["primitives"]["ops"]
+    where = first_difference(clean, planted)
+    assert where is not None and where.startswith("primitives: op "), where
