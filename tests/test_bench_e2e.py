@@ -19,7 +19,7 @@ COMMAND = ["bench/e2e.py", "--shape", "tiny", "--device", "cpu", "--batches", "1
            "--context", "16", "--repeat", "1", "--new-tokens", "4", "--generate-batches", "2"]
 
 
-@pytest.mark.slow      # 132 s (docs/gate.md)
+@pytest.mark.slow      # ~32 CPU s since --context 16 (docs/gate.md)
 def test_e2e_bench_runs_on_tiny_cpu():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, *COMMAND], cwd=REPO, env=env, capture_output=True, text=True,

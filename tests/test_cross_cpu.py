@@ -56,7 +56,7 @@ def native():
     return _fingerprint(None)
 
 
-@pytest.mark.slow      # ~75 s of CPU each under qemu (docs/gate.md)
+@pytest.mark.slow      # ~61 s of CPU each under qemu (docs/gate.md)
 @pytest.mark.parametrize("cpu", CPU_MODELS)
 def test_reference_bits_equal_on_an_emulated_cpu(native, cpu):
     other = _fingerprint(cpu)
