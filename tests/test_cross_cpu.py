@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from harness.fingerprint import first_difference
 
@@ -66,23 +65,21 @@ def test_reference_bits_equal_on_an_emulated_cpu(native, cpu):
     assert where is None, f"native and emulated {cpu} differ: {where}"
 
 
-def test_a_one_bit_difference_is_found():
+def test_a_one_bit_difference_is_found(monkeypatch):
     """Planted: an emulated CPU that got one input bit of the primitives section differently (the
     last element of the tensor, so a hash that read less than all of each output would miss it)."""
     from harness import fingerprint
+
+    clean = fingerprint.fingerprint(("primitives",))
+    real = fingerprint._primitive_inputs
 
     def flipped():
         x = real()
         x.numpy().view("int64")[-1] ^= 1        # through numpy: no torch op, so the same op sequence
         return x
 
-    clean = fingerprint.fingerprint(("primitives",))
-    real = fingerprint._primitive_inputs
-    try:
-        fingerprint._primitive_inputs = flipped
-        planted = fingerprint.fingerprint(("primitives",))
-    finally:
-        fingerprint._primitive_inputs = real
+    monkeypatch.setattr(fingerprint, "_primitive_inputs", flipped)
+    planted = fingerprint.fingerprint(("primitives",))
     assert clean["sections"]["primitives"]["ops"] == planted["sections"]["primitives"]["ops"]
     where = first_difference(clean, planted)
     assert where is not None and where.startswith("primitives: op "), where
