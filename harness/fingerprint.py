@@ -47,28 +47,48 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        name = str(func.overloadpacket.__name__)
+        name, skip = _kind(func)
         if name == "sum" and args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
             name = "sum.integer"    # a count: exact whatever the order (a float sum stays "sum": unchecked)
-        if name in ("_to_copy", "to", "copy_") and isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16:
+        if name in _CASTS and isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16:
             src = next((a for a in args[::-1] if isinstance(a, torch.Tensor) and a.is_floating_point()
                         and a.dtype != torch.bfloat16), None)
             if src is not None and bool(torch.isnan(src).any()):
                 self.nan_to_bf16 += 1
-        if name in _UNINITIALISED or _is_view(func):
+        if skip:
             return out              # no bits of its own: a view's are hashed where they are written
         h = hashlib.sha256()
         for t in _tensors(out):
             if t.layout == torch.strided and t.device.type == "cpu":
                 h.update(str(t.dtype).encode())
                 if t.numel():
-                    flat = torch.empty(t.numel(), dtype=t.dtype).copy_(t.detach().reshape(-1))
-                    h.update(flat.view(torch.uint8).numpy().tobytes())
+                    h.update(_bytes(t))
         self.ops.append((name, h.hexdigest()[:16]))
         return out
 
 
 _UNINITIALISED = {"empty", "new_empty", "empty_like", "empty_strided", "set_"}
+_CASTS = ("_to_copy", "to", "copy_")
+_KINDS: dict = {}
+
+
+def _kind(func) -> tuple[str, bool]:
+    """(op name, whether it has no bits of its own), computed once per overload: the emulated CPUs
+    of tests/test_cross_cpu.py pay every Python step of this hook ~50,000 times a fingerprint."""
+    kind = _KINDS.get(func)
+    if kind is None:
+        name = str(func.overloadpacket.__name__)
+        kind = _KINDS[func] = (name, name in _UNINITIALISED or _is_view(func))
+    return kind
+
+
+def _bytes(t: torch.Tensor):
+    """The tensor's elements in row-major order, as raw bytes (a dense tensor's own memory, read in
+    place; any other layout copied into a dense one first)."""
+    flat = t.detach()
+    if not flat.is_contiguous() or flat.is_conj() or flat.is_neg():
+        flat = torch.empty(t.numel(), dtype=t.dtype).copy_(flat.reshape(-1))
+    return memoryview(flat.reshape(-1).view(torch.uint8).numpy())
 
 
 def _is_view(func) -> bool:

@@ -55,7 +55,7 @@ def native():
     return _fingerprint(None)
 
 
-@pytest.mark.slow      # ~75 s of CPU each under qemu (docs/gate.md)
+@pytest.mark.slow      # ~61 s of CPU each under qemu (docs/gate.md)
 @pytest.mark.parametrize("cpu", CPU_MODELS)
 def test_reference_bits_equal_on_an_emulated_cpu(native, cpu):
     other = _fingerprint(cpu)
@@ -63,3 +63,23 @@ def test_reference_bits_equal_on_an_emulated_cpu(native, cpu):
     assert all(s["trail"] for s in native["sections"].values())          # something ran
     where = first_difference(native, other)
     assert where is None, f"native and emulated {cpu} differ: {where}"
+
+
+def test_a_one_bit_difference_is_found(monkeypatch):
+    """Planted: an emulated CPU that got one input bit of the primitives section differently (the
+    last element of the tensor, so a hash that read less than all of each output would miss it)."""
+    from harness import fingerprint
+
+    clean = fingerprint.fingerprint(("primitives",))
+    real = fingerprint._primitive_inputs
+
+    def flipped():
+        x = real()
+        x.numpy().view("int64")[-1] ^= 1        # through numpy: no torch op, so the same op sequence
+        return x
+
+    monkeypatch.setattr(fingerprint, "_primitive_inputs", flipped)
+    planted = fingerprint.fingerprint(("primitives",))
+    assert clean["sections"]["primitives"]["ops"] == planted["sections"]["primitives"]["ops"]
+    where = first_difference(clean, planted)
+    assert where is not None and where.startswith("primitives: op "), where
