@@ -11,10 +11,6 @@ Columns, all in this process on the same tensors:
               walk of old, one program per (token, KV head) going through every tile itself
   torch ms    an eager torch baseline (attention_eager below: whole score rows, torch's softmax)
   walk/tri    the split-K speed-up (> 1: faster); tri/torch as before
-  one ms      prefill only: the same kernel with one program per (token, KV head) (_rows=False),
-              against the product's launch of ROWS query rows of several tokens a program
-              (kernels.attention._attention_rows_kernel, what a prefill takes); "one/tri" is its
-              speed-up and "bits" whether both gave the same output bits (they must)
 Decode prints the achieved fraction of H200 HBM bandwidth: bytes = the visible K and V rows
 each token must read (Hkv x keys x D x 2 x element size) plus q and out.
 On the CPU (Triton's interpreter) the defaults are tiny and --split defaults to 128, so that a
@@ -93,16 +89,10 @@ def main():
                     nbytes = (B * Hkv * keys * D * 2 + 2 * T * Hq * D) * el
                     mode = "prefill" if args.prefill else "decode"
                     bw = nbytes / t_tri
-                    extra = ""
-                    if args.prefill:
-                        t_one = timed(lambda: attention_triton(*run, _split=args.split, _rows=False))
-                        iv = torch.int32 if dt == torch.float32 else torch.int16
-                        same = torch.equal(attention_triton(*run, _split=args.split).view(iv),
-                                           attention_triton(*run, _split=args.split, _rows=False).view(iv))
-                        extra = f"  one {t_one * 1e3:.3f} ms, one/tri {t_one / t_tri:.2f}, bits {'same' if same else 'DIFFERENT'}"
                     print(f"{name:<6}{mode:>8}{B:>6}{ctx:>7}{W:>5}{t_tri * 1e3:>11.3f}{t_walk * 1e3:>9.3f}"
                           f"{t_ref * 1e3:>10.3f}{t_walk / t_tri:>9.2f}{t_tri / t_ref:>10.2f}{bw / 1e9:>9.1f}"
-                          f"{100 * bw / HBM_BYTES_PER_S:>7.1f}" + extra)
+                          f"{100 * bw / HBM_BYTES_PER_S:>7.1f}"
+                          + ("  (prefill: bytes of one pass, not a bound)" if args.prefill else ""))
 
 
 if __name__ == "__main__":

@@ -32,20 +32,11 @@ the visible keys, so a position's bits do not depend on the batch (D2) or on how
 chunked (D3). A position below SPLIT (every position of every golden recorded before splits
 existed) has one split, and then the operations are exactly those of the single 64-key walk.
 
-Three launches compute the same operations, so they give the same bits; which one runs is a
-speed choice made from shapes only (never from the positions, so no host read and a decode step
-can be a CUDA graph):
+Two launches compute the same operations, so they give the same bits; which one runs is a speed
+choice made from shapes only (never from the positions, so no host read and a decode step can be
+a CUDA graph):
   - one program per (token, KV head) walks its splits one after the other and merges as it goes
-    (`_token`: a few tokens, e.g. a decode step whose walk fits in one split);
-  - a prefill (at least two programs' worth of tokens) takes one program per (ROWS / G
-    consecutive tokens, KV head), whose ROWS query rows walk together and read each key and value
-    tile once for all of them (`_attention_rows_kernel`). Each row still takes part in exactly its
-    own tiles and splits with `_token`'s operations on its own visible keys, so its bits are its
-    token's alone: the scores and the products are `tl.dot` FMA chains over K in order, one output
-    element at a time, and a key a row does not see scores -inf and adds +0 (tests compare the two
-    launches bit for bit, in the interpreter and compiled). A block whose tokens are in several
-    slots runs `_token` per token; a tile whose values hold an inf or NaN that some row of the
-    block does not see (0 * NaN would reach it) forms each token's products from its own values;
+    (prefill, where T * Hkv programs already fill the GPU, windowed layers, and short caches);
   - split-K (flash-decoding style) for decode and verify with a long walk: phase 1 runs one
     program per (token, KV head, split index), each storing its split's (m, l, acc) (G x D + 2G
     floats) to a scratch buffer; phase 2 runs one program per (token, KV head) that reads the
@@ -78,7 +69,6 @@ from kernels.portable_tl import cast_rne, exp_f32
 BLOCK_KV = 64            # keys per tile, for prefill and decode alike
 SPLIT = 1024             # keys per split: fixed, a multiple of BLOCK_KV (tests pass a smaller _split)
 TWO_PHASE_BELOW = 1024   # split-K launch when T * Hkv programs are fewer than this (speed only)
-ROWS = 64                # query rows a program of the rows launch walks together: ROWS / G tokens
 
 
 @triton.jit
@@ -170,12 +160,14 @@ def _finish(m_i, l_i, acc, sink, PORTABLE: tl.constexpr):
 
 
 @triton.jit
-def _token(t, h, q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
-           Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, scale,
-           G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-           BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
-           USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
-    """Token t, KV head h: its splits one after the other, then the sink; stores its G rows."""
+def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
+                      Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, scale,
+                      G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
+                      BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
+                      USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
+    """One program per (token, KV head): the token's splits one after the other."""
+    t = tl.program_id(0).to(tl.int64)                   # token
+    h = tl.program_id(1).to(tl.int64)                   # KV head
     slot = tl.load(slot_ptr + t)
     pos = tl.load(pos_ptr + t)
     g = tl.arange(0, G_PAD)                             # query head h * G + g
@@ -200,147 +192,6 @@ def _token(t, h, q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
     out = _finish(m_i, l_i, acc, sink, PORTABLE)
     o_rows = o_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
     tl.store(o_rows, cast_rne(out, o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
-                      Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, scale,
-                      G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                      BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
-                      USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
-    """One program per (token, KV head): the token's splits one after the other."""
-    _token(tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr,
-           sink_ptr, o_ptr, Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, scale, G, G_PAD, D_PAD, BLOCK_KV, TPS, SLIDING,
-           USE_DOT, GUARD, PORTABLE)
-
-
-@triton.jit
-def _of_token(x, tok, i):
-    """The value of x [M] at token i's rows (they all hold the same one)."""
-    return tl.max(tl.where(tok == i, x, -(2 ** 62)), axis=0)
-
-
-@triton.jit
-def _walk_rows(q, k_ptr, v_ptr, kv_base, d, d_ok, tok, pos, lo, first, last, t_first, t_last, key_lo, key_hi,
-               S, D, scale, BT: tl.constexpr, M: tl.constexpr, D_PAD: tl.constexpr, BLOCK_KV: tl.constexpr,
-               USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
-    """_walk for the M rows of BT tokens of one slot at once (row r: token tok[r] at pos[r], first
-    visible key lo[r], its walk's tiles first[r] .. last[r]) over the tiles t_first .. t_last that
-    some row walks, reading each key and value once for all of them. A row takes part in exactly
-    the tiles of its own walk, through _walk's operations on its own visible keys (so its bits are
-    _walk's: a key it does not see scores -inf, weight 0, and adds +0 where _walk adds 0 * 0), and
-    keeps its state through the others. Keys key_lo .. key_hi (every row's visible ones) are loaded;
-    a tile where one of them holds an inf or NaN value, which 0 * v would spread to the rows that
-    do not see it, forms each token's products from its own masked values instead."""
-    m_i = tl.full((M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((M,), dtype=tl.float32)
-    acc = tl.zeros((M, D_PAD), dtype=tl.float32)
-    for tile in range(t_first, t_last + 1):
-        j = tile * BLOCK_KV + tl.arange(0, BLOCK_KV)    # [BLOCK_KV] key positions
-        vis = (j[None, :] >= lo[:, None]) & (j[None, :] <= pos[:, None]) & (j[None, :] < S)   # [M, BLOCK_KV]
-        seen = (j >= key_lo) & (j <= key_hi) & (j < S)
-        kv_off = kv_base + j[:, None] * D + d[None, :]
-        kt = tl.load(k_ptr + kv_off, mask=seen[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        vt = tl.load(v_ptr + kv_off, mask=seen[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        if USE_DOT:
-            s = tl.dot(q, tl.trans(kt), input_precision="ieee")                 # [M, BLOCK_KV]
-        else:
-            s = tl.sum(q[:, None, :] * kt[None, :, :], axis=2)
-        s = tl.where(vis, s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        if GUARD:
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_use = m_new
-        alpha = exp_f32(m_i - m_use, PORTABLE)
-        p = exp_f32(s - m_use[:, None], PORTABLE)
-        l_new = l_i * alpha + tl.sum(p, axis=1)
-        finite = (vt == vt) & (tl.abs(vt) < float("inf"))
-        if tl.min(tl.min(finite.to(tl.int32), axis=1), axis=0) > 0:
-            if USE_DOT:
-                pv = tl.dot(p, vt, input_precision="ieee")                      # [M, D_PAD]
-            else:
-                pv = tl.sum(p[:, :, None] * vt[None, :, :], axis=1)
-        else:
-            pv = tl.zeros((M, D_PAD), dtype=tl.float32)
-            for i in tl.static_range(BT):
-                own = (j >= _of_token(lo, tok, i)) & (j <= _of_token(pos, tok, i)) & (j < S)
-                v_i = tl.where(own[:, None] & d_ok[None, :], vt, 0.0)
-                if USE_DOT:
-                    pv_i = tl.dot(p, v_i, input_precision="ieee")
-                else:
-                    pv_i = tl.sum(p[:, :, None] * v_i[None, :, :], axis=1)
-                pv = tl.where((tok == i)[:, None], pv_i, pv)
-        on = (tile >= first) & (tile <= last)            # [M]: the tile is in the row's walk
-        m_i = tl.where(on, m_new, m_i)
-        l_i = tl.where(on, l_new, l_i)
-        acc = tl.where(on[:, None], acc * alpha[:, None] + pv, acc)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _attention_rows_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr, T,
-                           Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, scale,
-                           G: tl.constexpr, G_PAD: tl.constexpr, G_ROWS: tl.constexpr, BT: tl.constexpr,
-                           D_PAD: tl.constexpr, BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
-                           USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
-    """One program per (BT consecutive tokens, KV head). Tokens of one slot (a prefill's): their
-    M = BT x G_ROWS rows walk together (_walk_rows), split by split, each row taking its own
-    splits as _token does (the first as it is, the others merged); tokens of several slots: each
-    through _token. Either way every row's bits are _token's."""
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    t0 = b * BT
-    it = tl.arange(0, BT)
-    t_ok = t0 + it < T
-    slot0 = tl.load(slot_ptr + t0)
-    slots = tl.load(slot_ptr + t0 + it, mask=t_ok, other=0)
-    if tl.max(((slots != slot0) & t_ok).to(tl.int32), axis=0) > 0:
-        for i in range(BT):
-            if t0 + i < T:
-                _token(t0 + i, h, q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr, Hq, Hkv, S, D, WINDOW,
-                       N_WIN, N_CAP, scale, G, G_PAD, D_PAD, BLOCK_KV, TPS, SLIDING, USE_DOT, GUARD, PORTABLE)
-    else:
-        r = tl.arange(0, BT * G_ROWS)
-        tok = r // G_ROWS                                # row r: token t0 + tok, query head h * G + g
-        g = r % G_ROWS
-        row_ok = (g < G) & (t0 + tok < T)
-        d = tl.arange(0, D_PAD)
-        d_ok = d < D
-        t = t0 + tok
-        q = tl.load(q_ptr + t[:, None] * Hq * D + (h * G + g)[:, None] * D + d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)    # [M, D_PAD]
-        pos = tl.load(pos_ptr + t, mask=row_ok, other=0)
-        kv_base = (slot0 * Hkv + h) * S * D
-        lo, tile_lo, tile_hi, split_lo, split_hi = _split_range(pos, WINDOW, N_WIN, N_CAP, SLIDING, BLOCK_KV, TPS)
-        BIG = 2 ** 62
-        key_lo = tl.min(tl.where(row_ok, tl.maximum(lo, 0), BIG), axis=0)
-        key_hi = tl.max(tl.where(row_ok, pos, -1), axis=0)
-        m_i = tl.full((BT * G_ROWS,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BT * G_ROWS,), dtype=tl.float32)
-        acc = tl.zeros((BT * G_ROWS, D_PAD), dtype=tl.float32)
-        sp_lo = tl.min(tl.where(row_ok, split_lo, BIG), axis=0)
-        sp_hi = tl.max(tl.where(row_ok, split_hi, -1), axis=0)
-        for sp in range(sp_lo, sp_hi + 1):
-            first, last = _split_tiles(sp, tile_lo, tile_hi, N_CAP, TPS)
-            mine = row_ok & (sp >= split_lo) & (sp <= split_hi)
-            last = tl.where(mine, last, first - 1)       # not this row's split: walk nothing
-            walks = first <= last
-            t_first = tl.min(tl.where(walks, first, BIG), axis=0)
-            t_last = tl.max(tl.where(walks, last, -1), axis=0)
-            m_b, l_b, acc_b = _walk_rows(q, k_ptr, v_ptr, kv_base, d, d_ok, tok, pos, lo, first, last, t_first,
-                                         t_last, key_lo, key_hi, S, D, scale, BT, BT * G_ROWS, D_PAD, BLOCK_KV, USE_DOT,
-                                         GUARD, PORTABLE)
-            m_m, l_m, acc_m = _merge(m_i, l_i, acc, m_b, l_b, acc_b, GUARD, PORTABLE)
-            take = mine & (sp == split_lo)               # a row's first split is its state as it is
-            merge = mine & (sp > split_lo)
-            m_i = tl.where(take, m_b, tl.where(merge, m_m, m_i))
-            l_i = tl.where(take, l_b, tl.where(merge, l_m, l_i))
-            acc = tl.where(take[:, None], acc_b, tl.where(merge[:, None], acc_m, acc))
-        sink = tl.load(sink_ptr + h * G + g, mask=g < G, other=float("-inf")).to(tl.float32)
-        out = _finish(m_i, l_i, acc, sink, PORTABLE)
-        o_rows = o_ptr + t[:, None] * Hq * D + (h * G + g)[:, None] * D + d[None, :]
-        tl.store(o_rows, cast_rne(out, o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -423,14 +274,12 @@ def split_grid(S: int, window: int, split: int = SPLIT) -> int:
 
 
 def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, scale: float, *,
-                     _guard: bool = True, _split: int = SPLIT, _two_phase: bool | None = None,
-                     _rows: bool | None = None) -> torch.Tensor:
+                     _guard: bool = True, _split: int = SPLIT, _two_phase: bool | None = None) -> torch.Tensor:
     """The Triton kernels (module docstring). Keywords for tests and benchmarks only: _guard=False
     puts the seed bug back (the unguarded empty-tile merge); _split (a multiple of 64) replaces
     SPLIT so that tests reach several splits with short caches, and a huge one is the single walk
-    of old; _two_phase forces the split-K launch (True) or the one-program walk (False), _rows the
-    walk of ROWS rows of several tokens together (True) or one token's (False) — all give the same
-    bits, None picks by shape."""
+    of old; _two_phase forces the split-K launch (True) or the one-program walk (False) — both give
+    the same bits, None picks by shape."""
     q, k_cache, v_cache, slots, positions, sinks = _check(q, k_cache, v_cache, slots, positions, sinks, window)
     if isinstance(_split, bool) or not isinstance(_split, int) or _split <= 0 or _split % BLOCK_KV:
         raise ValueError(f"attention: _split must be a positive multiple of {BLOCK_KV}, got {_split!r}")
@@ -450,14 +299,6 @@ def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, 
     shape = dict(G=G, G_PAD=g_pad, D_PAD=d_pad, BLOCK_KV=BLOCK_KV, TPS=tps, SLIDING=window > 0,
                  GUARD=bool(_guard), PORTABLE=PORTABLE_MATH, num_warps=4, num_stages=1)
     args = (Hq, Hkv, S, D, int(window), _window_tiles(window), n_cap)
-    g_rows = next_pow2(G)
-    bt = max(1, ROWS // g_rows)
-    rows = (not two_phase and T >= 2 * bt) if _rows is None else bool(_rows) and not two_phase
-    if rows:
-        _attention_rows_kernel[(triton.cdiv(T, bt), Hkv)](q, k_cache, v_cache, slots, positions, sinks, out, T, *args,
-                                                          float(scale), G_ROWS=g_rows, BT=bt, USE_DOT=USE_DOT,
-                                                          **shape)
-        return out
     if not two_phase:
         _attention_kernel[(T, Hkv)](q, k_cache, v_cache, slots, positions, sinks, out, *args, float(scale),
                                     USE_DOT=USE_DOT, **shape)

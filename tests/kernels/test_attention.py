@@ -290,33 +290,3 @@ def test_split_grid_and_bad_split():
     for bad in (0, 100, -64, True, 64.0):
         with pytest.raises(ValueError, match="_split must be a positive multiple of 64"):
             attention_triton(q[:1], k, v, zeros(1), ints(0), sinks, 0, 0.25, _split=bad)
-
-
-@pytest.mark.parametrize("T, G, Hkv, window, split, slots_of, nan", [
-    (40, 8, 1, 0, SPLIT, "one", False),           # 5 tokens a program, the diagonal tiles
-    (48, 2, 2, 96, 128, "one", False),            # a window across splits: each row's own splits
-    (50, 4, 1, 0, 128, "two", False),             # a block holding two slots: the one-token walks
-    (40, 8, 1, 0, SPLIT, "one", True),            # inf / NaN values some rows of a block do not see
-])
-def test_rows_launch_gives_the_one_token_bits(T, G, Hkv, window, split, slots_of, nan):
-    """A prefill's launch walks kernels.attention.ROWS query rows of several tokens together
-    (_attention_rows_kernel); every row must come out with the bits of its token alone (_rows=False,
-    _token): D3 on the GPU rests on it, since decode runs the one-token walk."""
-    D, S = 16, 320
-    q, k, v, sinks = setup(Hq=Hkv * G, Hkv=Hkv, D=D, S=S, slots=3, seed=T)
-    sinks[0] = float("-inf")
-    if slots_of == "one":
-        slots, pos = torch.full((T,), 1, device=DEVICE), torch.arange(S - T - 3, S - 3, device=DEVICE)
-    else:
-        a = T // 2 + 1
-        slots = torch.cat([zeros(a), torch.full((T - a,), 2, device=DEVICE)])
-        pos = torch.cat([torch.arange(0, a), torch.arange(5, 5 + T - a)]).to(DEVICE)
-    if nan:                                        # future keys of the block's first tokens
-        p = int(pos[T // 2])
-        v[1, 0, p, 3], v[1, 0, p + 1, 5], k[1, 0, p + 2, 1] = float("nan"), float("inf"), float("inf")
-    args = (q[:T], k, v, slots, pos, sinks, window, 1 / math.sqrt(D))
-    rows = attention_triton(*args, _split=split, _two_phase=False, _rows=True)
-    one = attention_triton(*args, _split=split, _two_phase=False, _rows=False)
-    assert torch.equal(bits(rows), bits(one))
-    if nan:                                        # the rows before the NaN stay finite, as alone
-        assert torch.isfinite(rows[: T // 2]).all() and not torch.isfinite(rows[T // 2:]).all()
