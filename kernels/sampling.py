@@ -471,8 +471,8 @@ def sample_fused_triton(logits: torch.Tensor, modes: torch.Tensor, temps: torch.
         return tok, lp
     tree = _tree_shape(V)
     P, B, Q, L = tree["P"], tree["B"], tree["Q"], tree["L"]
-    C = chunks or chunks_per_row(R, Q)
-    if C & (C - 1) or not 1 <= C <= Q:
+    C = chunks_per_row(R, Q) if chunks is None else chunks
+    if isinstance(C, bool) or not isinstance(C, int) or C & (C - 1) or not 1 <= C <= Q:
         raise ValueError(f"sample_fused_triton: chunks must be a power of two in 1 .. {Q}, got {C}")
     LT = C.bit_length() - 1
     dev = logits.device

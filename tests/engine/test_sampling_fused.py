@@ -91,3 +91,14 @@ def test_a_row_split_over_programs_keeps_its_bits(chunks):
     settings = row_settings(params, [11, -12, 13, 14, None], DEV)
     assert want[0][:5].tolist() == sample_with(x[:5], settings, positions[:5], fused=False).tolist()
     assert torch.equal(_bits(want[1]), _bits(chosen_logprobs(x, want[0], fused=False)))
+
+
+@pytest.mark.parametrize("chunks", [0, 3, 16, True])
+def test_a_split_that_is_not_a_power_of_two_within_the_tree_is_refused(chunks):
+    """chunks must be a power of two from 1 to the row's Q leaf blocks (V = 5000: Q = 4)."""
+    from kernels.sampling import GREEDY, sample_fused_triton
+    x = torch.zeros(1, 5000, device=DEV)
+    z = torch.zeros(1, dtype=torch.int64, device=DEV)
+    with pytest.raises(ValueError, match="chunks must be a power of two"):
+        sample_fused_triton(x, torch.tensor([GREEDY], dtype=torch.int32, device=DEV),
+                            torch.ones(1, dtype=torch.float64, device=DEV), z, z, z, chunks=chunks)
