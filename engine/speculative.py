@@ -81,7 +81,7 @@ from engine.graphs import RoundGraphs, round_graphs
 from engine.model import GptOssModel
 from engine.request import Request, Result, SamplingParams, seed_as_int64
 from kernels.moe import top_k_lowest_index
-from engine.sampling import chosen_logprob, host_to, keep_mask, sample, target_distributions
+from engine.sampling import chosen_logprob, chosen_logprobs, host_to, keep_mask, sample, target_distributions
 from kernels import portable
 from kernels.coins import COIN_MAX, DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise, verify_coins
 
@@ -257,11 +257,11 @@ def _target_distributions(logits: torch.Tensor, params: Sequence[SamplingParams]
 
 
 def _chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """engine.sampling.chosen_logprob for many rows at once: logits [M, V], tokens [M] -> [M] fp32.
-    The same operations as chosen_logprob (portable.log_softmax of the fp32 row, then the
-    token's entry); log_softmax is row-wise, so each value has chosen_logprob's bits."""
-    lsm = portable.log_softmax(logits.to(torch.float32), dim=-1)
-    return lsm.gather(1, tokens[:, None])[:, 0]
+    """chosen_logprob for many rows at once: logits [M, V], tokens [M] -> [M] fp32, through
+    engine.sampling.chosen_logprobs' torch path on every device (portable.log_softmax of the fp32
+    rows: chosen_logprob's bits). Its fused kernel gives the same bits; the round keeps the torch
+    path until the speculative CUDA goldens are re-checked with the kernel in the round's graph."""
+    return chosen_logprobs(logits, tokens, fused=False)
 
 
 # ---------------------------------------------------------------------- drafting helpers
