@@ -24,7 +24,8 @@ records, and on the CPU), its inputs go to the device in one copy without a sync
 group is sampled on the device at once (engine.sampling.sample_and_logprobs: row for row the
 bits of `sample`, and on a GPU the tokens and their logprobs from one fused launch; replayed
 from a captured engine.graphs.SampleGraph unless a row draws from the host generator), and the
-step's one host read is the sampled tokens, from which the stop flags follow. Logprobs stay on the device until the end (tests/engine/test_generate_host_reads.py).
+step's one host read is the sampled tokens, from which the stop flags follow. Logprobs stay on
+the device until the end (tests/engine/test_generate_host_reads.py).
 
 Because every row of the model is computed by the same operations whatever its batch
 (engine/model.py, kernels/portable.py), a request's tokens,

@@ -458,7 +458,8 @@ def chunks_per_row(R: int, Q: int) -> int:
 
 def sample_fused_triton(logits: torch.Tensor, modes: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor,
                         positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None = None,
-                        keep_idx: torch.Tensor | None = None, col_base: int = SAMPLE_COLUMNS, chunks: int | None = None):
+                        keep_idx: torch.Tensor | None = None, col_base: int = SAMPLE_COLUMNS,
+                        chunks: int | None = None):
     """Every row of logits [R, V] fp32 sampled by its mode (GREEDY, SEEDED, FORCED: tokens[r] is
     kept) -> (tokens [R] int64, chosen logprobs [R] fp32). temps [R] float64 from
     fused_temperature; keep [K, V] bool and keep_idx [R] (-1: no mask) the rows' filter masks.
