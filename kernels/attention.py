@@ -69,6 +69,8 @@ from kernels.portable_tl import cast_rne, exp_f32
 BLOCK_KV = 64            # keys per tile, for prefill and decode alike
 SPLIT = 1024             # keys per split: fixed, a multiple of BLOCK_KV (tests pass a smaller _split)
 TWO_PHASE_BELOW = 1024   # split-K launch when T * Hkv programs are fewer than this (speed only)
+TC_ROWS = 64             # rows of a tensor-core block: 64 // G_P tokens' query heads
+BLOCK_TOKENS_MIN_PROGRAMS = 128   # below this many blocks, one token a program (speed only)
 
 
 @triton.jit
@@ -98,25 +100,29 @@ def _split_tiles(s, tile_lo, tile_hi, N_CAP, TPS: tl.constexpr):
 
 
 @triton.jit
-def _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, pos, lo, tile_first, tile_last, S, D, scale,
-          G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_KV: tl.constexpr,
-          USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
-    """Online softmax over tiles tile_first … tile_last from the empty state -> (m, l, acc)."""
-    m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
-    l_i = tl.zeros((G_PAD,), dtype=tl.float32)
-    acc = tl.zeros((G_PAD, D_PAD), dtype=tl.float32)
+def _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos, lo_u, pos_u, tile_first, tile_last, S, D,
+          scale, ROWS: tl.constexpr, D_PAD: tl.constexpr, BLOCK_KV: tl.constexpr,
+          USE_DOT: tl.constexpr, TC: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
+    """Online softmax of the rows over tiles tile_first … tile_last from the empty state -> (m, l, acc).
+    Row r sees keys lo[r] … pos[r] if mine[r] (else none); lo_u … pos_u spans every row's keys."""
+    m_i = tl.full((ROWS,), float("-inf"), tl.float32)
+    l_i = tl.zeros((ROWS,), dtype=tl.float32)
+    acc = tl.zeros((ROWS, D_PAD), dtype=tl.float32)
     for tile in range(tile_first, tile_last + 1):
         j = tile * BLOCK_KV + tl.arange(0, BLOCK_KV)    # [BLOCK_KV] key positions
-        vis = (j >= lo) & (j <= pos) & (j < S)
+        seen = (j >= lo_u) & (j <= pos_u) & (j < S)     # keys some row sees: the others load as 0
+        vis = mine[:, None] & (j[None, :] >= lo[:, None]) & (j[None, :] <= pos[:, None]) & seen[None, :]
         kv_off = kv_base + j[:, None] * D + d[None, :]
-        kv_mask = vis[:, None] & d_ok[None, :]
-        kt = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)   # [BLOCK_KV, D_PAD]
-        vt = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-        if USE_DOT:
-            s = tl.dot(q, tl.trans(kt), input_precision="ieee")                 # [G_PAD, BLOCK_KV]
+        kv_mask = seen[:, None] & d_ok[None, :]
+        kt = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)                   # [BLOCK_KV, D_PAD]
+        vt = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        if TC:
+            s = tl.dot(q, tl.trans(kt))                                          # [ROWS, BLOCK_KV]
+        elif USE_DOT:
+            s = tl.dot(q, tl.trans(kt.to(tl.float32)), input_precision="ieee")
         else:
-            s = tl.sum(q[:, None, :] * kt[None, :, :], axis=2)
-        s = tl.where(vis[None, :], s * scale, float("-inf"))
+            s = tl.sum(q[:, None, :] * kt.to(tl.float32)[None, :, :], axis=2)
+        s = tl.where(vis, s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         if GUARD:
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # empty so far: no NaN
@@ -125,10 +131,14 @@ def _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, pos, lo, tile_first, tile_last, S, 
         alpha = exp_f32(m_i - m_use, PORTABLE)
         p = exp_f32(s - m_use[:, None], PORTABLE)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if USE_DOT:
-            pv = tl.dot(p, vt, input_precision="ieee")                          # [G_PAD, D_PAD]
+        if TC:              # p = hi + lo in v's dtype: two tensor-core products keep ~16 bits of p
+            p_hi = p.to(vt.dtype)
+            p_lo = (p - p_hi.to(tl.float32)).to(vt.dtype)
+            pv = tl.dot(p_lo, vt, tl.dot(p_hi, vt))                              # [ROWS, D_PAD]
+        elif USE_DOT:
+            pv = tl.dot(p, vt.to(tl.float32), input_precision="ieee")
         else:
-            pv = tl.sum(p[:, :, None] * vt[None, :, :], axis=1)
+            pv = tl.sum(p[:, :, None] * vt.to(tl.float32)[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     return m_i, l_i, acc
@@ -148,81 +158,110 @@ def _merge(m_a, l_a, acc_a, m_b, l_b, acc_b, GUARD: tl.constexpr, PORTABLE: tl.c
 
 
 @triton.jit
-def _finish(m_i, l_i, acc, sink, PORTABLE: tl.constexpr):
-    """Merge the sink column, then acc / l (a row with no key and no finite sink: 0)."""
+def _finish(m_i, l_i, acc, sink, PLUS_ZERO: tl.constexpr, PORTABLE: tl.constexpr):
+    """Merge the sink column, then acc / l (a row with no key and no finite sink: 0). PLUS_ZERO:
+    a zero comes out +0 (module docstring: a key another row of the block sees adds 0 * v = ±0)."""
     m_f = tl.maximum(m_i, sink)
     m_fu = tl.where(m_f == float("-inf"), 0.0, m_f)
     alpha = exp_f32(m_i - m_fu, PORTABLE)
     l_i = l_i * alpha + exp_f32(sink - m_fu, PORTABLE)
     acc = acc * alpha[:, None]
     empty = l_i == 0.0                                  # no key and no finite sink: 0, not 0/0
-    return tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])  # NaN stays NaN
+    out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])  # NaN stays NaN
+    if PLUS_ZERO:
+        out = tl.where(out == 0.0, 0.0, out)
+    return out
 
 
 @triton.jit
+def _rows(t0, TPP, T, G: tl.constexpr, G_P: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The program's rows: row r is query head g = r % G_P (of its KV head) of token t0 + r // G_P,
+    live if that token is one of the program's TPP and g < G. -> (i, g, token, live) [ROWS]."""
+    r = tl.arange(0, BLOCK_T * G_P)
+    i = r // G_P
+    g = r % G_P
+    tok = t0 + i
+    return i, g, tok, (i < TPP) & (tok < T) & (g < G)
+
+
+@triton.jit(do_not_specialize=["TPP"])
 def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
-                      Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, scale,
-                      G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
+                      T, TPP, Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, scale,
+                      G: tl.constexpr, G_P: tl.constexpr, BLOCK_T: tl.constexpr, D_PAD: tl.constexpr,
                       BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
-                      USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
-    """One program per (token, KV head): the token's splits one after the other."""
-    t = tl.program_id(0).to(tl.int64)                   # token
+                      USE_DOT: tl.constexpr, TC: tl.constexpr, GUARD: tl.constexpr,
+                      PORTABLE: tl.constexpr):
+    """One program per (TPP consecutive tokens, KV head). Each run of tokens sharing a slot walks
+    the union of its tokens' splits and tiles (the other rows masked), then stores its rows."""
+    t0 = tl.program_id(0).to(tl.int64) * TPP
     h = tl.program_id(1).to(tl.int64)                   # KV head
-    slot = tl.load(slot_ptr + t)
-    pos = tl.load(pos_ptr + t)
-    g = tl.arange(0, G_PAD)                             # query head h * G + g
+    i, g, tok, live = _rows(t0, TPP, T, G, G_P, BLOCK_T)
     d = tl.arange(0, D_PAD)
-    g_ok = g < G
     d_ok = d < D
-    q_rows = q_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
-    q = tl.load(q_rows, mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # [G_PAD, D_PAD]
-    kv_base = (slot * Hkv + h) * S * D
+    slot = tl.load(slot_ptr + tok, mask=live, other=0)
+    pos = tl.load(pos_ptr + tok, mask=live, other=0)
+    prev = tl.load(slot_ptr + tok - 1, mask=live & (i > 0), other=0)
+    run = tl.cumsum((live & (i > 0) & (g == 0) & (slot != prev)).to(tl.int32), axis=0)   # run of each row
+    q_off = tok[:, None] * Hq * D + (h * G + g)[:, None] * D + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=live[:, None] & d_ok[None, :], other=0.0)  # [ROWS, D_PAD]
+    if not TC:
+        q = q.to(tl.float32)
+    sink = tl.load(sink_ptr + h * G + g, mask=g < G, other=float("-inf")).to(tl.float32)
     lo, tile_lo, tile_hi, split_lo, split_hi = _split_range(pos, WINDOW, N_WIN, N_CAP, SLIDING, BLOCK_KV, TPS)
-
-    first, last = _split_tiles(split_lo, tile_lo, tile_hi, N_CAP, TPS)
-    m_i, l_i, acc = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, pos, lo, first, last, S, D, scale,
-                          G_PAD, D_PAD, BLOCK_KV, USE_DOT, GUARD, PORTABLE)
-    for sp in range(split_lo + 1, split_hi + 1):
-        first, last = _split_tiles(sp, tile_lo, tile_hi, N_CAP, TPS)
-        m_b, l_b, acc_b = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, pos, lo, first, last, S, D, scale,
-                                G_PAD, D_PAD, BLOCK_KV, USE_DOT, GUARD, PORTABLE)
-        m_i, l_i, acc = _merge(m_i, l_i, acc, m_b, l_b, acc_b, GUARD, PORTABLE)
-
-    sink = tl.load(sink_ptr + h * G + g, mask=g_ok, other=float("-inf")).to(tl.float32)
-    out = _finish(m_i, l_i, acc, sink, PORTABLE)
-    o_rows = o_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
-    tl.store(o_rows, cast_rne(out, o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    for run_i in range(0, tl.max(tl.where(live, run, 0), axis=0) + 1):
+        mine = live & (run == run_i)
+        kv_base = (tl.max(tl.where(mine, slot, 0), axis=0) * Hkv + h) * S * D
+        lo_u = tl.min(tl.where(mine, lo, S), axis=0)
+        pos_u = tl.max(tl.where(mine, pos, -1), axis=0)
+        tile_lo_u = tl.min(tl.where(mine, tile_lo, N_CAP * TPS), axis=0)
+        tile_hi_u = tl.max(tl.where(mine, tile_hi, 0), axis=0)
+        split_lo_u = tl.min(tl.where(mine, split_lo, N_CAP), axis=0)
+        split_hi_u = tl.max(tl.where(mine, split_hi, 0), axis=0)
+        first, last = _split_tiles(split_lo_u, tile_lo_u, tile_hi_u, N_CAP, TPS)
+        m_i, l_i, acc = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos, lo_u, pos_u, first, last,
+                              S, D, scale, BLOCK_T * G_P, D_PAD, BLOCK_KV, USE_DOT, TC, GUARD, PORTABLE)
+        for sp in range(split_lo_u + 1, split_hi_u + 1):
+            first, last = _split_tiles(sp, tile_lo_u, tile_hi_u, N_CAP, TPS)
+            m_b, l_b, acc_b = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos, lo_u, pos_u, first,
+                                    last, S, D, scale, BLOCK_T * G_P, D_PAD, BLOCK_KV, USE_DOT, TC, GUARD,
+                                    PORTABLE)
+            m_i, l_i, acc = _merge(m_i, l_i, acc, m_b, l_b, acc_b, GUARD, PORTABLE)
+        out = _finish(m_i, l_i, acc, sink, BLOCK_T > 1, PORTABLE)
+        tl.store(o_ptr + q_off, cast_rne(out, o_ptr.dtype.element_ty), mask=mine[:, None] & d_ok[None, :])
 
 
 @triton.jit
 def _attention_split_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
-                            Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, NG, scale,
-                            G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                            BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
-                            USE_DOT: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
-    """Phase 1, one program per (token, KV head, z): split split_lo + z of the token, if it has one,
-    -> its (m, l, acc) at [t, h, z] of the scratch buffers ([T, Hkv, NG, G] and [.., G, D])."""
+                            T, Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, NG, scale,
+                            G: tl.constexpr, G_P: tl.constexpr, BLOCK_T: tl.constexpr,
+                            D_PAD: tl.constexpr, BLOCK_KV: tl.constexpr, TPS: tl.constexpr,
+                            SLIDING: tl.constexpr, USE_DOT: tl.constexpr, TC: tl.constexpr,
+                            GUARD: tl.constexpr, PORTABLE: tl.constexpr):
+    """Phase 1, one program per (token, KV head, z), the token's rows in the one-phase kernel's row
+    block: split split_lo + z of the token, if it has one, -> its (m, l, acc) at [t, h, z] of the
+    scratch buffers ([T, Hkv, NG, G] and [.., G, D])."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     z = tl.program_id(2).to(tl.int64)
+    i, g, tok, live = _rows(t, 1, T, G, G_P, BLOCK_T)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < D
     slot = tl.load(slot_ptr + t)
     pos = tl.load(pos_ptr + t)
-    g = tl.arange(0, G_PAD)
-    d = tl.arange(0, D_PAD)
-    g_ok = g < G
-    d_ok = d < D
-    q_rows = q_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
-    q = tl.load(q_rows, mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    q_off = tok[:, None] * Hq * D + (h * G + g)[:, None] * D + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=live[:, None] & d_ok[None, :], other=0.0)
+    if not TC:
+        q = q.to(tl.float32)
     kv_base = (slot * Hkv + h) * S * D
     lo, tile_lo, tile_hi, split_lo, split_hi = _split_range(pos, WINDOW, N_WIN, N_CAP, SLIDING, BLOCK_KV, TPS)
     sp = split_lo + z
     mine = sp <= split_hi                               # else: past this token's last split
     first, last = _split_tiles(sp, tile_lo, tile_hi, N_CAP, TPS)
     last = tl.where(mine, last, first - 1)              # walk nothing
-    m_i, l_i, acc = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, pos, lo, first, last, S, D, scale,
-                          G_PAD, D_PAD, BLOCK_KV, USE_DOT, GUARD, PORTABLE)
-    row = ((t * Hkv + h) * NG + z) * G + g              # [G_PAD]
-    ok = g_ok & (sp + g * 0 <= split_hi)                # and store nothing
+    m_i, l_i, acc = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, live, lo + i * 0, pos + i * 0, lo, pos, first,
+                          last, S, D, scale, BLOCK_T * G_P, D_PAD, BLOCK_KV, USE_DOT, TC, GUARD, PORTABLE)
+    row = ((t * Hkv + h) * NG + z) * G + g              # [ROWS]
+    ok = live & (sp + g * 0 <= split_hi)                # and store nothing
     tl.store(m_ptr + row, m_i, mask=ok)
     tl.store(l_ptr + row, l_i, mask=ok)
     tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=ok[:, None] & d_ok[None, :])
@@ -233,8 +272,9 @@ def _attention_merge_kernel(pos_ptr, sink_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
                             Hq, Hkv, D, WINDOW, N_WIN, N_CAP, NG,
                             G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
                             BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
-                            GUARD: tl.constexpr, PORTABLE: tl.constexpr):
-    """Phase 2, one program per (token, KV head): its splits' states first to last, then the sink."""
+                            PLUS_ZERO: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
+    """Phase 2, one program per (token, KV head): its splits' states first to last, then the sink
+    (elementwise, so its own G_PAD-row block gives the one-phase kernel's bits)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     pos = tl.load(pos_ptr + t)
@@ -256,7 +296,7 @@ def _attention_merge_kernel(pos_ptr, sink_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
         m_i, l_i, acc = _merge(m_i, l_i, acc, m_b, l_b, acc_b, GUARD, PORTABLE)
 
     sink = tl.load(sink_ptr + h * G + g, mask=g_ok, other=float("-inf")).to(tl.float32)
-    out = _finish(m_i, l_i, acc, sink, PORTABLE)
+    out = _finish(m_i, l_i, acc, sink, PLUS_ZERO, PORTABLE)
     o_rows = o_ptr + t * Hq * D + (h * G + g)[:, None] * D + d[None, :]
     tl.store(o_rows, cast_rne(out, o_ptr.dtype.element_ty), mask=acc_mask)
 
@@ -273,13 +313,26 @@ def split_grid(S: int, window: int, split: int = SPLIT) -> int:
     return n_cap if window == 0 else min(n_cap, (window - 1) // split + 2)
 
 
+def row_block(G: int, dtype: torch.dtype, block_t: int | None = None) -> tuple[bool, int, int]:
+    """(TC, G_P, BLOCK_T) of a launch: whether the products run on tensor cores, the rows per token
+    and the tokens per row block (module docstring). Compiled bf16/fp16 takes tensor cores with
+    TC_ROWS rows; fp32 and the interpreter keep one token's rows (block_t: tests only, not TC)."""
+    tc = USE_DOT and dtype in (torch.bfloat16, torch.float16) and block_t is None
+    if tc:
+        g_p = next_pow2(G)
+        return True, g_p, max(1, TC_ROWS // g_p)
+    return False, (max(16, next_pow2(G)) if USE_DOT else next_pow2(G)), block_t or 1
+
+
 def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, scale: float, *,
-                     _guard: bool = True, _split: int = SPLIT, _two_phase: bool | None = None) -> torch.Tensor:
+                     _guard: bool = True, _split: int = SPLIT, _two_phase: bool | None = None,
+                     _tokens: int | None = None, _block_t: int | None = None) -> torch.Tensor:
     """The Triton kernels (module docstring). Keywords for tests and benchmarks only: _guard=False
     puts the seed bug back (the unguarded empty-tile merge); _split (a multiple of 64) replaces
     SPLIT so that tests reach several splits with short caches, and a huge one is the single walk
-    of old; _two_phase forces the split-K launch (True) or the one-program walk (False) — both give
-    the same bits, None picks by shape."""
+    of old; _two_phase forces the split-K launch (True) or the one-program walk (False) and
+    _tokens the tokens per program of the one-program walk — all give the same bits, None picks
+    by shape; _block_t runs the portable products with that many tokens' rows in a block."""
     q, k_cache, v_cache, slots, positions, sinks = _check(q, k_cache, v_cache, slots, positions, sinks, window)
     if isinstance(_split, bool) or not isinstance(_split, int) or _split <= 0 or _split % BLOCK_KV:
         raise ValueError(f"attention: _split must be a positive multiple of {BLOCK_KV}, got {_split!r}")
@@ -289,27 +342,32 @@ def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, 
     out = torch.empty_like(q)
     if T == 0:
         return out
-    g_pad = max(16, next_pow2(G)) if USE_DOT else next_pow2(G)
+    same = q.dtype == k_cache.dtype == v_cache.dtype
+    tc, g_p, block_t = row_block(G, q.dtype if same else torch.float32, _block_t)
     d_pad = max(16, next_pow2(D))
     tps = _split // BLOCK_KV
     n_cap = max(1, -(-S // _split))
     ng = split_grid(S, window, _split)
     walk = -(-S // BLOCK_KV) if window == 0 else min(_window_tiles(window), -(-S // BLOCK_KV))
     two_phase = (ng > 1 and walk > tps and T * Hkv < TWO_PHASE_BELOW) if _two_phase is None else bool(_two_phase)
-    shape = dict(G=G, G_PAD=g_pad, D_PAD=d_pad, BLOCK_KV=BLOCK_KV, TPS=tps, SLIDING=window > 0,
-                 GUARD=bool(_guard), PORTABLE=PORTABLE_MATH, num_warps=4, num_stages=1)
+    shape = dict(G=G, D_PAD=d_pad, BLOCK_KV=BLOCK_KV, TPS=tps, SLIDING=window > 0, GUARD=bool(_guard),
+                 PORTABLE=PORTABLE_MATH, num_warps=4, num_stages=1)
     args = (Hq, Hkv, S, D, int(window), _window_tiles(window), n_cap)
     if not two_phase:
-        _attention_kernel[(T, Hkv)](q, k_cache, v_cache, slots, positions, sinks, out, *args, float(scale),
-                                    USE_DOT=USE_DOT, **shape)
+        tpp = _tokens or (block_t if -(-T // block_t) * Hkv >= BLOCK_TOKENS_MIN_PROGRAMS else 1)
+        _attention_kernel[(-(-T // tpp), Hkv)](q, k_cache, v_cache, slots, positions, sinks, out, T, tpp,
+                                               *args, float(scale), G_P=g_p, BLOCK_T=block_t,
+                                               USE_DOT=USE_DOT, TC=tc, **shape)
         return out
     m = torch.empty((T, Hkv, ng, G), dtype=torch.float32, device=q.device)   # split states
     l = torch.empty_like(m)
     acc = torch.empty((T, Hkv, ng, G, D), dtype=torch.float32, device=q.device)
-    _attention_split_kernel[(T, Hkv, ng)](q, k_cache, v_cache, slots, positions, m, l, acc, *args, ng,
-                                          float(scale), USE_DOT=USE_DOT, **shape)
+    _attention_split_kernel[(T, Hkv, ng)](q, k_cache, v_cache, slots, positions, m, l, acc, T, *args, ng,
+                                          float(scale), G_P=g_p, BLOCK_T=block_t, USE_DOT=USE_DOT, TC=tc,
+                                          **shape)
     _attention_merge_kernel[(T, Hkv)](positions, sinks, m, l, acc, out, Hq, Hkv, D, int(window),
-                                      _window_tiles(window), n_cap, ng, **shape)
+                                      _window_tiles(window), n_cap, ng, G_PAD=next_pow2(G),
+                                      PLUS_ZERO=block_t > 1, **shape)
     return out
 
 
