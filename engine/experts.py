@@ -82,10 +82,23 @@ def experts_per_row(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
         h = portable.matmul_nt(rows_x[r0:r0 + step, None, :].to(f32), gate_up_rows(e))[:, 0]
         h = torch.add(h, gate_up_b.index_select(0, e)).to(x.dtype)       # [R, 2I], stored in x's dtype
         a = clamped_swiglu_portable(h, alpha, limit).to(f32)                      # [R, I], elementwise
-        w = down_rows(e)                                                 # [R, H, I] fp32
-        for c, (lo, hi) in enumerate(bounds):
-            parts[c, r0:r0 + step] = portable.matmul_nt(a[:, None, lo:hi], w[:, :, lo:hi])[:, 0]
+        parts[:, r0:r0 + step] = _down_partials(a, down_rows(e), bounds)   # [C, R, H]
     return parts
+
+
+def _down_partials(a: torch.Tensor, w: torch.Tensor, bounds) -> torch.Tensor:
+    """a [R, I'] fp32, w [R, H, I'] fp32 -> [C, R, H]: chunk c's partial a[:, lo:hi] @ w[:, :, lo:hi]^T
+    of each row. Equal adjacent chunks (every layer whose I' the chunk count divides) go in one
+    portable matmul with the chunk as a leading dim: each element is the same tree_sum of the same
+    products as chunk by chunk (kernels.matmul's _partials_at_once argues the same), in one call."""
+    R, H = w.shape[0], w.shape[1]
+    lo, hi, C = bounds[0][0], bounds[-1][1], len(bounds)
+    width = bounds[0][1] - lo
+    if width > 0 and all(b == (lo + c * width, lo + (c + 1) * width) for c, b in enumerate(bounds)):
+        xs = a[:, lo:hi].reshape(R, C, 1, width)                                 # [R, C, 1, w]
+        ws = w[:, :, lo:hi].reshape(R, H, C, width).transpose(1, 2)              # [R, C, H, w]
+        return portable.matmul_nt(xs, ws)[:, :, 0].transpose(0, 1)               # [C, R, H]
+    return torch.stack([portable.matmul_nt(a[:, None, l:h], w[:, :, l:h])[:, 0] for l, h in bounds])
 
 
 _EXPERT_ROW_ELEMENTS = 1 << 22      # gathered expert weights built at once
