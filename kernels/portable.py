@@ -56,7 +56,8 @@ def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Ten
     else:                                                # the first halving
         p //= 2
         s = torch.add(x.narrow(dim, 0, p), x.narrow(dim, p, p))
-    s = _halve_in_place(s, dim, p).clone()               # the first element only, off the buffer
+    if p > 1:                                            # the first element, off the larger buffer
+        s = _halve_in_place(s, dim, p).clone()
     return s if keepdim else s.squeeze(dim)
 
 
