@@ -244,7 +244,7 @@ def _nearest_sqrt(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         up = torch.nextafter(y, torch.full_like(y, 2.0))
         down = torch.nextafter(y, torch.ones_like(y))
         nearer = torch.where(r > m, up, torch.where((r + m <= 0) & (y > 1.0), down, y))
-        if y.device.type == "cpu" and not bool(torch.ne(nearer, y).any()):
+        if y.device.type == "cpu" and not torch.ne(nearer, y).any().item():
             return y
         y = nearer
     return y
