@@ -1,9 +1,9 @@
 """The CPU reference's hot ops (issue 38) against their previous implementations, kept here only
-as the baseline: kernels.portable's matmul_nt and tree_sum, kernels.mxfp4.dequantize, the torch
-attention's _attend, engine.experts' down-projection partials and portable.sqrt. Both sides run in this process
-on the same inputs, every output is checked bit for bit (torch.equal, and the same NaN places),
-and the ratio old / new of the median CPU time per call is printed (one torch thread, as the
-check's workers run).
+as the baseline: kernels.portable's matmul_nt, tree_sum and sqrt, kernels.mxfp4.dequantize, the
+torch attention's _attend and engine.experts' down-projection partials. Both sides run in this
+process on the same inputs, every output is checked bit for bit (torch.equal, and the same NaN
+places), and the ratio old / new of the median CPU time per call is printed (one torch thread, as
+the check's workers run).
 
     PYTHONPATH=. python3 bench/portable.py                 # the spec shapes and the 20b-ish ones
     PYTHONPATH=. python3 bench/portable.py --quick         # the spec shapes only
