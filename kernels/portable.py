@@ -56,19 +56,20 @@ def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Ten
     else:                                                # the first halving
         p //= 2
         s = torch.add(x.narrow(dim, 0, p), x.narrow(dim, p, p))
-    if p > 1:                                            # the first element, off the larger buffer
-        s = _halve_in_place(s, dim, p).clone()
+    if p > 1:
+        _halve_in_place(s, dim, p)
+        s = torch.add(s.narrow(dim, 0, 1), s.narrow(dim, 1, 1))    # the last level, into a new tensor
     return s if keepdim else s.squeeze(dim)
 
 
-def _halve_in_place(s: torch.Tensor, dim: int, p: int) -> torch.Tensor:
-    """tree_sum's halving levels on s, whose first p (a power of two) entries along `dim` are
-    the terms: s[:p/2] += s[p/2:p], p halving, in place (the same additions of the same operands
-    as new tensors would hold, without allocating one per level). -> s.narrow(dim, 0, 1)."""
-    while p > 1:
+def _halve_in_place(s: torch.Tensor, dim: int, p: int) -> None:
+    """tree_sum's halving levels on s, whose first p (a power of two) entries along `dim` are the
+    terms, in place down to the last two: s[:p/2] += s[p/2:p] while p > 2 (the same additions of
+    the same operands as new tensors would hold, without allocating one per level). The caller
+    adds the last two, s[0] + s[1], where it wants the result."""
+    while p > 2:
         p //= 2
         s.narrow(dim, 0, p).add_(s.narrow(dim, p, p))
-    return s.narrow(dim, 0, 1)
 
 
 def prefix_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -113,7 +114,11 @@ def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             prod = torch.mul(xm, w[..., None, n0:n0 + n, :], out=buf[:batch * m * n * K].view(*lead, m, n, K))
             if p != K:                                                    # fold the tail onto the head
                 prod.narrow(-1, 0, K - p).add_(prod.narrow(-1, p, K - p))
-            out[..., m0:m0 + m, n0:n0 + n] = _halve_in_place(prod, prod.dim() - 1, p)[..., 0]
+            if p == 1:                                                    # K = 1: the product itself
+                out[..., m0:m0 + m, n0:n0 + n] = prod[..., 0]
+                continue
+            _halve_in_place(prod, prod.dim() - 1, p)
+            torch.add(prod[..., 0], prod[..., 1], out=out[..., m0:m0 + m, n0:n0 + n])   # the last level
     return out
 
 
