@@ -1,6 +1,6 @@
 """The CPU reference's hot ops (issue 38) against their previous implementations, kept here only
-as the baseline: kernels.portable's matmul_nt, tree_sum and sqrt, kernels.mxfp4.dequantize, the
-torch attention's _attend and engine.experts' down-projection partials. Both sides run in this
+as the baseline: kernels.portable's matmul_nt and tree_sum, kernels.mxfp4.dequantize, the torch
+attention's _attend and engine.experts' down-projection partials. Both sides run in this
 process on the same inputs, every output is checked bit for bit (torch.equal, and the same NaN
 places), and the ratio old / new of the median CPU time per call is printed (one torch thread, as
 the check's workers run).
@@ -111,39 +111,6 @@ def old_down_partials(a: torch.Tensor, w: torch.Tensor, bounds) -> torch.Tensor:
     return torch.stack([old_matmul_nt(a[:, None, lo:hi], w[:, :, lo:hi])[:, 0] for lo, hi in bounds])
 
 
-def old_nearest_sqrt(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    for _ in range(3):
-        p = torch.mul(y, y)
-        c = torch.mul(y, portable._SPLIT)
-        hi = torch.sub(c, torch.sub(c, y))
-        lo = torch.sub(y, hi)
-        err = torch.sub(torch.mul(lo, lo),
-                        torch.sub(torch.sub(torch.sub(p, torch.mul(hi, hi)), torch.mul(lo, hi)), torch.mul(hi, lo)))
-        r = (torch.mul(torch.sub(X, p), portable._TWO_104).to(torch.int64)
-             - torch.mul(err, portable._TWO_104).to(torch.int64))
-        m = (y.view(torch.int64) & portable._MANTISSA) | (1 << 52)
-        up = torch.nextafter(y, torch.full_like(y, 2.0))
-        down = torch.nextafter(y, torch.ones_like(y))
-        y = torch.where(r > m, up, torch.where((r + m <= 0) & (y > 1.0), down, y))
-    return y
-
-
-def old_sqrt(x: torch.Tensor) -> torch.Tensor:
-    """portable.sqrt of an fp32 x before issue 38 (sqrt64 with all three correction steps)."""
-    x = x.to(torch.float64)
-    tiny = (x > 0) & (x < 2.2250738585072014e-308)
-    bits = torch.where(tiny, torch.mul(x, 2.0 ** 108), x).view(torch.int64)
-    e = ((bits >> 52) & 0x7FF) - 1023 - torch.where(tiny, 108, 0)
-    odd = e & 1
-    X = ((bits & portable._MANTISSA) | ((1023 + odd) << 52)).view(torch.float64)
-    y = old_nearest_sqrt(X, portable._newton_sqrt(X))
-    k = (e - odd) >> 1
-    y = (y.view(torch.int64) + (k << 52)).view(torch.float64)
-    y = torch.where(x == 0, x, y)
-    y = torch.where(x == math.inf, x, y)
-    return torch.where((x < 0) | torch.isnan(x), math.nan, y).to(torch.float32)
-
-
 # ------------------------------------------------------------------------------- the cases
 # (name, x shape, w shape, slice of w's last dim or None): the spec shapes are what the torch
 # backend's forwards call matmul_nt with (tiny/small presets: linears, the 8 K-chunk partials of
@@ -189,11 +156,6 @@ ATTENTION = [   # (name, T, Hq, Hkv, S, D, window): decode and prefill rows of t
     ("small prefill T=63 S=64", 63, 8, 2, 64, 32, 16),
     ("long prompt T=64 S=320", 64, 8, 2, 320, 32, 0),
     ("20b decode S=1024", 1, 64, 8, 1024, 64, 128),
-]
-SQRT = [   # (name, rows): RMSNorm's square roots, one per row ([T, 1] fp32)
-    ("rmsnorm decode T=1", 1),
-    ("rmsnorm decode T=8", 8),
-    ("rmsnorm prefill T=260", 260),
 ]
 DOWN = [   # (name, R rows, H, I): the per-row experts' down projection over the 8 K chunks
     ("tiny decode R=4", 4, 96, 96),
@@ -277,12 +239,6 @@ def down_cases(quick):
         yield f"experts down {name}", lambda: old_down_partials(a, w, bounds), lambda: _down_partials(a, w, bounds)
 
 
-def sqrt_cases(quick):
-    for i, (name, T) in enumerate(SQRT):
-        x = _inputs((T, 1), 800 + i).abs()
-        yield f"sqrt {name}", lambda: old_sqrt(x), lambda: portable.sqrt(x)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the spec shapes only")
@@ -292,7 +248,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, 1 thread; medians of CPU time, ms per call")
     print(f"{'case':<48}{'old ms':>10}{'new ms':>10}{'ratio':>8}  same bits")
     ok, tot_old, tot_new = True, 0.0, 0.0
-    for cases in (matmul_cases, sum_cases, dequant_cases, attention_cases, down_cases, sqrt_cases):
+    for cases in (matmul_cases, sum_cases, dequant_cases, attention_cases, down_cases):
         for name, old, new in cases(args.quick):
             same, a, b = _row(name, old, new, args.budget)
             ok, tot_old, tot_new = ok and same, tot_old + a, tot_new + b

@@ -232,10 +232,7 @@ def _newton_sqrt(X: torch.Tensor) -> torch.Tensor:
 
 
 def _nearest_sqrt(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Move y (within a few ulps of sqrt(X), both as in the comment above) to the nearest: up to
-    three steps, each a function of (X, y) alone. On the CPU a step that moves no element ends the
-    loop (y in [1, 2) is its fixed point, so the steps left would change no bit; NaN never
-    compares equal, so it takes all three); elsewhere all three run (no host read in a graph)."""
+    """Move y (within a few ulps of sqrt(X), both as in the comment above) to the nearest."""
     for _ in range(3):
         p = torch.mul(y, y)
         c = torch.mul(y, _SPLIT)
@@ -248,10 +245,7 @@ def _nearest_sqrt(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         m = (y.view(torch.int64) & _MANTISSA) | (1 << 52)
         up = torch.nextafter(y, torch.full_like(y, 2.0))
         down = torch.nextafter(y, torch.ones_like(y))
-        nearer = torch.where(r > m, up, torch.where((r + m <= 0) & (y > 1.0), down, y))
-        if y.device.type == "cpu" and not torch.ne(nearer, y).any().item():
-            return y
-        y = nearer
+        y = torch.where(r > m, up, torch.where((r + m <= 0) & (y > 1.0), down, y))
     return y
 
 

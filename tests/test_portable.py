@@ -142,35 +142,3 @@ def test_triton_interpreter_math_equals_torch_portable():
         _exp_log_kernel[(4,)](x, e, lg, 4096, BLOCK=1024)
     assert e.view(torch.int64).equal(portable.exp64(x).view(torch.int64))
     assert lg.view(torch.int64).equal(portable.log64(x.abs()).view(torch.int64))
-
-
-def _three_steps(X, y):
-    """kernels.portable._nearest_sqrt's three correction steps, all run (as on a device with no
-    host read): the reference for the CPU's early exit at a fixed point."""
-    for _ in range(3):
-        p = torch.mul(y, y)
-        c = torch.mul(y, portable._SPLIT)
-        hi = torch.sub(c, torch.sub(c, y))
-        lo = torch.sub(y, hi)
-        err = torch.sub(torch.mul(lo, lo),
-                        torch.sub(torch.sub(torch.sub(p, torch.mul(hi, hi)), torch.mul(lo, hi)), torch.mul(hi, lo)))
-        r = (torch.mul(torch.sub(X, p), portable._TWO_104).to(torch.int64)
-             - torch.mul(err, portable._TWO_104).to(torch.int64))
-        m = (y.view(torch.int64) & portable._MANTISSA) | (1 << 52)
-        up = torch.nextafter(y, torch.full_like(y, 2.0))
-        down = torch.nextafter(y, torch.ones_like(y))
-        y = torch.where(r > m, up, torch.where((r + m <= 0) & (y > 1.0), down, y))
-    return y
-
-
-@pytest.mark.parametrize("n", [1, 2, 5, 64, 4096])
-def test_sqrt_early_exit_is_the_three_steps(n):
-    """The CPU stops correcting at a fixed point; the bits are those of all three steps, for
-    single values (where the first step often moves nothing) and batches, NaN among them."""
-    g = torch.Generator().manual_seed(n)
-    X = torch.rand(n, generator=g, dtype=torch.float64) * 3 + 1                    # [1, 4)
-    y = torch.mul(portable._newton_sqrt(X), 1.0 + 4e-16)                           # a few ulps off
-    y = torch.where(torch.rand(n, generator=g, dtype=torch.float64) < 0.5, portable._newton_sqrt(X), y).clamp(1.0, 1.9999999999999998)
-    if n > 1:
-        X[0], y[0] = math.nan, math.nan
-    assert portable._nearest_sqrt(X, y).view(torch.int64).equal(_three_steps(X, y).view(torch.int64))
