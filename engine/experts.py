@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.mxfp4 import Mxfp4Weight
+from engine.mxfp4 import Mxfp4Weight, dequantize
 from kernels import portable
 from kernels.matmul import linear_chunks_portable, linear_portable
 from kernels.moe import (clamped_swiglu_portable, clamped_swiglu_triton, expert_block_m, expert_down_partials_triton,
@@ -76,25 +76,53 @@ def experts_per_row(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
     f32 = torch.float32
     parts = x.new_empty((len(bounds), T * k, H), dtype=f32)
     step = max(1, _EXPERT_ROW_ELEMENTS // (I2 * H))                      # memory bound only
+    gate_up_rows, down_rows = _expert_rows(gate_up_w, T * k), _expert_rows(down_w, T * k)
     for r0 in range(0, T * k, step):
         e = ids[r0:r0 + step]                                            # [R] expert ids
-        h = portable.matmul_nt(rows_x[r0:r0 + step, None, :].to(f32), _expert_rows(gate_up_w, e))[:, 0]
+        h = portable.matmul_nt(rows_x[r0:r0 + step, None, :].to(f32), gate_up_rows(e))[:, 0]
         h = torch.add(h, gate_up_b.index_select(0, e)).to(x.dtype)       # [R, 2I], stored in x's dtype
         a = clamped_swiglu_portable(h, alpha, limit).to(f32)                      # [R, I], elementwise
-        w = _expert_rows(down_w, e)                                      # [R, H, I] fp32
-        for c, (lo, hi) in enumerate(bounds):
-            parts[c, r0:r0 + step] = portable.matmul_nt(a[:, None, lo:hi], w[:, :, lo:hi])[:, 0]
+        parts[:, r0:r0 + step] = _down_partials(a, down_rows(e), bounds)   # [C, R, H]
     return parts
+
+
+def _down_partials(a: torch.Tensor, w: torch.Tensor, bounds) -> torch.Tensor:
+    """a [R, I'] fp32, w [R, H, I'] fp32 -> [C, R, H]: chunk c's partial a[:, lo:hi] @ w[:, :, lo:hi]^T
+    of each row. Equal adjacent chunks (every layer whose I' the chunk count divides) go in one
+    portable matmul with the chunk as a leading dim: each element is the same tree_sum of the same
+    products as chunk by chunk (kernels.matmul's _partials_at_once argues the same), in one call."""
+    R, H = w.shape[0], w.shape[1]
+    lo, hi, C = bounds[0][0], bounds[-1][1], len(bounds)
+    width = bounds[0][1] - lo
+    if width > 0 and all(b == (lo + c * width, lo + (c + 1) * width) for c, b in enumerate(bounds)):
+        xs = a[:, lo:hi].reshape(R, C, 1, width)                                 # [R, C, 1, w]
+        ws = w[:, :, lo:hi].reshape(R, H, C, width).transpose(1, 2)              # [R, C, H, w]
+        return portable.matmul_nt(xs, ws)[:, :, 0].transpose(0, 1)               # [C, R, H]
+    return torch.stack([portable.matmul_nt(a[:, None, l:h], w[:, :, l:h])[:, 0] for l, h in bounds])
 
 
 _EXPERT_ROW_ELEMENTS = 1 << 22      # gathered expert weights built at once
 
 
-def _expert_rows(weight, ids: torch.Tensor) -> torch.Tensor:
-    """The fp32 [R, N, K] weights of experts `ids` (MXFP4 decoded: exact)."""
+def _expert_rows(weight, rows: int):
+    """ids -> the fp32 [len(ids), N, K] weights of experts `ids` (MXFP4 decoded, or cast: exact
+    either way), for a call of `rows` rows. With no more experts than rows (a prefill), and
+    within the memory bound, every expert is decoded once here and each row gathers its decoded
+    weights; otherwise (a decode step's few rows) each row decodes its own. Shapes alone decide."""
+    E, N, K = weight.shape
+    if E <= rows and E * N * K <= _EXPERT_ROW_ELEMENTS:
+        dense = _dense(weight)
+        return lambda ids: dense.index_select(0, ids)
     if isinstance(weight, Mxfp4Weight):
-        return weight.rows(ids, torch.float32)
-    return weight.index_select(0, ids).to(torch.float32)
+        return lambda ids: weight.rows(ids, torch.float32)
+    return lambda ids: weight.index_select(0, ids).to(torch.float32)
+
+
+def _dense(weight) -> torch.Tensor:
+    """The fp32 [E, N, K] weights of every expert."""
+    if isinstance(weight, Mxfp4Weight):
+        return dequantize(weight.blocks, weight.scales, torch.float32)
+    return weight.to(torch.float32)
 
 
 def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w: torch.Tensor, gate_up_b: torch.Tensor,

@@ -438,13 +438,14 @@ def _attend(q, k_cache, v_cache, slots, positions, sinks, window, scale) -> torc
     s = torch.where(visible, s, float("-inf"))
     m = torch.maximum(s.amax(dim=-1, keepdim=True), sink)                 # [T, Hkv, G, 1]
     m = torch.where(m == float("-inf"), 0.0, m)                           # no key, no sink: all p = 0
-    p = torch.where(visible, exp(torch.sub(s, m)), 0.0)                   # [T, Hkv, G, S]
+    e = exp(torch.sub(torch.cat([s, sink.expand(T, Hkv, G, 1)], dim=-1), m))   # the keys', then the sink's
+    p = torch.where(visible, e[..., :S], 0.0)                             # [T, Hkv, G, S]
     n_tiles = S // KV_TILE
     p_tiles = p.reshape(T, Hkv, G, n_tiles, KV_TILE)
     pv = torch.mul(p_tiles[..., None], values.reshape(T, Hkv, 1, n_tiles, KV_TILE, D))
     l_tiles = tree_sum(p_tiles, -1)                                       # [T, Hkv, G, n_tiles]
     acc_tiles = tree_sum(pv, -2)                                          # [T, Hkv, G, n_tiles, D]
-    l = exp(torch.sub(sink, m))[..., 0]                                   # [T, Hkv, G]
+    l = e[..., S]                                                         # [T, Hkv, G]: e^(sink - m)
     acc = acc_tiles[..., 0, :]
     for t in range(n_tiles):                                              # tiles first to last
         l = torch.add(l, l_tiles[..., t])

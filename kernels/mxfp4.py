@@ -49,24 +49,31 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
     if blocks.shape[-1] != BYTES_PER_BLOCK or blocks.shape[:-1] != scales.shape:
         raise ValueError(f"MXFP4 shapes disagree: blocks {tuple(blocks.shape)} needs [..., G, 16] "
                          f"and scales [..., G], got scales {tuple(scales.shape)}")
-    lut = _lut(blocks.device)
-    lo = lut[(blocks & 0x0F).long()]                       # [..., G, 16]  even elements
-    hi = lut[(blocks >> 4).long()]                         # [..., G, 16]  odd elements
-    values = torch.stack([lo, hi], dim=-1).flatten(-2)     # [..., G, 32]  lo, hi, lo, hi, ...
-    values = torch.mul(values, _power_of_two(scales).unsqueeze(-1))   # exact: a short mantissa x 2^e
-    values = values.masked_fill((scales == NAN_SCALE).unsqueeze(-1), float("nan"))   # whole block NaN
+    pairs, powers = _luts(blocks.device)
+    values = pairs.index_select(0, blocks.reshape(-1).int()).view(torch.float32)     # lo, hi, lo, hi, ...
+    scale = powers.index_select(0, scales.reshape(-1).int()).view(*scales.shape, 1)  # 2^(s - 127)
+    values = torch.mul(values.view(*scales.shape, BLOCK), scale)   # [..., G, 32] exact: a short mantissa x 2^e
+    values = torch.where((scales == NAN_SCALE).unsqueeze(-1), float("nan"), values)   # whole block NaN
     return values.flatten(-2).to(dtype)                    # [..., G * 32]
 
 
 @lru_cache(maxsize=None)
-def _lut(device: torch.device) -> torch.Tensor:
-    """E2M1_VALUES on `device`, made once (a CUDA graph capture may not copy from the host)."""
-    return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+def _luts(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tables made once per device (a CUDA graph capture may not copy from the host), so that
+    decoding is two gathers: `pairs`, the two fp32 values of each byte's codes (E2M1_VALUES of its
+    low nibble, then of its high nibble) stored together as one int64 per byte [256] (a gather of
+    one 8-byte element per byte, viewed back as the two floats); `powers`, _power_of_two of every
+    E8M0 byte [256] fp32."""
+    byte = torch.arange(256, dtype=torch.int64)
+    values = torch.tensor(E2M1_VALUES, dtype=torch.float32)
+    pairs = torch.stack([values[byte & 0x0F], values[byte >> 4]], dim=-1)          # [256, 2]
+    return pairs.view(torch.int64).reshape(256).to(device), _power_of_two(byte.to(torch.uint8)).to(device)
 
 
 def _power_of_two(scales: torch.Tensor) -> torch.Tensor:
-    """u8 E8M0 scales -> fp32 2^(s - 127), built from its bits (s = 0 is the subnormal 2^-127).
-    Not torch.ldexp: on CUDA that multiplies by pow(2, e), which is not exact for every e."""
+    """u8 E8M0 scales -> fp32 2^(s - 127), built from its bits (s = 0 is the subnormal 2^-127;
+    s = 255 gives +inf, the NaN block being masked afterwards). Not torch.ldexp: on CUDA that
+    multiplies by pow(2, e), which is not exact for every e."""
     s = scales.to(torch.int32)
     bits = torch.where(s == 0, torch.full_like(s, 1 << 22), s << 23)
     return bits.view(torch.float32)

@@ -24,6 +24,9 @@ Reductions have one written-down order:
                  lower half until one element is left: s[i] = s[i] + s[i + p/2], p halving
     prefix_sum   inclusive scan, Hillis-Steele: at step j, s[i] = s[i - 2^j] + s[i] (i >= 2^j)
     matmul_nt    y[m, n] = tree_sum_k(x[m, k] * w[n, k])   (one rounded product per term)
+Where the terms and partial sums are kept (a fresh tensor per level, or one buffer added into in
+place, as tree_sum and matmul_nt do for speed) never changes an element's operations, so never its
+bits (tests/test_portable_reductions.py holds them to a plain list-of-slices version of this order).
 
 Transcendentals are evaluated in float64 by range reduction and a fixed polynomial (Horner,
 multiply then add), and the fp32 functions round that float64 result once. They are not
@@ -43,18 +46,30 @@ def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Ten
     """Sum over `dim` in the fixed pairwise order of the module docstring."""
     dim = dim % x.dim()
     n = x.shape[dim]
-    if n == 0:
-        out = torch.zeros_like(x.narrow(dim, 0, 1))
+    if n <= 1:                                           # nothing to add: 0 (+0.0), or the one term
+        out = x.new_zeros(x.shape[:dim] + (1,) + x.shape[dim + 1:]) if n == 0 else x
         return out if keepdim else out.squeeze(dim)
     p = 1 << (n.bit_length() - 1)                        # the largest power of two <= n
     if p != n:                                           # fold the tail onto the head
-        head = x.narrow(dim, 0, p).clone()
-        head.narrow(dim, 0, n - p).add_(x.narrow(dim, p, n - p))
-        x = head
-    while p > 1:
+        s = x.narrow(dim, 0, p).clone()
+        s.narrow(dim, 0, n - p).add_(x.narrow(dim, p, n - p))
+    else:                                                # the first halving
         p //= 2
-        x = torch.add(x.narrow(dim, 0, p), x.narrow(dim, p, p))
-    return x if keepdim else x.squeeze(dim)
+        s = torch.add(x.narrow(dim, 0, p), x.narrow(dim, p, p))
+    if p > 1:
+        _halve_in_place(s, dim, p)
+        s = torch.add(s.narrow(dim, 0, 1), s.narrow(dim, 1, 1))    # the last level, into a new tensor
+    return s if keepdim else s.squeeze(dim)
+
+
+def _halve_in_place(s: torch.Tensor, dim: int, p: int) -> None:
+    """tree_sum's halving levels on s, whose first p (a power of two) entries along `dim` are the
+    terms, in place down to the last two: s[:p/2] += s[p/2:p] while p > 2 (the same additions of
+    the same operands as new tensors would hold, without allocating one per level). The caller
+    adds the last two, s[0] + s[1], where it wants the result."""
+    while p > 2:
+        p //= 2
+        s.narrow(dim, 0, p).add_(s.narrow(dim, p, p))
 
 
 def prefix_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -69,13 +84,15 @@ def prefix_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return x
 
 
-_MATMUL_CHUNK = 1 << 22            # elements of the [M, N, K] product built at once
+_MATMUL_CHUNK = 1 << 20            # elements of the [..., m, n, K] product built at once (4 MB in fp32)
 
 
 def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., M, K] @ w[..., N, K]^T -> [..., M, N] (same leading dims) in x's dtype: each output
-    a tree_sum of K rounded products. Chunking over M and N only bounds memory; it never changes
-    an element's operations."""
+    a tree_sum of K rounded products. The products of a chunk of M and N go into one buffer,
+    reused by every chunk, and tree_sum's levels add into it in place (no level allocates, and a
+    chunk fits the last-level cache); the chunking bounds that buffer and never changes an
+    element's operations."""
     *lead, M, K = x.shape
     N = w.shape[-2]
     out = x.new_empty((*lead, M, N))
@@ -85,12 +102,23 @@ def matmul_nt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return out.zero_()
     batch = math.prod(lead)
     n_step = max(1, min(N, _MATMUL_CHUNK // (K * batch)))
-    m_step = max(1, _MATMUL_CHUNK // (K * batch * n_step))
+    m_step = max(1, min(M, _MATMUL_CHUNK // (K * batch * n_step)))
+    dtype = x.dtype if x.dtype == w.dtype else torch.promote_types(x.dtype, w.dtype)   # as torch.mul's
+    buf = torch.empty(batch * m_step * n_step * K, dtype=dtype, device=x.device)
+    p = 1 << (K.bit_length() - 1)                        # the largest power of two <= K
     for m0 in range(0, M, m_step):
-        xm = x[..., m0:m0 + m_step, None, :]                              # [..., m, 1, K]
+        m = min(m_step, M - m0)
+        xm = x[..., m0:m0 + m, None, :]                                   # [..., m, 1, K]
         for n0 in range(0, N, n_step):
-            prod = torch.mul(xm, w[..., None, n0:n0 + n_step, :])         # [..., m, n, K]
-            out[..., m0:m0 + m_step, n0:n0 + n_step] = tree_sum(prod, -1)
+            n = min(n_step, N - n0)
+            prod = torch.mul(xm, w[..., None, n0:n0 + n, :], out=buf[:batch * m * n * K].view(*lead, m, n, K))
+            if p != K:                                                    # fold the tail onto the head
+                prod.narrow(-1, 0, K - p).add_(prod.narrow(-1, p, K - p))
+            if p == 1:                                                    # K = 1: the product itself
+                out[..., m0:m0 + m, n0:n0 + n] = prod[..., 0]
+                continue
+            _halve_in_place(prod, prod.dim() - 1, p)
+            torch.add(prod[..., 0], prod[..., 1], out=out[..., m0:m0 + m, n0:n0 + n])   # the last level
     return out
 
 
