@@ -430,9 +430,10 @@ def check_exact(n: int, dtype: torch.dtype) -> list[Finding]:
     out.append(_finding(f"maximum {name}", tails(torch.maximum, a, b), want, (a, b)))
     for op, py, bulk in _COMPARISONS:
         out.append(_finding(f"{op} {name}", tails(getattr(torch, op), a, b), held(op, bulk(x, y), py, x, y), (a, b)))
-    out.append(_finding(f"isnan {name}", tails(torch.isnan, a), held("isnan", np.isnan(x), lambda v: v != v, x), (a,)))
-    out.append(_finding(f"isfinite {name}", tails(torch.isfinite, a), held("isfinite", np.isfinite(x), math.isfinite, x),
-                        (a,)))
+    want = held("isnan", np.isnan(x), lambda v: v != v, x)
+    out.append(_finding(f"isnan {name}", tails(torch.isnan, a), want, (a,)))
+    want = held("isfinite", np.isfinite(x), math.isfinite, x)
+    out.append(_finding(f"isfinite {name}", tails(torch.isfinite, a), want, (a,)))
     cond = a > b
     c = cond.numpy()
     want = held("where", np.where(c, x, y), lambda k, v, w: v if k else w, c, x, y)
