@@ -1,4 +1,4 @@
-"""Functions the launcher tests run on every rank (spawned processes import them by name)."""
+"""Functions the launcher tests run on every rank (launched rank processes import them by name)."""
 
 from __future__ import annotations
 
