@@ -198,8 +198,8 @@ def _finding(op: str, got: torch.Tensor, want: np.ndarray, args) -> Finding:
 # ------------------------------------------------------------- the expected values, in bulk
 #
 # Each op's meaning is a Python function of one element (or one row): `_py_div`, `_py_floor`, the
-# lambdas below, ... These are the oracle. Applying them to 10^6 elements in Python took most of a
-# minute, so the expectations are computed in bulk with numpy, and `_held_to_python` holds every
+# lambdas below, ... These are the oracle. Applying them to 10^6 elements in Python took tens of
+# seconds, so the expectations are computed in bulk with numpy, and `_held_to_python` holds every
 # bulk result to its Python definition on a sample of the inputs (every `_STRIDE`-th element and
 # the special values at the front), raising OracleDisagrees if they part.
 #
@@ -209,10 +209,11 @@ def _finding(op: str, got: torch.Tensor, want: np.ndarray, args) -> Finding:
 # (comparisons, floor, rint, nextafter, selections) have one right answer. Float32 results are the
 # float64 result rounded to float32 with integers (round_to_f32), as before: rounding twice is
 # harmless for + - * / and sqrt of float32 operands because 53 >= 2 * 24 + 2 (Figueroa, "When is
-# double rounding innocuous?", 1995). Conversions are emulated with integers, so they do not rest
-# on the conversion instructions torch's own casts use.
+# double rounding innocuous?", 1995). Conversions are emulated with integers (floats made only from
+# integers below 2^32, exact in any implementation; int64 -> float64 rounded by one IEEE add), so
+# they do not rest on the rounding of the conversion instructions torch's own casts use.
 
-_STRIDE = 64          # the self-check's sample: ~15,600 of 10^6 elements, the specials included
+_STRIDE = 64          # the self-check's sample: 15,688 of 10^6 elements, the specials included
 
 
 class OracleDisagrees(AssertionError):
