@@ -103,9 +103,10 @@ def _rank_context():
     """How ranks start. multiprocessing's fork server is one process per launching process, started
     at the first launch, that imports torch (and torch.distributed) and nothing else, and forks a
     rank per request: a rank then skips torch's import, ~2 CPU s a rank (docs/gate.md, "Measured
-    by gate4"). The server never runs a tensor op, starts a thread pool or touches CUDA, so a
-    forked rank starts as clean as a spawned one; it imports everything else (the engine, the
-    kernels, `fn`'s module) itself. Where there is no fork server: "spawn"."""
+    by gate4"). The server runs no tensor op and never touches CUDA (a forked rank initialises
+    its own, as a spawned one did); its one thread besides the main one, started by numpy's import
+    (its BLAS pool), is idle, and a fork copies only the forking thread. A rank imports everything
+    else (the engine, the kernels, `fn`'s module) itself. Where there is no fork server: "spawn"."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
