@@ -3,8 +3,12 @@
     results = launch(fn, world_size=4, args=(ckpt_dir,), timeout_s=300)
     # results[r] is what fn(*args, **kwargs) returned on rank r
 
-Each rank is a fresh process (multiprocessing "spawn": `fn` must be importable by module and
-name, and its arguments and result picklable). Before `fn` runs, torch.distributed is
+Each rank is a new process that finds `fn` by importing it (`fn` must be importable by module
+and name, and its arguments and result picklable), started by `_rank_context`: forked from
+multiprocessing's fork server, which has imported torch once, or spawned afresh where the platform
+has no fork server. Either way a rank never inherits the launching process's memory (a monkeypatch
+there is not seen), and it takes the launching process's environment as it is at the call.
+Before `fn` runs, torch.distributed is
 initialised on MASTER_ADDR=127.0.0.1 and a free port, with RANK, WORLD_SIZE and LOCAL_RANK set,
 and `collective_timeout_s` as the process group's timeout, so a collective waiting for a dead or
 stuck peer fails instead of hanging (see process_group_options).
@@ -95,9 +99,28 @@ def plan(device: str, world_size: int, gpus: int, transport: str | None = None) 
     return chosen, [f"cuda:{r % gpus}" for r in range(world_size)]
 
 
+def _rank_context():
+    """How ranks start. multiprocessing's fork server is one process per launching process, started
+    at the first launch, that imports torch (and torch.distributed) and nothing else, and forks a
+    rank per request: a rank then skips torch's import, ~2 CPU s a rank (docs/gate.md, "Measured
+    by gate4"). The server runs no tensor op and never touches CUDA (a forked rank initialises
+    its own, as a spawned one did); its one thread besides the main one, started by numpy's import
+    (its BLAS pool), is idle, and a fork copies only the forking thread. A rank imports everything
+    else (the engine, the kernels, `fn`'s module) itself. Where there is no fork server: "spawn"."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])      # used when the server starts
+    return ctx
+
+
 def _rank_main(rank: int, world_size: int, port: int, transport: str, rank_device: str, collective_timeout_s: float,
-               threads: int | None, fn: Callable, args: tuple, kwargs: dict, out_dir: str) -> None:
+               threads: int | None, fn: Callable, args: tuple, kwargs: dict, out_dir: str, env: dict) -> None:
     out = Path(out_dir)
+    # the launching process's environment at the call (a forked rank starts with the server's, that
+    # of the first launch), before anything reads it: the kernels, CUDA, gloo
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCKSTEP_DEVICE=rank_device, LOCKSTEP_TRANSPORT=transport)
@@ -183,11 +206,11 @@ def launch(fn: Callable, world_size: int, args: tuple = (), kwargs: dict | None 
     transport, rank_devices = plan(device, world_size, _gpu_count() if device == "cuda" else 0, transport)
     kwargs = kwargs or {}
     out_dir = tempfile.mkdtemp(prefix="lockstep-launch-")
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
     port = free_port()
     procs = [ctx.Process(target=_rank_main, name=f"lockstep-rank{r}", daemon=True,
                          args=(r, world_size, port, transport, rank_devices[r], collective_timeout_s, threads, fn, args,
-                               kwargs, out_dir))
+                               kwargs, out_dir, dict(os.environ)))
              for r in range(world_size)]
     out = Path(out_dir)
     try:

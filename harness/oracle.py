@@ -11,6 +11,8 @@ module checks each one against an oracle:
   here because 53 >= 2 * 24 + 2;
 - bf16 casts: round to nearest even on the float32 bits, emulated with integers;
 - exact ops (comparisons, where, min/max, floor/round, sort, argmax, the running sum): Python.
+Each op's Python definition is applied in bulk through numpy's float64 operations and integer
+emulation, held to the definition element by element on a sample (`_held_to_python`, below).
 
 Inputs mix special values (+-0, +-inf, NaNs with payloads, subnormals, the extremes, halfway
 cases) with random bit patterns over every exponent and ordinary values; each op also runs on
@@ -23,7 +25,9 @@ list of aten ops the reference may call (tests/test_primitive_oracle.py holds th
 
 from __future__ import annotations
 
+import itertools
 import math
+import struct
 from dataclasses import dataclass
 from typing import Callable
 
@@ -139,15 +143,21 @@ def _inputs(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     return torch.from_numpy(vals[:n].copy() if len(vals) >= n else vals.copy())
 
 
+def tail_lengths(n: int) -> list[int]:
+    """1, 2, ..., 67, 1, 2, ... summing to n (the last one cut short)."""
+    out, done, length = [], 0, 1
+    while done < n:
+        out.append(min(length, n - done))
+        done, length = done + out[-1], length % 67 + 1
+    return out
+
+
 def tails(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
     """fn applied to slices of 1, 2, ..., 67, 1, 2, ... elements, concatenated: every length of
-    scalar tail a vector loop can leave (AVX-512 holds 16 floats or 8 doubles)."""
-    n, out, start, length = args[0].numel(), [], 0, 1
-    while start < n:
-        stop = min(n, start + length)
-        out.append(fn(*(a[start:stop] for a in args)))
-        start, length = stop, length % 67 + 1
-    return torch.cat(out)
+    scalar tail a vector loop can leave (AVX-512 holds 16 floats or 8 doubles). The slices are
+    views of the arguments (torch.split), each its own call of fn."""
+    lengths = tail_lengths(args[0].numel())
+    return torch.cat([fn(*parts) for parts in zip(*(a.split(lengths) for a in args))])
 
 
 # ------------------------------------------------------------------------------- checks
@@ -185,6 +195,91 @@ def _finding(op: str, got: torch.Tensor, want: np.ndarray, args) -> Finding:
     return Finding(op, got.numel(), wrong, example)
 
 
+# ------------------------------------------------------------- the expected values, in bulk
+#
+# Each op's meaning is a Python function of one element (or one row): `_py_div`, `_py_floor`, the
+# lambdas below, ... These are the oracle. Applying them to 10^6 elements in Python took tens of
+# seconds, so the expectations are computed in bulk with numpy, and `_held_to_python` holds every
+# bulk result to its Python definition on a sample of the inputs (every `_STRIDE`-th element and
+# the special values at the front), raising OracleDisagrees if they part.
+#
+# Why the bulk results are the Python ones: numpy's float64 add, subtract, multiply, divide and
+# sqrt are each one IEEE 754 operation per element (correctly rounded, no fused or approximate
+# steps), the very operation Python's float `+ - * /` and math.sqrt perform; the exact operations
+# (comparisons, floor, rint, nextafter, selections) have one right answer. Float32 results are the
+# float64 result rounded to float32 with integers (round_to_f32), as before: rounding twice is
+# harmless for + - * / and sqrt of float32 operands because 53 >= 2 * 24 + 2 (Figueroa, "When is
+# double rounding innocuous?", 1995). Conversions are emulated with integers (floats made only from
+# integers below 2^32, exact in any implementation; int64 -> float64 rounded by one IEEE add), so
+# they do not rest on the rounding of the conversion instructions torch's own casts use.
+
+_STRIDE = 64          # the self-check's sample: 15,688 of 10^6 elements, the specials included
+
+
+class OracleDisagrees(AssertionError):
+    """The bulk expectations left their Python definition: the oracle itself cannot be trusted."""
+
+
+def _sample(n: int) -> np.ndarray:
+    return np.unique(np.concatenate([np.arange(min(n, 64)), np.arange(0, n, _STRIDE)]))
+
+
+def _equal(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Bitwise equal floats (any NaN matching any NaN), or equal values of any other dtype."""
+    if x.dtype.kind == "f":
+        x, y = x.astype(np.float64), y.astype(np.float64)
+        return (x.view(np.uint64) == y.view(np.uint64)) | (np.isnan(x) & np.isnan(y))
+    return x == y
+
+
+def _held_to_python(op: str, want: np.ndarray, py: Callable, *cols) -> np.ndarray:
+    """want (the bulk expectation of `op`), checked against py applied element by element (row by
+    row for 2-d columns) to the sampled entries of cols; returned as it is."""
+    idx = _sample(len(want))
+    picked = [c[idx].tolist() for c in cols]            # Python floats, bools, ints (or lists)
+    py_vals = np.array([py(*args) for args in zip(*picked)], dtype=want.dtype)
+    same = _equal(want[idx], py_vals)
+    if same.ndim > 1:
+        same = same.all(axis=tuple(range(1, same.ndim)))
+    if not same.all():
+        i = int(np.argmin(same))
+        raise OracleDisagrees(f"{op}: the bulk oracle gives {want[idx][i]!r}, Python {py_vals[i]!r} "
+                              f"at {[c[idx][i] for c in cols]}")
+    return want
+
+
+def exact_f64(t: torch.Tensor) -> np.ndarray:
+    """The exact values of a float32 or float64 tensor as float64, float32 widened with integers
+    (subnormals included; NaNs stay NaN)."""
+    if t.dtype == torch.float64:
+        return t.numpy().copy()
+    bits = t.view(torch.int32).numpy().view(np.uint32).astype(np.int64)
+    E, M = (bits >> 23) & 0xFF, bits & ((1 << 23) - 1)
+    m = np.where(E > 0, M | (1 << 23), M)                          # value = m * 2^(e - 150)
+    v = np.ldexp(m.astype(np.float64), np.where(E > 0, E - 150, -149))    # exact: m < 2^24
+    v = np.where(E == 0xFF, np.where(M == 0, np.inf, np.nan), v)
+    return np.where(bits >> 31 == 1, -v, v)
+
+
+def int_to_f64(v: np.ndarray) -> np.ndarray:
+    """int64 values rounded to the nearest float64 (ties to even): v = hi * 2^32 + lo with both
+    parts exact in float64, so the one IEEE add that joins them rounds the integer once."""
+    hi, lo = v >> 32, v & 0xFFFFFFFF                                # |hi| <= 2^31, 0 <= lo < 2^32
+    return np.ldexp(hi.astype(np.float64), 32) + lo.astype(np.float64)
+
+
+def integral_f64_to_int(x: np.ndarray) -> np.ndarray:
+    """Integral float64 values (|x| < 2^63) as int64, read off their bits."""
+    b = x.view(np.uint64)
+    E = ((b >> np.uint64(52)) & np.uint64(0x7FF)).astype(np.int64)
+    M = (b & np.uint64((1 << 52) - 1)).astype(np.int64)
+    m = np.where(E > 0, M | (1 << 52), M)                          # value = m * 2^(E - 1075)
+    shift = E - 1075
+    mag = np.where(shift >= 0, m << np.clip(shift, 0, 10), m >> np.clip(-shift, 0, 63))
+    mag = np.where(E == 0, 0, mag)
+    return np.where((b >> np.uint64(63)) == 1, -mag, mag)
+
+
 def _py_div(a: float, b: float) -> float:
     if b == 0.0:
         if a == 0.0 or a != a:
@@ -193,49 +288,59 @@ def _py_div(a: float, b: float) -> float:
     return a / b
 
 
-_BINARY = {"add": (torch.add, lambda a, b: a + b), "sub": (torch.sub, lambda a, b: a - b),
-           "mul": (torch.mul, lambda a, b: a * b), "div": (torch.div, _py_div)}
+# each op: (torch's, its Python definition, numpy's float64 operation)
+_BINARY = {"add": (torch.add, lambda a, b: a + b, np.add), "sub": (torch.sub, lambda a, b: a - b, np.subtract),
+           "mul": (torch.mul, lambda a, b: a * b, np.multiply), "div": (torch.div, _py_div, np.divide)}
 
 
-def _ieee(values: list[float], dtype: torch.dtype) -> np.ndarray:
-    v = np.array(values, dtype=np.float64)
-    return round_to_f32(v) if dtype == torch.float32 else v
+def _ieee(values: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """float64 results as the dtype rounds them (float32: once more, with integers)."""
+    return round_to_f32(values) if dtype == torch.float32 else values
 
 
 def check_binary(n: int, dtype: torch.dtype) -> list[Finding]:
     out = []
     a, b = inputs(n, dtype, 1), inputs(n, dtype, 2)[torch.randperm(n, generator=torch.Generator().manual_seed(3))]
-    al, bl = a.tolist(), b.tolist()
+    x, y = exact_f64(a), exact_f64(b)
     name = "f32" if dtype == torch.float32 else "f64"
-    for op, (t_fn, py) in _BINARY.items():
-        want = _ieee([py(x, y) for x, y in zip(al, bl)], dtype)
+    for op, (t_fn, py, bulk) in _BINARY.items():
+        want = _ieee(_held_to_python(op, bulk(x, y), py, x, y), dtype)
         out.append(_finding(f"{op} {name}", t_fn(a, b), want, (a, b)))
         out.append(_finding(f"{op} {name} (tails)", tails(t_fn, a, b), want, (a, b)))
         for s in (0.5, 3.0, 1e-5, -7.0, 2880):                     # tensor op Python scalar
             sv = float(torch.tensor(s, dtype=dtype))                # the scalar as the dtype holds it
-            want_s = _ieee([py(x, sv) for x in al], dtype)
+            want_s = _ieee(_held_to_python(f"{op} {sv}", bulk(x, sv), lambda v, sv=sv: py(v, sv), x), dtype)
             out.append(_finding(f"{op} {name} scalar {s}", t_fn(a, s), want_s, (a,)))
-    want = _ieee([_py_div(1.0, x) for x in al], dtype)
+    want = _ieee(_held_to_python("reciprocal", np.divide(1.0, x), lambda v: _py_div(1.0, v), x), dtype)
     out.append(_finding(f"reciprocal {name}", tails(torch.reciprocal, a), want, (a,)))
-    want = _ieee([1.0 - x for x in al], dtype)
+    want = _ieee(_held_to_python("rsub 1", np.subtract(1.0, x), lambda v: 1.0 - v, x), dtype)
     out.append(_finding(f"rsub {name} 1", tails(lambda t: torch.rsub(t, 1), a), want, (a,)))
-    out.append(_finding(f"neg {name}", tails(torch.neg, a), np.array([-x for x in al]), (a,)))
-    out.append(_finding(f"abs {name}", tails(torch.abs, a), np.array([abs(x) for x in al]), (a,)))
+    out.append(_finding(f"neg {name}", tails(torch.neg, a), _held_to_python("neg", -x, lambda v: -v, x), (a,)))
+    out.append(_finding(f"abs {name}", tails(torch.abs, a), _held_to_python("abs", np.abs(x), abs, x), (a,)))
     return out
+
+
+def _py_sqrt(x: float) -> float:
+    return math.sqrt(x) if x >= 0 else math.nan
+
+
+def _sqrt_want(a: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    x = exact_f64(a)
+    with np.errstate(invalid="ignore"):                             # negatives: NaN, as _py_sqrt
+        return _ieee(_held_to_python("sqrt", np.sqrt(x), _py_sqrt, x), dtype)
 
 
 def check_sqrt(n: int, dtype: torch.dtype) -> list[Finding]:
     a = inputs(n, dtype, 4)
-    want = _ieee([math.sqrt(x) if x >= 0 else math.nan for x in a.tolist()], dtype)
     name = "f32" if dtype == torch.float32 else "f64"
-    return [_finding(f"portable.sqrt {name}", tails(portable.sqrt, a), want, (a,))]
+    return [_finding(f"portable.sqrt {name}", tails(portable.sqrt, a), _sqrt_want(a, dtype), (a,))]
 
 
 def check_torch_sqrt(n: int, dtype: torch.dtype) -> Finding:
     """torch's own sqrt, for `doctor` to show (the reference does not call it)."""
     a = inputs(n, dtype, 4).abs()
-    want = _ieee([math.sqrt(x) for x in a.tolist()], dtype)
-    return _finding(f"torch.sqrt {'f32' if dtype == torch.float32 else 'f64'} (not used)", torch.sqrt(a), want, (a,))
+    return _finding(f"torch.sqrt {'f32' if dtype == torch.float32 else 'f64'} (not used)", torch.sqrt(a),
+                    _sqrt_want(a, dtype), (a,))
 
 
 def check_casts(n: int) -> list[Finding]:
@@ -243,9 +348,9 @@ def check_casts(n: int) -> list[Finding]:
     a64 = inputs(n, torch.float64, 5)
     out.append(_finding("cast f64->f32", tails(lambda t: t.to(torch.float32), a64), round_to_f32(a64.numpy()), (a64,)))
     a32 = inputs(n, torch.float32, 6)
-    out.append(_finding("cast f32->f64", tails(lambda t: t.to(torch.float64), a32),
-                        np.array(a32.tolist(), dtype=np.float64), (a32,)))
     bits = a32.view(torch.int32).numpy().view(np.uint32)
+    widened = _held_to_python("f32->f64", exact_f64(a32), lambda b: struct.unpack("<f", struct.pack("<I", b))[0], bits)
+    out.append(_finding("cast f32->f64", tails(lambda t: t.to(torch.float64), a32), widened, (a32,)))
     got = tails(lambda t: t.to(torch.bfloat16), a32).view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
     want = bf16_bits(bits)
     nan = np.isnan(a32.numpy())
@@ -259,14 +364,13 @@ def check_casts(n: int) -> list[Finding]:
     out.append(Finding("cast bf16->f32", n, int(wrong.sum())))
     ints = torch.from_numpy(np.random.default_rng(7).integers(-2 ** 62, 2 ** 62, n, dtype=np.int64))
     ints[: n // 2] >>= 20
-    il = ints.tolist()
-    out.append(_finding("cast i64->f64", tails(lambda t: t.to(torch.float64), ints), np.array([float(v) for v in il]), (ints,)))
-    out.append(_finding("cast i64->f32", tails(lambda t: t.to(torch.float32), ints),
-                        round_to_f32(np.array([float(v) for v in il])), (ints,)))
+    as_f64 = _held_to_python("i64->f64", int_to_f64(ints.numpy()), float, ints.numpy())
+    out.append(_finding("cast i64->f64", tails(lambda t: t.to(torch.float64), ints), as_f64, (ints,)))
+    out.append(_finding("cast i64->f32", tails(lambda t: t.to(torch.float32), ints), round_to_f32(as_f64), (ints,)))
     whole = torch.floor(a64.clamp(-2.0 ** 62, 2.0 ** 62))
     whole = torch.where(torch.isnan(whole), 0.0, whole)
-    out.append(_finding("cast f64->i64 (integral values)", tails(lambda t: t.to(torch.int64), whole),
-                        np.array([int(v) for v in whole.tolist()], dtype=np.int64), (whole,)))
+    as_int = _held_to_python("f64->i64", integral_f64_to_int(whole.numpy()), int, whole.numpy())
+    out.append(_finding("cast f64->i64 (integral values)", tails(lambda t: t.to(torch.int64), whole), as_int, (whole,)))
     return out
 
 
@@ -290,38 +394,127 @@ def _py_clamp(x: float, lo: float | None, hi: float | None) -> float:
     return x
 
 
+def _clamp(x: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
+    """_py_clamp in bulk: comparisons and selections only (a NaN fails both, so stays)."""
+    if lo is not None:
+        x = np.where(x < lo, np.float64(lo), x)
+    if hi is not None:
+        x = np.where(x > hi, np.float64(hi), x)
+    return x
+
+
 def _py_max(a: float, b: float) -> float:
     if a != a or b != b:
         return math.nan
     return a if a > b else b if b > a else a        # equal values (+0 and -0 included): the first
 
 
+_COMPARISONS = (("eq", lambda x, y: x == y, np.equal), ("ne", lambda x, y: x != y, np.not_equal),
+                ("lt", lambda x, y: x < y, np.less), ("le", lambda x, y: x <= y, np.less_equal),
+                ("gt", lambda x, y: x > y, np.greater), ("ge", lambda x, y: x >= y, np.greater_equal))
+
+
 def check_exact(n: int, dtype: torch.dtype) -> list[Finding]:
     out = []
     name = "f32" if dtype == torch.float32 else "f64"
     a, b = inputs(n, dtype, 8), inputs(n, dtype, 9)
-    al, bl = a.tolist(), b.tolist()
-    f = np.array
-    out.append(_finding(f"floor {name}", tails(torch.floor, a), f([_py_floor(x) for x in al]), (a,)))
-    out.append(_finding(f"round {name}", tails(torch.round, a), f([_py_round(x) for x in al]), (a,)))
+    x, y = exact_f64(a), exact_f64(b)
+    held = _held_to_python
+    out.append(_finding(f"floor {name}", tails(torch.floor, a), held("floor", np.floor(x), _py_floor, x), (a,)))
+    out.append(_finding(f"round {name}", tails(torch.round, a), held("round", np.rint(x), _py_round, x), (a,)))
     for lo, hi in ((-7.0, 7.0), (None, 7.0), (-745.0, 709.0), (0, 1)):
         got = tails(lambda t: torch.clamp(t, lo, hi), a)
-        out.append(_finding(f"clamp {name} [{lo}, {hi}]", got, f([_py_clamp(x, lo, hi) for x in al]), (a,)))
-    out.append(_finding(f"maximum {name}", tails(torch.maximum, a, b), f([_py_max(x, y) for x, y in zip(al, bl)]), (a, b)))
-    pairs = [(x, y) for x, y in zip(al, bl)]
-    for op, py in (("eq", lambda x, y: x == y), ("ne", lambda x, y: x != y), ("lt", lambda x, y: x < y),
-                   ("le", lambda x, y: x <= y), ("gt", lambda x, y: x > y), ("ge", lambda x, y: x >= y)):
-        got = tails(getattr(torch, op), a, b)
-        out.append(_finding(f"{op} {name}", got, f([py(x, y) for x, y in pairs]), (a, b)))
-    out.append(_finding(f"isnan {name}", tails(torch.isnan, a), f([x != x for x in al]), (a,)))
-    out.append(_finding(f"isfinite {name}", tails(torch.isfinite, a), f([math.isfinite(x) for x in al]), (a,)))
+        want = held(f"clamp [{lo}, {hi}]", _clamp(x, lo, hi), lambda v: _py_clamp(v, lo, hi), x)
+        out.append(_finding(f"clamp {name} [{lo}, {hi}]", got, want, (a,)))
+    either_nan = np.isnan(x) | np.isnan(y)
+    want = held("maximum", np.where(either_nan, np.nan, np.where(y > x, y, x)), _py_max, x, y)
+    out.append(_finding(f"maximum {name}", tails(torch.maximum, a, b), want, (a, b)))
+    for op, py, bulk in _COMPARISONS:
+        out.append(_finding(f"{op} {name}", tails(getattr(torch, op), a, b), held(op, bulk(x, y), py, x, y), (a, b)))
+    want = held("isnan", np.isnan(x), lambda v: v != v, x)
+    out.append(_finding(f"isnan {name}", tails(torch.isnan, a), want, (a,)))
+    want = held("isfinite", np.isfinite(x), math.isfinite, x)
+    out.append(_finding(f"isfinite {name}", tails(torch.isfinite, a), want, (a,)))
     cond = a > b
-    out.append(_finding(f"where {name}", tails(torch.where, cond, a, b), f([x if c else y for c, x, y in zip(cond.tolist(), al, bl)]), (a, b)))
+    c = cond.numpy()
+    want = held("where", np.where(c, x, y), lambda k, v, w: v if k else w, c, x, y)
+    out.append(_finding(f"where {name}", tails(torch.where, cond, a, b), want, (a, b)))
     toward = torch.where(torch.rand(n, generator=torch.Generator().manual_seed(10)) < 0.5, math.inf, -math.inf).to(dtype)
-    want = f([math.nextafter(x, t) if dtype == torch.float64 else np.nextafter(np.float32(x), np.float32(t))
-              for x, t in zip(al, toward.tolist())]) if dtype == torch.float64 else \
-        np.nextafter(a.numpy(), toward.numpy())
+    if dtype == torch.float64:
+        want = held("nextafter", np.nextafter(x, toward.numpy()), math.nextafter, x, toward.numpy())
+    else:
+        want = np.nextafter(a.numpy(), toward.numpy())             # numpy's float32 nextafter, as before
     out.append(_finding(f"nextafter {name}", tails(torch.nextafter, a, toward), want, (a, toward)))
+    return out
+
+
+def _py_amax(r: list[float]) -> float:
+    if any(v != v for v in r):
+        return math.nan
+    m = max(r)
+    return m if m != 0 else (0.0 if any(v == 0 and math.copysign(1, v) > 0 for v in r) else -0.0)
+
+
+def _py_argmax(r: list[float]) -> int:
+    nan = [i for i, v in enumerate(r) if v != v]
+    return nan[0] if nan else max(range(len(r)), key=lambda i: (r[i], -i))
+
+
+def _py_sorted(r: list[float], desc: bool) -> list[int]:
+    def key(i):
+        v = r[i]
+        if v != v:                       # NaN sorts above every value
+            return (1, 0.0, i) if not desc else (0, 0.0, i)
+        return (0, v, i) if not desc else (1, -v, i)
+    return sorted(range(len(r)), key=key)
+
+
+def _order_key(x: np.ndarray) -> np.ndarray:
+    """int64 keys in the order of float64 values, +0 and -0 one key (NaNs: any key, masked by
+    the callers)."""
+    b = np.where(x == 0, 0.0, x).view(np.int64)
+    return np.where(b < 0, b ^ np.int64(0x7FFFFFFFFFFFFFFF), b)
+
+
+def _bulk_amax(rows: np.ndarray) -> np.ndarray:
+    nan = np.isnan(rows).any(axis=1)
+    key = np.where(np.isnan(rows), np.iinfo(np.int64).min, _order_key(rows))
+    m = np.take_along_axis(rows, key.argmax(axis=1)[:, None], axis=1)[:, 0]
+    positive_zero = ((rows == 0) & ~np.signbit(rows)).any(axis=1)
+    m = np.where(m == 0, np.where(positive_zero, 0.0, -0.0), m)
+    return np.where(nan, np.nan, m)
+
+
+def _bulk_argmax(rows: np.ndarray) -> np.ndarray:
+    nan = np.isnan(rows)
+    key = np.where(nan, np.iinfo(np.int64).min, _order_key(rows))
+    first_max = (key == key.max(axis=1, keepdims=True)).argmax(axis=1)      # argmax: the first True
+    return np.where(nan.any(axis=1), nan.argmax(axis=1), first_max)
+
+
+def _bulk_sorted(rows: np.ndarray, desc: bool) -> np.ndarray:
+    nan = np.isnan(rows)
+    key = np.where(nan, 0, _order_key(rows))
+    group = nan if not desc else ~nan                       # ascending: NaNs last; descending: first
+    if desc:
+        key = -key                                          # no overflow: |key| < 2^63 - 1
+    index = np.broadcast_to(np.arange(rows.shape[1]), rows.shape)
+    return np.lexsort((index, key, group.astype(np.int8)), axis=-1)         # the last key sorts first
+
+
+def _chunks(x: np.ndarray, chunk: int) -> np.ndarray:
+    """x in rows of `chunk` elements, the last row padded with zeros (whose sums are dropped)."""
+    return np.concatenate([x, np.zeros(-len(x) % chunk)]).reshape(-1, chunk)
+
+
+def _running_sums(x: np.ndarray, chunk: int) -> np.ndarray:
+    """Left to right within each chunk (the first element as it is, then one IEEE add per
+    element), every chunk at once: a column of adds per position -> [chunks, chunk]."""
+    cols = _chunks(x, chunk)
+    out = np.empty_like(cols)
+    out[:, 0] = cols[:, 0]
+    for j in range(1, chunk):
+        out[:, j] = out[:, j - 1] + cols[:, j]
     return out
 
 
@@ -335,42 +528,21 @@ def check_reductions(n: int) -> list[Finding]:
         rows = x[: (n // width) * width].reshape(-1, width)
         rows[::3] = torch.where(rows[::3].abs() < 1, torch.zeros_like(rows[::3]), rows[::3])   # many ties at 0
         rows[1::5, 3] = -0.0
-        rl = rows.tolist()
-
-        def amax_py(r):
-            if any(v != v for v in r):
-                return math.nan
-            m = max(r)
-            return m if m != 0 else (0.0 if any(v == 0 and math.copysign(1, v) > 0 for v in r) else -0.0)
-
-        out.append(_finding(f"amax {name}", rows.amax(-1), np.array([amax_py(r) for r in rl]), (rows[:, 0],)))
-
-        def argmax_py(r):
-            nan = [i for i, v in enumerate(r) if v != v]
-            return nan[0] if nan else max(range(len(r)), key=lambda i: (r[i], -i))
-
-        out.append(_finding(f"argmax {name}", rows.argmax(-1), np.array([argmax_py(r) for r in rl]), (rows[:, 0],)))
+        r = exact_f64(rows.reshape(-1)).reshape(rows.shape)
+        want = _held_to_python("amax", _bulk_amax(r), _py_amax, r)
+        out.append(_finding(f"amax {name}", rows.amax(-1), want, (rows[:, 0],)))
+        want = _held_to_python("argmax", _bulk_argmax(r), _py_argmax, r)
+        out.append(_finding(f"argmax {name}", rows.argmax(-1), want, (rows[:, 0],)))
         for desc in (False, True):
             _, idx = rows.sort(dim=-1, descending=desc, stable=True)
-
-            def key(r, i):
-                v = r[i]
-                if v != v:                       # NaN sorts above every value
-                    return (1, 0.0, i) if not desc else (0, 0.0, i)
-                return (0, v, i) if not desc else (1, -v, i)
-
-            want = np.array([sorted(range(width), key=lambda i, r=r: key(r, i)) for r in rl])
+            want = _held_to_python("sort", _bulk_sorted(r, desc), lambda row: _py_sorted(row, desc), r)
             out.append(_finding(f"sort {name} stable{' descending' if desc else ''}", idx, want, (rows[:, 0],)))
     x = inputs(n, torch.float64, 12)
     x = torch.where(torch.isfinite(x) & (x.abs() < 1e300), x, 1.0)
     got = torch.cat([torch.cumsum(c, 0) for c in x.split(1000)])
-    cum = []
-    for c in x.split(1000):                                 # left to right, one add per element
-        s = None
-        for v in c.tolist():
-            s = v if s is None else s + v
-            cum.append(s)
-    out.append(_finding("cumsum f64 (running_sum)", got, np.array(cum), (x,)))
+    sums = _held_to_python("running sums", _running_sums(x.numpy(), 1000), lambda c: list(itertools.accumulate(c)),
+                           _chunks(x.numpy(), 1000))
+    out.append(_finding("cumsum f64 (running_sum)", got, sums.reshape(-1)[:n], (x,)))
     return out
 
 

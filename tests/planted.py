@@ -8,10 +8,11 @@ expectation, nothing else. Every other spec (exact `shared` goldens, kernel spec
 interpreter) is checked against the repository's own goldens.
 
 A planted fault is a monkeypatch in this process, which the ranks of a spec's multi-process
-`topologies` (fresh spawned processes) never see; so specs are recorded and checked here without
-those topology runs (`in_process`). No red is lost by it: the spec's expectation is that each
-topology run equals its single-device run, clean ranks give the clean bits, so a fault that makes
-the single-device run differ from them also makes it differ from the clean golden recorded here.
+`topologies` (new processes that import the code afresh, engine/launch.py) never see; so specs
+are recorded and checked here without those topology runs (`in_process`). No red is lost by it:
+the spec's expectation is that each topology run equals its single-device run, clean ranks give
+the clean bits, so a fault that makes the single-device run differ from them also makes it differ
+from the clean golden recorded here.
 What the topology runs pin is pinned by the spec's own item (and, for a fault in the rank code,
 by editing the file: tests/parallel). Measured: the two router-ties planted tests with their clean
 recording, 71.6 -> 22.4 CPU s (docs/gate.md)."""

@@ -4,6 +4,7 @@ machine-independent arithmetic; and the reference calls no op outside that check
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -39,6 +40,64 @@ def test_the_oracle_covers_every_checked_op(findings):
     aliases = {"add_": "add", "_to_copy": "cast", "to": "cast", "copy_": "cast", "nan_to_num": "where"}
     missing = [op for op in oracle.CHECKED_OPS if aliases.get(op, op) not in named]
     assert not missing, f"ops claimed checked but with no oracle check: {missing}"
+
+
+# The oracle itself, at a few thousand inputs (quick): it sees a non-IEEE op, and its bulk
+# expectations (numpy) are held to each op's Python definition element by element.
+SMALL = 4096
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_oracle_sees_a_division_by_a_reciprocal(dtype, monkeypatch):
+    """Planted: a / b as a * (1 / b), two roundings: not IEEE division."""
+    _, py, bulk = oracle._BINARY["div"]
+    monkeypatch.setitem(oracle._BINARY, "div", (lambda a, b: a * (1 / b), py, bulk))
+    with np.errstate(all="ignore"):
+        found = {f.op: f for f in oracle.check_binary(SMALL, dtype)}
+    name = "f32" if dtype == torch.float32 else "f64"
+    assert found[f"div {name}"].wrong > 0 and found[f"div {name} (tails)"].wrong > 0
+    assert found[f"mul {name}"].ok and found[f"add {name}"].ok
+
+
+def test_the_oracle_sees_round_half_up(monkeypatch):
+    """Planted: round as floor(x + 0.5): ties away from even, and an extra rounding."""
+    monkeypatch.setattr(torch, "round", lambda t: torch.floor(t + 0.5))
+    with np.errstate(all="ignore"):
+        found = {f.op: f for f in oracle.check_exact(SMALL, torch.float64)}
+    assert found["round f64"].wrong > 0 and found["floor f64"].ok
+
+
+def _mul_one_ulp_up(x, y):
+    return np.nextafter(np.multiply(x, y), np.inf)
+
+
+def _prefix_sums_by_np_sum(x, chunk):
+    rows = oracle._chunks(x, chunk)               # numpy's sum adds pairwise, not left to right
+    return np.stack([rows[:, :j + 1].sum(axis=1) for j in range(chunk)], axis=1)
+
+
+def _order_key_signed_zeros(x):
+    b = x.view(np.int64)                           # -0 below +0: a tie broken by the sign
+    return np.where(b < 0, b ^ np.int64(0x7FFFFFFFFFFFFFFF), b)
+
+
+@pytest.mark.parametrize("plant, check", [
+    ("mul", lambda: oracle.check_binary(SMALL, torch.float64)),
+    ("_order_key", lambda: oracle.check_reductions(SMALL)),
+    ("_running_sums", lambda: oracle.check_reductions(SMALL)),
+])
+def test_a_bulk_expectation_that_leaves_its_python_definition_is_refused(plant, check, monkeypatch):
+    """Planted in the oracle: numpy's product one ulp up; +0 and -0 ordered apart in the sort and
+    argmax keys; running sums by np.sum (pairwise, not left to right)."""
+    if plant == "mul":
+        torch_fn, py, _ = oracle._BINARY["mul"]
+        monkeypatch.setitem(oracle._BINARY, "mul", (torch_fn, py, _mul_one_ulp_up))
+    elif plant == "_order_key":
+        monkeypatch.setattr(oracle, "_order_key", _order_key_signed_zeros)
+    else:
+        monkeypatch.setattr(oracle, "_running_sums", _prefix_sums_by_np_sum)
+    with np.errstate(all="ignore"), pytest.raises(oracle.OracleDisagrees):
+        check()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,16 @@ loads: bf16 dense and MXFP4 packed weights, the fast decode on and off. In Trito
 down's 8 fixed chunks of 360 starting mid scale group), where BLOCK_M 16 and 32 run mma.sync and
 64 and 128 run wgmma on an H200 (sm_90 TTGIR under Triton 3.9). Then the engine: experts_grouped
 takes the policy's size, and a token alone has the bits it has inside a prefill-sized batch that
-takes larger blocks (D2)."""
+takes larger blocks (D2).
+
+The interpreter's shapes, edge by edge (each launch's cost is its programs: blocks x K chunks x
+N tiles, so rows and experts are kept to what the edges need):
+- every block size: T 70, k 2 over E 4 (38, 32, 37, 33 rows an expert): 16- and 32-row blocks
+  several per expert ending mid-block, one expert in whole blocks (32 rows), 64 one partial block
+  per expert; H 160 = 128 + 32 (gate_up's K loop: a full step and a tail, down's N tiles: a full
+  one and a partial one; MXFP4 needs H in 32-value blocks, so 160 is the least with a tail);
+  I 96: down's 8 K chunks of 12 columns, starting and ending inside a 32-value MXFP4 block;
+- a token alone: E 6, k 3, T 64 and 128 (32 and 64 rows an expert), H 160 as above, I 64."""
 
 import pytest
 import torch
@@ -75,19 +84,21 @@ def test_the_kernels_refuse_a_block_size_outside_the_policys():
 
 
 # ------------------------------------------------------------------ the kernels' bits at every size
-def _launches(x, ids, weights, bounds, block_m, fast, fused):
-    """gate_up h, down partials of clamped_swiglu(h) and (fused) down with the SwiGLU in its loads,
-    grouped in blocks of block_m."""
+def _launches(x, ids, weights, bounds, block_m, fast, fused, a=None):
+    """([gate_up h, down partials of a = clamped_swiglu(h), (fused) down with the SwiGLU in its
+    loads], a), grouped in blocks of block_m. `a` may be given: the 16-row launch's, which is
+    this launch's too whenever h has the 16-row bits (compared first), so it is computed once."""
     gu_w, gu_b, dn_w = weights
     k, E = ids.shape[1], gu_b.shape[0]
     groups = group_by_expert(ids.reshape(-1), 0, E, block_m)
     assert groups[0].shape[0] == groups[1].shape[0] * block_m
     h = expert_gate_up_triton(x, k, groups, gu_w, gu_b, fast_decode=fast)
-    a = clamped_swiglu_triton(torch.nan_to_num(h), ALPHA, LIMIT)
+    if a is None:
+        a = clamped_swiglu_triton(torch.nan_to_num(h), ALPHA, LIMIT)
     out = [h, expert_down_partials_triton(a, groups, dn_w, bounds, fast_decode=fast)]
     if fused:
         out.append(expert_down_partials_triton(torch.nan_to_num(h), groups, dn_w, bounds, SWIGLU, fast_decode=fast))
-    return out
+    return out, a
 
 
 def _packed(E, N, K, seed):
@@ -116,14 +127,14 @@ def _check_every_size(kind, fast, dtype, T, k, E, H, I, seed, fused=True):
     if kind == "mxfp4":
         x = x / 64                                                      # scale-127 values stay finite
     bounds = k_chunk_bounds(I)
-    ref = _launches(x, ids, weights, bounds, EXPERT_BLOCK_M, fast, fused)
+    ref, a = _launches(x, ids, weights, bounds, EXPERT_BLOCK_M, fast, fused)
     assert torch.isfinite(ref[1]).any()
     for block_m in SIZES[1:]:
         if kind == "mxfp4" and block_m > moe.MXFP4_MAX_BLOCK_M:
             continue                                                    # the policy never picks it
-        got = _launches(x, ids, weights, bounds, block_m, fast, fused)
-        for name, a, b in zip(("gate_up", "down", "down fused"), got, ref):
-            assert same_bits(a, b), f"{kind} fast={fast} {dtype}: {name} at block_m {block_m} != block_m 16"
+        got, _ = _launches(x, ids, weights, bounds, block_m, fast, fused, a)
+        for name, mine, sixteen in zip(("gate_up", "down", "down fused"), got, ref):
+            assert same_bits(mine, sixteen), f"{kind} fast={fast} {dtype}: {name} at block_m {block_m} != block_m 16"
 
 
 CASES = [("dense", True, BF16), ("dense", True, torch.float32), ("mxfp4", True, BF16), ("mxfp4", False, BF16),
@@ -154,11 +165,17 @@ def test_every_block_size_gives_the_same_bits_at_20b_shapes(kind, fast):
 
 # ------------------------------------------------------------------ the engine
 @pytest.mark.parametrize("kind", ["dense", "mxfp4"])
-def test_experts_grouped_takes_the_policys_size_with_the_same_bits(kind, follows, monkeypatch):
-    E, H, I, k, T = 4, 64, 64, 2, 80                                    # 40 rows an expert: blocks of 32
-    weights = _weights(kind, E, H, I, BF16, seed=31)
-    x, ids = tokens(T, H, k, E, BF16, seed=32)
-    x = x / 64
+def test_a_token_alone_has_its_bits_in_a_prefill_sized_batch(kind, follows, monkeypatch):
+    """D2 through the policy: experts_grouped groups each launch in the policy's block size (a spy
+    on its group_by_expert: 16 for a token alone, 32 and 64 for batches of 64 and 128 tokens, MXFP4
+    capped at MXFP4_MAX_BLOCK_M), and each token alone has the bits it has at every position of
+    those batches (bf16; 6 experts, top-3: 32 and 64 rows an expert; H = 160: gate_up's K loop
+    takes two steps of the interpreter's 128, and a tail). For MXFP4 the 128-token batch takes
+    32-row blocks too, three of them for most experts (65-68 rows), which no other case reaches."""
+    E, H, I, k = 6, 160, 64, 3
+    weights = _weights(kind, E, H, I, BF16, seed=41)
+    pool, pool_ids = tokens(8, H, k, E, BF16, seed=42)
+    pool = pool / 64
     bounds = k_chunk_bounds(I)
     seen = []
     real = engine_experts.group_by_expert
@@ -168,30 +185,16 @@ def test_experts_grouped_takes_the_policys_size_with_the_same_bits(kind, follows
         return real(flat_ids, lo, n_local, block_m)
 
     monkeypatch.setattr(engine_experts, "group_by_expert", spy)
-    run = lambda: experts_grouped(x, ids, weights[0], weights[1], weights[2], bounds, 0, E, ALPHA, LIMIT)  # noqa: E731
-    got = run()
-    want = min(32, moe.MXFP4_MAX_BLOCK_M) if kind == "mxfp4" else 32
-    assert seen == [want] == [expert_block_m(T * k, E, BF16, kind == "mxfp4")]
-    monkeypatch.setattr(engine_experts, "expert_block_m", lambda *a, **kw: EXPERT_BLOCK_M)
-    assert same_bits(got, run()) and seen[-1] == EXPERT_BLOCK_M
-
-
-@pytest.mark.parametrize("kind", ["dense", "mxfp4"])
-def test_a_token_alone_has_its_bits_in_a_prefill_sized_batch(kind, follows):
-    """D2 through the policy: each token alone (blocks of 16) against the same token at every
-    position of batches that take blocks of 32 and 64 (bf16; 6 experts, top-3; H = 160: gate_up's
-    K loop takes two steps of the interpreter's 128, and a tail)."""
-    E, H, I, k = 6, 160, 64, 3
-    weights = _weights(kind, E, H, I, BF16, seed=41)
-    pool, pool_ids = tokens(8, H, k, E, BF16, seed=42)
-    pool = pool / 64
-    bounds = k_chunk_bounds(I)
     run = lambda x, ids: experts_grouped(x, ids, *weights, bounds, 0, E, ALPHA, LIMIT)  # noqa: E731
     alone = [run(pool[i:i + 1], pool_ids[i:i + 1]) for i in range(len(pool))]
+    assert seen == [EXPERT_BLOCK_M] * len(pool)
     g = torch.Generator().manual_seed(43)
-    for T in (64, 128):
-        assert expert_block_m(T * k, E, BF16, kind == "mxfp4") > EXPERT_BLOCK_M or moe.MXFP4_MAX_BLOCK_M == 16
+    for T, policy in ((64, 32), (128, 64)):
+        seen.clear()
         pick = torch.randint(0, len(pool), (T,), generator=g)
         parts = run(pool[pick.to(DEVICE)], pool_ids[pick.to(DEVICE)])
+        want = min(policy, moe.MXFP4_MAX_BLOCK_M) if kind == "mxfp4" else policy
+        assert seen == [want] == [expert_block_m(T * k, E, BF16, kind == "mxfp4")], (kind, T, seen)
+        assert want > EXPERT_BLOCK_M or moe.MXFP4_MAX_BLOCK_M == 16
         for t in range(T):
             assert same_bits(parts[:, t * k:(t + 1) * k], alone[pick[t]]), (kind, T, t)

@@ -1,4 +1,4 @@
-"""Functions the launcher tests run on every rank (spawned processes import them by name)."""
+"""Functions the launcher tests run on every rank (launched rank processes import them by name)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,10 @@ def placement() -> tuple:
     from engine.distributed import ParallelContext, Topology
     ctx = ParallelContext(Topology(dist.get_world_size(), 1))
     return str(ctx.device), ctx.transport, ctx.host_copies
+
+
+def environment_and_patch(name: str) -> tuple:
+    """(this rank's value of environment variable `name`, engine.launch's first collective marker:
+    a monkeypatch of it in the launching process must not reach here)."""
+    from engine import launch
+    return os.environ.get(name), launch._COLLECTIVE_MARKERS[0]

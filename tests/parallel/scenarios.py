@@ -1,4 +1,4 @@
-"""What every rank runs in the D4 tests (spawned processes import this module by name).
+"""What every rank runs in the D4 tests (launched rank processes import this module by name).
 
 `run(ckpt, topologies, variant)` builds the parallel model at each topology (all of the
 launched world's size) and returns, per topology, the bits of a fixed set of generate and

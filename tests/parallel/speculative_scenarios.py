@@ -1,4 +1,4 @@
-"""What every rank runs in the speculative D4 tests (spawned processes import this module by name).
+"""What every rank runs in the speculative D4 tests (launched rank processes import this module by name).
 
 Two target + draft pairs (`PairPaths`):
 

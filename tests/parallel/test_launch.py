@@ -101,3 +101,16 @@ def test_each_rank_is_told_its_device_and_transport():
     res = launch(rank_fns.placement, 2, device="cpu", transport="gloo-host", timeout_s=120)
     assert res == [("cpu", "gloo-host", True), ("cpu", "gloo-host", True)]
     assert launch(rank_fns.placement, 2, timeout_s=120)[1][1:] == ("gloo", False)
+
+
+def test_a_rank_takes_the_callers_environment_at_the_call_and_none_of_its_patches(monkeypatch):
+    """Ranks are forked from a fork server started at the first launch (engine/launch.py
+    `_rank_context`): each must still see the launching process's environment as it is at the call,
+    as a spawned rank would, and import the code afresh (tests/planted.py relies on it)."""
+    from engine import launch as launch_mod
+    launch(rank_fns.gather_ranks, 1, args=("the server is started",), timeout_s=120)
+    monkeypatch.setattr(launch_mod, "_COLLECTIVE_MARKERS", ("patched",))
+    for value in ("one", "two"):
+        monkeypatch.setenv("LOCKSTEP_LAUNCH_PROBE", value)
+        res = launch(rank_fns.environment_and_patch, 2, args=("LOCKSTEP_LAUNCH_PROBE",), timeout_s=120)
+        assert res == [(value, "timed out")] * 2, value

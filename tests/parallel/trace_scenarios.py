@@ -1,4 +1,4 @@
-"""What every rank runs in the topology trace test (spawned processes import this by name):
+"""What every rank runs in the topology trace test (launched rank processes import this by name):
 op-level traces (engine.trace) of generate and speculative runs at each topology, which must
 equal one device's element by element, every sharded op gathered to its one-device layout."""
 

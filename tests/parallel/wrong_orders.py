@@ -66,7 +66,7 @@ def _planted(rank_fn, variant: str):
 def generate_rank_one_rank_sequential(ctx, *args):
     """engine.parallel._generate_rank with one_rank_sequential as the row-parallel reduction: put
     in place of engine.parallel._generate_rank (in the launching process, over more than one
-    rank), it plants the wrong order in every spawned rank, which imports it by name."""
+    rank), it plants the wrong order in every launched rank, which imports it by name."""
     from engine import parallel
     return _planted(parallel._generate_rank, "one_rank_sequential")(ctx, *args)
 
