@@ -32,13 +32,34 @@ the visible keys, so a position's bits do not depend on the batch (D2) or on how
 chunked (D3). A position below SPLIT (every position of every golden recorded before splits
 existed) has one split, and then the operations are exactly those of the single 64-key walk.
 
+Rows. A program holds a block of rows: BLOCK_T tokens' G query heads of one KV head (row r is
+head r % G_P of the block's token r // G_P). Compiled with bf16/fp16 q and cache, the block is
+TC_ROWS = 64 rows and the two products run on tensor cores: q.k in the inputs' dtype with fp32
+accumulation, and p.v as two products, p's hi and lo halves in v's dtype (p = hi + lo to ~16
+bits), each into fp32. fp32 compiled and the interpreter keep one token's rows (BLOCK_T = 1) and
+the fp32 products of old. Each output element of a tensor-core product is one fixed sequence of
+MMA instructions whatever the other rows hold, and the row sums run in the same layout for
+every row of the block, so a row's bits depend on its own token only, provided the block shape
+is the same: prefill, chunks, decode and verify all launch this one block shape.
+
+A program takes TPP consecutive tokens of the batch (TPP = BLOCK_T when that gives enough
+programs, else 1: a decode token alone in its block, the other rows dead). A run of its tokens
+that share a slot walks the union of their splits and tiles, each row masked to its own keys.
+For a row, a tile or split outside its own is an exact no-op: a wholly masked tile leaves
+(m, l, acc) unchanged (alpha = e^0 = 1, p = 0) or, before the row's first key, leaves the empty
+state; a split outside its own merges as the empty state. The one exception is the sign of a
+zero: a key another row of the run sees is loaded, and 0 * v adds -0 where v < 0, so an output
+that is exactly zero may come out -0 in one launch and +0 in another. With BLOCK_T > 1 every
+zero output is therefore written +0 (PLUS_ZERO), the same bits in every launch (DESIGN §8). A key another row sees holding inf or NaN would
+give this row 0 * inf = NaN; keys beyond every row's position are never loaded.
+
 Two launches compute the same operations, so they give the same bits; which one runs is a speed
 choice made from shapes only (never from the positions, so no host read and a decode step can be
 a CUDA graph):
-  - one program per (token, KV head) walks its splits one after the other and merges as it goes
-    (prefill, where T * Hkv programs already fill the GPU, windowed layers, and short caches);
+  - one program per (TPP tokens, KV head) walks each run's splits one after the other and merges
+    as it goes (prefill, where the programs already fill the GPU, windowed layers, and short caches);
   - split-K (flash-decoding style) for decode and verify with a long walk: phase 1 runs one
-    program per (token, KV head, split index), each storing its split's (m, l, acc) (G x D + 2G
+    program per (token, KV head, split index), the token's rows in the same row block, each storing its split's (m, l, acc) (G x D + 2G
     floats) to a scratch buffer; phase 2 runs one program per (token, KV head) that reads the
     token's splits back in order, merges them and the sink and stores the output. The grid's
     third dimension is the most splits any token of this cache and window can use; a program

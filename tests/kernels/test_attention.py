@@ -109,6 +109,38 @@ def test_prefill_chunked_and_decode_are_bitwise_equal():
             assert bits(one).equal(bits(full[t:t + 1])), (window, t)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_blocks_give_one_token_bits(dtype):
+    """Several tokens' rows in one program (runs of slots, the union of their splits and tiles, rows
+    masked to their own keys) give each row the bits of its token alone: prompts of three slots back
+    to back, a window and a split edge inside them, at 2, 3 and 8 tokens a program. Compiled bf16
+    this is the tensor-core block against its decode launch (one token a block); elsewhere the
+    portable products with _block_t tokens a block against one token a program."""
+    lens = [150, 7, 33]
+    q, k, v, sinks = setup(Hq=16, Hkv=2, D=64, S=192, slots=3, seed=3, dtype=dtype)
+    slots = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)]).to(DEVICE)
+    pos = torch.cat([torch.arange(n) for n in lens]).to(DEVICE)
+    q = q[:len(pos)]
+    tc = dtype == torch.bfloat16 and DEVICE == "cuda"
+    for window in (0, 70):
+        alone = attention_triton(q, k, v, slots, pos, sinks, window, 0.125, _split=64, _tokens=1)
+        for bt in (2, 3, 8):
+            kw = dict(_tokens=bt) if tc else dict(_tokens=bt, _block_t=8)
+            blocked = attention_triton(q, k, v, slots, pos, sinks, window, 0.125, _split=64, **kw)
+            assert bits(blocked).equal(bits(alone)), (window, bt)
+
+
+def test_a_zero_output_is_plus_zero_in_blocks():
+    """DESIGN §8: value columns of -0 (and of negative values that no key shares with a neighbour)
+    give exactly-zero outputs; in token blocks they come out +0, whatever the neighbours load."""
+    q, k, v, sinks = setup(Hq=4, Hkv=1, D=32, S=128, seed=5)
+    v[..., :4] = -0.0
+    T = 100
+    pos = torch.arange(T, device=DEVICE)
+    blocked = attention_triton(q[:T], k, v, zeros(T), pos, sinks, 0, 0.2, _tokens=8, _block_t=8)
+    assert (blocked[..., :4] == 0).all() and not torch.signbit(blocked[..., :4]).any()
+
+
 def test_decode_does_not_see_the_future_cache():
     """Prefill writes the whole prompt before attention; decode has zeros after p. Same bits."""
     q, k, v, sinks = setup(Hq=2, Hkv=1, D=16, S=128, seed=4)
