@@ -6,9 +6,9 @@
 Columns, all in this process on the same tensors:
   triton ms   the product kernel (kernels.attention.attention_triton): split-K (one program per
               token, KV head and 1024-key split, then a merge) for decode with a walk longer
-              than one split, one program per (token, KV head) otherwise
+              than one split, one program per (block of tokens, KV head) otherwise
   walk ms     the same kernel with one split for the whole cache (_split=WALK): the single 64-key
-              walk of old, one program per (token, KV head) going through every tile itself
+              walk of old, each program going through every tile itself
   torch ms    an eager torch baseline (attention_eager below: whole score rows, torch's softmax)
   walk/tri    the split-K speed-up (> 1: faster); tri/torch as before
 Decode prints the achieved fraction of H200 HBM bandwidth: bytes = the visible K and V rows
