@@ -113,20 +113,23 @@ def test_prefill_chunked_and_decode_are_bitwise_equal():
 def test_token_blocks_give_one_token_bits(dtype):
     """Several tokens' rows in one program (runs of slots, the union of their splits and tiles, rows
     masked to their own keys) give each row the bits of its token alone: prompts of three slots back
-    to back, a window and a split edge inside them, at 2, 3 and 8 tokens a program. Compiled bf16
+    to back, a window and a split edge inside them, at 3 and 8 tokens a program. Compiled bf16
     this is the tensor-core block against its decode launch (one token a block); elsewhere the
-    portable products with _block_t tokens a block against one token a program."""
-    lens = [150, 7, 33]
-    q, k, v, sinks = setup(Hq=16, Hkv=2, D=64, S=192, slots=3, seed=3, dtype=dtype)
+    portable products with _block_t tokens a block against one token a program. The blocks run
+    the one-program walk (_two_phase=False: these shapes would pick split-K, which takes one token
+    a program); one token alone is launched as the shapes pick, split-K here."""
+    lens = [70, 5, 21]          # splits of 64: the first prompt crosses one; a window of 40 inside it
+    q, k, v, sinks = setup(Hq=4, Hkv=1, D=32, S=128, slots=3, seed=3, dtype=dtype)
     slots = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)]).to(DEVICE)
     pos = torch.cat([torch.arange(n) for n in lens]).to(DEVICE)
     q = q[:len(pos)]
     tc = dtype == torch.bfloat16 and DEVICE == "cuda"
-    for window in (0, 70):
+    for window in (0, 40):
         alone = attention_triton(q, k, v, slots, pos, sinks, window, 0.125, _split=64, _tokens=1)
-        for bt in (2, 3, 8):
+        for bt in (3, 8):           # 3: blocks straddle the slots' runs; 8: a whole tensor-core block
             kw = dict(_tokens=bt) if tc else dict(_tokens=bt, _block_t=8)
-            blocked = attention_triton(q, k, v, slots, pos, sinks, window, 0.125, _split=64, **kw)
+            blocked = attention_triton(q, k, v, slots, pos, sinks, window, 0.125, _split=64,
+                                       _two_phase=False, **kw)
             assert bits(blocked).equal(bits(alone)), (window, bt)
 
 
