@@ -36,8 +36,9 @@ Rows. A program holds a block of rows: BLOCK_T tokens' G query heads of one KV h
 head r % G_P of the block's token r // G_P). Compiled with bf16/fp16 q and cache, the block is
 TC_ROWS = 64 rows and the two products run on tensor cores: q.k in the inputs' dtype with fp32
 accumulation, and p.v as two products, p's hi and lo halves in v's dtype (p = hi + lo to ~16
-bits), each into fp32. fp32 compiled and the interpreter keep one token's rows (BLOCK_T = 1) and
-the fp32 products of old. Each output element of a tensor-core product is one fixed sequence of
+bits), each into fp32. fp32 compiled and the interpreter keep one token's rows (BLOCK_T = 1), the
+fp32 products and the walk of old (the token's slot and position as scalars, no runs, no row
+masks; the split-K phase 1 walks so too, its block holding one token). Each output element of a tensor-core product is one fixed sequence of
 MMA instructions whatever the other rows hold, and the row sums run in the same layout for
 every row of the block, so a row's bits depend on its own token only, provided the block shape
 is the same: prefill, chunks, decode and verify all launch this one block shape.
@@ -123,16 +124,22 @@ def _split_tiles(s, tile_lo, tile_hi, N_CAP, TPS: tl.constexpr):
 @triton.jit
 def _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos, lo_u, pos_u, tile_first, tile_last, S, D,
           scale, ROWS: tl.constexpr, D_PAD: tl.constexpr, BLOCK_KV: tl.constexpr,
-          USE_DOT: tl.constexpr, TC: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr):
+          USE_DOT: tl.constexpr, TC: tl.constexpr, GUARD: tl.constexpr, PORTABLE: tl.constexpr,
+          PER_ROW: tl.constexpr):
     """Online softmax of the rows over tiles tile_first … tile_last from the empty state -> (m, l, acc).
-    Row r sees keys lo[r] … pos[r] if mine[r] (else none); lo_u … pos_u spans every row's keys."""
+    PER_ROW: row r sees keys lo[r] … pos[r] if mine[r] (else none), and lo_u … pos_u spans every
+    row's keys. Else every row is one token's and sees lo_u … pos_u (scalars; lo, pos, mine unused):
+    the rows that are not stored compute on too, which no stored row reads."""
     m_i = tl.full((ROWS,), float("-inf"), tl.float32)
     l_i = tl.zeros((ROWS,), dtype=tl.float32)
     acc = tl.zeros((ROWS, D_PAD), dtype=tl.float32)
     for tile in range(tile_first, tile_last + 1):
         j = tile * BLOCK_KV + tl.arange(0, BLOCK_KV)    # [BLOCK_KV] key positions
         seen = (j >= lo_u) & (j <= pos_u) & (j < S)     # keys some row sees: the others load as 0
-        vis = mine[:, None] & (j[None, :] >= lo[:, None]) & (j[None, :] <= pos[:, None]) & seen[None, :]
+        if PER_ROW:
+            vis = mine[:, None] & (j[None, :] >= lo[:, None]) & (j[None, :] <= pos[:, None]) & seen[None, :]
+        else:
+            vis = seen[None, :]
         kv_off = kv_base + j[:, None] * D + d[None, :]
         kv_mask = seen[:, None] & d_ok[None, :]
         kt = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)                   # [BLOCK_KV, D_PAD]
@@ -205,6 +212,23 @@ def _rows(t0, TPP, T, G: tl.constexpr, G_P: tl.constexpr, BLOCK_T: tl.constexpr)
     return i, g, tok, (i < TPP) & (tok < T) & (g < G)
 
 
+@triton.jit
+def _walk_splits(q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos, lo_u, pos_u, tile_lo, tile_hi,
+                 split_lo, split_hi, N_CAP, S, D, scale, ROWS: tl.constexpr, D_PAD: tl.constexpr,
+                 BLOCK_KV: tl.constexpr, TPS: tl.constexpr, USE_DOT: tl.constexpr, TC: tl.constexpr,
+                 GUARD: tl.constexpr, PORTABLE: tl.constexpr, PER_ROW: tl.constexpr):
+    """Splits split_lo … split_hi, each walked from the empty state, merged first to last -> (m, l, acc)."""
+    first, last = _split_tiles(split_lo, tile_lo, tile_hi, N_CAP, TPS)
+    m_i, l_i, acc = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos, lo_u, pos_u, first, last, S, D,
+                          scale, ROWS, D_PAD, BLOCK_KV, USE_DOT, TC, GUARD, PORTABLE, PER_ROW)
+    for sp in range(split_lo + 1, split_hi + 1):
+        first, last = _split_tiles(sp, tile_lo, tile_hi, N_CAP, TPS)
+        m_b, l_b, acc_b = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos, lo_u, pos_u, first, last,
+                                S, D, scale, ROWS, D_PAD, BLOCK_KV, USE_DOT, TC, GUARD, PORTABLE, PER_ROW)
+        m_i, l_i, acc = _merge(m_i, l_i, acc, m_b, l_b, acc_b, GUARD, PORTABLE)
+    return m_i, l_i, acc
+
+
 @triton.jit(do_not_specialize=["TPP"])
 def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
                       T, TPP, Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, scale,
@@ -219,36 +243,37 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
     i, g, tok, live = _rows(t0, TPP, T, G, G_P, BLOCK_T)
     d = tl.arange(0, D_PAD)
     d_ok = d < D
-    slot = tl.load(slot_ptr + tok, mask=live, other=0)
-    pos = tl.load(pos_ptr + tok, mask=live, other=0)
-    prev = tl.load(slot_ptr + tok - 1, mask=live & (i > 0), other=0)
-    run = tl.cumsum((live & (i > 0) & (g == 0) & (slot != prev)).to(tl.int32), axis=0)   # run of each row
     q_off = tok[:, None] * Hq * D + (h * G + g)[:, None] * D + d[None, :]
     q = tl.load(q_ptr + q_off, mask=live[:, None] & d_ok[None, :], other=0.0)  # [ROWS, D_PAD]
     if not TC:
         q = q.to(tl.float32)
     sink = tl.load(sink_ptr + h * G + g, mask=g < G, other=float("-inf")).to(tl.float32)
-    lo, tile_lo, tile_hi, split_lo, split_hi = _split_range(pos, WINDOW, N_WIN, N_CAP, SLIDING, BLOCK_KV, TPS)
-    for run_i in range(0, tl.max(tl.where(live, run, 0), axis=0) + 1):
-        mine = live & (run == run_i)
-        kv_base = (tl.max(tl.where(mine, slot, 0), axis=0) * Hkv + h) * S * D
-        lo_u = tl.min(tl.where(mine, lo, S), axis=0)
-        pos_u = tl.max(tl.where(mine, pos, -1), axis=0)
-        tile_lo_u = tl.min(tl.where(mine, tile_lo, N_CAP * TPS), axis=0)
-        tile_hi_u = tl.max(tl.where(mine, tile_hi, 0), axis=0)
-        split_lo_u = tl.min(tl.where(mine, split_lo, N_CAP), axis=0)
-        split_hi_u = tl.max(tl.where(mine, split_hi, 0), axis=0)
-        first, last = _split_tiles(split_lo_u, tile_lo_u, tile_hi_u, N_CAP, TPS)
-        m_i, l_i, acc = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos, lo_u, pos_u, first, last,
-                              S, D, scale, BLOCK_T * G_P, D_PAD, BLOCK_KV, USE_DOT, TC, GUARD, PORTABLE)
-        for sp in range(split_lo_u + 1, split_hi_u + 1):
-            first, last = _split_tiles(sp, tile_lo_u, tile_hi_u, N_CAP, TPS)
-            m_b, l_b, acc_b = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos, lo_u, pos_u, first,
-                                    last, S, D, scale, BLOCK_T * G_P, D_PAD, BLOCK_KV, USE_DOT, TC, GUARD,
-                                    PORTABLE)
-            m_i, l_i, acc = _merge(m_i, l_i, acc, m_b, l_b, acc_b, GUARD, PORTABLE)
-        out = _finish(m_i, l_i, acc, sink, BLOCK_T > 1, PORTABLE)
-        tl.store(o_ptr + q_off, cast_rne(out, o_ptr.dtype.element_ty), mask=mine[:, None] & d_ok[None, :])
+    if BLOCK_T == 1:    # one token (TPP = 1): its slot and position as scalars, no runs, no row masks
+        pos = tl.load(pos_ptr + t0)
+        kv_base = (tl.load(slot_ptr + t0) * Hkv + h) * S * D
+        lo, tile_lo, tile_hi, split_lo, split_hi = _split_range(pos, WINDOW, N_WIN, N_CAP, SLIDING, BLOCK_KV, TPS)
+        m_i, l_i, acc = _walk_splits(q, k_ptr, v_ptr, kv_base, d, d_ok, live, lo, pos, lo, pos, tile_lo,
+                                     tile_hi, split_lo, split_hi, N_CAP, S, D, scale, BLOCK_T * G_P, D_PAD,
+                                     BLOCK_KV, TPS, USE_DOT, TC, GUARD, PORTABLE, False)
+        out = _finish(m_i, l_i, acc, sink, False, PORTABLE)
+        tl.store(o_ptr + q_off, cast_rne(out, o_ptr.dtype.element_ty), mask=live[:, None] & d_ok[None, :])
+    else:
+        slot = tl.load(slot_ptr + tok, mask=live, other=0)
+        pos = tl.load(pos_ptr + tok, mask=live, other=0)
+        prev = tl.load(slot_ptr + tok - 1, mask=live & (i > 0), other=0)
+        run = tl.cumsum((live & (i > 0) & (g == 0) & (slot != prev)).to(tl.int32), axis=0)   # run of each row
+        lo, tile_lo, tile_hi, split_lo, split_hi = _split_range(pos, WINDOW, N_WIN, N_CAP, SLIDING, BLOCK_KV, TPS)
+        for run_i in range(0, tl.max(tl.where(live, run, 0), axis=0) + 1):
+            mine = live & (run == run_i)
+            kv_base = (tl.max(tl.where(mine, slot, 0), axis=0) * Hkv + h) * S * D
+            m_i, l_i, acc = _walk_splits(
+                q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos,
+                tl.min(tl.where(mine, lo, S), axis=0), tl.max(tl.where(mine, pos, -1), axis=0),
+                tl.min(tl.where(mine, tile_lo, N_CAP * TPS), axis=0), tl.max(tl.where(mine, tile_hi, 0), axis=0),
+                tl.min(tl.where(mine, split_lo, N_CAP), axis=0), tl.max(tl.where(mine, split_hi, 0), axis=0),
+                N_CAP, S, D, scale, BLOCK_T * G_P, D_PAD, BLOCK_KV, TPS, USE_DOT, TC, GUARD, PORTABLE, True)
+            out = _finish(m_i, l_i, acc, sink, True, PORTABLE)
+            tl.store(o_ptr + q_off, cast_rne(out, o_ptr.dtype.element_ty), mask=mine[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -279,8 +304,8 @@ def _attention_split_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, m_ptr, l_ptr
     mine = sp <= split_hi                               # else: past this token's last split
     first, last = _split_tiles(sp, tile_lo, tile_hi, N_CAP, TPS)
     last = tl.where(mine, last, first - 1)              # walk nothing
-    m_i, l_i, acc = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, live, lo + i * 0, pos + i * 0, lo, pos, first,
-                          last, S, D, scale, BLOCK_T * G_P, D_PAD, BLOCK_KV, USE_DOT, TC, GUARD, PORTABLE)
+    m_i, l_i, acc = _walk(q, k_ptr, v_ptr, kv_base, d, d_ok, live, lo, pos, lo, pos, first, last, S, D,
+                          scale, BLOCK_T * G_P, D_PAD, BLOCK_KV, USE_DOT, TC, GUARD, PORTABLE, False)
     row = ((t * Hkv + h) * NG + z) * G + g              # [ROWS]
     ok = live & (sp + g * 0 <= split_hi)                # and store nothing
     tl.store(m_ptr + row, m_i, mask=ok)
@@ -376,6 +401,8 @@ def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, 
     args = (Hq, Hkv, S, D, int(window), _window_tiles(window), n_cap)
     if not two_phase:
         tpp = _tokens or (block_t if -(-T // block_t) * Hkv >= BLOCK_TOKENS_MIN_PROGRAMS else 1)
+        if tpp > block_t:
+            raise ValueError(f"attention: _tokens={tpp} is more than the {block_t} tokens of a row block")
         _attention_kernel[(-(-T // tpp), Hkv)](q, k_cache, v_cache, slots, positions, sinks, out, T, tpp,
                                                *args, float(scale), G_P=g_p, BLOCK_T=block_t,
                                                USE_DOT=USE_DOT, TC=tc, **shape)

@@ -117,15 +117,20 @@ def test_token_blocks_give_one_token_bits(dtype):
     this is the tensor-core block against its decode launch (one token a block); elsewhere the
     portable products with _block_t tokens a block against one token a program. The blocks run
     the one-program walk (_two_phase=False: these shapes would pick split-K, which takes one token
-    a program); one token alone is launched as the shapes pick, split-K here."""
+    a program); one token alone is launched as the shapes pick, split-K here. Compiled fp32 takes
+    the same test-only block of 8 tokens for both (an fp32 dot's bits on a GPU depend on the block's
+    row count; fp32 engine launches always take one token a block)."""
     lens = [70, 5, 21]          # splits of 64: the first prompt crosses one; a window of 40 inside it
     q, k, v, sinks = setup(Hq=4, Hkv=1, D=32, S=128, slots=3, seed=3, dtype=dtype)
     slots = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)]).to(DEVICE)
     pos = torch.cat([torch.arange(n) for n in lens]).to(DEVICE)
     q = q[:len(pos)]
-    tc = dtype == torch.bfloat16 and DEVICE == "cuda"
+    compiled = DEVICE.type == "cuda"
+    tc = dtype == torch.bfloat16 and compiled
+    # compiled fp32 dots round by the block's row count: there a token alone takes the same block
+    alone_kw = dict(_block_t=8) if compiled and not tc else {}
     for window in (0, 40):
-        alone = attention_triton(q, k, v, slots, pos, sinks, window, 0.125, _split=64, _tokens=1)
+        alone = attention_triton(q, k, v, slots, pos, sinks, window, 0.125, _split=64, _tokens=1, **alone_kw)
         for bt in (3, 8):           # 3: blocks straddle the slots' runs; 8: a whole tensor-core block
             kw = dict(_tokens=bt) if tc else dict(_tokens=bt, _block_t=8)
             blocked = attention_triton(q, k, v, slots, pos, sinks, window, 0.125, _split=64,
@@ -325,3 +330,6 @@ def test_split_grid_and_bad_split():
     for bad in (0, 100, -64, True, 64.0):
         with pytest.raises(ValueError, match="_split must be a positive multiple of 64"):
             attention_triton(q[:1], k, v, zeros(1), ints(0), sinks, 0, 0.25, _split=bad)
+    with pytest.raises(ValueError, match="_tokens=4 is more than the 2 tokens of a row block"):
+        attention_triton(q[:8], k, v, zeros(8), torch.arange(8, device=DEVICE), sinks, 0, 0.25,
+                         _two_phase=False, _tokens=4, _block_t=2)
