@@ -111,25 +111,33 @@ WRITER = textwrap.dedent("""
 
 
 def test_killed_writer_never_leaves_a_golden_that_loads_wrong(tmp_path):
-    """SIGTERM and SIGKILL at arbitrary moments: every load is a whole golden or a reported corruption."""
-    store = GoldenStore(tmp_path)
+    """SIGTERM and SIGKILL at arbitrary moments: every load is a whole golden or a reported corruption.
+    The writers are forked from one process that imported torch and the store (tests/forking.py)."""
+    from tests.forking import Forker
+
+    store = GoldenStore(tmp_path / "golden")
     loads = 0
-    for round_, sig in enumerate([signal.SIGTERM, signal.SIGKILL] * 4):
-        # Start every round from a good golden, so a corruption can only come from this round's kill.
-        store.write("shared", "coins/a", {"v": torch.full((50000,), 0.0)}, {"i": 0}, "0" * 64, "coins", {})
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE)
-        assert proc.stdout.readline().strip() == b"ready"
-        time.sleep(0.05 + 0.037 * round_)
-        proc.send_signal(sig)
-        proc.wait(timeout=30)
-        try:
-            g = store.load("shared", "coins/a")
-        except CorruptGolden:
-            assert sig == signal.SIGKILL  # only an uncatchable kill between the two renames may do this
-            continue
-        i = g.data["i"]
-        assert torch.equal(g.tensors["v"], torch.full((50000,), float(i)))
-        loads += 1
+    with Forker(["torch", "harness.golden"]) as forker:
+        for round_, sig in enumerate([signal.SIGTERM, signal.SIGKILL] * 4):
+            # Start every round from a good golden, so a corruption can only come from this round's kill.
+            store.write("shared", "coins/a", {"v": torch.full((50000,), 0.0)}, {"i": 0}, "0" * 64, "coins", {})
+            out = tmp_path / f"writer-{round_}.out"
+            proc = forker.start(WRITER, [tmp_path / "golden"], cwd=tmp_path, env=os.environ, stdout=out)
+            deadline = time.monotonic() + 30
+            while not (out.exists() and out.read_text().startswith("ready")):
+                assert time.monotonic() < deadline, "the writer never got ready"
+                time.sleep(0.002)
+            time.sleep(0.05 + 0.037 * round_)
+            proc.send_signal(sig)
+            assert proc.wait(timeout=30) == -sig          # killed by the signal, not ended some other way
+            try:
+                g = store.load("shared", "coins/a")
+            except CorruptGolden:
+                assert sig == signal.SIGKILL  # only an uncatchable kill between the two renames may do this
+                continue
+            i = g.data["i"]
+            assert torch.equal(g.tensors["v"], torch.full((50000,), float(i)))
+            loads += 1
     assert loads >= 4
 
 

@@ -113,13 +113,13 @@ def test_sigterm_at_any_moment_of_a_regen_leaves_no_temporary_file(project):
     """SIGTERM a regen that writes many goldens, at varied moments (during the K-th fsync of its
     writes, and at delays spread over its run): wherever it lands, no `*.tmp-lockstep` file is left
     (signals are deferred from before a temporary file is created until it is renamed), and every
-    golden on disk is whole."""
+    golden on disk is whole. The regens are forked from one process that imported the harness
+    (tests/forking.py), so a run is the regen itself, not mostly torch's import."""
     import signal
-    import subprocess
-    import sys
     import time
 
     from tests.conftest import REPO
+    from tests.forking import Forker
 
     source = (project / "specs/coins/known-answers.yaml").read_text()
     for i in range(8):                                    # cheap specs: their writes fill most of the run
@@ -130,8 +130,7 @@ def test_sigterm_at_any_moment_of_a_regen_leaves_no_temporary_file(project):
 
     def regen(at: int, delay: float | None = None) -> int:
         shutil.rmtree(project / "golden", ignore_errors=True)
-        proc = subprocess.Popen([sys.executable, "-c", SLOW_DISK_REGEN, str(at)], cwd=project, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = forker.start(SLOW_DISK_REGEN, [at], cwd=project, env=env)
         if delay is not None:
             time.sleep(delay)
             proc.send_signal(signal.SIGTERM)
@@ -142,10 +141,11 @@ def test_sigterm_at_any_moment_of_a_regen_leaves_no_temporary_file(project):
                 assert store.load(platform, spec_id) is not None
         return code
 
-    for at in (1, 2, 5, 13):                        # inside the first golden's write, then later ones
-        assert regen(at) == -signal.SIGTERM, at
-    start = time.perf_counter()
-    assert regen(0) == 0
-    whole = time.perf_counter() - start
-    killed = sum(regen(0, whole * f) == -signal.SIGTERM for f in (0.6, 0.8))
+    with Forker(["harness.cli", "harness.runner", "harness.kinds"], env=env) as forker:
+        for at in (1, 2, 5, 13):                    # inside the first golden's write, then later ones
+            assert regen(at) == -signal.SIGTERM, at
+        start = time.perf_counter()
+        assert regen(0) == 0
+        whole = time.perf_counter() - start
+        killed = sum(regen(0, whole * f) == -signal.SIGTERM for f in (0.6, 0.8))
     assert killed >= 1                                     # a timed signal landed while it ran

@@ -1,5 +1,6 @@
-"""The `distribution` kind: its chi-square test by hand, and the rejection spec under the engine's
-verifier (passes) and under a verifier that ignores q (fails, naming the p-value)."""
+"""The `distribution` kind: its chi-square test by hand, and the rejection spec under a verifier
+that ignores q (fails, naming the p-value; under the engine's verifier it passes as its own spec
+item)."""
 
 from pathlib import Path
 
@@ -86,13 +87,10 @@ def run_spec():
     return spec, result, distribution.check(spec, result)
 
 
-def test_the_engine_rejection_verifier_passes():
-    spec, result, fails = run_spec()
-    d = result.data
-    print(f"engine verifier: X² = {d['statistic']:.2f}, df = {d['df']}, p = {d['p_value']:.4g}, "
-          f"acceptance rate {d['acceptance_rate']:.3f} over {d['rounds']} rounds")
-    assert fails == []
-    assert d["p_value"] > spec.expect["alpha"] and 0.2 <= d["acceptance_rate"] <= 0.8
+# The engine's verifier passing this spec (p-value above alpha, acceptance in 20-80% of the rounds)
+# is the spec item itself: specs/speculative/rejection-distribution.yaml runs as a pytest item
+# (`speculative/rejection-distribution[cpu-fp32]`, and cpu-bf16), the same run and check plus its
+# golden's counts, so no test here runs it a second time (docs/gate.md, "Measured by tests5").
 
 
 def test_a_verifier_ignoring_q_fails_the_spec(monkeypatch):
