@@ -36,9 +36,12 @@ Rows. A program holds a block of rows: BLOCK_T tokens' G query heads of one KV h
 head r % G_P of the block's token r // G_P). Compiled with bf16/fp16 q and cache, the block is
 TC_ROWS = 64 rows and the two products run on tensor cores: q.k in the inputs' dtype with fp32
 accumulation, and p.v as two products, p's hi and lo halves in v's dtype (p = hi + lo to ~16
-bits), each into fp32. fp32 compiled and the interpreter keep one token's rows (BLOCK_T = 1), the
-fp32 products and the walk of old (the token's slot and position as scalars, no runs, no row
-masks; the split-K phase 1 walks so too, its block holding one token). Each output element of a tensor-core product is one fixed sequence of
+bits), each into fp32. Compiled fp32 keeps one token's rows (BLOCK_T = 1), the fp32 products and
+the walk of old (the token's slot and position as scalars, no runs, no row masks; the split-K
+phase 1 walks so too, its block holding one token). The interpreter takes INTERPRET_BLOCK_T = 16
+tokens a block in launches of 16 tokens or more (a prefill) and one token otherwise: it
+pays per operation, not per row, and numpy computes each row on its own, so there a row's bits do
+not depend on its block (tests/kernels/test_attention.py compares blocks with one token). Each output element of a tensor-core product is one fixed sequence of
 MMA instructions whatever the other rows hold, and the row sums run in the same layout for
 every row of the block, so a row's bits depend on its own token only, provided the block shape
 is the same: prefill, chunks, decode and verify all launch this one block shape.
@@ -50,8 +53,9 @@ For a row, a tile or split outside its own is an exact no-op: a wholly masked ti
 (m, l, acc) unchanged (alpha = e^0 = 1, p = 0) or, before the row's first key, leaves the empty
 state; a split outside its own merges as the empty state. The one exception is the sign of a
 zero: a key another row of the run sees is loaded, and 0 * v adds -0 where v < 0, so an output
-that is exactly zero may come out -0 in one launch and +0 in another. With BLOCK_T > 1 every
-zero output is therefore written +0 (PLUS_ZERO), the same bits in every launch (DESIGN §8). A key another row sees holding inf or NaN would
+that is exactly zero may come out -0 in one launch and +0 in another. With BLOCK_T > 1, and in
+every launch of the interpreter (whose block varies), every zero output is therefore written +0
+(PLUS_ZERO), the same bits in every launch (DESIGN §8). A key another row sees holding inf or NaN would
 give this row 0 * inf = NaN; keys beyond every row's position are never loaded.
 
 Two launches compute the same operations, so they give the same bits; which one runs is a speed
@@ -84,7 +88,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import PORTABLE_MATH, USE_DOT, check_float, next_pow2
+from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
 from kernels.portable import exp, tree_sum
 from kernels.portable_tl import cast_rne, exp_f32
 
@@ -93,6 +97,7 @@ SPLIT = 1024             # keys per split: fixed, a multiple of BLOCK_KV (tests 
 TWO_PHASE_BELOW = 1024   # split-K launch when T * Hkv programs are fewer than this (speed only)
 TC_ROWS = 64             # rows of a tensor-core block: 64 // G_P tokens' query heads
 BLOCK_TOKENS_MIN_PROGRAMS = 128   # below this many blocks, one token a program (speed only)
+INTERPRET_BLOCK_T = 16   # the interpreter's tokens a block in long launches (it pays per operation)
 
 
 @triton.jit
@@ -235,7 +240,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
                       G: tl.constexpr, G_P: tl.constexpr, BLOCK_T: tl.constexpr, D_PAD: tl.constexpr,
                       BLOCK_KV: tl.constexpr, TPS: tl.constexpr, SLIDING: tl.constexpr,
                       USE_DOT: tl.constexpr, TC: tl.constexpr, GUARD: tl.constexpr,
-                      PORTABLE: tl.constexpr):
+                      PLUS_ZERO: tl.constexpr, PORTABLE: tl.constexpr):
     """One program per (TPP consecutive tokens, KV head). Each run of tokens sharing a slot walks
     the union of its tokens' splits and tiles (the other rows masked), then stores its rows."""
     t0 = tl.program_id(0).to(tl.int64) * TPP
@@ -255,7 +260,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
         m_i, l_i, acc = _walk_splits(q, k_ptr, v_ptr, kv_base, d, d_ok, live, lo, pos, lo, pos, tile_lo,
                                      tile_hi, split_lo, split_hi, N_CAP, S, D, scale, BLOCK_T * G_P, D_PAD,
                                      BLOCK_KV, TPS, USE_DOT, TC, GUARD, PORTABLE, False)
-        out = _finish(m_i, l_i, acc, sink, False, PORTABLE)
+        out = _finish(m_i, l_i, acc, sink, PLUS_ZERO, PORTABLE)
         tl.store(o_ptr + q_off, cast_rne(out, o_ptr.dtype.element_ty), mask=live[:, None] & d_ok[None, :])
     else:
         slot = tl.load(slot_ptr + tok, mask=live, other=0)
@@ -272,7 +277,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
                 tl.min(tl.where(mine, tile_lo, N_CAP * TPS), axis=0), tl.max(tl.where(mine, tile_hi, 0), axis=0),
                 tl.min(tl.where(mine, split_lo, N_CAP), axis=0), tl.max(tl.where(mine, split_hi, 0), axis=0),
                 N_CAP, S, D, scale, BLOCK_T * G_P, D_PAD, BLOCK_KV, TPS, USE_DOT, TC, GUARD, PORTABLE, True)
-            out = _finish(m_i, l_i, acc, sink, True, PORTABLE)
+            out = _finish(m_i, l_i, acc, sink, PLUS_ZERO, PORTABLE)
             tl.store(o_ptr + q_off, cast_rne(out, o_ptr.dtype.element_ty), mask=mine[:, None] & d_ok[None, :])
 
 
@@ -362,12 +367,26 @@ def split_grid(S: int, window: int, split: int = SPLIT) -> int:
 def row_block(G: int, dtype: torch.dtype, block_t: int | None = None) -> tuple[bool, int, int]:
     """(TC, G_P, BLOCK_T) of a launch: whether the products run on tensor cores, the rows per token
     and the tokens per row block (module docstring). Compiled bf16/fp16 takes tensor cores with
-    TC_ROWS rows; fp32 and the interpreter keep one token's rows (block_t: tests only, not TC)."""
+    TC_ROWS rows; fp32 one token's rows (block_t: tests only, not TC; the interpreter's own choice:
+    attention_triton)."""
     tc = USE_DOT and dtype in (torch.bfloat16, torch.float16) and block_t is None
     if tc:
         g_p = next_pow2(G)
         return True, g_p, max(1, TC_ROWS // g_p)
     return False, (max(16, next_pow2(G)) if USE_DOT else next_pow2(G)), block_t or 1
+
+
+def _blocks_pay(T: int, Hkv: int, block_t: int) -> bool:
+    """Whether to take block_t tokens a program (speed only: a row's bits are the same either way),
+    from shapes alone (no host read, so a decode step can be a CUDA graph). Compiled: when that
+    still gives the GPU enough programs. The interpreter pays per operation: for a launch of a
+    whole block of tokens or more (a prefill; a decode batch that large, each token in its own
+    slot, walks once per token in bigger rows and gains nothing)."""
+    if T < 2 or block_t < 2:
+        return False
+    if INTERPRET:
+        return T >= block_t
+    return -(-T // block_t) * Hkv >= BLOCK_TOKENS_MIN_PROGRAMS
 
 
 def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, scale: float, *,
@@ -399,13 +418,17 @@ def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, 
     shape = dict(G=G, D_PAD=d_pad, BLOCK_KV=BLOCK_KV, TPS=tps, SLIDING=window > 0, GUARD=bool(_guard),
                  PORTABLE=PORTABLE_MATH, num_warps=4, num_stages=1)
     args = (Hq, Hkv, S, D, int(window), _window_tiles(window), n_cap)
+    plus_zero = block_t > 1 or INTERPRET      # every zero +0: blocks must, the interpreter's launches all do
     if not two_phase:
-        tpp = _tokens or (block_t if -(-T // block_t) * Hkv >= BLOCK_TOKENS_MIN_PROGRAMS else 1)
+        if INTERPRET and _block_t is None:    # its block per launch: a row's bits do not depend on it here
+            blocks = (_tokens or 0) > 1 or _blocks_pay(T, Hkv, INTERPRET_BLOCK_T)
+            block_t = INTERPRET_BLOCK_T if blocks else 1
+        tpp = _tokens or (block_t if _blocks_pay(T, Hkv, block_t) else 1)
         if tpp > block_t:
             raise ValueError(f"attention: _tokens={tpp} is more than the {block_t} tokens of a row block")
         _attention_kernel[(-(-T // tpp), Hkv)](q, k_cache, v_cache, slots, positions, sinks, out, T, tpp,
                                                *args, float(scale), G_P=g_p, BLOCK_T=block_t,
-                                               USE_DOT=USE_DOT, TC=tc, **shape)
+                                               USE_DOT=USE_DOT, TC=tc, PLUS_ZERO=plus_zero, **shape)
         return out
     m = torch.empty((T, Hkv, ng, G), dtype=torch.float32, device=q.device)   # split states
     l = torch.empty_like(m)
@@ -415,7 +438,7 @@ def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, 
                                           **shape)
     _attention_merge_kernel[(T, Hkv)](positions, sinks, m, l, acc, out, Hq, Hkv, D, int(window),
                                       _window_tiles(window), n_cap, ng, G_PAD=next_pow2(G),
-                                      PLUS_ZERO=block_t > 1, **shape)
+                                      PLUS_ZERO=plus_zero, **shape)
     return out
 
 
