@@ -19,6 +19,19 @@ not yet patched, a helper called outside any launch) patches exactly as Triton d
 operations a kernel runs, and so its bits, are the same (tests/kernels/test_interpret_patch.py
 runs kernels both ways and compares the bytes).
 
+Second, the type objects of every interpreted operation (issue 38, check5). Each `tl` operation
+of a kernel builds a `tl.tensor` and usually a `tl.block_type` for its result, and Triton's
+constructors re-derive the same things from the shape every time: `tl.tensor` a `constexpr` per
+dimension, their `tl.tuple` and its `tuple_type`; `tl.block_type` the unwrapped shape, its
+validation (powers of two, the numel limit) and its `tuple_type`. That was a third of an
+interpreter spec's time (profiled on kernels/matmul-tail-2881-bf16). `_tensor_init` and
+`_block_type_init` keep what depends on the shape alone per shape of plain ints (the immutable
+`constexpr`s, the `tuple_type`, the numel, the validated shape's text) and build each object's own
+`tl.tuple` from them, so every object gets the attributes Triton's constructor gives it (equal
+values, the same types; only immutable parts are shared); any other argument goes to Triton's
+constructor. No numpy operation changes, so neither do the bits (tests/kernels/test_interpret_patch.py
+compares six kernels' bytes with `triton_as_shipped`, which undoes both).
+
 Installed by kernels/_common.py when the interpreter is on and Triton has the internals this
 relies on (triton 3.x's `_patch_lang` and `GridExecutor`); otherwise Triton runs unchanged.
 Compiled kernels (a GPU) never reach this code.
@@ -26,10 +39,12 @@ Compiled kernels (a GPU) never reach this code.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import math
 
 _state = {"launching": False, "patched": None}     # the running launch's patched language modules
-_originals: dict = {}                              # Triton's own _patch_lang and GridExecutor.__call__
+_originals: dict = {}                              # Triton's own functions that install() replaced
 
 
 class _NothingToRestore:
@@ -82,16 +97,67 @@ def install() -> bool:
     patch_lang._lockstep = True
     interpreter._patch_lang = patch_lang
     grid.__call__ = grid_call
+    _install_type_caches()
     return True
+
+
+_DIMS: dict = {}     # shape (ints) -> (constexpr numel, [constexpr per dimension], their tuple_type)
+_BLOCKS: dict = {}   # shape (ints) -> (validated numel, tuple_type of the ints, the shape's text)
+
+
+def _install_type_caches() -> None:
+    """tl.tensor and tl.block_type built from per-shape parts (module docstring), where this
+    Triton's constructors are the ones these replacements were written against."""
+    from triton.language import core
+    needed = ("tensor", "block_type", "tuple", "constexpr", "_type_for_tuple_values", "validate_block_shape")
+    if not all(hasattr(core, name) for name in needed):
+        return
+    _originals.update(tensor_init=core.tensor.__init__, block_type_init=core.block_type.__init__)
+
+    def tensor_init(self, handle, type):
+        if type.is_block() and builtins.type(type.shape) is not core.tuple:
+            return _originals["tensor_init"](self, handle, type)
+        self.handle = handle
+        shape = builtins.tuple(type.shape.values) if type.is_block() else ()
+        parts = _DIMS.get(shape)
+        if parts is None:
+            dims = [core.constexpr(d) for d in shape]
+            parts = _DIMS[shape] = (core.constexpr(math.prod(shape)), dims, core._type_for_tuple_values(dims))
+        self.numel = parts[0]
+        self.type = type
+        self.dtype = type.scalar
+        self.shape = core.tuple(parts[1], parts[2])          # its own tuple (Triton's tuples are mutable)
+
+    def block_type_init(self, element_ty, shape):
+        kind = builtins.type(shape)                          # Triton takes a list or a tl.tuple
+        key = builtins.tuple(shape) if kind is list else builtins.tuple(shape.values) if kind is core.tuple else ()
+        parts = _BLOCKS.get(key)
+        if parts is None and key and all(builtins.type(d) is int for d in key):
+            numel = core.validate_block_shape(key)           # raises as Triton's does
+            types = core._type_for_tuple_values(list(key))
+            parts = _BLOCKS[key] = (numel, types, str(core.tuple(list(key), types)))
+        if parts is None:                                    # constexprs, an empty shape, ...: Triton's own
+            return _originals["block_type_init"](self, element_ty, shape)
+        self.element_ty = element_ty
+        self.shape = core.tuple(key, parts[1])
+        self.numel = parts[0]
+        self.name = f"<{parts[2]}, {element_ty}>"
+
+    core.tensor.__init__ = tensor_init
+    core.block_type.__init__ = block_type_init
 
 
 @contextlib.contextmanager
 def triton_as_shipped():
-    """Triton's own re-patching for the duration (tests compare the two ways' bits)."""
+    """Triton as shipped for the duration: its re-patching and its type constructors (tests compare
+    the two ways' bits)."""
+    from triton.language import core
     from triton.runtime import interpreter
-    mine = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    mine = interpreter._patch_lang, interpreter.GridExecutor.__call__, core.tensor.__init__, core.block_type.__init__
     interpreter._patch_lang, interpreter.GridExecutor.__call__ = _originals["patch_lang"], _originals["grid_call"]
+    core.tensor.__init__ = _originals.get("tensor_init", core.tensor.__init__)
+    core.block_type.__init__ = _originals.get("block_type_init", core.block_type.__init__)
     try:
         yield
     finally:
-        interpreter._patch_lang, interpreter.GridExecutor.__call__ = mine
+        interpreter._patch_lang, interpreter.GridExecutor.__call__, core.tensor.__init__, core.block_type.__init__ = mine
