@@ -145,6 +145,45 @@ def _install_type_caches() -> None:
 
     core.tensor.__init__ = tensor_init
     core.block_type.__init__ = block_type_init
+    _install_lookups(core)
+
+
+def _install_lookups(core) -> None:
+    """Two pure functions of every interpreted operation answered without their rebuilding:
+    `_unwrap_if_constexpr` returns a plain number, string, None or tl.tensor as it is and a
+    constexpr's value straight away (anything else, lists and tuples among them, goes to Triton's);
+    the interpreter's `_get_np_dtype` looks a Triton dtype's numpy dtype up once per dtype instead
+    of building its 19-entry table on every call (numpy's dtypes are singletons: the same objects)."""
+    from triton.runtime import interpreter
+    unwrap, np_dtype = getattr(core, "_unwrap_if_constexpr", None), getattr(interpreter, "_get_np_dtype", None)
+    if unwrap is None or np_dtype is None:
+        return
+    _originals.update(unwrap=unwrap, np_dtype=np_dtype)
+    plain = frozenset({int, float, bool, str, type(None), core.tensor})
+    constexpr, block_type, pointer_type = core.constexpr, core.block_type, core.pointer_type
+    numpy_of: dict = {}
+
+    def unwrap_if_constexpr(o):
+        kind = type(o)
+        if kind in plain:
+            return o
+        if kind is constexpr:
+            return o.value
+        return unwrap(o)
+
+    def get_np_dtype(tt_dtype):
+        kind = type(tt_dtype)
+        if kind is block_type and type(tt_dtype.element_ty) is not pointer_type:
+            tt_dtype = tt_dtype.element_ty                   # Triton's: the element type's entry
+        elif kind is block_type or kind is pointer_type:
+            return np_dtype(tt_dtype)
+        got = numpy_of.get(tt_dtype)
+        if got is None:
+            got = numpy_of[tt_dtype] = np_dtype(tt_dtype)
+        return got
+
+    core._unwrap_if_constexpr = unwrap_if_constexpr
+    interpreter._get_np_dtype = get_np_dtype
 
 
 @contextlib.contextmanager
@@ -157,7 +196,11 @@ def triton_as_shipped():
     interpreter._patch_lang, interpreter.GridExecutor.__call__ = _originals["patch_lang"], _originals["grid_call"]
     core.tensor.__init__ = _originals.get("tensor_init", core.tensor.__init__)
     core.block_type.__init__ = _originals.get("block_type_init", core.block_type.__init__)
+    lookups = core._unwrap_if_constexpr, interpreter._get_np_dtype
+    core._unwrap_if_constexpr = _originals.get("unwrap", core._unwrap_if_constexpr)
+    interpreter._get_np_dtype = _originals.get("np_dtype", interpreter._get_np_dtype)
     try:
         yield
     finally:
         interpreter._patch_lang, interpreter.GridExecutor.__call__, core.tensor.__init__, core.block_type.__init__ = mine
+        core._unwrap_if_constexpr, interpreter._get_np_dtype = lookups
