@@ -115,6 +115,13 @@ def old_down_partials(a: torch.Tensor, w: torch.Tensor, bounds) -> torch.Tensor:
     return torch.stack([old_matmul_nt(a[:, None, lo:hi], w[:, :, lo:hi])[:, 0] for lo, hi in bounds])
 
 
+def old_horner(r: torch.Tensor, coeffs) -> torch.Tensor:
+    p = torch.full_like(r, coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        p = torch.add(torch.mul(p, r), c)
+    return p
+
+
 def old_sqrt32(x: torch.Tensor) -> torch.Tensor:
     return portable.sqrt64(x.to(torch.float64)).to(torch.float32)
 
@@ -253,6 +260,15 @@ def down_cases(quick):
         yield f"experts down {name}", lambda: old_down_partials(a, w, bounds), lambda: _down_partials(a, w, bounds)
 
 
+def horner_cases(quick):
+    """exp64's polynomial (the attention, router, sampling and sigmoid exps): the old Horner (a new
+    tensor per step) against kernels.portable's (one accumulator, in place)."""
+    for i, n in enumerate((1, 64, 1024) if quick else (1, 64, 1024, 201088)):
+        r = _inputs((n,), 900 + i, torch.float64) * 0.17
+        yield f"horner exp n={n}", lambda: old_horner(r, portable._EXP_COEFFS), \
+            lambda: portable._horner(r, portable._EXP_COEFFS)
+
+
 def sqrt_cases(quick):
     for i, (name, shape) in enumerate(SQRTS):
         x = _inputs(shape, 800 + i).abs().add(1e-5)
@@ -299,7 +315,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, 1 thread; medians of CPU time, ms per call")
     print(f"{'case':<48}{'old ms':>10}{'new ms':>10}{'ratio':>8}  same bits")
     ok, tot_old, tot_new = True, 0.0, 0.0
-    for cases in (matmul_cases, sum_cases, dequant_cases, attention_cases, down_cases, sqrt_cases):
+    for cases in (matmul_cases, sum_cases, dequant_cases, attention_cases, down_cases, horner_cases, sqrt_cases):
         for name, old, new in cases(args.quick):
             same, a, b = _row(name, old, new, args.budget)
             ok, tot_old, tot_new = ok and same, tot_old + a, tot_new + b

@@ -142,10 +142,11 @@ _SQRT2 = 1.41421356237309514547e+00
 
 
 def _horner(r: torch.Tensor, coeffs) -> torch.Tensor:
-    """coeffs[0] + r * (coeffs[1] + r * (...)), multiply then add, never fused."""
+    """coeffs[0] + r * (coeffs[1] + r * (...)), multiply then add, never fused; in place in one
+    accumulator (the same operations as a new tensor per step, without allocating one)."""
     p = torch.full_like(r, coeffs[-1])
     for c in reversed(coeffs[:-1]):
-        p = torch.add(torch.mul(p, r), c)
+        torch.mul(p, r, out=p).add_(c)
     return p
 
 
