@@ -149,11 +149,12 @@ def _install_type_caches() -> None:
 
 
 def _install_lookups(core) -> None:
-    """Two pure functions of every interpreted operation answered without their rebuilding:
+    """Three pure functions of every interpreted operation answered without their rebuilding:
     `_unwrap_if_constexpr` returns a plain number, string, None or tl.tensor as it is and a
     constexpr's value straight away (anything else, lists and tuples among them, goes to Triton's);
     the interpreter's `_get_np_dtype` looks a Triton dtype's numpy dtype up once per dtype instead
-    of building its 19-entry table on every call (numpy's dtypes are singletons: the same objects)."""
+    of building its 19-entry table on every call (numpy's dtypes are singletons: the same objects);
+    `broadcast_impl_value` of two blocks of one shape returns them as Triton's loop does."""
     from triton.runtime import interpreter
     unwrap, np_dtype = getattr(core, "_unwrap_if_constexpr", None), getattr(interpreter, "_get_np_dtype", None)
     if unwrap is None or np_dtype is None:
@@ -184,6 +185,21 @@ def _install_lookups(core) -> None:
 
     core._unwrap_if_constexpr = unwrap_if_constexpr
     interpreter._get_np_dtype = get_np_dtype
+    semantic = getattr(interpreter, "TritonSemantic", None)
+    broadcast = getattr(semantic, "broadcast_impl_value", None)
+    if broadcast is None:
+        return
+    _originals.update(broadcast=broadcast)
+
+    def broadcast_impl_value(self, lhs, rhs):
+        """Two blocks of one shape (most operands): Triton's loop finds every dimension equal and
+        returns both as they are; that answer straight away, anything else through Triton's."""
+        a, b = lhs.type, rhs.type
+        if type(a) is block_type and type(b) is block_type and a.shape.values == b.shape.values:
+            return lhs, rhs
+        return broadcast(self, lhs, rhs)
+
+    semantic.broadcast_impl_value = broadcast_impl_value
 
 
 @contextlib.contextmanager
@@ -196,11 +212,13 @@ def triton_as_shipped():
     interpreter._patch_lang, interpreter.GridExecutor.__call__ = _originals["patch_lang"], _originals["grid_call"]
     core.tensor.__init__ = _originals.get("tensor_init", core.tensor.__init__)
     core.block_type.__init__ = _originals.get("block_type_init", core.block_type.__init__)
-    lookups = core._unwrap_if_constexpr, interpreter._get_np_dtype
+    semantic = interpreter.TritonSemantic
+    lookups = core._unwrap_if_constexpr, interpreter._get_np_dtype, semantic.broadcast_impl_value
     core._unwrap_if_constexpr = _originals.get("unwrap", core._unwrap_if_constexpr)
     interpreter._get_np_dtype = _originals.get("np_dtype", interpreter._get_np_dtype)
+    semantic.broadcast_impl_value = _originals.get("broadcast", semantic.broadcast_impl_value)
     try:
         yield
     finally:
         interpreter._patch_lang, interpreter.GridExecutor.__call__, core.tensor.__init__, core.block_type.__init__ = mine
-        core._unwrap_if_constexpr, interpreter._get_np_dtype = lookups
+        core._unwrap_if_constexpr, interpreter._get_np_dtype, semantic.broadcast_impl_value = lookups
