@@ -24,7 +24,7 @@ def keep_freed_memory() -> bool:
     """Set the thresholds above in this process; False where the C library has no mallopt."""
     try:
         mallopt = ctypes.CDLL(None).mallopt          # this process's own C library
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):     # no C library to ask (Windows: CDLL(None))
         return False
     return all(mallopt(option, value) == 1 for option, value in (
         (M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)))
