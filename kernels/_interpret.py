@@ -44,7 +44,7 @@ import contextlib
 import math
 
 _state = {"launching": False, "patched": None}     # the running launch's patched language modules
-_originals: dict = {}                              # Triton's own functions that install() replaced
+_replaced: list = []                               # (owner, attribute, Triton's own value) install() replaced
 
 
 class _NothingToRestore:
@@ -76,7 +76,6 @@ def install() -> bool:
     if original is None or grid is None:
         return False
     launch = grid.__call__
-    _originals.update(patch_lang=original, grid_call=launch)
 
     def patch_lang(fn):
         langs, patched = _langs(fn, tl), _state["patched"]
@@ -95,8 +94,8 @@ def install() -> bool:
             _state["launching"], _state["patched"] = False, None
 
     patch_lang._lockstep = True
-    interpreter._patch_lang = patch_lang
-    grid.__call__ = grid_call
+    _replace(interpreter, "_patch_lang", patch_lang)
+    _replace(grid, "__call__", grid_call)
     _install_type_caches()
     return True
 
@@ -112,11 +111,11 @@ def _install_type_caches() -> None:
     needed = ("tensor", "block_type", "tuple", "constexpr", "_type_for_tuple_values", "validate_block_shape")
     if not all(hasattr(core, name) for name in needed):
         return
-    _originals.update(tensor_init=core.tensor.__init__, block_type_init=core.block_type.__init__)
+    shipped_tensor_init, shipped_block_type_init = core.tensor.__init__, core.block_type.__init__
 
     def tensor_init(self, handle, type):
         if type.is_block() and builtins.type(type.shape) is not core.tuple:
-            return _originals["tensor_init"](self, handle, type)
+            return shipped_tensor_init(self, handle, type)
         self.handle = handle
         shape = builtins.tuple(type.shape.values) if type.is_block() else ()
         parts = _DIMS.get(shape)
@@ -137,14 +136,14 @@ def _install_type_caches() -> None:
             types = core._type_for_tuple_values(list(key))
             parts = _BLOCKS[key] = (numel, types, str(core.tuple(list(key), types)))
         if parts is None:                                    # constexprs, an empty shape, ...: Triton's own
-            return _originals["block_type_init"](self, element_ty, shape)
+            return shipped_block_type_init(self, element_ty, shape)
         self.element_ty = element_ty
         self.shape = core.tuple(key, parts[1])
         self.numel = parts[0]
         self.name = f"<{parts[2]}, {element_ty}>"
 
-    core.tensor.__init__ = tensor_init
-    core.block_type.__init__ = block_type_init
+    _replace(core.tensor, "__init__", tensor_init)
+    _replace(core.block_type, "__init__", block_type_init)
     _install_lookups(core)
 
 
@@ -159,7 +158,6 @@ def _install_lookups(core) -> None:
     unwrap, np_dtype = getattr(core, "_unwrap_if_constexpr", None), getattr(interpreter, "_get_np_dtype", None)
     if unwrap is None or np_dtype is None:
         return
-    _originals.update(unwrap=unwrap, np_dtype=np_dtype)
     plain = frozenset({int, float, bool, str, type(None), core.tensor})
     constexpr, block_type, pointer_type = core.constexpr, core.block_type, core.pointer_type
     numpy_of: dict = {}
@@ -183,13 +181,12 @@ def _install_lookups(core) -> None:
             got = numpy_of[tt_dtype] = np_dtype(tt_dtype)
         return got
 
-    core._unwrap_if_constexpr = unwrap_if_constexpr
-    interpreter._get_np_dtype = get_np_dtype
+    _replace(core, "_unwrap_if_constexpr", unwrap_if_constexpr)
+    _replace(interpreter, "_get_np_dtype", get_np_dtype)
     semantic = getattr(interpreter, "TritonSemantic", None)
     broadcast = getattr(semantic, "broadcast_impl_value", None)
     if broadcast is None:
         return
-    _originals.update(broadcast=broadcast)
 
     def broadcast_impl_value(self, lhs, rhs):
         """Two blocks of one shape (most operands): Triton's loop finds every dimension equal and
@@ -199,26 +196,24 @@ def _install_lookups(core) -> None:
             return lhs, rhs
         return broadcast(self, lhs, rhs)
 
-    semantic.broadcast_impl_value = broadcast_impl_value
+    _replace(semantic, "broadcast_impl_value", broadcast_impl_value)
+
+
+def _replace(owner, name: str, ours) -> None:
+    """owner.name = ours, remembering Triton's own value for triton_as_shipped."""
+    _replaced.append((owner, name, getattr(owner, name)))
+    setattr(owner, name, ours)
 
 
 @contextlib.contextmanager
 def triton_as_shipped():
-    """Triton as shipped for the duration: its re-patching and its type constructors (tests compare
-    the two ways' bits)."""
-    from triton.language import core
-    from triton.runtime import interpreter
-    mine = interpreter._patch_lang, interpreter.GridExecutor.__call__, core.tensor.__init__, core.block_type.__init__
-    interpreter._patch_lang, interpreter.GridExecutor.__call__ = _originals["patch_lang"], _originals["grid_call"]
-    core.tensor.__init__ = _originals.get("tensor_init", core.tensor.__init__)
-    core.block_type.__init__ = _originals.get("block_type_init", core.block_type.__init__)
-    semantic = interpreter.TritonSemantic
-    lookups = core._unwrap_if_constexpr, interpreter._get_np_dtype, semantic.broadcast_impl_value
-    core._unwrap_if_constexpr = _originals.get("unwrap", core._unwrap_if_constexpr)
-    interpreter._get_np_dtype = _originals.get("np_dtype", interpreter._get_np_dtype)
-    semantic.broadcast_impl_value = _originals.get("broadcast", semantic.broadcast_impl_value)
+    """Triton as shipped for the duration: everything install() replaced (its re-patching, the type
+    constructors, the lookups) put back, then ours again (tests compare the two ways' bits)."""
+    ours = [(owner, name, getattr(owner, name)) for owner, name, _ in _replaced]
+    for owner, name, shipped in _replaced:
+        setattr(owner, name, shipped)
     try:
         yield
     finally:
-        interpreter._patch_lang, interpreter.GridExecutor.__call__, core.tensor.__init__, core.block_type.__init__ = mine
-        core._unwrap_if_constexpr, interpreter._get_np_dtype, semantic.broadcast_impl_value = lookups
+        for owner, name, mine in ours:
+            setattr(owner, name, mine)
