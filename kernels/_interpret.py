@@ -24,13 +24,15 @@ of a kernel builds a `tl.tensor` and usually a `tl.block_type` for its result, a
 constructors re-derive the same things from the shape every time: `tl.tensor` a `constexpr` per
 dimension, their `tl.tuple` and its `tuple_type`; `tl.block_type` the unwrapped shape, its
 validation (powers of two, the numel limit) and its `tuple_type`. That was a third of an
-interpreter spec's time (profiled on kernels/matmul-tail-2881-bf16). `_tensor_init` and
-`_block_type_init` keep what depends on the shape alone per shape of plain ints (the immutable
-`constexpr`s, the `tuple_type`, the numel, the validated shape's text) and build each object's own
-`tl.tuple` from them, so every object gets the attributes Triton's constructor gives it (equal
-values, the same types; only immutable parts are shared); any other argument goes to Triton's
-constructor. No numpy operation changes, so neither do the bits (tests/kernels/test_interpret_patch.py
-compares six kernels' bytes with `triton_as_shipped`, which undoes both).
+interpreter spec's time (profiled on kernels/matmul-tail-2881-bf16). The replacements
+(`_install_type_caches`) keep what depends on the shape alone per shape of plain ints (the
+immutable `constexpr`s, the `tuple_type`, the numel, the validated shape's text) and build each
+object's own `tl.tuple` from them, so every object gets the attributes Triton's constructor gives
+it (equal values, the same types; only immutable parts are shared); any other argument goes to
+Triton's constructor. Three pure lookups of every operation are answered directly as well
+(`_install_lookups`). No numpy operation changes, so neither do the bits
+(tests/kernels/test_interpret_patch.py compares six kernels' bytes with `triton_as_shipped`, which
+puts back everything install() replaced).
 
 Installed by kernels/_common.py when the interpreter is on and Triton has the internals this
 relies on (triton 3.x's `_patch_lang` and `GridExecutor`); otherwise Triton runs unchanged.
