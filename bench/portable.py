@@ -3,10 +3,14 @@ as the baseline: kernels.portable's matmul_nt and tree_sum, kernels.mxfp4.dequan
 attention's _attend and engine.experts' down-projection partials. Both sides run in this
 process on the same inputs, every output is checked bit for bit (torch.equal, and the same NaN
 places), and the ratio old / new of the median CPU time per call is printed (one torch thread, as
-the check's workers run).
+the check's workers run). Also portable.sqrt's float32 path (sqrt32, issue 38's check5 round)
+against sqrt64 rounded to float32, which it replaced: `--sqrt32` compares the two on every float32
+in [1, 4) (the 2^24 reduced arguments any float32 can have), on every float32 special and
+subnormal class and on random bit patterns of the whole range, on the CPU or `--device cuda`.
 
     PYTHONPATH=. python3 bench/portable.py                 # the spec shapes and the 20b-ish ones
     PYTHONPATH=. python3 bench/portable.py --quick         # the spec shapes only
+    PYTHONPATH=. python3 bench/portable.py --sqrt32 [--device cuda]   # the exhaustive sqrt32 proof
 Exits non-zero if any output differs.
 """
 
@@ -111,6 +115,17 @@ def old_down_partials(a: torch.Tensor, w: torch.Tensor, bounds) -> torch.Tensor:
     return torch.stack([old_matmul_nt(a[:, None, lo:hi], w[:, :, lo:hi])[:, 0] for lo, hi in bounds])
 
 
+def old_horner(r: torch.Tensor, coeffs) -> torch.Tensor:
+    p = torch.full_like(r, coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        p = torch.add(torch.mul(p, r), c)
+    return p
+
+
+def old_sqrt32(x: torch.Tensor) -> torch.Tensor:
+    return portable.sqrt64(x.to(torch.float64)).to(torch.float32)
+
+
 # ------------------------------------------------------------------------------- the cases
 # (name, x shape, w shape, slice of w's last dim or None): the spec shapes are what the torch
 # backend's forwards call matmul_nt with (tiny/small presets: linears, the 8 K-chunk partials of
@@ -161,6 +176,12 @@ DOWN = [   # (name, R rows, H, I): the per-row experts' down projection over the
     ("tiny decode R=4", 4, 96, 96),
     ("small prefill R=136", 136, 160, 96),
     ("20b decode R=4", 4, 2880, 2880),
+]
+SQRTS = [   # (name, shape): RMSNorm's [T, 1] mean squares (decode and prefill rows), a wide row
+    ("rmsnorm T=1", (1, 1)),
+    ("rmsnorm T=8", (8, 1)),
+    ("rmsnorm T=63", (63, 1)),
+    ("4096 values", (4096,)),
 ]
 BIG_SUMS = [
     ("softmax vocab 201088 R=1 f64", (1, 201088), -1, torch.float64),
@@ -239,16 +260,62 @@ def down_cases(quick):
         yield f"experts down {name}", lambda: old_down_partials(a, w, bounds), lambda: _down_partials(a, w, bounds)
 
 
+def horner_cases(quick):
+    """exp64's polynomial (the attention, router, sampling and sigmoid exps): the old Horner (a new
+    tensor per step) against kernels.portable's (one accumulator, in place)."""
+    for i, n in enumerate((1, 64, 1024) if quick else (1, 64, 1024, 201088)):
+        r = _inputs((n,), 900 + i, torch.float64) * 0.17
+        yield f"horner exp n={n}", lambda: old_horner(r, portable._EXP_COEFFS), \
+            lambda: portable._horner(r, portable._EXP_COEFFS)
+
+
+def sqrt_cases(quick):
+    for i, (name, shape) in enumerate(SQRTS):
+        x = _inputs(shape, 800 + i).abs().add(1e-5)
+        yield f"sqrt float32 {name}", lambda: old_sqrt32(x), lambda: portable.sqrt(x)
+
+
+def sqrt32_proof(device: str) -> bool:
+    """sqrt32 == sqrt64 rounded to float32 on every float32 in [1, 4) (each reduced argument X),
+    on the specials and subnormal classes and on 2^24 random float32 bit patterns; prints a line
+    per set."""
+    one = int(torch.tensor(1.0, dtype=torch.float32).view(torch.int32))           # 0x3F800000
+    step = 1 << 21
+    every = (torch.arange(lo, lo + step, dtype=torch.int32).view(torch.float32) for lo in range(one, one + (1 << 24), step))
+    specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, -1.0, -1e-45, 1e-45, 1.1754942e-38,
+                             1.1754944e-38, 3.4028235e38, 2.0 ** -126, 2.0 ** -149], dtype=torch.float32)
+    subnormals = torch.arange(1, 1 << 23, 997, dtype=torch.int32).view(torch.float32)   # 0 < x < 2^-126
+    g = torch.Generator().manual_seed(38)
+    randoms = torch.randint(-(1 << 31), 1 << 31, (1 << 24,), generator=g, dtype=torch.int64).to(torch.int32)
+    ok = True
+    for name, chunks in [(f"every float32 in [1, 4) ({1 << 24} values)", every),
+                         ("specials and subnormals", [torch.cat([specials, subnormals])]),
+                         ("2^24 random float32 bit patterns", [randoms.view(torch.float32)])]:
+        n = bad = 0
+        for x in chunks:
+            x = x.to(device)
+            old, new = old_sqrt32(x), portable.sqrt(x)
+            same = (old.view(torch.int32) == new.view(torch.int32)) | (old.isnan() & new.isnan())
+            n, bad = n + x.numel(), bad + int((~same).sum())
+        print(f"sqrt32 {name} on {device}: {n} values, {bad} differ from sqrt64 rounded to float32", flush=True)
+        ok = ok and bad == 0
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the spec shapes only")
     ap.add_argument("--budget", type=float, default=0.5, help="seconds of timing per case and side")
+    ap.add_argument("--sqrt32", action="store_true", help="only the exhaustive sqrt32 comparison")
+    ap.add_argument("--device", default="cpu", help="where --sqrt32 runs (cpu or cuda)")
     args = ap.parse_args()
     torch.set_num_threads(1)       # as `lockstep check -j N` workers run
+    if args.sqrt32:
+        return 0 if sqrt32_proof(args.device) else 1
     print(f"torch {torch.__version__}, 1 thread; medians of CPU time, ms per call")
     print(f"{'case':<48}{'old ms':>10}{'new ms':>10}{'ratio':>8}  same bits")
     ok, tot_old, tot_new = True, 0.0, 0.0
-    for cases in (matmul_cases, sum_cases, dequant_cases, attention_cases, down_cases):
+    for cases in (matmul_cases, sum_cases, dequant_cases, attention_cases, down_cases, horner_cases, sqrt_cases):
         for name, old, new in cases(args.quick):
             same, a, b = _row(name, old, new, args.budget)
             ok, tot_old, tot_new = ok and same, tot_old + a, tot_new + b

@@ -92,6 +92,16 @@ def _value(t: torch.Tensor, flat: int) -> str:
     return repr(v.item())
 
 
+def _unravel(flat: int, shape: tuple) -> tuple:
+    """The index of element `flat` of a row-major tensor of `shape` (torch.unravel_index's answer,
+    without importing torch.fx's symbolic shapes, ~1 s of every process's first comparison)."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
+
+
 def diff_tensor(name: str, expected: torch.Tensor, actual: torch.Tensor) -> TensorDiff | None:
     if expected.dtype != actual.dtype:
         return TensorDiff(name, "dtype", f"dtype differs: golden {expected.dtype}, got {actual.dtype}")
@@ -104,7 +114,7 @@ def diff_tensor(name: str, expected: torch.Tensor, actual: torch.Tensor) -> Tens
         return None
     where = differ.reshape(-1).nonzero()[:, 0]
     first = int(where[0])
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), expected.shape)) if expected.dim() else ()
+    index = _unravel(first, tuple(expected.shape))
     d = TensorDiff(name, "bits", n_diff=n_diff, numel=expected.numel(), first_flat=first, first_index=index,
                    expected_value=_value(expected, first), actual_value=_value(actual, first))
     e = expected.detach().cpu().reshape(-1)[where]

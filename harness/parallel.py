@@ -5,7 +5,8 @@ loop does; only where it runs changes. Outcomes come back in the rows' order wha
 workers finish in, so the table, the report, the JSON document and the exit code are the ones a
 serial run gives (the seconds aside). Workers are fresh "spawn" processes (no state forked from a
 half-initialised torch) with one torch thread each: N workers already fill N cores, and the bits
-do not depend on the thread count (DESIGN D0). A spec that starts ranks of its own (topologies)
+do not depend on the thread count (DESIGN D0), and each keeps freed memory for its next
+temporaries (harness/memory.py; the serial path too). A spec that starts ranks of its own (topologies)
 can: pool workers are not daemons. The workers share one folder of synthetic checkpoints for the
 run (harness/checkpoints.py, $LOCKSTEP_CHECKPOINT_CACHE), so each is made once, not once per worker.
 """
@@ -21,6 +22,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 from harness import runner, suite
 from harness.golden import GoldenStore
+from harness.memory import keep_freed_memory
 
 
 def default_jobs() -> int:
@@ -39,6 +41,7 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
     """Yield each row's Outcome in the rows' order, from `jobs` processes (None: default_jobs());
     `waiting(i, spec id)` (1-based) is called before the i-th is awaited (the live progress line)."""
     jobs = min(jobs or default_jobs(), len(rows))
+    keep_freed_memory()                       # this process's rows (serial), and the workers' parent
     if jobs <= 1:
         for i, (spec, ctx, _) in enumerate(rows, 1):
             if waiting:
@@ -72,6 +75,7 @@ def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
     os.environ[SHARED_ENV] = shared_checkpoints
 
     torch.set_num_threads(1)
+    keep_freed_memory()
     suite.map_checkpoints(mapped.items())
 
 

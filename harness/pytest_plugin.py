@@ -98,6 +98,8 @@ def pytest_configure(config):
         # worker only contend for them (the bits do not depend on the thread count: D0)
         import torch
         torch.set_num_threads(1)
+    from harness.memory import keep_freed_memory
+    keep_freed_memory()             # spec items and tests alike: fewer page faults, no bit changes
     from harness.suite import map_checkpoints, parse_mapping
     base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
     try:

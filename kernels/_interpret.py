@@ -19,6 +19,21 @@ not yet patched, a helper called outside any launch) patches exactly as Triton d
 operations a kernel runs, and so its bits, are the same (tests/kernels/test_interpret_patch.py
 runs kernels both ways and compares the bytes).
 
+Second, the type objects of every interpreted operation (issue 38, check5). Each `tl` operation
+of a kernel builds a `tl.tensor` and usually a `tl.block_type` for its result, and Triton's
+constructors re-derive the same things from the shape every time: `tl.tensor` a `constexpr` per
+dimension, their `tl.tuple` and its `tuple_type`; `tl.block_type` the unwrapped shape, its
+validation (powers of two, the numel limit) and its `tuple_type`. That was a third of an
+interpreter spec's time (profiled on kernels/matmul-tail-2881-bf16). The replacements
+(`_install_type_caches`) keep what depends on the shape alone per shape of plain ints (the
+immutable `constexpr`s, the `tuple_type`, the numel, the validated shape's text) and build each
+object's own `tl.tuple` from them, so every object gets the attributes Triton's constructor gives
+it (equal values, the same types; only immutable parts are shared); any other argument goes to
+Triton's constructor. Three pure lookups of every operation are answered directly as well
+(`_install_lookups`). No numpy operation changes, so neither do the bits
+(tests/kernels/test_interpret_patch.py compares six kernels' bytes with `triton_as_shipped`, which
+puts back everything install() replaced).
+
 Installed by kernels/_common.py when the interpreter is on and Triton has the internals this
 relies on (triton 3.x's `_patch_lang` and `GridExecutor`); otherwise Triton runs unchanged.
 Compiled kernels (a GPU) never reach this code.
@@ -26,10 +41,12 @@ Compiled kernels (a GPU) never reach this code.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import math
 
 _state = {"launching": False, "patched": None}     # the running launch's patched language modules
-_originals: dict = {}                              # Triton's own _patch_lang and GridExecutor.__call__
+_replaced: list = []                               # (owner, attribute, Triton's own value) install() replaced
 
 
 class _NothingToRestore:
@@ -61,7 +78,6 @@ def install() -> bool:
     if original is None or grid is None:
         return False
     launch = grid.__call__
-    _originals.update(patch_lang=original, grid_call=launch)
 
     def patch_lang(fn):
         langs, patched = _langs(fn, tl), _state["patched"]
@@ -80,18 +96,126 @@ def install() -> bool:
             _state["launching"], _state["patched"] = False, None
 
     patch_lang._lockstep = True
-    interpreter._patch_lang = patch_lang
-    grid.__call__ = grid_call
+    _replace(interpreter, "_patch_lang", patch_lang)
+    _replace(grid, "__call__", grid_call)
+    _install_type_caches()
     return True
+
+
+_DIMS: dict = {}     # shape (ints) -> (constexpr numel, [constexpr per dimension], their tuple_type)
+_BLOCKS: dict = {}   # shape (ints) -> (validated numel, tuple_type of the ints, the shape's text)
+
+
+def _install_type_caches() -> None:
+    """tl.tensor and tl.block_type built from per-shape parts (module docstring), where this
+    Triton's constructors are the ones these replacements were written against."""
+    from triton.language import core
+    needed = ("tensor", "block_type", "tuple", "constexpr", "_type_for_tuple_values", "validate_block_shape")
+    if not all(hasattr(core, name) for name in needed):
+        return
+    shipped_tensor_init, shipped_block_type_init = core.tensor.__init__, core.block_type.__init__
+
+    def tensor_init(self, handle, type):
+        if type.is_block() and builtins.type(type.shape) is not core.tuple:
+            return shipped_tensor_init(self, handle, type)
+        self.handle = handle
+        shape = builtins.tuple(type.shape.values) if type.is_block() else ()
+        parts = _DIMS.get(shape)
+        if parts is None:
+            dims = [core.constexpr(d) for d in shape]
+            parts = _DIMS[shape] = (core.constexpr(math.prod(shape)), dims, core._type_for_tuple_values(dims))
+        self.numel = parts[0]
+        self.type = type
+        self.dtype = type.scalar
+        self.shape = core.tuple(parts[1], parts[2])          # its own tuple (Triton's tuples are mutable)
+
+    def block_type_init(self, element_ty, shape):
+        kind = builtins.type(shape)                          # Triton takes a list or a tl.tuple
+        key = builtins.tuple(shape) if kind is list else builtins.tuple(shape.values) if kind is core.tuple else ()
+        parts = _BLOCKS.get(key)
+        if parts is None and key and all(builtins.type(d) is int for d in key):
+            numel = core.validate_block_shape(key)           # raises as Triton's does
+            types = core._type_for_tuple_values(list(key))
+            parts = _BLOCKS[key] = (numel, types, str(core.tuple(list(key), types)))
+        if parts is None:                                    # constexprs, an empty shape, ...: Triton's own
+            return shipped_block_type_init(self, element_ty, shape)
+        self.element_ty = element_ty
+        self.shape = core.tuple(key, parts[1])
+        self.numel = parts[0]
+        self.name = f"<{parts[2]}, {element_ty}>"
+
+    _replace(core.tensor, "__init__", tensor_init)
+    _replace(core.block_type, "__init__", block_type_init)
+    _install_lookups(core)
+
+
+def _install_lookups(core) -> None:
+    """Three pure functions of every interpreted operation answered without their rebuilding:
+    `_unwrap_if_constexpr` returns a plain number, string, None or tl.tensor as it is and a
+    constexpr's value straight away (anything else, lists and tuples among them, goes to Triton's);
+    the interpreter's `_get_np_dtype` looks a Triton dtype's numpy dtype up once per dtype instead
+    of building its 19-entry table on every call (numpy's dtypes are singletons: the same objects);
+    `broadcast_impl_value` of two blocks of one shape returns them as Triton's loop does."""
+    from triton.runtime import interpreter
+    unwrap, np_dtype = getattr(core, "_unwrap_if_constexpr", None), getattr(interpreter, "_get_np_dtype", None)
+    if unwrap is None or np_dtype is None:
+        return
+    plain = frozenset({int, float, bool, str, type(None), core.tensor})
+    constexpr, block_type, pointer_type = core.constexpr, core.block_type, core.pointer_type
+    numpy_of: dict = {}
+
+    def unwrap_if_constexpr(o):
+        kind = type(o)
+        if kind in plain:
+            return o
+        if kind is constexpr:
+            return o.value
+        return unwrap(o)
+
+    def get_np_dtype(tt_dtype):
+        kind = type(tt_dtype)
+        if kind is block_type and type(tt_dtype.element_ty) is not pointer_type:
+            tt_dtype = tt_dtype.element_ty                   # Triton's: the element type's entry
+        elif kind is block_type or kind is pointer_type:
+            return np_dtype(tt_dtype)
+        got = numpy_of.get(tt_dtype)
+        if got is None:
+            got = numpy_of[tt_dtype] = np_dtype(tt_dtype)
+        return got
+
+    _replace(core, "_unwrap_if_constexpr", unwrap_if_constexpr)
+    _replace(interpreter, "_get_np_dtype", get_np_dtype)
+    semantic = getattr(interpreter, "TritonSemantic", None)
+    broadcast = getattr(semantic, "broadcast_impl_value", None)
+    if broadcast is None:
+        return
+
+    def broadcast_impl_value(self, lhs, rhs):
+        """Two blocks of one shape (most operands): Triton's loop finds every dimension equal and
+        returns both as they are; that answer straight away, anything else through Triton's."""
+        a, b = lhs.type, rhs.type
+        if type(a) is block_type and type(b) is block_type and a.shape.values == b.shape.values:
+            return lhs, rhs
+        return broadcast(self, lhs, rhs)
+
+    _replace(semantic, "broadcast_impl_value", broadcast_impl_value)
+
+
+def _replace(owner, name: str, ours) -> None:
+    """owner.name = ours, remembering Triton's own value for triton_as_shipped."""
+    _replaced.append((owner, name, getattr(owner, name)))
+    setattr(owner, name, ours)
 
 
 @contextlib.contextmanager
 def triton_as_shipped():
-    """Triton's own re-patching for the duration (tests compare the two ways' bits)."""
-    from triton.runtime import interpreter
-    mine = interpreter._patch_lang, interpreter.GridExecutor.__call__
-    interpreter._patch_lang, interpreter.GridExecutor.__call__ = _originals["patch_lang"], _originals["grid_call"]
+    """Triton as shipped for the duration: everything install() replaced (its re-patching, the type
+    constructors, the lookups) put back, then ours again (tests compare the two ways' bits)."""
+    ours = [(owner, name, getattr(owner, name)) for owner, name, _ in _replaced]
+    for owner, name, shipped in _replaced:
+        setattr(owner, name, shipped)
     try:
         yield
     finally:
-        interpreter._patch_lang, interpreter.GridExecutor.__call__ = mine
+        for owner, name, mine in ours:
+            setattr(owner, name, mine)

@@ -142,10 +142,11 @@ _SQRT2 = 1.41421356237309514547e+00
 
 
 def _horner(r: torch.Tensor, coeffs) -> torch.Tensor:
-    """coeffs[0] + r * (coeffs[1] + r * (...)), multiply then add, never fused."""
+    """coeffs[0] + r * (coeffs[1] + r * (...)), multiply then add, never fused; in place in one
+    accumulator (the same operations as a new tensor per step, without allocating one)."""
     p = torch.full_like(r, coeffs[-1])
     for c in reversed(coeffs[:-1]):
-        p = torch.add(torch.mul(p, r), c)
+        torch.mul(p, r, out=p).add_(c)
     return p
 
 
@@ -267,13 +268,41 @@ def sqrt64(x: torch.Tensor) -> torch.Tensor:
 
 
 def sqrt(x: torch.Tensor) -> torch.Tensor:
-    """Correctly rounded square root in x's dtype (float32 or float64). float32 goes through the
-    float64 root: rounding twice is harmless for a square root when 53 >= 2 * 24 + 2."""
+    """Correctly rounded square root in x's dtype (float32 or float64). float32: sqrt32 below."""
     if x.dtype == torch.float64:
         return sqrt64(x)
     if x.dtype != torch.float32:
         raise TypeError(f"portable.sqrt: float32 or float64, got {x.dtype}")
-    return sqrt64(x.to(torch.float64)).to(torch.float32)
+    return sqrt32(x)
+
+
+def sqrt32(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded float32 square root of float32 x: sqrt64's Newton value rounded once
+    to float32, without sqrt64's correction to the nearest double (a third of the operations; the
+    RMSNorm of every forward calls it). The same bits as sqrt64(x as float64) rounded to float32,
+    which is correctly rounded (rounding twice is harmless when 53 >= 2 * 24 + 2):
+    - a float32 x is a normal float64 (no `tiny` scaling), and sqrt(x) >= 2^-75 rounds to a normal
+      float32, so both reduce to X in [1, 4) by the same exact power of two;
+    - sqrt(X) is never within 2^-50 (four float64 ulps) of a float32 rounding boundary: X has at
+      most 24 significant bits, so X = m 2^-46 (m an integer), and for a midpoint c = (2n + 1)
+      2^-24 between two float32 values, X - c^2 = (4m - (2n + 1)^2) 2^-48 is an odd multiple
+      of 2^-48, so |sqrt(X) - c| = |X - c^2| / (sqrt(X) + c) > 2^-48 / 4; the Newton value
+      (before the correction) is within a float64 ulp or two of sqrt(X), so it rounds to the same
+      float32 as the nearest double does;
+    - bench/portable.py --sqrt32 checks that claim for every one of the 2^24 values of X a float32
+      can give (each mantissa, both exponent parities), and the specials (0, -0, inf, NaN, < 0)
+      take the same `where`s as sqrt64."""
+    x = x.to(torch.float64)
+    bits = x.view(torch.int64)
+    e = ((bits >> 52) & 0x7FF) - 1023
+    odd = e & 1
+    X = ((bits & _MANTISSA) | ((1023 + odd) << 52)).view(torch.float64)   # [1, 2) or [2, 4)
+    y = _newton_sqrt(X)
+    k = (e - odd) >> 1
+    y = (y.view(torch.int64) + (k << 52)).view(torch.float64)    # y * 2^k, exact
+    y = torch.where(x == 0, x, y)                                 # keeps the sign of zero
+    y = torch.where(x == math.inf, x, y)
+    return torch.where((x < 0) | torch.isnan(x), math.nan, y).to(torch.float32)
 
 
 # ----------------------------------------------------------------------- fp32 and friends

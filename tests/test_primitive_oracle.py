@@ -127,6 +127,7 @@ def test_the_reference_calls_only_checked_ops(reference_ops):
 def test_torch_sqrt_put_back_is_caught(monkeypatch):
     """Planted: RMSNorm and Box-Muller back on torch.sqrt (MKL's, not correctly rounded)."""
     monkeypatch.setattr(portable, "sqrt", torch.sqrt)
+    monkeypatch.setattr(portable, "sqrt32", torch.sqrt)
     monkeypatch.setattr(portable, "sqrt64", torch.sqrt)
     seen = fingerprint.ops_called(fingerprint.fingerprint(("forward",)))
     assert "sqrt" in seen and "sqrt" not in oracle.REFERENCE_OPS
