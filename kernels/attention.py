@@ -36,15 +36,16 @@ Rows. A program holds a block of rows: BLOCK_T tokens' G query heads of one KV h
 head r % G_P of the block's token r // G_P). Compiled with bf16/fp16 q and cache, the block is
 TC_ROWS = 64 rows and the two products run on tensor cores: q.k in the inputs' dtype with fp32
 accumulation, and p.v as two products, p's hi and lo halves in v's dtype (p = hi + lo to ~16
-bits), each into fp32. Compiled fp32 keeps one token's rows (BLOCK_T = 1), the fp32 products and
-the walk of old (the token's slot and position as scalars, no runs, no row masks; the split-K
-phase 1 walks so too, its block holding one token). The interpreter takes INTERPRET_BLOCK_T = 16
-tokens a block in launches of 16 tokens or more (a prefill) and one token otherwise: it
-pays per operation, not per row, and numpy computes each row on its own, so there a row's bits do
-not depend on its block (tests/kernels/test_attention.py compares blocks with one token). Each output element of a tensor-core product is one fixed sequence of
+bits), each into fp32. Each output element of a tensor-core product is one fixed sequence of
 MMA instructions whatever the other rows hold, and the row sums run in the same layout for
 every row of the block, so a row's bits depend on its own token only, provided the block shape
 is the same: prefill, chunks, decode and verify all launch this one block shape.
+Compiled fp32 keeps one token's rows (BLOCK_T = 1), the fp32 products and the walk of old (the
+token's slot and position as scalars, no runs, no row masks; the split-K phase 1 walks so too,
+its block holding one token). The interpreter takes INTERPRET_BLOCK_T = 16 tokens a block in
+launches of 16 tokens or more (a prefill) and one token otherwise: it pays per operation, not
+per row, and numpy computes each row on its own, so there a row's bits do not depend on its
+block (tests/kernels/test_attention.py compares blocks with one token).
 
 A program takes TPP consecutive tokens of the batch (TPP = BLOCK_T when that gives enough
 programs, else 1: a decode token alone in its block, the other rows dead). A run of its tokens
@@ -55,8 +56,8 @@ state; a split outside its own merges as the empty state. The one exception is t
 zero: a key another row of the run sees is loaded, and 0 * v adds -0 where v < 0, so an output
 that is exactly zero may come out -0 in one launch and +0 in another. With BLOCK_T > 1, and in
 every launch of the interpreter (whose block varies), every zero output is therefore written +0
-(PLUS_ZERO), the same bits in every launch (DESIGN §8). A key another row sees holding inf or NaN would
-give this row 0 * inf = NaN; keys beyond every row's position are never loaded.
+(PLUS_ZERO), the same bits in every launch (DESIGN §8). A key another row sees holding inf or
+NaN would give this row 0 * inf = NaN; keys beyond every row's position are never loaded.
 
 Two launches compute the same operations, so they give the same bits; which one runs is a speed
 choice made from shapes only (never from the positions, so no host read and a decode step can be
