@@ -65,8 +65,8 @@ a CUDA graph):
   - one program per (TPP tokens, KV head) walks each run's splits one after the other and merges
     as it goes (prefill, where the programs already fill the GPU, windowed layers, and short caches);
   - split-K (flash-decoding style) for decode and verify with a long walk: phase 1 runs one
-    program per (token, KV head, split index), the token's rows in the same row block, each storing its split's (m, l, acc) (G x D + 2G
-    floats) to a scratch buffer; phase 2 runs one program per (token, KV head) that reads the
+    program per (token, KV head, split index), the token's rows in the same row block, each
+    storing its split's (m, l, acc) (G x D + 2G floats) to a scratch buffer; phase 2 runs one program per (token, KV head) that reads the
     token's splits back in order, merges them and the sink and stores the output. The grid's
     third dimension is the most splits any token of this cache and window can use; a program
     whose index is past its own token's last split walks nothing and stores nothing, and phase 2
@@ -421,9 +421,8 @@ def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, 
     args = (Hq, Hkv, S, D, int(window), _window_tiles(window), n_cap)
     plus_zero = block_t > 1 or INTERPRET      # every zero +0: blocks must, the interpreter's launches all do
     if not two_phase:
-        if INTERPRET and _block_t is None:    # its block per launch: a row's bits do not depend on it here
-            blocks = (_tokens or 0) > 1 or _blocks_pay(T, Hkv, INTERPRET_BLOCK_T)
-            block_t = INTERPRET_BLOCK_T if blocks else 1
+        if INTERPRET and _block_t is None and ((_tokens or 0) > 1 or _blocks_pay(T, Hkv, INTERPRET_BLOCK_T)):
+            block_t = INTERPRET_BLOCK_T       # its block per launch (else 1): a row's bits do not depend on it here
         tpp = _tokens or (block_t if _blocks_pay(T, Hkv, block_t) else 1)
         if tpp > block_t:
             raise ValueError(f"attention: _tokens={tpp} is more than the {block_t} tokens of a row block")
