@@ -189,6 +189,54 @@ def _mxfp4_fast_values(code, S, M: tl.constexpr):
     return mag | ((code & 8) << (M + 6))                                             # sign: bit 15 / 31
 
 
+# Compiled, bf16 tiles of the fast path decode in PTX: the E2M1 value of each code's magnitude
+# index t comes from two 8-entry byte tables (its bf16's high and low byte) looked up four at a time
+# by `prmt`, the signs moved into place by another `prmt`, and the scale by one bf16x2 multiply by 2^(s - 127). The
+# product is exact and normal for scales in [2, 252] (|value| from 0.5 * 2^-125 = 2^-126 to
+# 6 * 2^125), so these are `_mxfp4_fast_values`' bits (tests/kernels/test_mxfp4_tile.py, every code
+# at every scale, compiled) in about 3 instructions a value instead of about 12. The interpreter
+# cannot run PTX and keeps the integer formula.
+PTX_E2M1 = tl.constexpr(not INTERPRET)
+
+
+@triton.jit
+def _e2m1_ptx(byte, power):
+    """bytes (uint8: codes of columns 2b (low nibble) and 2b + 1) and power (bf16 2^(s - 127), s in
+    [2, 252]) -> (lo, hi) bf16: the values of the two columns. Four bytes an invocation: $4 holds
+    them (byte i in bits 8i..8i + 7), $5 and $6 their powers in pairs; $0 and $1 the four low-nibble
+    values in pairs, $2 and $3 the high-nibble ones."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t, t2, h0, h1, l0, l1, x0, x1, y, a, b;
+        and.b32 t, $4, 0x77777777;                 // magnitude indices, sign bits cleared
+        shr.u32 t2, t, 16;
+        prmt.b32 h0, 0x3F3F3F00, 0x40404040, t;    // high bytes of the bf16 E2M1 values, nibbles 0-3
+        prmt.b32 l0, 0xC0800000, 0xC0804000, t;    // low bytes
+        prmt.b32 h1, 0x3F3F3F00, 0x40404040, t2;   // nibbles 4-7
+        prmt.b32 l1, 0xC0800000, 0xC0804000, t2;
+        prmt.b32 x0, $4, 0, 0x1404;                // bytes 0, 1 moved up to bytes 1, 3: the high nibbles'
+        prmt.b32 x1, $4, 0, 0x3424;                // sign bits land on 15 and 31, the low ones' 4 below
+        prmt.b32 a, l0, h0, 0x6240;                // bytes 0, 1: the low nibbles' values in a bf16 pair
+        prmt.b32 b, l0, h0, 0x7351;                // the high nibbles'
+        shl.b32 y, x0, 4;
+        lop3.b32 a, a, y, 0x80008000, 0xF8;        // a | (y & 0x80008000): the signs
+        lop3.b32 b, b, x0, 0x80008000, 0xF8;
+        mul.rn.bf16x2 $0, a, $5;
+        mul.rn.bf16x2 $2, b, $5;
+        prmt.b32 a, l1, h1, 0x6240;                // bytes 2, 3
+        prmt.b32 b, l1, h1, 0x7351;
+        shl.b32 y, x1, 4;
+        lop3.b32 a, a, y, 0x80008000, 0xF8;
+        lop3.b32 b, b, x1, 0x80008000, 0xF8;
+        mul.rn.bf16x2 $1, a, $6;
+        mul.rn.bf16x2 $3, b, $6;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r,r",
+        args=[byte, power], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
 @triton.jit
 def _mxfp4_tile_fast(w_ptr, s_ptr, row, n_ok, k0, k_end, K, OUT_DTYPE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr, WHOLE: tl.constexpr):
@@ -209,7 +257,7 @@ def _mxfp4_tile_fast(w_ptr, s_ptr, row, n_ok, k0, k_end, K, OUT_DTYPE: tl.conste
     # whole 16-byte pieces of the row (masked only past the row's end, so vector loads), then,
     # unless the tile is WHOLE (all before k_end), the bytes from k_end on zeroed
     x = tl.load(w_ptr + (row * row_bytes)[:, None, None] + byte,
-                mask=n_ok[:, None, None] & (byte < row_bytes), other=0).to(tl.int32)   # [BN, NP, 16]
+                mask=n_ok[:, None, None] & (byte < row_bytes), other=0)                # [BN, NP, 16] u8
     if not WHOLE:
         x = tl.where(2 * byte < k_end, x, 0)
     s_row = s_ptr + row[:, None] * G                                                 # [BN, 1]
@@ -219,6 +267,13 @@ def _mxfp4_tile_fast(w_ptr, s_ptr, row, n_ok, k0, k_end, K, OUT_DTYPE: tl.conste
     if not ALIGNED:
         s_next = tl.load(s_row + tl.minimum(g + 1, G - 1), mask=n_ok[:, None], other=127).to(tl.int32)
         S = tl.where(kb % 16 + i >= 16, ((s_next - 1) << (M + 1))[:, :, None], S)   # [BN, NP, 16]
+    if OUT_DTYPE == tl.bfloat16 and PTX_E2M1:
+        # compiled bf16: the same values from byte tables and one exact multiply (_e2m1_ptx)
+        power = S + (1 << (M + 1))                                                   # s << 7: bf16 2^(s - 127)
+        power = power.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        lo, hi = _e2m1_ptx(x, tl.broadcast_to(power, x.shape))
+        return tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))                       # [BN, BK] interleaved
+    x = x.to(tl.int32)
     lo = _mxfp4_fast_values(x & 15, S, M)                                            # column 2 byte
     hi = _mxfp4_fast_values(x >> 4, S, M)                                            # column 2 byte + 1
     if OUT_DTYPE == tl.bfloat16:
