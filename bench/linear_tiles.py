@@ -7,11 +7,12 @@
 For each weight shape of the 20b decode step (fused qkv, one o_proj K chunk, router, lm_head,
 one expert's gate_up and down chunk) and each candidate (BLOCK_M, BLOCK_N, BLOCK_K, warps,
 stages), prints the time per call, the ratio against F.linear (cuBLAS) in the same process, the
-weight bandwidth reached, and whether the output bits equal those of the first candidate (the
-reduction order must not depend on BLOCK_M or BLOCK_N). Used to choose kernels/matmul.py's GPU
-tile table, which may depend on (N, K, dtype) only. The first candidate is the reference of the
-bits and of the "vs first" ratio (with the defaults (16, 16, 64, 4, 3)): put the tiles in use
-first (--block-m 64 ...) to compare against them.
+weight bandwidth reached, and whether the output bits equal those of the first candidate (no
+output bit may depend on the tile). Used to choose kernels/matmul.py's GPU tile table (by M, N,
+K and dtype). The first candidate is the reference of the bits and of the "vs first" ratio (with
+the defaults (16, 16, 64, 4, 3)): put the tiles in use first (--block-m 64 ...) to compare
+against them. Times are GPU time per call, 20 calls captured in a CUDA graph (bench/_util.py
+`graph_timed`: a decode step runs captured, so the host's launch cost is not the kernel's).
 """
 
 import argparse
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from _util import timed
+from _util import graph_timed
 from kernels.matmul import _linear_kernel
 
 SHAPES = {            # name: (N, K)
@@ -67,12 +68,12 @@ def main():
         b = torch.randn(N, generator=g, device="cuda")
         for M in args.M:
             x = torch.randn(M, K, generator=g, device="cuda").to(dt)
-            t_ref = timed(lambda: F.linear(x, w, b.to(dt)))
+            t_ref = graph_timed(lambda: F.linear(x, w, b.to(dt)))
             rows, first, t_first = [], None, None
             for tiles in candidates:
                 try:
                     y = run(x, w, b, tiles)
-                    t = timed(lambda: run(x, w, b, tiles))
+                    t = graph_timed(lambda: run(x, w, b, tiles))
                 except Exception as e:      # a config this Triton cannot build
                     rows.append((float("inf"), tiles, f"error {type(e).__name__}"))
                     continue

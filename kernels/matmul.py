@@ -2,10 +2,11 @@
 
     x [M, K]  (fp32 or bf16)      W [N, K] (same dtype)      b [N] or None      -> y [M, N]
 
-Every output element y[m, n] is accumulated in fp32 over K in fixed BLOCK_K chunks, first to
-last, with no split-K; the tile sizes are module constants (per platform, never derived from
-M, N or K). So the bits of a row depend only on that row, W, b and K: not on M, on the row's
-index inside its tile, or on N. Tails in M, N and K are masked loads with zero fill (a masked
+Every output element y[m, n] is accumulated in fp32 over K, first to last, with no split-K: in
+the interpreter in fixed BLOCK_K chunks (one tile set, TILES), compiled as `tl.dot`'s sequence of
+FMA or MMA steps, whose bits no tile choice changes (so the GPU tiles follow the rows: `tiles`).
+So the bits of a row depend only on that row, W, b and K: not on M, on the row's index inside
+its tile, or on N. Tails in M, N and K are masked loads with zero fill (a masked
 lane contributes an exact +0), so N = 2880 / 2881 with BLOCK_N = 64 need no special case.
 
 On the interpreter the tile product is an explicit broadcast multiply + tl.sum over BLOCK_K
@@ -29,28 +30,43 @@ from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float
 from kernels.portable import matmul_nt
 from kernels.portable_tl import cast_rne, sigmoid_f32
 
-# Fixed tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Never chosen from M.
+# The interpreter's tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), one set for every call.
 TILES = (16, 128, 128, 4, 1) if INTERPRET else (64, 64, 64, 4, 3)
 
-# GPU tile table. A tile never depends on M (the batch), only on the weight's shape and dtype,
-# so a row's bits are the same whatever the batch. Compiled, an fp32 `tl.dot` with
-# input_precision="ieee" is an FMA chain over k, first to last, for each output element: its bits
-# depend neither on BLOCK_M nor on BLOCK_N (nor on BLOCK_K: a masked tail adds fma(0, w, acc) = acc).
-# So BLOCK_N is free to serve occupancy: a batch-1 decode step launches cdiv(N, BLOCK_N) programs
-# per M tile, and with BLOCK_N = 64 a 2880-wide layer gives 45 programs on a 132-SM H200; below
-# GPU_MIN_PROGRAMS we take BLOCK_N = 32 (tl.dot needs >= 16).
+# GPU tile table. No output bit depends on the tile, so the tile may follow the launch's rows M:
+#   fp32: `tl.dot` with input_precision="ieee" is an FMA chain over k, first to last, for each
+#     output element, whatever BLOCK_M, BLOCK_N and BLOCK_K are (a masked tail adds fma(0, w, acc)).
+#   bf16 / fp16: each element is the sequence of 16-wide MMA steps over k, first to last, into one
+#     fp32 accumulator; mma.sync (BLOCK_M 16, 32) and wgmma (64, 128) give the same bits, and so
+#     does every BLOCK_N, BLOCK_K and stage count: an H200 sweep of 44 tiles at the 20b shapes (qkv,
+#     o_proj's chunks, the router, the LM head; M = 1 and 32) found one set of bits
+#     (docs/benchmarks.md), and tests/kernels/test_matmul.py compares a row alone with the same
+#     row in batches that take each tile below.
+# So a row's bits are the same whatever the batch (D2) while each batch takes its fastest tile:
+#   M <= DECODE_ROWS (a decode step): 16 rows, 256 columns of K a step (fewer, longer loads: the
+#     step is bound by reading the weight once);
+#   M >= PREFILL_ROWS: 128 x 128 tiles on 8 warps (tensor-core bound);
+#   otherwise, and fp32 always, 64 rows; BLOCK_N 64, or 32 below GPU_MIN_PROGRAMS programs per M
+#     tile (a 2880-wide layer gives 45 programs of 64 on a 132-SM H200; tl.dot needs >= 16).
 GPU_MIN_PROGRAMS = 128
+DECODE_ROWS = 16
+PREFILL_ROWS = 256
 
 
-def _gpu_tiles(N: int, K: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for a weight [N, K] of `dtype` on a GPU."""
+def _gpu_tiles(N: int, K: int, dtype: torch.dtype, M: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for M rows by a weight [N, K] of `dtype`
+    on a GPU."""
+    if dtype != torch.float32 and M <= DECODE_ROWS:
+        return (16, 32 if N <= 32 else 64, 256, 4, 3)
+    if dtype != torch.float32 and M >= PREFILL_ROWS:
+        return (128, 128, 64, 8, 3)
     bn = 64 if triton.cdiv(N, 64) >= GPU_MIN_PROGRAMS else 32
     return (64, bn, 64, 4, 3)
 
 
-def tiles(N: int, K: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """The tiles every linear kernel here uses: TILES in the interpreter, the GPU table compiled."""
-    return TILES if INTERPRET else _gpu_tiles(N, K, dtype)
+def tiles(N: int, K: int, dtype: torch.dtype, M: int) -> tuple[int, int, int, int, int]:
+    """The tiles of a linear kernel launch here: TILES in the interpreter, the GPU table compiled."""
+    return TILES if INTERPRET else _gpu_tiles(N, K, dtype, M)
 
 
 @triton.jit
@@ -445,7 +461,7 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return y
     if K == 0:
         return y.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(y))
-    bm, bn, bk, warps, stages = tiles(N, K, x.dtype)
+    bm, bn, bk, warps, stages = tiles(N, K, x.dtype, M)
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
     _linear_kernel[grid](x, weight, bias if bias is not None else x, y, M, N, K,
                          HAS_BIAS=bias is not None, USE_DOT=USE_DOT,
@@ -474,7 +490,7 @@ def linear_chunks_triton(x: torch.Tensor, weight: torch.Tensor, bounds,
     parts = torch.zeros((b.shape[0], M, N), dtype=torch.float32, device=x.device)
     if M == 0 or N == 0 or b.shape[0] == 0:
         return parts
-    bm, bn, bk, warps, stages = tiles(N, K, x.dtype)
+    bm, bn, bk, warps, stages = tiles(N, K, x.dtype, M)
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), b.shape[0])
     _linear_chunks_kernel[grid](x.contiguous(), weight.contiguous(), b, parts, M, N, K, x_per_k * K,
                                 float(alpha), float(limit), SWIGLU=prologue_swiglu is not None,

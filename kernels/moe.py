@@ -44,7 +44,7 @@ import triton.language as tl
 
 from kernels import portable
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from kernels.matmul import _chunk_acc, bounds_tensor, tiles
+from kernels.matmul import TILES, _chunk_acc, bounds_tensor
 from kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
 
 BLOCK_H = 1024
@@ -100,8 +100,8 @@ def expert_block_m(rows: int, n_local: int, dtype: torch.dtype, mxfp4: bool = Fa
 
 def expert_tiles(kernel: str, N: int, K: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) of a grouped expert kernel for a weight [E, N, K]:
-    the linear kernels' tiles in the interpreter, EXPERT_GPU_TILES compiled."""
-    return tiles(N, K, dtype)[1:] if INTERPRET else EXPERT_GPU_TILES[kernel]
+    the linear kernels' interpreter tiles in the interpreter, EXPERT_GPU_TILES compiled."""
+    return TILES[1:] if INTERPRET else EXPERT_GPU_TILES[kernel]
 
 
 # The down projection's K chunks: one program per (N tile, block, chunk), the default, or

@@ -9,8 +9,8 @@ import torch
 
 from engine.linear import k_chunk_bounds
 from kernels._common import INTERPRET
-from kernels.matmul import (GPU_MIN_PROGRAMS, TILES, _gpu_tiles, linear_chunks_portable, linear_chunks_triton,
-                            linear_triton, tiles)
+from kernels.matmul import (DECODE_ROWS, GPU_MIN_PROGRAMS, PREFILL_ROWS, TILES, _gpu_tiles, linear_chunks_portable,
+                            linear_chunks_triton, linear_triton, tiles)
 from kernels.moe import clamped_swiglu_portable, clamped_swiglu_triton
 from tests.kernels.conftest import DEVICE
 
@@ -69,9 +69,11 @@ def test_fused_swiglu_equals_the_separate_kernel(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_do_not_depend_on_the_batch(dtype):
-    """A row alone == the same row in batches of 2, 3, 17 and 64 at every position, bitwise, for
-    linear_triton and linear_chunks_triton (with and without the prologue). Every row of a batch is
-    drawn from a pool whose rows were computed alone, so each batch checks all its positions."""
+    """A row alone == the same row in batches of 2, 3, 17, 64 and (compiled) 300 at every position,
+    bitwise, for linear_triton and linear_chunks_triton (with and without the prologue): on a GPU
+    the alone row takes the decode tile, 17 and 64 the middle one, 300 the prefill tile. Every row
+    of a batch is drawn from a pool whose rows were computed alone, so each batch checks all its
+    positions."""
     pool, w = make(10, 60, dtype, seed=4, x_per_k=2, scale=3.0)
     bounds = [(0, 37), (37, 150)]
     calls = {
@@ -82,7 +84,7 @@ def test_rows_do_not_depend_on_the_batch(dtype):
     g = torch.Generator().manual_seed(5)
     for name, f in calls.items():
         alone = [f(pool[i:i + 1]) for i in range(len(pool))]
-        for M in (2, 3, 17, 64):
+        for M in (2, 3, 17, 64) + (() if INTERPRET else (PREFILL_ROWS + 44,)):   # the interpreter: one tile set
             pick = torch.randint(0, len(pool), (M,), generator=g)
             pick[0], pick[-1] = 0, 1                                   # the first and last places
             out = f(pool[pick.to(DEVICE)])
@@ -91,13 +93,20 @@ def test_rows_do_not_depend_on_the_batch(dtype):
                 assert bits(got).equal(bits(alone[pick[m]])), (name, M, m)
 
 
-def test_tiles_depend_on_the_weight_only():
-    expected = TILES if INTERPRET else _gpu_tiles(2880, 2880, torch.float32)
-    assert tiles(2880, 2880, torch.float32) == expected
+def test_tiles_follow_the_rows_on_a_gpu_only():
+    """The interpreter has one tile set; compiled, 16-bit launches take a decode tile up to
+    DECODE_ROWS rows and a prefill tile from PREFILL_ROWS, fp32 always the same 64 rows (the bits
+    are the same for each: test_rows_do_not_depend_on_the_batch compares them)."""
+    for M in (1, DECODE_ROWS, DECODE_ROWS + 1, PREFILL_ROWS):
+        assert tiles(2880, 2880, torch.float32, M) == (TILES if INTERPRET else _gpu_tiles(2880, 2880, torch.float32, M))
     for dtype in (torch.float32, torch.bfloat16):
-        small, wide = _gpu_tiles(2880, 2880, dtype), _gpu_tiles(64 * GPU_MIN_PROGRAMS, 2880, dtype)
-        assert small[1] == 32 and wide[1] == 64                      # batch-1 decode fills the GPU
-        assert small[0] == wide[0] and small[2] == wide[2]            # BLOCK_M, BLOCK_K fixed
+        small, wide = _gpu_tiles(2880, 2880, dtype, 32), _gpu_tiles(64 * GPU_MIN_PROGRAMS, 2880, dtype, 32)
+        assert small[1] == 32 and wide[1] == 64                      # a mid-size batch fills the GPU
+        assert small[0] == wide[0] == 64 and small[2] == wide[2]
+    assert {_gpu_tiles(2880, 2880, torch.float32, M) for M in (1, 32, 4096)} == {(64, 32, 64, 4, 3)}
+    bf16 = [_gpu_tiles(2880, 2880, torch.bfloat16, M)[0] for M in (1, DECODE_ROWS, DECODE_ROWS + 1,
+                                                                    PREFILL_ROWS - 1, PREFILL_ROWS)]
+    assert bf16 == [16, 16, 64, 64, 128]
 
 
 def test_empty_inputs():
