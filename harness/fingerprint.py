@@ -40,6 +40,13 @@ DRAFT = ROOT / "models" / "tiny-eagle3"
 class OpRecorder(TorchDispatchMode):
     """Records (op name, sha256 of the output bytes) of every aten op while active."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch.compile runs under the recorder, so its hook need not be wrapped to keep
+        Dynamo out: the wrapper's first call imports torch._dynamo (~11 s under qemu, tests/
+        test_cross_cpu.py) and every later call pays its frames."""
+        return False
+
     def __init__(self):
         super().__init__()
         self.ops: list[tuple[str, str]] = []
