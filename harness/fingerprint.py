@@ -72,7 +72,7 @@ class OpRecorder(TorchDispatchMode):
         """An integer sum's name; a cast to bf16 counted when its source holds a NaN."""
         if name == "sum":
             if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
-                return "sum.integer"    # a count: exact whatever the order (a float sum stays "sum": unchecked)
+                return "sum.integer"    # a count: exact in any order (a float sum stays "sum")
         elif isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16:
             src = next((a for a in args[::-1] if isinstance(a, torch.Tensor) and a.is_floating_point()
                         and a.dtype != torch.bfloat16), None)

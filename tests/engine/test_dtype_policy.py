@@ -59,7 +59,8 @@ def forward(tiny_ckpts):
 
 
 # The requests: A alone and inside [B, A, C] (A is rows 12-18 of 22 there: it straddles row 16),
-# and A's first tokens decoded one by one; P (two requests) through the packed MXFP4 experts, fused and unfused.
+# and A's first tokens decoded one by one; P (two requests) through the packed MXFP4 experts,
+# fused and unfused.
 A, B, C = random_prompt(7, 2), random_prompt(12, 3), random_prompt(3, 4)
 P = [random_prompt(6, 8), random_prompt(3, 9)]
 
@@ -80,7 +81,7 @@ def test_bf16_policy_stores_bf16_and_returns_fp32_logits(tiny_ckpts):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_a_request_alone_equals_it_inside_a_batch(forward, backend, dtype):
     alone = forward("bf16", backend, dtype, [A])
-    logits, captured = forward("bf16", backend, dtype, [B, A, C])   # every position of every kernel: tests/kernels
+    logits, captured = forward("bf16", backend, dtype, [B, A, C])   # every kernel's positions: tests/kernels
     assert torch.equal(logits[len(B):len(B) + len(A)], alone[0])
     assert torch.equal(captured[len(B):len(B) + len(A)], alone[1])
 
