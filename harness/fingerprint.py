@@ -40,6 +40,13 @@ DRAFT = ROOT / "models" / "tiny-eagle3"
 class OpRecorder(TorchDispatchMode):
     """Records (op name, sha256 of the output bytes) of every aten op while active."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch.compile runs under the recorder, so its hook need not be wrapped to keep
+        Dynamo out: the wrapper's first call imports torch._dynamo (~11 s under qemu, tests/
+        test_cross_cpu.py) and every later call pays its frames."""
+        return False
+
     def __init__(self):
         super().__init__()
         self.ops: list[tuple[str, str]] = []
@@ -47,48 +54,66 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        name, skip = _kind(func)
-        if name == "sum" and args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
-            name = "sum.integer"    # a count: exact whatever the order (a float sum stays "sum": unchecked)
-        if name in _CASTS and isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16:
-            src = next((a for a in args[::-1] if isinstance(a, torch.Tensor) and a.is_floating_point()
-                        and a.dtype != torch.bfloat16), None)
-            if src is not None and bool(torch.isnan(src).any()):
-                self.nan_to_bf16 += 1
+        name, skip, special = _KINDS.get(func) or _kind(func)
+        if special:
+            name = self._special(name, args, out)
         if skip:
             return out              # no bits of its own: a view's are hashed where they are written
         h = hashlib.sha256()
-        for t in _tensors(out):
-            if t.layout == torch.strided and t.device.type == "cpu":
-                h.update(str(t.dtype).encode())
+        for t in (out,) if type(out) is torch.Tensor else _tensors(out):
+            if t.layout == torch.strided and t.is_cpu:
+                h.update(_TAGS.get(t.dtype) or _tag(t.dtype))
                 if t.numel():
                     h.update(_bytes(t))
         self.ops.append((name, h.hexdigest()[:16]))
         return out
 
+    def _special(self, name: str, args, out) -> str:
+        """An integer sum's name; a cast to bf16 counted when its source holds a NaN."""
+        if name == "sum":
+            if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
+                return "sum.integer"    # a count: exact in any order (a float sum stays "sum")
+        elif isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16:
+            src = next((a for a in args[::-1] if isinstance(a, torch.Tensor) and a.is_floating_point()
+                        and a.dtype != torch.bfloat16), None)
+            if src is not None and bool(torch.isnan(src).any()):
+                self.nan_to_bf16 += 1
+        return name
 
+
+# The hook runs ~40,000 times a fingerprint, each step paid ten times over under qemu (tests/
+# test_cross_cpu.py): what can be worked out once per overload or dtype is kept here.
 _UNINITIALISED = {"empty", "new_empty", "empty_like", "empty_strided", "set_"}
 _CASTS = ("_to_copy", "to", "copy_")
 _KINDS: dict = {}
+_TAGS: dict = {}
 
 
-def _kind(func) -> tuple[str, bool]:
-    """(op name, whether it has no bits of its own), computed once per overload: the emulated CPUs
-    of tests/test_cross_cpu.py pay every Python step of this hook ~50,000 times a fingerprint."""
-    kind = _KINDS.get(func)
-    if kind is None:
-        name = str(func.overloadpacket.__name__)
-        kind = _KINDS[func] = (name, name in _UNINITIALISED or _is_view(func))
+def _kind(func) -> tuple[str, bool, bool]:
+    """(op name, whether it has no bits of its own, whether `_special` looks at it)."""
+    name = str(func.overloadpacket.__name__)
+    kind = _KINDS[func] = (name, name in _UNINITIALISED or _is_view(func), name == "sum" or name in _CASTS)
     return kind
 
 
+def _tag(dtype) -> bytes:
+    tag = _TAGS[dtype] = str(dtype).encode()
+    return tag
+
+
 def _bytes(t: torch.Tensor):
-    """The tensor's elements in row-major order, as raw bytes (a dense tensor's own memory, read in
-    place; any other layout copied into a dense one first)."""
+    """The tensor's elements in row-major order, as a buffer of raw bytes (a dense tensor's own
+    memory, read in place; any other layout copied into a dense one first)."""
     flat = t.detach()
     if not flat.is_contiguous() or flat.is_conj() or flat.is_neg():
         flat = torch.empty(t.numel(), dtype=t.dtype).copy_(flat.reshape(-1))
-    return memoryview(flat.reshape(-1).view(torch.uint8).numpy())
+    if flat.dtype in _NUMPY:
+        return flat.numpy()                         # C-contiguous: its bytes are the elements in order
+    return flat.reshape(-1).view(torch.uint8).numpy()
+
+
+_NUMPY = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool}
 
 
 def _is_view(func) -> bool:

@@ -20,6 +20,9 @@ from tests.engine.helpers import random_prompt
 from tests.kernels.conftest import DEVICE
 
 BACKENDS = ["torch", "triton"]
+# one xdist worker runs the module (pyproject --dist loadgroup), so the forwards its tests share
+# (the `forward` fixture) are computed once a run, not once on each worker
+pytestmark = pytest.mark.xdist_group("dtype-policy")
 
 
 def _model(ckpt, backend, dtype, packed=True):
@@ -39,6 +42,29 @@ def _run(model, requests, capture=(1,)):
     return out.logits, out.captured
 
 
+@pytest.fixture(scope="module")
+def forward(tiny_ckpts):
+    """forward(fmt, backend, dtype, requests, packed=True, capture=(1,)) -> `_run` on a fresh model,
+    computed once per module: under Triton's interpreter a forward costs seconds, and several tests
+    compare against the same one (a request alone: the batch test and prefill-vs-decode; the packed
+    MXFP4 experts: the packed-vs-dequantized test and the fused-ends test)."""
+    done = {}
+
+    def run(fmt, backend, dtype, requests, packed=True, capture=(1,)):
+        key = (fmt, backend, dtype, tuple(map(tuple, requests)), packed, capture)
+        if key not in done:
+            done[key] = _run(_model(tiny_ckpts[fmt], backend, dtype, packed), requests, capture)
+        return done[key]
+    return run
+
+
+# The requests: A alone and inside [B, A, C] (A is rows 12-18 of 22 there: it straddles row 16),
+# and A's first tokens decoded one by one; P (two requests) through the packed MXFP4 experts,
+# fused and unfused.
+A, B, C = random_prompt(7, 2), random_prompt(12, 3), random_prompt(3, 4)
+P = [random_prompt(6, 8), random_prompt(3, 9)]
+
+
 def test_bf16_policy_stores_bf16_and_returns_fp32_logits(tiny_ckpts):
     m = _model(tiny_ckpts["bf16"], "torch", "bf16")
     assert m.embed.dtype == m.lm_head.dtype == m.blocks[0].attn.qkv_w.dtype == torch.bfloat16
@@ -53,35 +79,34 @@ def test_bf16_policy_stores_bf16_and_returns_fp32_logits(tiny_ckpts):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_a_request_alone_equals_it_inside_a_batch(tiny_ckpts, backend, dtype):
-    m = _model(tiny_ckpts["bf16"], backend, dtype)
-    a, b, c = random_prompt(7, 2), random_prompt(12, 3), random_prompt(3, 4)
-    alone = _run(m, [a])
-    logits, captured = _run(m, [b, a, c])              # every position of every kernel: tests/kernels
-    assert torch.equal(logits[len(b):len(b) + len(a)], alone[0])
-    assert torch.equal(captured[len(b):len(b) + len(a)], alone[1])
+def test_a_request_alone_equals_it_inside_a_batch(forward, backend, dtype):
+    alone = forward("bf16", backend, dtype, [A])
+    logits, captured = forward("bf16", backend, dtype, [B, A, C])   # every kernel's positions: tests/kernels
+    assert torch.equal(logits[len(B):len(B) + len(A)], alone[0])
+    assert torch.equal(captured[len(B):len(B) + len(A)], alone[1])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_bf16_prefill_equals_decode(tiny_ckpts, backend):
+def test_bf16_prefill_equals_decode(tiny_ckpts, forward, backend):
+    """A's first four tokens decoded one by one give the first four rows of A's prefill (the batch
+    test's): positions 0-3, the first with an empty cache (a decode step costs a forward's launches,
+    ~1 s under Triton's interpreter, whatever its one row)."""
     m = _model(tiny_ckpts["bf16"], backend, "bf16")
-    prompt = random_prompt(6, 5)
-    full = _run(m, [prompt])[0]
-    cache = m.new_cache(1, len(prompt))
+    full = forward("bf16", backend, "bf16", [A])[0]
+    cache = m.new_cache(1, len(A))
     steps = [m.forward(torch.tensor([t]), torch.tensor([p]), torch.tensor([0]), cache).logits
-             for p, t in enumerate(prompt)]
-    assert torch.equal(torch.cat(steps), full)
+             for p, t in enumerate(A[:4])]
+    assert torch.equal(torch.cat(steps), full[:4])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_packed_mxfp4_experts_equal_dequantized_ones(tiny_ckpts, backend, dtype):
-    packed = _model(tiny_ckpts["mxfp4"], backend, dtype, packed=True)
-    dense = _model(tiny_ckpts["mxfp4"], backend, dtype, packed=False)
-    assert isinstance(packed.blocks[0].mlp.gate_up_w, Mxfp4Weight)
-    assert isinstance(dense.blocks[0].mlp.gate_up_w, torch.Tensor)
-    prompts = [random_prompt(9, 6), random_prompt(4, 7)]
-    assert torch.equal(_run(packed, prompts)[0], _run(dense, prompts)[0])
+def test_packed_mxfp4_experts_equal_dequantized_ones(tiny_ckpts, forward, backend, dtype):
+    for packed, kind in ((True, Mxfp4Weight), (False, torch.Tensor)):
+        assert isinstance(_model(tiny_ckpts["mxfp4"], backend, dtype, packed).blocks[0].mlp.gate_up_w, kind)
+    packed = forward("mxfp4", backend, dtype, P, capture=(1, 4))
+    dense = forward("mxfp4", backend, dtype, P, packed=False, capture=(1, 4))
+    assert torch.equal(packed[0], dense[0]) and torch.equal(packed[1], dense[1])
 
 
 def test_bad_policy_or_backend_is_refused(tiny_ckpts):
@@ -93,7 +118,7 @@ def test_bad_policy_or_backend_is_refused(tiny_ckpts):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_triton_fused_sublayer_ends_equal_the_unfused_ops(tiny_ckpts, dtype):
+def test_triton_fused_sublayer_ends_equal_the_unfused_ops(tiny_ckpts, forward, dtype):
     """The Triton forward ends each sublayer in one kernel (the ops table's `fused`); the same ops
     without them go op by op. Both give the same bits, untraced and traced, and a traced forward
     runs the fused kernels too (the trace records the same points, every one bitwise equal)."""
@@ -102,7 +127,6 @@ def test_triton_fused_sublayer_ends_equal_the_unfused_ops(tiny_ckpts, dtype):
     from engine.ops import TRITON, FusedEnds
     from engine.trace import Trace
     m = _model(tiny_ckpts["mxfp4"], "triton", dtype)
-    prompts = [random_prompt(6, 8), random_prompt(3, 9)]
     calls = []
     counted = FusedEnds(*[(lambda f: lambda *a: calls.append(f) or f(*a))(f)
                           for f in (TRITON.fused.rope_qkv_cache, TRITON.fused.row_parallel_residual,
@@ -112,12 +136,12 @@ def test_triton_fused_sublayer_ends_equal_the_unfused_ops(tiny_ckpts, dtype):
         m.use_ops(ops)
         m.trace = Trace()
         try:
-            return _run(m, prompts, capture=(1, 4)), m.trace
+            return _run(m, P, capture=(1, 4)), m.trace
         finally:
             m.trace = None
             m.use_ops(TRITON)
 
-    fused = _run(m, prompts, capture=(1, 4))
+    fused = forward("mxfp4", "triton", dtype, P, capture=(1, 4))    # the packed-vs-dequantized test's
     (fused_traced, fused_trace) = traced(replace(TRITON, fused=counted))
     assert len(calls) == 3 * m.config.num_hidden_layers                # the traced forward ran every fused end
     (unfused, unfused_trace) = traced(replace(TRITON, fused=None))
