@@ -10,8 +10,8 @@ takes the policy's size, and a token alone has the bits it has inside a prefill-
 takes larger blocks (D2).
 
 The interpreter's shapes, edge by edge (each launch's cost is its programs: blocks x K chunks x
-N tiles, so rows and experts are kept to what the edges need; the row counts are built, not drawn,
-and asserted):
+N tiles, so rows and experts are kept to what the edges need; the every-size rows are built, not
+drawn, and both tests assert the row counts their edges need):
 - every block size: T 33, k 2 over E 4 with 33, 32, 0 and 1 rows an expert: expert 0 (every token)
   takes three 16-row and two 32-row blocks, the last one partial (several blocks an expert, ending
   mid-block), expert 1 whole 16- and 32-row blocks, expert 2 none (the blocks after an empty
