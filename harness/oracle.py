@@ -25,6 +25,7 @@ list of aten ops the reference may call (tests/test_primitive_oracle.py holds th
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import struct
@@ -76,10 +77,14 @@ def round_to_f32(x: np.ndarray) -> np.ndarray:
     M = (b & np.uint64((1 << 52) - 1)).astype(np.int64)
     m = np.where(E > 0, M | (1 << 52), M)                          # value = m * 2^e2
     e2 = np.where(E > 0, E - 1075, -1074)
-    top = np.zeros_like(m)
-    for s in (32, 16, 8, 4, 2, 1):                                  # bit length of m, minus one
-        big = (m >> (top + s)) > 0
-        top = np.where(big, top + s, top)
+    top = np.full_like(m, 52)                                       # bit length of m, minus one:
+    sub = np.flatnonzero(E == 0)                                    # 52 but for subnormals and 0
+    if sub.size:
+        ms, ts = m[sub], np.zeros(sub.size, dtype=np.int64)
+        for s in (32, 16, 8, 4, 2, 1):
+            big = (ms >> (ts + s)) > 0
+            ts = np.where(big, ts + s, ts)
+        top[sub] = ts
     lsb = np.maximum(e2 + top - 23, -149)                           # float32's ulp at this value
     d = lsb - e2                                                    # bits to drop (>= 29 here)
     safe_d = np.clip(d, 1, 62)
@@ -156,8 +161,22 @@ def tails(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
     """fn applied to slices of 1, 2, ..., 67, 1, 2, ... elements, concatenated: every length of
     scalar tail a vector loop can leave (AVX-512 holds 16 floats or 8 doubles). The slices are
     views of the arguments (torch.split), each its own call of fn."""
-    lengths = tail_lengths(args[0].numel())
-    return torch.cat([fn(*parts) for parts in zip(*(a.split(lengths) for a in args))])
+    return torch.cat([fn(*parts) for parts in zip(*(_slices(a) for a in args))])
+
+
+_SLICED: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []
+
+
+def _slices(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """a.split(tail_lengths(a.numel())), the same views for the same tensor: each check passes its
+    inputs to many ops, and splitting 10^6 elements into ~29,000 views costs about as much as an
+    op's calls on them. The last few tensors are kept (held, so no other tensor takes their id)."""
+    for t, parts in _SLICED:
+        if t is a:
+            return parts
+    parts = a.split(tail_lengths(a.numel()))
+    _SLICED[:] = [(a, parts)] + _SLICED[:3]
+    return parts
 
 
 # ------------------------------------------------------------------------------- checks
@@ -220,8 +239,12 @@ class OracleDisagrees(AssertionError):
     """The bulk expectations left their Python definition: the oracle itself cannot be trusted."""
 
 
+@functools.lru_cache(maxsize=8)
 def _sample(n: int) -> np.ndarray:
-    return np.unique(np.concatenate([np.arange(min(n, 64)), np.arange(0, n, _STRIDE)]))
+    """The sampled indices (every check of n elements takes the same ones: computed once)."""
+    idx = np.unique(np.concatenate([np.arange(min(n, 64)), np.arange(0, n, _STRIDE)]))
+    idx.flags.writeable = False
+    return idx
 
 
 def _equal(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -5,8 +5,8 @@ torch picks its vectorised CPU kernels by `ATEN_CPU_CAPABILITY` (default = the s
 avx2, avx512) and numpy, under Triton's interpreter, by `NPY_DISABLE_CPU_FEATURES`. These
 switches do NOT reach MKL's, oneDNN's or other libraries' own dispatch (torch's CPU sqrt went
 through MKL and differed across CPUs while agreeing under every switch here), so this is no
-proof of D0: tests/test_primitive_oracle.py and tests/test_cross_cpu.py are. Each run is a fresh
-process (both switches are read at start-up).
+proof of D0: tests/test_primitive_oracle.py and tests/test_cross_cpu.py are. Each environment
+runs in a fresh process of its own (both switches are read at start-up), the baseline in another.
 """
 
 from __future__ import annotations
@@ -48,14 +48,52 @@ def _env(capability: str, threads: int) -> dict:
     return env
 
 
-def _run(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
-
-
 MATRIX = [(cap, threads) for cap in ORDER for threads in (1, 2)]
-# one xdist worker runs the module (pyproject --dist loadgroup): the baseline runs (`_base_*`, each a
-# fresh process, cached in this process) are made once a run, not again on the other worker
+FINGERPRINTED = [("default", 1), ("avx2", 2)]
+# one xdist worker runs the module (pyproject --dist loadgroup): each environment's process, and the
+# baseline's, runs once a run (cached in this process), not again on the other worker
 pytestmark = pytest.mark.xdist_group("capability-matrix")
+
+# One fresh process an environment (both switches are read at start-up) does all the tests ask of
+# that environment, in one order: it reports the capability and thread count torch took, runs
+# `harness generate` greedy and seeded (the CLI's own entry point, its JSON read back), then the
+# fingerprint where a test compares one (last: it sets one thread). Its torch and harness imports
+# (~2 CPU s a process) are then paid 7 times a run on an AVX-512 machine, not 19.
+GENERATE = ["generate", "--checkpoint", "models/tiny-target", "--prompt-ids", "1,2,3,4,5", "--prompt-ids", "9,8,7",
+            "--max-new-tokens", "12", "--logprobs", "--json"]
+SAMPLINGS = [[], ["--seed", "7", "--temperature", "0.9", "--top-p", "0.9"]]
+_PROCESS = """
+import contextlib, io, json, sys
+import torch
+from harness.cli import main
+generate, samplings, fingerprinted = json.loads(sys.argv[1])
+out = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(), "generate": []}
+for extra in samplings:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(generate + extra)
+    if code:
+        sys.exit(f"harness generate {extra} exited {code}")
+    out["generate"].append(json.loads(printed.getvalue()))
+if fingerprinted:
+    from harness.fingerprint import fingerprint
+    out["fingerprint"] = fingerprint(("primitives", "forward", "forward-bf16"))
+json.dump(out, sys.stdout)
+"""
+
+
+@lru_cache(maxsize=None)
+def _process(capability: str, threads: int, fingerprinted: bool, baseline: bool = False) -> dict:
+    """The environment's results, from its own fresh process (`baseline`: the baseline's process,
+    another one even where its switches are a parameter's). Checked: torch took the switches."""
+    env = _env(capability, threads)
+    r = subprocess.run([sys.executable, "-c", _PROCESS, json.dumps([GENERATE, SAMPLINGS, fingerprinted])], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["capability"].lower().startswith(capability) and out["threads"] == threads, (out["capability"],
+                                                                                           out["threads"])
+    return out
 
 
 def _skip_unless_here(capability: str) -> None:
@@ -63,49 +101,24 @@ def _skip_unless_here(capability: str) -> None:
         pytest.skip(f"this CPU cannot run torch's {capability} kernels (best here: {capabilities()[-1]})")
 
 
-def _fingerprint(env: dict) -> dict:
-    r = _run(["-m", "harness.fingerprint", "primitives", "forward", "forward-bf16"], env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)
+def _baseline() -> dict:
+    """torch's own capability, 2 threads: the process every parameter is compared with."""
+    return _process(capabilities()[-1], 2, True, baseline=True)
 
 
-# The baselines (torch's own capability, 2 threads) are the same process run for every parameter:
-# computed once per pytest worker, not once per parameter (each parameter still runs its own fresh
-# process under its own switches).
-@lru_cache(maxsize=1)
-def _base_fingerprint() -> dict:
-    return _fingerprint(_env(capabilities()[-1], 2))
-
-
-@pytest.mark.parametrize("capability, threads", [("default", 1), ("avx2", 2)])
+@pytest.mark.parametrize("capability, threads", FINGERPRINTED)
 def test_reference_fingerprint_is_the_same_under_every_capability(capability, threads):
     """Every aten op of the primitives and of a forward (fp32 and bf16) against torch's own choice."""
     _skip_unless_here(capability)
-    env = _env(capability, threads)
-    probe = _run(["-c", "import torch; print(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())"], env)
-    cap_seen, threads_seen = probe.stdout.split()
-    assert cap_seen.lower().startswith(capability) and int(threads_seen) == threads, probe.stdout + probe.stderr
     from harness.fingerprint import first_difference
-    where = first_difference(_base_fingerprint(), _fingerprint(env))
+    where = first_difference(_baseline()["fingerprint"], _process(capability, threads, True)["fingerprint"])
     assert where is None, f"under ATEN_CPU_CAPABILITY={capability}, {threads} thread(s): {where}"
-
-
-def _generate(env: dict, *extra: str) -> dict:
-    r = _run(["-m", "harness", "generate", "--checkpoint", "models/tiny-target", "--prompt-ids", "1,2,3,4,5",
-              "--prompt-ids", "9,8,7", "--max-new-tokens", "12", "--logprobs", "--json", *extra], env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)
-
-
-@lru_cache(maxsize=None)
-def _base_generate(extra: tuple) -> str:
-    return json.dumps(_generate(_env(capabilities()[-1], 2), *extra))
 
 
 @pytest.mark.parametrize("capability, threads", MATRIX)
 def test_engine_bits_are_the_same_under_every_capability(capability, threads):
-    """Greedy and seeded generations (tokens and logprob bit patterns) against the ones this
-    process's default environment gives: D1 across processes, D0 across code paths."""
+    """Greedy and seeded generations (tokens and logprob bit patterns) against the baseline
+    process's: D1 across processes, D0 across code paths."""
     _skip_unless_here(capability)
-    for extra in ((), ("--seed", "7", "--temperature", "0.9", "--top-p", "0.9")):
-        assert _generate(_env(capability, threads), *extra) == json.loads(_base_generate(extra))
+    got = _process(capability, threads, (capability, threads) in FINGERPRINTED)["generate"]
+    assert len(got) == len(SAMPLINGS) and got == _baseline()["generate"]

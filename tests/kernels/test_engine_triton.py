@@ -17,6 +17,14 @@ from kernels.moe import clamped_swiglu_triton
 from tests.kernels.conftest import DEVICE
 
 T = 10
+# The request of both tests: prefilled in two chunks, the second (4, 7) on a cached prefix, then
+# decoded a token a step across the sliding window (8), in slot 1 of 2 beside another request that
+# joins its first chunk (D2 and D3 at once for the first test; for the second, grouped launches
+# with several rows an expert, then decode steps with one)
+PROMPT, CHUNKS, OTHER = random_prompt(T, seed=3), [(0, 4), (4, 7)] + [(i, i + 1) for i in range(7, T)], \
+    (random_prompt(4, seed=4), 0)
+# one xdist worker runs the module (pyproject --dist loadgroup): the `mixed` runs are made once
+pytestmark = pytest.mark.xdist_group("engine-triton")
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +49,30 @@ def run(model, prompt, chunks, slot=0, slots=1, other=None):
     return torch.cat(out)
 
 
-def test_triton_engine_is_deterministic_and_close_to_torch(models):
+def traced(model, ops=TRITON):
+    """(logits, trace) of PROMPT fed in CHUNKS in slot 1 beside OTHER, under the ops table `ops`."""
+    model.trace = Trace()
+    model.use_ops(ops)
+    try:
+        return run(model, PROMPT, CHUNKS, slot=1, slots=2, other=OTHER), model.trace
+    finally:
+        model.trace = None
+        model.use_ops(TRITON)
+
+
+@pytest.fixture(scope="module")
+def mixed(models):
+    """The Triton forward's (logits, trace) of the mixed run: each test reads it."""
+    return traced(models[0])
+
+
+def test_triton_engine_is_deterministic_and_close_to_torch(models, mixed):
     mt, m0 = models
-    prompt = random_prompt(T, seed=1)
-    full = run(mt, prompt, [(0, T)])
+    full = run(mt, PROMPT, [(0, T)])
     assert full.device.type == DEVICE.type and torch.isfinite(full).all()
-    assert full.equal(run(mt, prompt, [(0, T)]))                                           # D1
-    assert full.equal(run(mt, prompt, [(0, 4), (4, 7)] + [(i, i + 1) for i in range(7, T)]))   # D3
-    assert full.equal(run(mt, prompt, [(0, T)], slot=1, slots=2,
-                          other=(random_prompt(5, seed=2), 0)))                             # D2
-    ref = run(m0, prompt, [(0, T)])                                                        # on the CPU
+    assert full.equal(run(mt, PROMPT, [(0, T)]))                                           # D1
+    assert full.equal(mixed[0])                      # D2 and D3: chunks, decode steps, a batchmate
+    ref = run(m0, PROMPT, [(0, T)])                                                        # on the CPU
     torch.testing.assert_close(full.cpu(), ref, rtol=0, atol=1e-3)
     assert full.cpu().argmax(-1).equal(ref.argmax(-1))
 
@@ -88,29 +110,14 @@ def _experts_per_expert(x, top_ids, gate_up_w, gate_up_b, down_w, bounds, expert
     return out
 
 
-def test_grouped_experts_and_chunk_launches_keep_the_per_expert_bits(models):
+def test_grouped_experts_and_chunk_launches_keep_the_per_expert_bits(models, mixed):
     """The Triton forward (experts grouped on the device, every K chunk in one launch) gives the
-    bits of the per-expert, per-chunk path it replaced: logits and every traced op, for a prefill
-    with a second request and decode steps. On a GPU this is the check of the compiled kernels."""
-    mt, _ = models
-    prompt = random_prompt(T, seed=3)
-    chunks = [(0, 6)] + [(i, i + 1) for i in range(6, T)]
-    other = (random_prompt(4, seed=4), 0)
-
-    def traced():
-        mt.trace = Trace()
-        try:
-            logits = run(mt, prompt, chunks, slot=1, slots=2, other=other)
-            return logits, mt.trace
-        finally:
-            mt.trace = None
-
-    new_logits, new_trace = traced()
-    mt.use_ops(replace(TRITON, experts=_experts_per_expert, chunk_partials=_per_chunk_partials))
-    try:
-        old_logits, old_trace = traced()
-    finally:
-        mt.use_ops(TRITON)
+    bits of the per-expert, per-chunk path it replaced: logits and every traced op, for the mixed
+    run (prefill chunks with a second request, then decode steps). On a GPU this is the check of
+    the compiled kernels."""
+    new_logits, new_trace = mixed
+    old_logits, old_trace = traced(models[0], replace(TRITON, experts=_experts_per_expert,
+                                                      chunk_partials=_per_chunk_partials))
     assert new_logits.view(torch.int32).equal(old_logits.view(torch.int32))
     assert list(new_trace.ops) == list(old_trace.ops) and "L0.experts" in new_trace.ops
     for name, b in old_trace.ops.items():

@@ -10,13 +10,18 @@ takes the policy's size, and a token alone has the bits it has inside a prefill-
 takes larger blocks (D2).
 
 The interpreter's shapes, edge by edge (each launch's cost is its programs: blocks x K chunks x
-N tiles, so rows and experts are kept to what the edges need):
-- every block size: T 70, k 2 over E 4 (38, 32, 37, 33 rows an expert): 16- and 32-row blocks
-  several per expert ending mid-block, one expert in whole blocks (32 rows), 64 one partial block
-  per expert; H 160 = 128 + 32 (gate_up's K loop: a full step and a tail, down's N tiles: a full
-  one and a partial one; MXFP4 needs H in 32-value blocks, so 160 is the least with a tail);
-  I 96: down's 8 K chunks of 12 columns, starting and ending inside a 32-value MXFP4 block;
-- a token alone: E 6, k 3, T 64 and 128 (32 and 64 rows an expert), H 160 as above, I 64."""
+N tiles, so rows and experts are kept to what the edges need; the every-size rows are built, not
+drawn, and both tests assert the row counts their edges need):
+- every block size: T 33, k 2 over E 4 with 33, 32, 0 and 1 rows an expert: expert 0 (every token)
+  takes three 16-row and two 32-row blocks, the last one partial (several blocks an expert, ending
+  mid-block), expert 1 whole 16- and 32-row blocks, expert 2 none (the blocks after an empty
+  expert), expert 3 one row (a block of one row; the last expert, where `_packed` plants an edge
+  scale); 64 one partial block an expert. H 160 = 128 + 32 (gate_up's K loop: a full step and a
+  tail, down's N tiles: a full one and a partial one; MXFP4 needs H in 32-value blocks, so 160 is
+  the least with a tail); I 96: down's 8 K chunks of 12 columns, starting and ending inside a
+  32-value MXFP4 block (I = 64 would give 8-column chunks, none across a scale group);
+- a token alone: E 3, k 2, a pool of 4 tokens (every expert pair), T 48 and 96 (32 and 64 rows
+  an expert on average, some expert more: asserted), H 160 as above, I 64."""
 
 import pytest
 import torch
@@ -121,9 +126,26 @@ def _weights(kind, E, H, I, dtype, seed):
     return experts(E, H, I, dtype, seed, scale=3.0)
 
 
-def _check_every_size(kind, fast, dtype, T, k, E, H, I, seed, fused=True):
+def _ids_with_rows(rows, k, seed):
+    """ids [T, k], T = sum(rows) / k, giving expert e exactly rows[e] rows (each <= T), k distinct
+    experts a token: the experts laid out in turn down the slot columns (a run of at most T never
+    meets a token twice), then each token's slots and the tokens shuffled."""
+    T = sum(rows) // k
+    assert T * k == sum(rows) and max(rows) <= T
+    flat = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(rows))
+    ids = flat.reshape(k, T).t()
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([row[torch.randperm(k, generator=g)] for row in ids])[torch.randperm(T, generator=g)]
+    assert torch.bincount(ids.reshape(-1), minlength=len(rows)).tolist() == list(rows)
+    return ids.to(DEVICE)
+
+
+def _check_every_size(kind, fast, dtype, T, k, E, H, I, seed, fused=True, rows=None):
+    """rows: the rows of each expert (T x k of them), else ids drawn at random."""
     weights = _weights(kind, E, H, I, dtype, seed)
     x, ids = tokens(T, H, k, E, dtype, seed + 3)
+    if rows is not None:
+        ids = _ids_with_rows(rows, k, seed + 4)
     if kind == "mxfp4":
         x = x / 64                                                      # scale-127 values stay finite
     bounds = k_chunk_bounds(I)
@@ -144,13 +166,13 @@ CASES = [("dense", True, BF16), ("dense", True, torch.float32), ("mxfp4", True, 
 @pytest.mark.parametrize("kind, fast, dtype", CASES,
                          ids=[f"{k}-{'fast' if f else 'exact'}-{str(d)[6:]}" for k, f, d in CASES])
 def test_every_block_size_gives_the_same_bits(kind, fast, dtype):
-    """70 tokens x 2 slots over 4 experts: 35 rows an expert, so 16- and 32-row blocks hold several
-    per expert and end mid-block, 64 and 128 one partial block; I = 96: 12-column down chunks.
-    In the interpreter; compiled, the test at the 20b shapes below runs the same cases (float32
-    keeps 16 there), which keeps the GPU run's compiles few."""
+    """33 tokens x 2 slots over 4 experts of 33, 32, 0 and 1 rows (the module docstring says which
+    edge each is for); I = 96: 12-column down chunks. In the interpreter; compiled, the test at the
+    20b shapes below runs the same cases (float32 keeps 16 there), which keeps the GPU run's
+    compiles few."""
     if DEVICE.type == "cuda":
         pytest.skip("compiled: test_every_block_size_gives_the_same_bits_at_20b_shapes")
-    _check_every_size(kind, fast, dtype, T=70, k=2, E=4, H=160, I=96, seed=7)
+    _check_every_size(kind, fast, dtype, T=33, k=2, E=4, H=160, I=96, seed=7, rows=(33, 32, 0, 1))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels at the 20b shapes need a GPU")
@@ -167,15 +189,18 @@ def test_every_block_size_gives_the_same_bits_at_20b_shapes(kind, fast):
 @pytest.mark.parametrize("kind", ["dense", "mxfp4"])
 def test_a_token_alone_has_its_bits_in_a_prefill_sized_batch(kind, follows, monkeypatch):
     """D2 through the policy: experts_grouped groups each launch in the policy's block size (a spy
-    on its group_by_expert: 16 for a token alone, 32 and 64 for batches of 64 and 128 tokens, MXFP4
+    on its group_by_expert: 16 for a token alone, 32 and 64 for batches of 48 and 96 tokens, MXFP4
     capped at MXFP4_MAX_BLOCK_M), and each token alone has the bits it has at every position of
-    those batches (bf16; 6 experts, top-3: 32 and 64 rows an expert; H = 160: gate_up's K loop
-    takes two steps of the interpreter's 128, and a tail). For MXFP4 the 128-token batch takes
-    32-row blocks too, three of them for most experts (65-68 rows), which no other case reaches."""
-    E, H, I, k = 6, 160, 64, 3
+    those batches (bf16; 3 experts, top-2: 32 and 64 rows an expert on average; H = 160: gate_up's K
+    loop takes a step of the interpreter's 128, and a tail). Each batch gives some expert more rows
+    than its block holds (asserted): several policy-sized blocks an expert, 64-row ones included,
+    which the every-size test above does not reach (at most one 64-row block an expert); for MXFP4
+    the 96-token batch takes 32-row blocks, three for an expert of 65 or more rows."""
+    E, H, I, k = 3, 160, 64, 2
     weights = _weights(kind, E, H, I, BF16, seed=41)
-    pool, pool_ids = tokens(8, H, k, E, BF16, seed=42)
+    pool, pool_ids = tokens(4, H, k, E, BF16, seed=42)                  # every expert pair, one twice
     pool = pool / 64
+    assert len(set(map(tuple, pool_ids.sort(1).values.tolist()))) == 3
     bounds = k_chunk_bounds(I)
     seen = []
     real = engine_experts.group_by_expert
@@ -189,12 +214,14 @@ def test_a_token_alone_has_its_bits_in_a_prefill_sized_batch(kind, follows, monk
     alone = [run(pool[i:i + 1], pool_ids[i:i + 1]) for i in range(len(pool))]
     assert seen == [EXPERT_BLOCK_M] * len(pool)
     g = torch.Generator().manual_seed(43)
-    for T, policy in ((64, 32), (128, 64)):
+    for T, policy in ((48, 32), (96, 64)):
         seen.clear()
         pick = torch.randint(0, len(pool), (T,), generator=g)
-        parts = run(pool[pick.to(DEVICE)], pool_ids[pick.to(DEVICE)])
+        ids = pool_ids[pick.to(DEVICE)]
+        parts = run(pool[pick.to(DEVICE)], ids)
         want = min(policy, moe.MXFP4_MAX_BLOCK_M) if kind == "mxfp4" else policy
         assert seen == [want] == [expert_block_m(T * k, E, BF16, kind == "mxfp4")], (kind, T, seen)
         assert want > EXPERT_BLOCK_M or moe.MXFP4_MAX_BLOCK_M == 16
+        assert torch.bincount(ids.reshape(-1).cpu()).max() > policy     # several policy-sized blocks an expert
         for t in range(T):
             assert same_bits(parts[:, t * k:(t + 1) * k], alone[pick[t]]), (kind, T, t)
