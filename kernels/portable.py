@@ -253,13 +253,22 @@ def _nearest_sqrt(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def sqrt64(x: torch.Tensor) -> torch.Tensor:
     """Correctly rounded square root of float64 x (IEEE 754: sqrt(-0) = -0, sqrt(+inf) = +inf,
     NaN for x < 0 and for NaN). x = X * 2^(2k) with X in [1, 4), sqrt(x) = sqrt(X) * 2^k."""
-    x = x.to(torch.float64)
-    tiny = (x > 0) & (x < 2.2250738585072014e-308)                # subnormal: * 2^108, exact
-    bits = torch.where(tiny, torch.mul(x, 2.0 ** 108), x).view(torch.int64)
-    e = ((bits >> 52) & 0x7FF) - 1023 - torch.where(tiny, 108, 0)
+    return _reduced_sqrt(x.to(torch.float64), lambda X: _nearest_sqrt(X, _newton_sqrt(X)), subnormal=True)
+
+
+def _reduced_sqrt(x: torch.Tensor, root, subnormal: bool) -> torch.Tensor:
+    """sqrt of float64 x as root(X) * 2^k for x = X * 2^(2k), X in [1, 4), with IEEE's specials.
+    subnormal: x may be subnormal (scaled by 2^108 first, exactly); sqrt32's never is."""
+    if subnormal:
+        tiny = (x > 0) & (x < 2.2250738585072014e-308)            # subnormal: * 2^108, exact
+        bits = torch.where(tiny, torch.mul(x, 2.0 ** 108), x).view(torch.int64)
+        e = ((bits >> 52) & 0x7FF) - 1023 - torch.where(tiny, 108, 0)
+    else:
+        bits = x.view(torch.int64)
+        e = ((bits >> 52) & 0x7FF) - 1023
     odd = e & 1
     X = ((bits & _MANTISSA) | ((1023 + odd) << 52)).view(torch.float64)   # [1, 2) or [2, 4)
-    y = _nearest_sqrt(X, _newton_sqrt(X))
+    y = root(X)
     k = (e - odd) >> 1                                            # exact halving of an even e
     y = (y.view(torch.int64) + (k << 52)).view(torch.float64)    # y * 2^k, exact
     y = torch.where(x == 0, x, y)                                 # keeps the sign of zero
@@ -292,17 +301,7 @@ def sqrt32(x: torch.Tensor) -> torch.Tensor:
     - bench/portable.py --sqrt32 checks that claim for every one of the 2^24 values of X a float32
       can give (each mantissa, both exponent parities), and the specials (0, -0, inf, NaN, < 0)
       take the same `where`s as sqrt64."""
-    x = x.to(torch.float64)
-    bits = x.view(torch.int64)
-    e = ((bits >> 52) & 0x7FF) - 1023
-    odd = e & 1
-    X = ((bits & _MANTISSA) | ((1023 + odd) << 52)).view(torch.float64)   # [1, 2) or [2, 4)
-    y = _newton_sqrt(X)
-    k = (e - odd) >> 1
-    y = (y.view(torch.int64) + (k << 52)).view(torch.float64)    # y * 2^k, exact
-    y = torch.where(x == 0, x, y)                                 # keeps the sign of zero
-    y = torch.where(x == math.inf, x, y)
-    return torch.where((x < 0) | torch.isnan(x), math.nan, y).to(torch.float32)
+    return _reduced_sqrt(x.to(torch.float64), _newton_sqrt, subnormal=False).to(torch.float32)
 
 
 # ----------------------------------------------------------------------- fp32 and friends
