@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from _util import DEVICE, ON_GPU, device_line, timed
-from kernels.matmul import TILES, linear_triton
+from kernels.matmul import linear_triton, tiles
 
 
 def main():
@@ -21,8 +21,9 @@ def main():
     ap.add_argument("--N", type=int, default=2880 if ON_GPU else 256)
     ap.add_argument("--dtype", nargs="+", default=["fp32", "bf16"])
     args = ap.parse_args()
-    print(device_line(), f"tiles (BM, BN, BK, warps, stages) = {TILES}")
-    print(f"{'dtype':<6}{'M':>6}{'K':>7}{'N':>8}{'triton ms':>11}{'torch ms':>10}{'TFLOP/s':>9}{'ratio':>8}")
+    print(device_line())
+    print(f"{'dtype':<6}{'M':>6}{'K':>7}{'N':>8}{'triton ms':>11}{'torch ms':>10}{'TFLOP/s':>9}{'ratio':>8}"
+          f"  tile (BM, BN, BK, warps, stages)")
     g = torch.Generator().manual_seed(0)
     for name in args.dtype:
         dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
@@ -34,7 +35,7 @@ def main():
             t_ref = timed(lambda: F.linear(x, w, b))
             flops = 2 * M * args.K * args.N
             print(f"{name:<6}{M:>6}{args.K:>7}{args.N:>8}{t_tri * 1e3:>11.3f}{t_ref * 1e3:>10.3f}"
-                  f"{flops / t_tri / 1e12:>9.2f}{t_tri / t_ref:>8.2f}")
+                  f"{flops / t_tri / 1e12:>9.2f}{t_tri / t_ref:>8.2f}  {tiles(args.N, args.K, dt, M)}")
 
 
 if __name__ == "__main__":

@@ -66,11 +66,12 @@ a CUDA graph):
     as it goes (prefill, where the programs already fill the GPU, windowed layers, and short caches);
   - split-K (flash-decoding style) for decode and verify with a long walk: phase 1 runs one
     program per (token, KV head, split index), the token's rows in the same row block, each
-    storing its split's (m, l, acc) (G x D + 2G floats) to a scratch buffer; phase 2 runs one program per (token, KV head) that reads the
-    token's splits back in order, merges them and the sink and stores the output. The grid's
-    third dimension is the most splits any token of this cache and window can use; a program
-    whose index is past its own token's last split walks nothing and stores nothing, and phase 2
-    reads only the token's own splits, so such a program cannot touch a result.
+    storing its split's (m, l, acc) (G x D + 2G floats) to a scratch buffer; phase 2 runs one
+    program per (token, KV head) that reads the token's splits back in order, merges them and the
+    sink and stores the output. The grid's third dimension is the most splits any token of this
+    cache and window can use; a program whose index is past its own token's last split walks nothing
+    and stores nothing, and phase 2 reads only the token's own splits, so such a program cannot
+    touch a result.
 
 Empty tiles (DESIGN §8): with window 128, every position p >= 191 with p = 63 mod 64 visits a
 tile wholly before its window (p = 191: tiles 0, 1, 2 and the window starts at 64), so any

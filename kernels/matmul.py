@@ -30,8 +30,9 @@ from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float
 from kernels.portable import matmul_nt
 from kernels.portable_tl import cast_rne, sigmoid_f32
 
-# The interpreter's tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), one set for every call.
-TILES = (16, 128, 128, 4, 1) if INTERPRET else (64, 64, 64, 4, 3)
+# The interpreter's tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), one set for every call
+# (compiled launches take `_gpu_tiles`).
+TILES = (16, 128, 128, 4, 1)
 
 # GPU tile table. No output bit depends on the tile, so the tile may follow the launch's rows M:
 #   fp32: `tl.dot` with input_precision="ieee" is an FMA chain over k, first to last, for each
