@@ -317,6 +317,17 @@ def group_by_expert(flat_ids: torch.Tensor, expert_lo: int, n_local: int,
     return sorted_rows[:P], block_expert
 
 
+def launched_blocks(R: int, n_blocks: int, block_m: int) -> int:
+    """The blocks a grouped launch of R rows runs programs for: the first min(n_blocks, R // block_m +
+    min(R, n_local)) of group_by_expert's n_blocks, which hold every used block. Experts' blocks come
+    first, the unused ones (-1) last, and sum_j cdiv(n_j, block_m) <= R // block_m + (experts with
+    rows) over any routing. A decode step of 4 rows over 32 experts launches 4 blocks, not 33: its
+    other programs only read -1 and returned (a program computes its own tile alone, so which
+    programs exist changes no bit). Shapes alone decide (a captured step reads no tensor)."""
+    n_local = n_blocks - triton.cdiv(R, block_m)                        # group_by_expert's P / block_m
+    return min(n_blocks, R // block_m + min(R, n_local))
+
+
 def group_by_expert_reference(flat_ids, expert_lo: int, n_local: int, block_m: int = EXPERT_BLOCK_M):
     """group_by_expert in plain Python (lists in, lists out), for the tests."""
     ids = [int(i) for i in flat_ids]
@@ -354,7 +365,7 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
     if R == 0 or N == 0:
         return h
     bn, bk, warps, stages = expert_tiles("gate_up", N, H, x.dtype)
-    grid = (triton.cdiv(N, bn), block_expert.shape[0])
+    grid = (triton.cdiv(N, bn), launched_blocks(R, block_expert.shape[0], block_m))
     mxfp4 = {"FAST_DECODE": fast_decode} if s is not w else {}
     _grouped_gate_up_kernel[grid](x.contiguous(), sorted_rows, block_expert, w, s, bias.contiguous(), h, R, N, H, k,
                                   MXFP4=s is not w, USE_DOT=USE_DOT, BLOCK_M=block_m, BLOCK_N=bn,
@@ -386,7 +397,7 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
         return parts
     bn, bk, warps, stages = expert_tiles("down", N, K, a.dtype)
     C = b.shape[0]
-    grid = (triton.cdiv(N, bn), block_expert.shape[0], 1 if chunk_loop else C)
+    grid = (triton.cdiv(N, bn), launched_blocks(R, block_expert.shape[0], block_m), 1 if chunk_loop else C)
     mxfp4 = {"LO_DIV": _lo_div(bounds), "FAST_DECODE": fast_decode} if s is not w else {}
     _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K, C,
                                float(alpha), float(limit), SWIGLU=prologue_swiglu is not None, MXFP4=s is not w,

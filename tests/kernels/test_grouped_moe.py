@@ -14,7 +14,7 @@ from engine.linear import k_chunk_bounds
 from engine.mxfp4 import dequantize, quantize
 from kernels.matmul import linear_triton
 from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_triton, expert_down_partials_triton, expert_gate_up_triton,
-                         group_by_expert, group_by_expert_reference)
+                         group_by_expert, group_by_expert_reference, launched_blocks)
 from tests.kernels.conftest import DEVICE
 
 ALPHA, LIMIT = 1.702, 7.0
@@ -90,6 +90,8 @@ def test_group_by_expert_matches_the_reference(R, lo, n_local, block_m, E_ids):
     assert sorted_rows.tolist() == ref_rows and block_expert.tolist() == ref_blocks
     local = [r for r, e in enumerate(ids.tolist()) if lo <= e < lo + n_local]
     assert sorted(r for r in ref_rows if r >= 0) == local              # every local row exactly once
+    if R:                                       # the launches' programs reach every used block
+        assert set(ref_blocks[launched_blocks(R, len(ref_blocks), block_m):]) <= {-1}
 
 
 def test_group_by_expert_worst_case_fills_p():
@@ -98,6 +100,7 @@ def test_group_by_expert_worst_case_fills_p():
     ids = torch.tensor([e for e in range(n_local) for _ in range(bm + 1)])
     sorted_rows, block_expert = group_by_expert(ids.to(DEVICE), 0, n_local, bm)
     assert block_expert.tolist() == [0, 0, 1, 1, 2, 2, -1]
+    assert launched_blocks(ids.numel(), 7, bm) == 6                     # the bound is tight here
     assert sorted_rows.tolist() == group_by_expert_reference(ids.tolist(), 0, n_local, bm)[0]
 
 
