@@ -70,6 +70,12 @@ MXFP4_MAX_BLOCK_M = 32
 # batch 1 and 32 with BLOCK_M = 16 (about 10 % and 15 % less time than the linear table's tiles).
 # The sweep found the same output bits for every candidate; a tile never depends on the rows.
 EXPERT_GPU_TILES = {"gate_up": (64, 128, 4, 3), "down": (64, 64, 4, 3)}
+# MXFP4 packed weights, by kernel and rows per block (bench/expert_tiles.py --dtype mxfp4 on an H200,
+# the same bits for every candidate): gate_up steps 64 columns of K, not 128 (0.70x, 0.68x and 0.77x
+# of the 128-step time at 1, 32 and 2048 tokens: the decode in registers is the step's cost); down
+# takes 128 columns of N in the 32-row blocks of a prefill (0.80x at 2048 tokens), 64 in a decode's.
+MXFP4_GPU_TILES = {("gate_up", 16): (64, 64, 4, 3), ("gate_up", 32): (64, 64, 4, 3),
+                   ("down", 16): (64, 64, 4, 3), ("down", 32): (128, 64, 4, 3)}
 
 
 def expert_block_m(rows: int, n_local: int, dtype: torch.dtype, mxfp4: bool = False) -> int:
@@ -98,15 +104,23 @@ def expert_block_m(rows: int, n_local: int, dtype: torch.dtype, mxfp4: bool = Fa
     return max([EXPERT_BLOCK_M] + [bm for bm in EXPERT_BLOCK_SIZES if bm <= min(per_expert, cap)])
 
 
-def expert_tiles(kernel: str, N: int, K: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of a grouped expert kernel for a weight [E, N, K]:
-    the linear kernels' interpreter tiles in the interpreter, EXPERT_GPU_TILES compiled."""
-    return TILES[1:] if INTERPRET else EXPERT_GPU_TILES[kernel]
+def expert_tiles(kernel: str, N: int, K: int, dtype: torch.dtype, mxfp4: bool = False,
+                 block_m: int = EXPERT_BLOCK_M) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of a grouped expert kernel for a weight [E, N, K]
+    (MXFP4 packed or not) in blocks of block_m rows: the linear kernels' interpreter tiles in the
+    interpreter, compiled MXFP4_GPU_TILES or EXPERT_GPU_TILES."""
+    if INTERPRET:
+        return TILES[1:]
+    if mxfp4:
+        return MXFP4_GPU_TILES[kernel, min(block_m, MXFP4_MAX_BLOCK_M)]
+    return EXPERT_GPU_TILES[kernel]
 
 
 # The down projection's K chunks: one program per (N tile, block, chunk), the default, or
 # (expert_down_partials_triton(..., chunk_loop=True)) one program per (N tile, block) that computes
-# the chunks in turn. The same bits either way.
+# the chunks in turn. The same bits either way. (One program walking all the chunks in one K loop,
+# the accumulator reset at each chunk's start, also gave the same bits on an H200 but took 1.7-2.4x
+# the time of a program per chunk at 1, 32 and 2048 tokens, bf16 and MXFP4: not kept.)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -364,7 +378,7 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
     h = torch.zeros((R, N), dtype=x.dtype, device=x.device)
     if R == 0 or N == 0:
         return h
-    bn, bk, warps, stages = expert_tiles("gate_up", N, H, x.dtype)
+    bn, bk, warps, stages = expert_tiles("gate_up", N, H, x.dtype, s is not w, block_m)
     grid = (triton.cdiv(N, bn), launched_blocks(R, block_expert.shape[0], block_m))
     mxfp4 = {"FAST_DECODE": fast_decode} if s is not w else {}
     _grouped_gate_up_kernel[grid](x.contiguous(), sorted_rows, block_expert, w, s, bias.contiguous(), h, R, N, H, k,
@@ -395,7 +409,7 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
     parts = torch.zeros((b.shape[0], R, N), dtype=torch.float32, device=a.device)
     if R == 0 or N == 0 or b.shape[0] == 0:
         return parts
-    bn, bk, warps, stages = expert_tiles("down", N, K, a.dtype)
+    bn, bk, warps, stages = expert_tiles("down", N, K, a.dtype, s is not w, block_m)
     C = b.shape[0]
     grid = (triton.cdiv(N, bn), launched_blocks(R, block_expert.shape[0], block_m), 1 if chunk_loop else C)
     mxfp4 = {"LO_DIV": _lo_div(bounds), "FAST_DECODE": fast_decode} if s is not w else {}
