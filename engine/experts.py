@@ -18,7 +18,8 @@ and EP degree (DESIGN §2, D4).
 
 Three implementations of that one contract, with the same bits (engine/ops.py picks one):
 
-- experts_grouped (Triton ops, one device and every rank): group_by_expert sorts the rows by
+- experts_grouped (Triton ops, every rank; experts_one_device on one device, which skips the
+  zero fills of outputs every row overwrites): group_by_expert sorts the rows by
   expert on the device, then one launch for gate_up, one for the SwiGLU (elementwise, all rows at
   once) and one for every (expert block, chunk) of the down projection: no tensor value is read
   on the host and every shape depends on T, k, n_local and the weights only, so a decode step can
@@ -44,20 +45,32 @@ from kernels.moe import (clamped_swiglu_portable, clamped_swiglu_triton, expert_
 
 def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,
                     expert_lo: int, n_local: int, alpha: float, limit: float,
-                    fused_swiglu: bool = False) -> torch.Tensor:
+                    fused_swiglu: bool = False, every_expert_local: bool = False) -> torch.Tensor:
     """The Triton implementation (module docstring). fused_swiglu: the clamped SwiGLU inside the
     down kernel's loads (kernels/matmul.py `_load_a_tile`) instead of its own launch; the same bits
     in Triton's interpreter (tests/kernels/test_grouped_moe.py), off until a GPU run shows the
-    CUDA goldens unchanged with it on."""
+    CUDA goldens unchanged with it on. every_expert_local: the caller holds every expert (one
+    device: experts_one_device), so no row is non-local and no output is zero-filled first."""
+    if every_expert_local and expert_lo != 0:
+        raise ValueError(f"experts_grouped: every expert local needs expert_lo 0, got {expert_lo}")
     k = top_ids.shape[1]
     bounds = list(bounds)
     block_m = expert_block_m(top_ids.numel(), n_local, x.dtype, mxfp4=isinstance(gate_up_w, tuple))   # shapes only
     groups = group_by_expert(top_ids.reshape(-1), expert_lo, n_local, block_m)            # on the device
-    h = expert_gate_up_triton(x, k, groups, gate_up_w, gate_up_b)                     # [T * k, 2I']
+    local = {"every_row_local": every_expert_local}
+    h = expert_gate_up_triton(x, k, groups, gate_up_w, gate_up_b, **local)            # [T * k, 2I']
     if fused_swiglu:
-        return expert_down_partials_triton(h, groups, down_w, bounds, prologue_swiglu=(alpha, limit))
+        return expert_down_partials_triton(h, groups, down_w, bounds, prologue_swiglu=(alpha, limit), **local)
     a = clamped_swiglu_triton(h, alpha, limit)                                         # [T * k, I']
-    return expert_down_partials_triton(a, groups, down_w, bounds)                      # [C, T * k, H]
+    return expert_down_partials_triton(a, groups, down_w, bounds, **local)             # [C, T * k, H]
+
+
+def experts_one_device(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,
+                       expert_lo: int, n_local: int, alpha: float, limit: float) -> torch.Tensor:
+    """experts_grouped for a model holding every expert (the Triton ops' `experts`; a sharded model
+    takes experts_grouped itself): the same bits, without zero-filling outputs every row overwrites."""
+    return experts_grouped(x, top_ids, gate_up_w, gate_up_b, down_w, bounds, expert_lo, n_local, alpha, limit,
+                           every_expert_local=True)
 
 
 def experts_per_row(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from engine.experts import experts_grouped, experts_per_expert, experts_per_row
+from engine.experts import experts_grouped, experts_one_device, experts_per_expert, experts_per_row
 from kernels import portable
 from kernels.attention import attention_portable, attention_triton
 from kernels.matmul import linear_chunks_portable, linear_chunks_triton, linear_fast, linear_portable, linear_triton
@@ -88,11 +88,13 @@ TORCH = Ops(name="torch", linear=linear_portable, chunk_partials=_stacked_partia
             route=router_top_k_portable, attention=attention_portable, experts=experts_per_row, fused=None,
             sharded_experts=experts_per_expert)
 
+# One device holds every expert: experts_one_device skips zero fills; a rank's share keeps them.
 TRITON = Ops(name="triton", linear=linear_triton, chunk_partials=linear_chunks_triton, rms_norm=_rms_norm_triton,
-             route=_route_triton, attention=attention_triton, experts=experts_grouped, fused=_FUSED)
+             route=_route_triton, attention=attention_triton, experts=experts_one_device, fused=_FUSED,
+             sharded_experts=experts_grouped)
 
 FAST_CUDA = Ops(name="fast", linear=linear_fast, chunk_partials=None, rms_norm=_rms_norm_triton, route=router_top_k_fast,
-                attention=attention_triton, experts=experts_grouped, fused=_FUSED)
+                attention=attention_triton, experts=experts_one_device, fused=_FUSED, sharded_experts=experts_grouped)
 
 FAST_CPU = Ops(name="fast", linear=linear_fast, chunk_partials=None, rms_norm=rms_norm_fast, route=router_top_k_fast,
                attention=attention_portable, experts=experts_per_row, fused=None)

@@ -358,12 +358,14 @@ def group_by_expert_reference(flat_ids, expert_lo: int, n_local: int, block_m: i
 
 
 def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.Tensor,
-                          fast_decode: bool = True) -> torch.Tensor:
+                          fast_decode: bool = True, every_row_local: bool = False) -> torch.Tensor:
     """x [T, H], groups = group_by_expert(ids [T * k]), weight [E_l, N, H] or MXFP4, bias [E_l, N]
     -> h [T * k, N] in x's dtype: h[r] = x[r // k] @ W[e]^T + b[e] for local experts, 0 elsewhere.
     One launch, grid (N tiles, blocks). Each element: linear_triton's reduction of x[r // k] by W[e].
     fast_decode=False: MXFP4 decoded by the exact per-element path everywhere (the same bits; for
-    benchmarks and tests, see kernels/matmul.py `_chunk_acc`)."""
+    benchmarks and tests, see kernels/matmul.py `_chunk_acc`). every_row_local: the caller's promise
+    that every id is a local expert (one device holding them all), so every row is stored and none
+    is filled with 0 first (a 2048-token prefill's h is 94 MB a layer)."""
     check_float("x", x, 2)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"expert_gate_up: k must be a positive int, got {k!r}")
@@ -375,7 +377,7 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
             or bias.device != x.device:
         raise ValueError(f"expert_gate_up: bias must be a float [{E_l}, {N}] tensor on {x.device}, got "
                          f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
-    h = torch.zeros((R, N), dtype=x.dtype, device=x.device)
+    h = (torch.empty if every_row_local else torch.zeros)((R, N), dtype=x.dtype, device=x.device)
     if R == 0 or N == 0:
         return h
     bn, bk, warps, stages = expert_tiles("gate_up", N, H, x.dtype, s is not w, block_m)
@@ -389,12 +391,13 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
 
 def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
                                 prologue_swiglu: tuple[float, float] | None = None,
-                                chunk_loop: bool = False, fast_decode: bool = True) -> torch.Tensor:
+                                chunk_loop: bool = False, fast_decode: bool = True,
+                                every_row_local: bool = False) -> torch.Tensor:
     """a [R, K] (or the gate_up h [R, 2K] with prologue_swiglu = (alpha, limit)), groups as above,
     weight [E_l, N, K] or MXFP4, bounds C column ranges (lo, hi) of K -> parts [C, R, N] fp32, no
     bias; rows of non-local experts stay 0. One launch, grid (N tiles, blocks, C). Each element:
     linear_triton's reduction of the chunk's fresh copy (see kernels/matmul.py linear_chunks).
-    fast_decode: as in expert_gate_up_triton."""
+    fast_decode, every_row_local: as in expert_gate_up_triton (a prefill's parts: 755 MB a layer)."""
     check_float("a", a, 2)
     R = a.shape[0]
     x_per_k = 1 if prologue_swiglu is None else 2
@@ -406,7 +409,8 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
     bounds = list(bounds)
     b = bounds_tensor(bounds, K, a.device)                               # [C, 2]
     alpha, limit = prologue_swiglu if prologue_swiglu is not None else (0.0, 0.0)
-    parts = torch.zeros((b.shape[0], R, N), dtype=torch.float32, device=a.device)
+    parts = (torch.empty if every_row_local else torch.zeros)((b.shape[0], R, N), dtype=torch.float32,
+                                                              device=a.device)
     if R == 0 or N == 0 or b.shape[0] == 0:
         return parts
     bn, bk, warps, stages = expert_tiles("down", N, K, a.dtype, s is not w, block_m)

@@ -9,7 +9,7 @@ on the batch or the experts around it. Grouping: equal to a plain-Python referen
 import pytest
 import torch
 
-from engine.experts import experts_grouped, experts_per_expert
+from engine.experts import experts_grouped, experts_one_device, experts_per_expert
 from engine.linear import k_chunk_bounds
 from engine.mxfp4 import dequantize, quantize
 from kernels.matmul import linear_triton
@@ -159,6 +159,31 @@ def test_expert_partials_tp_slice_equals_the_per_expert_path(fused):
                                      ALPHA, LIMIT)
     torch.testing.assert_close(parts.cpu(), torch_parts, rtol=0, atol=1e-4)
     assert (torch_parts[:, ids.reshape(-1).cpu() < 4] == 0).all() and (parts[:, ids.reshape(-1) < 4] == 0).all()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_one_device_path_stores_every_row_with_the_grouped_bits(fused, monkeypatch):
+    """experts_one_device (the Triton ops' experts) allocates h and the partials unfilled: poisoned
+    with NaN there, every row still comes back with experts_grouped's bits (a row of a block tail,
+    of an expert with rows in several blocks); and it refuses a slice that is not every expert."""
+    E, H, I, k = 5, 96, 60, 3
+    gu_w, gu_b, dn_w = experts(E, H, I, torch.float32, seed=21, scale=3.0)
+    x, ids = tokens(23, H, k, E, torch.float32, seed=22)
+    bounds = k_chunk_bounds(I)
+    ref = experts_grouped(x, ids, gu_w, gu_b, dn_w, bounds, 0, E, ALPHA, LIMIT, fused_swiglu=fused)
+    empty = torch.empty
+
+    def poisoned(*a, **kw):
+        t = empty(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", poisoned)
+    parts = experts_grouped(x, ids, gu_w, gu_b, dn_w, bounds, 0, E, ALPHA, LIMIT, fused_swiglu=fused,
+                            every_expert_local=True)
+    assert not parts.isnan().any() and bits(parts).equal(bits(ref))
+    if not fused:
+        assert bits(experts_one_device(x, ids, gu_w, gu_b, dn_w, bounds, 0, E, ALPHA, LIMIT)).equal(bits(ref))
+    with pytest.raises(ValueError, match="expert_lo 0"):
+        experts_grouped(x, ids, gu_w, gu_b, dn_w, bounds, 1, E - 1, ALPHA, LIMIT, every_expert_local=True)
 
 
 # ------------------------------------------------------------------ MXFP4 packed weights
