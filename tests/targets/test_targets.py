@@ -169,7 +169,7 @@ def _shipped(name):
         pytest.skip(f"{name} target unavailable: {e}")
 
 
-@pytest.mark.slow      # every spec on a peer: the sglang column took 321 s (docs/gate.md)
+@pytest.mark.slow      # every spec on a peer: the sglang column ~30 s, the costliest (docs/gate.md)
 @pytest.mark.parametrize("name", SHIPPED)
 def test_conformance_matrix_is_true(name, tmp_path, monkeypatch, capsys):
     """One `lockstep report --target NAME` run (every spec on the CPU) serves both checks: the target
