@@ -14,6 +14,7 @@ make it hang, exhaust memory or overflow the stack.
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import hashlib
 import json
@@ -192,9 +193,28 @@ def _check_scalars(root) -> None:
         stack.extend(_children(node))
 
 
+# Parsed YAML by the file's text, per process: a test process loads the repository's specs again
+# for each in-process CLI call, and parsing (pure Python YAML) is most of loading (~0.6 s for the
+# 192 specs; docs/gate.md, "Sixth session"). What is cached is a pure function of the text (the
+# limits are constants); each hit is a deep copy, so no caller shares or edits the cached values;
+# errors are not cached (they are raised afresh, naming the file).
+_PARSED: dict[str, tuple[object, dict]] = {}
+_PARSED_MAX = 512
+
+
 def _parse(text: str, file: str) -> tuple[object, dict]:
     """safe_load the text within the limits; also return {field path: (line, column)} of every
     key and value."""
+    hit = _PARSED.get(text)
+    if hit is None:
+        hit = _parse_text(text, file)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.pop(next(iter(_PARSED)))           # the oldest: hostile-input tests parse thousands
+        _PARSED[text] = hit
+    return copy.deepcopy(hit[0]), dict(hit[1])
+
+
+def _parse_text(text: str, file: str) -> tuple[object, dict]:
     marks: dict = {}
     loader = None
     try:

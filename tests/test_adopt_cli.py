@@ -4,8 +4,6 @@ mappings, several spec directories in one pytest run, and expectations by versio
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -81,9 +79,10 @@ def test_a_checkpoint_outside_the_suite_only_when_named_by_the_runner(project, c
     assert run(capsys, "validate", "generate/big", "--checkpoint-path", "../x=/tmp")[0] == 2   # spec side stays inside
 
 
-def test_pytest_runs_several_spec_directories_given_relative_to_its_ini(project, tmp_path):
+def test_pytest_runs_several_spec_directories_given_relative_to_its_ini(project, tmp_path, pytester, monkeypatch):
     """The team's repository holds its own spec directory; Lockstep's suite lies beside it,
-    named by a relative path in pytest.ini: both run in one session from the repository."""
+    named by a relative path in pytest.ini: both run in one session from the repository (a pytest
+    run in this process, as the plugin's own tests run theirs: a subprocess cost ~4 s more)."""
     repo = tmp_path / "team"
     shutil.copytree(project / "specs", repo / "own" / "specs")
     shutil.copytree(project / "golden", repo / "own" / "golden")
@@ -91,11 +90,9 @@ def test_pytest_runs_several_spec_directories_given_relative_to_its_ini(project,
     (repo / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n"
                                      f"lockstep_specs = own/specs {os.path.relpath(project / 'specs', repo)}\n"
                                      f"lockstep_golden = own/golden {os.path.relpath(project / 'golden', repo)}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CI"))} | {"PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q"], cwd=repo, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "5 passed" in r.stdout, r.stdout[-2000:]             # 2 of its own + Lockstep's 3
+    monkeypatch.chdir(repo)                                   # the ini is found from here, as from a shell
+    result = pytester.runpytest_inprocess("-q")
+    result.assert_outcomes(passed=5)                          # 2 of its own + Lockstep's 3
 
 
 @pytest.mark.parametrize("out, message", [("matrix.txt", "expected a Markdown path ending in .md"),

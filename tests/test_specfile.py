@@ -32,6 +32,23 @@ def test_good_spec_loads():
     assert spec.line_of("inputs", "seeds") == 5
 
 
+def test_a_text_parsed_again_is_a_fresh_copy_of_the_first_parse():
+    """The per-process cache of parsed YAML (specfile._PARSED): a second parse of the same text is
+    a hit, equal to the first, and what a caller does to its copy reaches no other caller."""
+    from harness import specfile
+
+    text = GOOD.replace("[1, 2]", "[1, 2, 7]")            # a text no other test parses
+    first, marks = specfile._parse(text, "f")
+    assert text in specfile._PARSED
+    first["inputs"]["seeds"].append(99)
+    first["inputs"]["columns"]["arange"] = None
+    marks[("inputs",)] = (0, 0)
+    again, again_marks = specfile._parse(text, "f")
+    assert again["inputs"]["seeds"] == [1, 2, 7] and again["inputs"]["columns"] == {"arange": [0, 4]}
+    assert again_marks[("inputs",)] == (5, 3)
+    assert parse_spec(text, "f", "x/y").sha256 == parse_spec(text, "g", "x/y").sha256
+
+
 def test_spec_hash_ignores_formatting_but_not_content():
     a = parse_spec(GOOD, "f", "x/y")
     b = parse_spec(GOOD.replace("[1, 2]", "[1,   2]  # comment"), "f", "x/y")

@@ -13,12 +13,15 @@ needed, from the installed files, at run time (nothing of the peer is copied int
   installed module file whose other imports are too heavy, with the file's own name in
   tracebacks;
 - `require(...)` checks a symbol and its parameters, and otherwise raises UpstreamChanged naming
-  the symbol, so a moved or re-signed upstream function is refused, never half-called.
+  the symbol, so a moved or re-signed upstream function is refused, never half-called;
+- `only_programs(kernel, keep)` runs, in Triton's interpreter, only the programs of a peer
+  kernel's launches whose output the adapter reads (the peer's own code and grid unchanged).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -192,3 +195,40 @@ def module_from_source(module: str, transform, name: str) -> types.ModuleType:
     sys.modules[name] = mod
     exec(compile(edited, fake, "exec"), mod.__dict__)
     return mod
+
+
+@contextlib.contextmanager
+def only_programs(kernel, keep):
+    """Within the block, an interpreted launch of the peer's `@triton.jit` function `kernel` runs
+    the program at grid index (x, y, z) only if keep((x, y, z), args) (`args`: the launch's
+    arguments by name, constexprs as given). For an adapter whose caller reads only some of a
+    launch's output rows: the programs it runs see the same grid, index and arguments as in the
+    whole launch, so they compute the same bits; the others write nothing (the adapter must not
+    read their rows), which is only sound for a kernel whose programs write disjoint outputs and
+    read nothing another program writes. A compiled kernel (a GPU) runs its whole grid."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        interpreter = None
+    if interpreter is None or not isinstance(kernel, getattr(interpreter, "InterpretedFunction", ())):
+        yield
+        return
+    builder, shipped = interpreter.interpreter_builder, kernel.rewrite
+
+    def rewrite():
+        fn = shipped()
+
+        def program(**args):
+            if keep(builder.grid_idx, args):
+                return fn(**args)
+        # The interpreter reads the program's signature and constexpr annotations, and patches the
+        # triton.language modules its globals name: those of the kernel's own module.
+        program = types.FunctionType(program.__code__, fn.__globals__, fn.__name__, None, program.__closure__)
+        program.__signature__, program.__annotations__ = inspect.signature(fn), dict(fn.__annotations__)
+        return program
+
+    kernel.rewrite = rewrite
+    try:
+        yield
+    finally:
+        del kernel.rewrite

@@ -10,7 +10,7 @@ What each operation drives (Triton kernels run in the interpreter on the CPU):
 | verify_greedy | `sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_triton` | the Triton path (SGLang's XPU branch) compiled from the installed file |
 | verify_rejection | `sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton` | imported; probabilities in float32 as eagle_sample passes them |
 | verify_target_only | `sglang.kernels.ops.speculative.sampling.tree_speculative_sampling_target_only` | CUDA only (a JIT-compiled .cuh kernel) |
-| attention | `sglang.kernels.ops.attention.extend_attention.extend_attention_fwd` | one request: prefix = keys before the first query, the queries' span as the extend; window = `get_attention_sliding_window_size` (sliding_window − 1) |
+| attention | `sglang.kernels.ops.attention.extend_attention.extend_attention_fwd` | one request: prefix = keys before the first query, the queries' span as the extend; window = `get_attention_sliding_window_size` (sliding_window − 1); in the interpreter only the query blocks holding an asked query run (`_asked_blocks`) |
 
 Shim: `sglang.srt.utils` (which imports the server stack) is replaced, for the attention modules
 only, by a module with the platform predicates they import (`is_hip`, `is_cuda`, …), answering
@@ -209,11 +209,29 @@ class SGLang:
         k_ext, v_ext = padded(k[lo:hi + 1], k, n_ext), padded(v[lo:hi + 1], v, n_ext)
         k_buf, v_buf = padded(k, k, k.shape[0]), padded(v, v, v.shape[0])
         sw = self.window_size(types.SimpleNamespace(sliding_window=window)) if window > 0 else -1
-        fwd(q_ext, k_ext, v_ext, o, k_buf, v_buf,
-            torch.tensor([0, n_ext], dtype=torch.int32, device=dev), torch.tensor([0, lo], dtype=torch.int32, device=dev),
-            padded(torch.arange(lo, dtype=torch.int64, device=dev), torch.zeros(1, dtype=torch.int64), lo),
-            None, True, None, n_ext, 1.0, 1.0, sm_scale=scale, sliding_window_size=sw, sinks=sinks.to(torch.float32))
+        with peer.only_programs(peer.attr(self._extend, "_fwd_kernel"), _asked_blocks([p - lo for p in pos])):
+            fwd(q_ext, k_ext, v_ext, o, k_buf, v_buf,
+                torch.tensor([0, n_ext], dtype=torch.int32, device=dev),
+                torch.tensor([0, lo], dtype=torch.int32, device=dev),
+                padded(torch.arange(lo, dtype=torch.int64, device=dev), torch.zeros(1, dtype=torch.int64), lo),
+                None, True, None, n_ext, 1.0, 1.0, sm_scale=scale, sliding_window_size=sw,
+                sinks=sinks.to(torch.float32))
         return o[torch.tensor(pos) - lo]
+
+
+def _asked_blocks(rows: list[int]):
+    """keep(grid index, args) for peer.only_programs: in the interpreter, SGLang's extend kernel
+    runs only the programs whose BLOCK_M query rows hold an asked row of the extend (the others'
+    rows, queries between the asked positions, are dropped by the adapter anyway). Its legacy grid
+    is (request, head, query block), one program per block writing only that block's rows; the
+    compact grid (AMD's) or an unknown signature runs whole. The column's cost (docs/gate.md)."""
+    def keep(idx, args):
+        block = args.get("BLOCK_M")
+        if block is None or args.get("USE_COMPACT_TILE_GRID", True) not in (False, 0):
+            return True
+        block = int(getattr(block, "value", block))
+        return any(idx[2] * block <= r < (idx[2] + 1) * block for r in rows)
+    return keep
 
 
 def load(edits: dict | None = None) -> Target:

@@ -116,6 +116,33 @@ def test_sglang_attention_without_the_empty_tile_guard_turns_red():
     assert o.status == FAIL and "non-finite" in o.message
 
 
+def test_sglang_attention_runs_only_the_asked_query_blocks_with_the_whole_launchs_bits(monkeypatch):
+    """The interpreter runs only SGLang's extend-attention programs holding an asked query
+    (sglang._asked_blocks, the conformance column's cost): their rows have the bytes of the whole
+    launch, and some programs are really skipped (positions 0, 5, 191, 255: query block 1 of 4)."""
+    import contextlib
+
+    import torch
+
+    from harness.kinds.kernel import kernel_inputs
+    from harness.targets import peer
+
+    attention = _sglang().ops["attention"].fn
+    x = kernel_inputs(repo_specs()["kernels/attention-no-sink"], torch.device("cpu"))
+    kept = []
+    asked = sglang._asked_blocks
+
+    def counted(rows):
+        keep = asked(rows)
+        return lambda idx, args: kept.append(keep(idx, args)) or kept[-1]
+    monkeypatch.setattr(sglang, "_asked_blocks", counted)
+    call = lambda: attention(x["q"], x["k"], x["v"], x["positions"], x["sinks"], x["window"], x["scale"])  # noqa: E731
+    some = call()
+    assert True in kept and False in kept, kept
+    monkeypatch.setattr(peer, "only_programs", lambda kernel, keep: contextlib.nullcontext())
+    assert some.view(torch.uint8).equal(call().view(torch.uint8))
+
+
 def test_vllm_layer_ids_shifted_by_one_turn_red():
     vllm = pytest.importorskip("harness.targets.vllm")
     try:
@@ -142,7 +169,7 @@ def _shipped(name):
         pytest.skip(f"{name} target unavailable: {e}")
 
 
-@pytest.mark.slow      # every spec on a peer: the sglang column took 321 s (docs/gate.md)
+@pytest.mark.slow      # every spec on a peer: the sglang column ~30 s, the costliest (docs/gate.md)
 @pytest.mark.parametrize("name", SHIPPED)
 def test_conformance_matrix_is_true(name, tmp_path, monkeypatch, capsys):
     """One `lockstep report --target NAME` run (every spec on the CPU) serves both checks: the target
