@@ -210,16 +210,19 @@ def only_programs(kernel, keep):
         from triton.runtime import interpreter
     except ImportError:
         interpreter = None
-    if interpreter is None or not isinstance(kernel, getattr(interpreter, "InterpretedFunction", ())):
-        yield
+    builder = getattr(interpreter, "interpreter_builder", None)
+    if builder is None or not isinstance(kernel, getattr(interpreter, "InterpretedFunction", ())) \
+            or not callable(getattr(kernel, "rewrite", None)):
+        yield                           # compiled, or an interpreter without these hooks: the whole grid
         return
-    builder, shipped = interpreter.interpreter_builder, kernel.rewrite
+    shipped = kernel.rewrite
 
     def rewrite():
         fn = shipped()
 
         def program(**args):
-            if keep(builder.grid_idx, args):
+            idx = getattr(builder, "grid_idx", None)
+            if idx is None or keep(idx, args):          # no grid index to judge by: run it
                 return fn(**args)
         # The interpreter reads the program's signature and constexpr annotations, and patches the
         # triton.language modules its globals name: those of the kernel's own module.
