@@ -57,12 +57,13 @@ def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
     bounds = list(bounds)
     block_m = expert_block_m(top_ids.numel(), n_local, x.dtype, mxfp4=isinstance(gate_up_w, tuple))   # shapes only
     groups = group_by_expert(top_ids.reshape(-1), expert_lo, n_local, block_m)            # on the device
-    local = {"every_row_local": every_expert_local}
-    h = expert_gate_up_triton(x, k, groups, gate_up_w, gate_up_b, **local)            # [T * k, 2I']
+    every = every_expert_local                                                         # every row is stored
+    h = expert_gate_up_triton(x, k, groups, gate_up_w, gate_up_b, every_row_local=every)   # [T * k, 2I']
     if fused_swiglu:
-        return expert_down_partials_triton(h, groups, down_w, bounds, prologue_swiglu=(alpha, limit), **local)
+        return expert_down_partials_triton(h, groups, down_w, bounds, prologue_swiglu=(alpha, limit),
+                                           every_row_local=every)
     a = clamped_swiglu_triton(h, alpha, limit)                                         # [T * k, I']
-    return expert_down_partials_triton(a, groups, down_w, bounds, **local)             # [C, T * k, H]
+    return expert_down_partials_triton(a, groups, down_w, bounds, every_row_local=every)   # [C, T * k, H]
 
 
 def experts_one_device(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,
