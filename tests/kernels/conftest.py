@@ -43,3 +43,15 @@ DEVICE = _test_device()
 def device() -> torch.device:
     """The device the kernels are tested on (DEVICE)."""
     return DEVICE
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """torch.empty's floating-point tensors come back filled with NaN for the test: a kernel whose
+    output is allocated unfilled must store every element itself, or the NaN shows."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", poisoned)

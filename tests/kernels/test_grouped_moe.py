@@ -162,7 +162,7 @@ def test_expert_partials_tp_slice_equals_the_per_expert_path(fused):
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_one_device_path_stores_every_row_with_the_grouped_bits(fused, monkeypatch):
+def test_one_device_path_stores_every_row_with_the_grouped_bits(fused, request):
     """experts_one_device (the Triton ops' experts) allocates h and the partials unfilled: poisoned
     with NaN there, every row still comes back with experts_grouped's bits (a row of a block tail,
     of an expert with rows in several blocks); and it refuses a slice that is not every expert."""
@@ -171,12 +171,7 @@ def test_one_device_path_stores_every_row_with_the_grouped_bits(fused, monkeypat
     x, ids = tokens(23, H, k, E, torch.float32, seed=22)
     bounds = k_chunk_bounds(I)
     ref = experts_grouped(x, ids, gu_w, gu_b, dn_w, bounds, 0, E, ALPHA, LIMIT, fused_swiglu=fused)
-    empty = torch.empty
-
-    def poisoned(*a, **kw):
-        t = empty(*a, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    monkeypatch.setattr(torch, "empty", poisoned)
+    request.getfixturevalue("nan_empty")                              # from here on
     parts = experts_grouped(x, ids, gu_w, gu_b, dn_w, bounds, 0, E, ALPHA, LIMIT, fused_swiglu=fused,
                             every_expert_local=True)
     assert not parts.isnan().any() and bits(parts).equal(bits(ref))

@@ -45,13 +45,12 @@ def test_each_chunk_is_linear_triton_on_its_copy(bounds):
     torch.testing.assert_close(parts.cpu(), torch.stack(linear_chunks_portable(x.cpu(), w.cpu(), bounds)), rtol=0, atol=2e-5)
 
 
-def test_every_partial_is_stored_by_the_kernel(monkeypatch):
+def test_every_partial_is_stored_by_the_kernel(request):
     """The partials are allocated unfilled (torch.empty): poisoned with NaN there, every element
     of every chunk (the empty one, M and N tails) still comes back as the kernel's value."""
     x, w = make(5, 130, torch.float32, seed=3)
     clean = linear_chunks_triton(x, w, ODD)
-    empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    request.getfixturevalue("nan_empty")                              # from here on
     poisoned = linear_chunks_triton(x, w, ODD)
     assert not poisoned.isnan().any() and bits(poisoned).equal(bits(clean))
 
