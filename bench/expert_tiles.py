@@ -2,7 +2,7 @@
 
     python bench/expert_tiles.py [--dtype bf16|fp32|mxfp4] [--tokens 1 32 2048] [--block-m 16 32]
                                  [--stages 3 4] [--down-modes chunk loop] [--ops down]
-                                 [--block-n 32 64] [--block-k 64] [--top 6]
+                                 [--block-n 32 64] [--block-k 64] [--tiles 128,64,8 ...] [--top 6]
 
 For the experts of one 20b MoE layer (32 experts, top-4, H = I = 2880; down in the engine's 8
 fixed K chunks of 360) and each candidate (BLOCK_M rows per expert block, BLOCK_N, BLOCK_K,
@@ -48,7 +48,7 @@ def gate_up(x, groups, w, b, cfg):
     bm, bn, bk, warps, stages = cfg[:5]
     rows, bexp = groups
     (w, s), R, N = _weight(w), x.shape[0] * TOP_K, b.shape[1]
-    h = torch.zeros((R, N), dtype=x.dtype, device=x.device)
+    h = torch.empty((R, N), dtype=x.dtype, device=x.device)           # one device: every row stored
     moe._grouped_gate_up_kernel[(triton.cdiv(N, bn), moe.launched_blocks(R, bexp.shape[0], bm))](
         x, rows, bexp, w, s, b, h, R, N, H, TOP_K, MXFP4=s is not w, USE_DOT=True,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
@@ -60,9 +60,9 @@ def down(a, groups, w, bounds, lo_div, cfg):
     loop = mode == "loop"
     rows, bexp = groups
     (w, s), R, N, C = _weight(w), a.shape[0], H, bounds.shape[0]
-    parts = torch.zeros((C, R, N), dtype=torch.float32, device=a.device)
+    parts = torch.empty((C, R, N), dtype=torch.float32, device=a.device)   # as experts_one_device
     mxfp4 = {"LO_DIV": lo_div} if s is not w else {}
-    moe._grouped_down_kernel[(triton.cdiv(N, bn), moe.launched_blocks(R, bexp.shape[0], bm), 1 if loop else C)](
+    moe._grouped_down_kernel[(1 if loop else C, triton.cdiv(N, bn), moe.launched_blocks(R, bexp.shape[0], bm))](
         a, rows, bexp, w, s, bounds, parts, R, N, I, I, C, 0.0, 0.0, SWIGLU=False, MXFP4=s is not w, USE_DOT=True,
         PORTABLE=PORTABLE_MATH, CHUNK_LOOP=loop, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=warps, num_stages=stages, **mxfp4)
@@ -133,6 +133,8 @@ def main():
     ap.add_argument("--ops", nargs="+", default=["gate_up", "down"], choices=["gate_up", "down"])
     ap.add_argument("--block-n", type=int, nargs="*", default=[], help="only these BLOCK_N of TILES")
     ap.add_argument("--block-k", type=int, nargs="*", default=[], help="only these BLOCK_K of TILES")
+    ap.add_argument("--tiles", nargs="*", default=[], metavar="BN,BK,WARPS",
+                    help="candidate (BLOCK_N, BLOCK_K, warps) instead of TILES, e.g. 128,64,8")
     ap.add_argument("--top", type=int, default=6)
     args = ap.parse_args()
     mxfp4 = args.dtype == "mxfp4"
@@ -153,7 +155,7 @@ def main():
         bm = moe.expert_block_m(T * TOP_K, E, dt, mxfp4)                 # the engine's rows per block
         sizes = args.block_m or [bm]
         groups = {b: moe.group_by_expert(ids.reshape(-1), 0, E, b) for b in set(sizes) | {bm}}
-        tiles = [t for t in TILES if (not args.block_n or t[0] in args.block_n)
+        tiles = [t for t in ([tuple(map(int, t.split(","))) for t in args.tiles] or TILES) if (not args.block_n or t[0] in args.block_n)
                  and (not args.block_k or t[1] in args.block_k)]
         cands = [(b, bn, bk, w, st) for b, (bn, bk, w), st in itertools.product(sizes, tiles, args.stages)]
         if "gate_up" in args.ops:

@@ -48,26 +48,28 @@ TILES = (16, 128, 128, 4, 1)
 #     step is bound by reading the weight once);
 #   M >= PREFILL_ROWS: 128 x 128 tiles on 8 warps (tensor-core bound);
 #   otherwise, and fp32 always, 64 rows; BLOCK_N 64, or 32 below GPU_MIN_PROGRAMS programs per M
-#     tile (a 2880-wide layer gives 45 programs of 64 on a 132-SM H200; tl.dot needs >= 16).
+#     tile (a 2880-wide layer gives 45 programs of 64 on a 132-SM H200; tl.dot needs >= 16), a
+#     program per K chunk counted (o_proj's 8 chunks: 360 programs of 64, 0.55x the time of 32's
+#     at 32 rows on an H200, docs/benchmarks.md).
 GPU_MIN_PROGRAMS = 128
 DECODE_ROWS = 16
 PREFILL_ROWS = 256
 
 
-def _gpu_tiles(N: int, K: int, dtype: torch.dtype, M: int) -> tuple[int, int, int, int, int]:
+def _gpu_tiles(N: int, K: int, dtype: torch.dtype, M: int, chunks: int = 1) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for M rows by a weight [N, K] of `dtype`
-    on a GPU."""
+    on a GPU, in `chunks` K chunks (a program each)."""
     if dtype != torch.float32 and M <= DECODE_ROWS:
         return (16, 32 if N <= 32 else 64, 256, 4, 3)
     if dtype != torch.float32 and M >= PREFILL_ROWS:
         return (128, 128, 64, 8, 3)
-    bn = 64 if triton.cdiv(N, 64) >= GPU_MIN_PROGRAMS else 32
+    bn = 64 if triton.cdiv(N, 64) * chunks >= GPU_MIN_PROGRAMS else 32
     return (64, bn, 64, 4, 3)
 
 
-def tiles(N: int, K: int, dtype: torch.dtype, M: int) -> tuple[int, int, int, int, int]:
+def tiles(N: int, K: int, dtype: torch.dtype, M: int, chunks: int = 1) -> tuple[int, int, int, int, int]:
     """The tiles of a linear kernel launch here: TILES in the interpreter, the GPU table compiled."""
-    return TILES if INTERPRET else _gpu_tiles(N, K, dtype, M)
+    return TILES if INTERPRET else _gpu_tiles(N, K, dtype, M, chunks)
 
 
 @triton.jit
@@ -493,7 +495,7 @@ def linear_chunks_triton(x: torch.Tensor, weight: torch.Tensor, bounds,
     parts = torch.empty((b.shape[0], M, N), dtype=torch.float32, device=x.device)
     if M == 0 or N == 0 or b.shape[0] == 0:
         return parts
-    bm, bn, bk, warps, stages = tiles(N, K, x.dtype, M)
+    bm, bn, bk, warps, stages = tiles(N, K, x.dtype, M, chunks=b.shape[0])
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), b.shape[0])
     _linear_chunks_kernel[grid](x.contiguous(), weight.contiguous(), b, parts, M, N, K, x_per_k * K,
                                 float(alpha), float(limit), SWIGLU=prologue_swiglu is not None,

@@ -65,11 +65,16 @@ EXPERT_BLOCK_FOLLOWS_ROWS = not INTERPRET
 # bench/moe.py --block-m-T marks each size whose bits differ from 16's; raising the cap puts the
 # new sizes under tests/kernels/test_grouped_block_m.py (16: MXFP4 keeps 16 rows a block).
 MXFP4_MAX_BLOCK_M = 32
-# GPU tiles (BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped expert kernels, by kernel:
-# chosen with bench/expert_tiles.py on an H200 (20b shapes, bf16) as the fastest for decode at
-# batch 1 and 32 with BLOCK_M = 16 (about 10 % and 15 % less time than the linear table's tiles).
-# The sweep found the same output bits for every candidate; a tile never depends on the rows.
-EXPERT_GPU_TILES = {"gate_up": (64, 128, 4, 3), "down": (64, 64, 4, 3)}
+# GPU tiles (BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped expert kernels (dense bf16,
+# fp16 and fp32: fp32 always takes 16-row blocks), by kernel and rows per block: the fastest with
+# bench/expert_tiles.py on an H200 at 20b shapes, decode (1 and 32 tokens) for 16 rows and 256, 512
+# and 2048 tokens for 32, 64 and 128 (the sizes expert_block_m picks there; 128 rows: gate_up 0.59x
+# and down 0.72x the time of the 16-row tiles they took before). Every sweep candidate gave the same
+# output bits; a tile never depends on the rows.
+EXPERT_GPU_TILES = {("gate_up", 16): (64, 128, 4, 3), ("down", 16): (64, 64, 4, 3),
+                    ("gate_up", 32): (256, 64, 8, 4), ("down", 32): (256, 64, 8, 3),
+                    ("gate_up", 64): (128, 64, 8, 4), ("down", 64): (64, 64, 4, 3),
+                    ("gate_up", 128): (256, 64, 8, 4), ("down", 128): (128, 128, 8, 3)}
 # MXFP4 packed weights, by kernel and rows per block (bench/expert_tiles.py --dtype mxfp4 on an H200,
 # the same bits for every candidate): gate_up steps 64 columns of K, not 128 (0.70x, 0.68x and 0.77x
 # of the 128-step time at 1, 32 and 2048 tokens: the decode in registers is the step's cost); down
@@ -113,10 +118,10 @@ def expert_tiles(kernel: str, N: int, K: int, dtype: torch.dtype, mxfp4: bool = 
         return TILES[1:]
     if mxfp4:
         return MXFP4_GPU_TILES[kernel, min(block_m, MXFP4_MAX_BLOCK_M)]
-    return EXPERT_GPU_TILES[kernel]
+    return EXPERT_GPU_TILES[kernel, block_m]
 
 
-# The down projection's K chunks: one program per (N tile, block, chunk), the default, or
+# The down projection's K chunks: one program per (chunk, N tile, block), the default, or
 # (expert_down_partials_triton(..., chunk_loop=True)) one program per (N tile, block) that computes
 # the chunks in turn. The same bits either way. (One program walking all the chunks in one K loop,
 # the accumulator reset at each chunk's start, also gave the same bits on an H200 but took 1.7-2.4x
@@ -209,13 +214,15 @@ def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_
                          PORTABLE: tl.constexpr, CHUNK_LOOP: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LO_DIV: tl.constexpr = 1,
                          FAST_DECODE: tl.constexpr = True):
-    # program (pid_n, blk, c): parts[c, rows, rn] of chunk c for the rows of block blk; a [R, A_STRIDE],
-    # W [E, N, K] (or MXFP4), bounds [C, 2], parts [C, R, N] fp32. CHUNK_LOOP: program (pid_n, blk)
-    # computes every chunk in turn, c = 0 .. C-1 (each from 0, as its own program would: the same bits).
+    # program (c, pid_n, blk): parts[c, rows, rn] of chunk c for the rows of block blk; a [R, A_STRIDE],
+    # W [E, N, K] (or MXFP4), bounds [C, 2], parts [C, R, N] fp32. The chunk is the fastest axis, so
+    # programs launched together read whole weight rows, not a 360-column stripe of each (0.94x the
+    # time at 32 tokens). CHUNK_LOOP: program (0, pid_n, blk) computes every chunk in turn, c = 0 ..
+    # C-1 (each from 0, as its own program would: the same bits).
     # LO_DIV: a power of two dividing every chunk's first column (a hint for vector loads; 32: the
     # MXFP4 tiles start scale groups).
-    pid_n = tl.program_id(0)
-    blk = tl.program_id(1)
+    pid_n = tl.program_id(1)
+    blk = tl.program_id(2)
     e = tl.load(bexp_ptr + blk)
     if e >= 0:
         rows = tl.load(rows_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))     # [BM]
@@ -223,8 +230,8 @@ def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_
         rows = tl.where(r_ok, rows, 0)
         rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)      # [BN]
         n_ok = rn < N
-        c_lo = 0 if CHUNK_LOOP else tl.program_id(2)
-        c_hi = C if CHUNK_LOOP else tl.program_id(2) + 1
+        c_lo = 0 if CHUNK_LOOP else tl.program_id(0)
+        c_hi = C if CHUNK_LOOP else tl.program_id(0) + 1
         for c in range(c_lo, c_hi):
             lo = tl.load(bounds_ptr + 2 * c)
             if LO_DIV > 1:
@@ -395,7 +402,7 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
                                 every_row_local: bool = False) -> torch.Tensor:
     """a [R, K] (or the gate_up h [R, 2K] with prologue_swiglu = (alpha, limit)), groups as above,
     weight [E_l, N, K] or MXFP4, bounds C column ranges (lo, hi) of K -> parts [C, R, N] fp32, no
-    bias; rows of non-local experts stay 0. One launch, grid (N tiles, blocks, C). Each element:
+    bias; rows of non-local experts stay 0. One launch, grid (C, N tiles, blocks). Each element:
     linear_triton's reduction of the chunk's fresh copy (see kernels/matmul.py linear_chunks).
     fast_decode, every_row_local: as in expert_gate_up_triton (a prefill's parts: 755 MB a layer)."""
     check_float("a", a, 2)
@@ -415,7 +422,7 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
         return parts
     bn, bk, warps, stages = expert_tiles("down", N, K, a.dtype, s is not w, block_m)
     C = b.shape[0]
-    grid = (triton.cdiv(N, bn), launched_blocks(R, block_expert.shape[0], block_m), 1 if chunk_loop else C)
+    grid = (1 if chunk_loop else C, triton.cdiv(N, bn), launched_blocks(R, block_expert.shape[0], block_m))
     mxfp4 = {"LO_DIV": _lo_div(bounds), "FAST_DECODE": fast_decode} if s is not w else {}
     _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K, C,
                                float(alpha), float(limit), SWIGLU=prologue_swiglu is not None, MXFP4=s is not w,

@@ -113,6 +113,7 @@ def test_tiles_follow_the_rows_on_a_gpu_only():
         small, wide = _gpu_tiles(2880, 2880, dtype, 32), _gpu_tiles(64 * GPU_MIN_PROGRAMS, 2880, dtype, 32)
         assert small[1] == 32 and wide[1] == 64                      # a mid-size batch fills the GPU
         assert small[0] == wide[0] == 64 and small[2] == wide[2]
+        assert _gpu_tiles(2880, 512, dtype, 32, chunks=8)[1] == 64     # a program per chunk counts
     assert {_gpu_tiles(2880, 2880, torch.float32, M) for M in (1, 32, 4096)} == {(64, 32, 64, 4, 3)}
     bf16 = [_gpu_tiles(2880, 2880, torch.bfloat16, M)[0] for M in (1, DECODE_ROWS, DECODE_ROWS + 1,
                                                                     PREFILL_ROWS - 1, PREFILL_ROWS)]
