@@ -40,7 +40,8 @@ from engine.mxfp4 import Mxfp4Weight, dequantize
 from kernels import portable
 from kernels.matmul import linear_chunks_portable, linear_portable
 from kernels.moe import (clamped_swiglu_portable, clamped_swiglu_triton, expert_block_m, expert_down_partials_triton,
-                         expert_gate_up_triton, group_by_expert)
+                         expert_gate_up_triton, gather_columns, group_by_expert, mma_order_columns, mma_order_triton,
+                         mxfp4_dense)
 
 
 def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,
@@ -55,6 +56,15 @@ def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
         raise ValueError(f"experts_grouped: every expert local needs expert_lo 0, got {expert_lo}")
     k = top_ids.shape[1]
     bounds = list(bounds)
+    down_cols = None
+    if isinstance(gate_up_w, tuple) and mxfp4_dense(top_ids.numel(), n_local, x.dtype):
+        # a prefill's MXFP4 experts, decoded once into the packed kernels' MMA order: dense tiles,
+        # the same bits (kernels.moe, "MXFP4 prefill as dense tiles")
+        gate_cols, _ = mma_order_columns(((0, x.shape[1]),), x.shape[1], x.device)
+        down_cols, bounds = mma_order_columns(tuple(bounds), 32 * down_w[0].shape[2], x.device)
+        x = gather_columns(x, gate_cols)                                                # [T, H]
+        gate_up_w, down_w = mma_order_triton(gate_up_w, gate_cols, x.dtype), mma_order_triton(down_w, down_cols, x.dtype)
+        fused_swiglu = False                                                           # a is gathered first
     block_m = expert_block_m(top_ids.numel(), n_local, x.dtype, mxfp4=isinstance(gate_up_w, tuple))   # shapes only
     groups = group_by_expert(top_ids.reshape(-1), expert_lo, n_local, block_m)            # on the device
     every = every_expert_local                                                         # every row is stored
@@ -63,6 +73,8 @@ def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
         return expert_down_partials_triton(h, groups, down_w, bounds, prologue_swiglu=(alpha, limit),
                                            every_row_local=every)
     a = clamped_swiglu_triton(h, alpha, limit)                                         # [T * k, I']
+    if down_cols is not None:
+        a = gather_columns(a, down_cols)                                               # [T * k, KP]
     return expert_down_partials_triton(a, groups, down_w, bounds, every_row_local=every)   # [C, T * k, H]
 
 

@@ -25,6 +25,9 @@ Grouped experts (the engine's MoE on the Triton backend; one launch per op, no h
         bias); with prologue_swiglu = (alpha, limit), a = clamped_swiglu(h) computed in the load.
     weight: dense [E_l, N, K] (fp32 or bf16) or MXFP4 (blocks [E_l, N, K/32, 16] u8, scales
         [E_l, N, K/32] u8), decoded inside the kernel exactly as engine/mxfp4.py `dequantize`.
+    mma_order_triton / _portable(MXFP4 weight, cols) -> [E_l, N, KP], with mma_order_columns(bounds)
+        and gather_columns(x, cols): a large MXFP4 prefill (mxfp4_dense) as dense tiles over the
+        weights decoded into the MXFP4 kernels' MMA order, with their bits (the section below).
 
 A grouped program computes a [block_m, BLOCK_N] tile of one expert's rows with the tile loop of
 kernels/matmul.py `_chunk_acc`: every element reduced over its chunk (gate_up: all of K) from 0,
@@ -38,13 +41,16 @@ per-expert path the engine used before.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels import portable
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from kernels.matmul import TILES, _chunk_acc, bounds_tensor
+from kernels.matmul import TILES, _chunk_acc, _mxfp4_values, bounds_tensor
+from kernels.mxfp4 import dequantize
 from kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
 
 BLOCK_H = 1024
@@ -57,9 +63,10 @@ EXPERT_BLOCK_SIZES = (16, 32, 64, 128)
 # past Triton's largest tensor (2^20 elements), and numpy gains nothing from fewer weight reads.
 EXPERT_BLOCK_FOLLOWS_ROWS = not INTERPRET
 # The largest block MXFP4 packed weights take. Their recorded bits are those of sm_90's mma.sync
-# with the weight decoded in registers, where Triton feeds both operands in kWidth = 4 (k permuted
-# within each 16-wide MMA step; dense tiles are loaded with kWidth = 2, hence the ulp differences
-# between the two, docs/benchmarks.md). BLOCK_M 16 and 32 compile to that same mma.sync layout;
+# with the weight decoded in registers, where Triton feeds both operands in kWidth = 4: each 64-column
+# K step runs as four 16-wide MMAs over interleaved column pairs (measured: "MXFP4 prefill as dense
+# tiles" below), where loaded dense tiles take 16 consecutive columns an MMA, hence the ulp
+# differences between the two (docs/benchmarks.md). BLOCK_M 16 and 32 compile to that same mma.sync layout;
 # from 64 Triton takes wgmma with both operands in shared memory (sm_90 TTGIR under Triton 3.9),
 # a different order within a step, so 64 and 128 would very likely move MXFP4 bits: 32 is the cap.
 # bench/moe.py --block-m-T marks each size whose bits differ from 16's; raising the cap puts the
@@ -440,6 +447,101 @@ def _lo_div(bounds) -> int:
         while lo % div:
             div //= 2
     return div
+
+
+# --------------------------------------------------------------------------- MXFP4 prefill as dense tiles
+# The compiled MXFP4 kernels reduce each 64-column K step (BLOCK_K of every MXFP4_GPU_TILES entry)
+# as four 16-wide MMAs, the i-th over the column pairs (2j, 2j + 1) with j % 4 == i: the order in
+# which Triton's sm_90 mma.sync takes a tile decoded in registers (dot operands of kWidth 4). Dense
+# bf16 tiles take their columns in memory order, 16 at a time, and whatever their rows per block
+# (mma.sync or wgmma) or BLOCK_K, so a dense launch over the weights decoded into that order (and
+# the activations gathered alike, a chunk's last step padded with zeros as the MXFP4 kernel masks
+# it) gives the MXFP4 kernels' bits, with 64- and 128-row blocks that MXFP4's own layout cannot take
+# (MXFP4_MAX_BLOCK_M). An H200 run found the same bits for this order alone among 13 candidates
+# (docs/benchmarks.md), and tests/kernels/test_mxfp4_mma_order.py holds it compiled. Large prefills only: the
+# decode into that order (mma_order_triton, a gather per value) costs ~4 ms a 20b layer on an H200,
+# so the packed kernels stay faster up to ~256 rows an expert (a 2048-token prefill: 0.98x) and the
+# dense tiles take over from MXFP4_DENSE_MIN_ROWS (1,024 rows an expert: 0.51x; a replay's forwards of
+# 16,384 positions have 2,048).
+MXFP4_STEP = 64
+MXFP4_DENSE_MIN_ROWS = 512
+assert all(bk == MXFP4_STEP for _, bk, _, _ in MXFP4_GPU_TILES.values())   # the order is a 64-column step's
+
+
+def mxfp4_dense(rows: int, n_local: int, dtype: torch.dtype) -> bool:
+    """Whether a grouped MXFP4 launch of `rows` rows over n_local experts runs as dense tiles over
+    its weights decoded in MMA order: compiled only (the interpreter's tile sums are elementwise, in
+    column order), 16-bit activations, MXFP4_DENSE_MIN_ROWS rows an expert. Shapes alone decide."""
+    return not INTERPRET and dtype != torch.float32 and rows // max(n_local, 1) >= MXFP4_DENSE_MIN_ROWS
+
+
+def mma_order_columns(bounds, K: int, device) -> tuple[torch.Tensor, tuple[tuple[int, int], ...]]:
+    """bounds: C column ranges of K -> (cols [KP] int64, padded bounds): for each chunk, its
+    MXFP4_STEP-column steps from its first column, each step's columns in the MMA order above;
+    cols[p] is the weight column at position p, K where a chunk's last step is past its end (a zero
+    column); the padded bounds are the chunks' ranges of positions. Kept per (bounds, K, device):
+    every layer asks the same (the tensor is shared; nothing writes it)."""
+    return _mma_order_columns(tuple((int(lo), int(hi)) for lo, hi in bounds), int(K), torch.device(device))
+
+
+@lru_cache(maxsize=64)
+def _mma_order_columns(bounds, K, device):
+    order = [2 * (i + 4 * (t // 2)) + t % 2 for i in range(4) for t in range(16)]      # position -> column
+    assert sorted(order) == list(range(MXFP4_STEP))
+    cols, padded = [], []
+    for lo, hi in bounds:
+        start = len(cols)
+        for j0 in range(lo, hi, MXFP4_STEP):
+            cols += [j0 + c if j0 + c < hi else K for c in order]
+        padded.append((start, len(cols)))
+    return torch.tensor(cols, dtype=torch.int64, device=device), tuple(padded)
+
+
+def gather_columns(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """x [R, K], cols from mma_order_columns -> [R, KP]: x's columns at those positions, 0 where
+    cols is K."""
+    return torch.cat([x, x.new_zeros((x.shape[0], 1))], dim=1).index_select(1, cols)
+
+
+@triton.jit
+def _mma_order_kernel(w_ptr, s_ptr, cols_ptr, out_ptr, N, K, KP, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # program (position tile, N tile, expert): out[e, rn, p] = W[e, rn, cols[p]] decoded, 0 where
+    # cols[p] == K; blocks [E, N, K/32, 16] u8 (row byte k // 2, nibble k % 2), scales [E, N, K/32].
+    p = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)                  # [BK] positions
+    rn = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)   # [BN]
+    row = tl.program_id(2).to(tl.int64) * N + rn                            # [BN] rows of [E * N]
+    p_ok = p < KP
+    n_ok = rn < N
+    col = tl.load(cols_ptr + p, mask=p_ok, other=K)                         # [BK] weight columns
+    real = n_ok[:, None] & (col < K)[None, :]
+    byte = tl.load(w_ptr + row[:, None] * (K // 2) + (col // 2)[None, :], mask=real, other=0).to(tl.int32)
+    code = (byte >> (4 * (col % 2)).to(tl.int32)[None, :]) & 15
+    scale = tl.load(s_ptr + row[:, None] * (K // 32) + (col // 32)[None, :], mask=real, other=0).to(tl.int32)
+    value = tl.where(real, _mxfp4_values(code, scale), 0.0)                 # exact; padding +0
+    tl.store(out_ptr + row[:, None] * KP + p[None, :], cast_rne(value, out_ptr.dtype.element_ty),
+             mask=n_ok[:, None] & p_ok[None, :])
+
+
+def mma_order_triton(weight, cols: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """MXFP4 weight (blocks [E, N, K/32, 16], scales [E, N, K/32]) and cols from mma_order_columns
+    -> [E, N, KP] in dtype: column p is the decoded column cols[p] (exact in fp32 and bf16), 0
+    where cols[p] is K. One launch."""
+    blocks, scales = weight
+    E, N, K = blocks.shape[0], blocks.shape[1], 32 * blocks.shape[2]
+    KP = cols.shape[0]
+    out = torch.empty((E, N, KP), dtype=dtype, device=blocks.device)
+    if out.numel() == 0:
+        return out
+    bn, bk = (64, 64) if not INTERPRET else (16, 64)
+    _mma_order_kernel[(triton.cdiv(KP, bk), triton.cdiv(N, bn), E)](blocks.contiguous(), scales.contiguous(),
+                                                                  cols, out, N, K, KP, BLOCK_N=bn, BLOCK_K=bk)
+    return out
+
+
+def mma_order_portable(weight, cols: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """mma_order_triton with kernels/mxfp4.py's `dequantize`: the reference the tests hold it to."""
+    dense = dequantize(*weight, dtype)                                          # [E, N, K]
+    return torch.cat([dense, dense.new_zeros(dense.shape[:2] + (1,))], dim=2).index_select(2, cols)
 
 
 # --------------------------------------------------------------------------- torch references
