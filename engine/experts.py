@@ -24,7 +24,9 @@ Three implementations of that one contract, with the same bits (engine/ops.py pi
   once) and one for every (expert block, chunk) of the down projection: no tensor value is read
   on the host and every shape depends on T, k, n_local and the weights only, so a decode step can
   be captured in a CUDA graph. Each element is reduced exactly as linear_triton reduces it on the
-  row's expert (gate_up) and on the chunk's fresh copy (down).
+  row's expert (gate_up) and on the chunk's fresh copy (down). A large MXFP4 prefill
+  (kernels.moe.mxfp4_dense) first decodes the experts into the MXFP4 kernels' MMA order and then
+  runs the dense tiles: the same bits.
 - experts_per_row (torch ops, one device): every (token, slot) row with its own expert's weights
   gathered, so the step reads no tensor value on the host (static shapes).
 - experts_per_expert (torch ops, a sharded model): a loop over the local experts with
