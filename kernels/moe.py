@@ -526,7 +526,7 @@ def mma_order_triton(weight, cols: torch.Tensor, dtype: torch.dtype) -> torch.Te
     """MXFP4 weight (blocks [E, N, K/32, 16], scales [E, N, K/32]) and cols from mma_order_columns
     -> [E, N, KP] in dtype: column p is the decoded column cols[p] (exact in fp32 and bf16), 0
     where cols[p] is K. One launch."""
-    blocks, scales = weight
+    blocks, scales = _check_mma_order(weight, cols, dtype)
     E, N, K = blocks.shape[0], blocks.shape[1], 32 * blocks.shape[2]
     KP = cols.shape[0]
     out = torch.empty((E, N, KP), dtype=dtype, device=blocks.device)
@@ -536,6 +536,27 @@ def mma_order_triton(weight, cols: torch.Tensor, dtype: torch.dtype) -> torch.Te
     _mma_order_kernel[(triton.cdiv(KP, bk), triton.cdiv(N, bn), E)](blocks.contiguous(), scales.contiguous(),
                                                                   cols, out, N, K, KP, BLOCK_N=bn, BLOCK_K=bk)
     return out
+
+
+def _check_mma_order(weight, cols, dtype):
+    """-> (blocks, scales), or ValueError naming what does not fit (cols are read once on the host:
+    a prefill's launch, never a captured step)."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"mma_order: MXFP4 decodes to float32 or bfloat16, got {dtype}")
+    if not (isinstance(weight, tuple) and len(weight) == 2
+            and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in weight)):
+        raise ValueError("mma_order: the weight must be an MXFP4 (blocks, scales) pair of uint8 tensors")
+    blocks, scales = weight
+    if blocks.dim() != 4 or blocks.shape[-1] != 16 or scales.shape != blocks.shape[:3] or scales.device != blocks.device:
+        raise ValueError(f"mma_order: MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not fit "
+                         f"[E, N, K/32, 16] and [E, N, K/32] on one device")
+    K = 32 * blocks.shape[2]
+    if not isinstance(cols, torch.Tensor) or cols.dtype != torch.int64 or cols.dim() != 1 or cols.device != blocks.device:
+        raise ValueError(f"mma_order: cols must be a 1-D int64 tensor on {blocks.device} (mma_order_columns)")
+    if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) > K):
+        raise ValueError(f"mma_order: cols must lie in [0, {K}] ({K}: a zero column), got "
+                         f"[{int(cols.min())}, {int(cols.max())}]")
+    return blocks, scales
 
 
 def mma_order_portable(weight, cols: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -65,6 +65,23 @@ def test_mma_order_decodes_exactly(dtype):
     assert pads.any() and (got[:, :, pads] == 0).all() and not torch.signbit(got[:, :, pads]).any()
 
 
+def test_bad_input_is_refused_by_name():
+    blocks, scales = _packed(2, 8, 64, seed=9)
+    cols, _ = mma_order_columns(((0, 64),), 64, DEVICE)
+    cases = [((blocks, scales), cols, torch.float16, "float32 or bfloat16"),
+             ((blocks,), cols, BF16, "pair of uint8"),
+             ((blocks.float(), scales), cols, BF16, "pair of uint8"),
+             ((blocks, scales[:, :, :1]), cols, BF16, "do not fit"),
+             ((blocks, scales), cols.int(), BF16, "1-D int64"),
+             ((blocks, scales), cols[None], BF16, "1-D int64"),
+             ((blocks, scales), torch.tensor([0, 65], device=DEVICE), BF16, r"\[0, 64\]"),
+             ((blocks, scales), torch.tensor([-1, 3], device=DEVICE), BF16, r"\[0, 64\]")]
+    for weight, c, dtype, match in cases:
+        with pytest.raises(ValueError, match=match):
+            mma_order_triton(weight, c, dtype)
+    assert mma_order_triton((blocks, scales), cols[:0], BF16).shape == (2, 8, 0)
+
+
 def test_the_policy_is_compiled_prefills_only(monkeypatch):
     assert not mxfp4_dense(10 ** 6, 32, BF16) or DEVICE.type == "cuda"
     monkeypatch.setattr(moe, "INTERPRET", False)
