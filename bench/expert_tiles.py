@@ -55,17 +55,17 @@ def gate_up(x, groups, w, b, cfg):
     return h
 
 
-def down(a, groups, w, bounds, lo_div, cfg):
+def down(a, groups, w, bounds, bounds_list, cfg):
     bm, bn, bk, warps, stages, mode = cfg                  # mode: "chunk" or "loop"
     loop = mode == "loop"
     rows, bexp = groups
     (w, s), R, N, C = _weight(w), a.shape[0], H, bounds.shape[0]
     parts = torch.empty((C, R, N), dtype=torch.float32, device=a.device)   # as experts_one_device
-    mxfp4 = {"LO_DIV": lo_div} if s is not w else {}
+    hints = moe.down_hints(bounds_list, s is not w)                 # the engine's
     moe._grouped_down_kernel[(1 if loop else C, triton.cdiv(N, bn), moe.launched_blocks(R, bexp.shape[0], bm))](
         a, rows, bexp, w, s, bounds, parts, R, N, I, I, C, 0.0, 0.0, SWIGLU=False, MXFP4=s is not w, USE_DOT=True,
         PORTABLE=PORTABLE_MATH, CHUNK_LOOP=loop, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=warps, num_stages=stages, **mxfp4)
+        num_warps=warps, num_stages=stages, **hints)
     return parts
 
 
@@ -166,7 +166,7 @@ def main():
         if "down" in args.ops:
             bn, bk, warps, stages = moe.expert_tiles("down", H, I, dt, mxfp4, bm)
             sweep(f"down T={T} (8 chunks of {I // 8})",
-                  lambda c: down(a, groups[c[0]], dn_w, bounds, moe._lo_div(bounds_list), c),
+                  lambda c: down(a, groups[c[0]], dn_w, bounds, bounds_list, c),
                   (bm, bn, bk, warps, stages, "chunk"),
                   [c + (mode,) for c in cands for mode in args.down_modes],
                   routed * w_bytes["down"], graph_timed(cublas(a, ids, dn_dense, None)), args.top)

@@ -439,15 +439,20 @@ def _chunk_step(acc, a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok
 @triton.jit
 def _linear_chunks_kernel(x_ptr, w_ptr, bounds_ptr, y_ptr, M, N, K, X_STRIDE, alpha, limit,
                           SWIGLU: tl.constexpr, USE_DOT: tl.constexpr, PORTABLE: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          DIV: tl.constexpr = 1):
     # program (pid_n, pid_m, c) computes parts[c, rm, rn]; x [M, X_STRIDE], W [N, K], bounds [C, 2],
-    # parts [C, M, N] fp32, all row-major.
+    # parts [C, M, N] fp32, all row-major. DIV: bounds_div of the bounds (a hint for vector loads).
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     c = tl.program_id(2)
     rm, rn, m_ok, n_ok = _output_tile(pid_n, pid_m, M, N, BLOCK_M, BLOCK_N)
     lo = tl.load(bounds_ptr + 2 * c)
-    width = tl.load(bounds_ptr + 2 * c + 1) - lo
+    hi = tl.load(bounds_ptr + 2 * c + 1)
+    if DIV > 1:
+        lo = tl.multiple_of(lo, DIV)
+        hi = tl.multiple_of(hi, DIV)
+    width = hi - lo
     acc = _chunk_acc(x_ptr, rm, m_ok, X_STRIDE, w_ptr, w_ptr, 0, rn, n_ok, N, K, lo, width, alpha, limit,
                      SWIGLU, False, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K)
     tl.store(y_ptr + (c * M + rm[:, None]) * N + rn[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
@@ -500,11 +505,26 @@ def linear_chunks_triton(x: torch.Tensor, weight: torch.Tensor, bounds,
     _linear_chunks_kernel[grid](x.contiguous(), weight.contiguous(), b, parts, M, N, K, x_per_k * K,
                                 float(alpha), float(limit), SWIGLU=prologue_swiglu is not None,
                                 USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                num_warps=warps, num_stages=stages)
+                                DIV=bounds_div(bounds), num_warps=warps, num_stages=stages)
     return parts
 
 
 _BOUNDS: dict = {}
+
+
+def bounds_div(bounds) -> int:
+    """The largest power of two up to 32 dividing every chunk's first and last column (host ints: no
+    sync). A compiled chunk kernel told it (`tl.multiple_of` on both ends) loads 8 bf16 (4 fp32)
+    columns at once and pipelines them (cp.async); without it, a chunk's runtime ends make every
+    load a scalar one: sm_90 SASS of the 20b down chunks had 2-byte `LDG.E.U16` for every weight and
+    activation value and no `LDGSTS`, against 16-byte `LDGSTS.128` with it. Only a hint: the same
+    values, so the same bits."""
+    div = 32
+    for chunk in bounds:
+        for end in chunk:
+            while end % div:
+                div //= 2
+    return div
 
 
 def bounds_tensor(bounds, K: int, device: torch.device) -> torch.Tensor:

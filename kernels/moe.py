@@ -49,7 +49,7 @@ import triton.language as tl
 
 from kernels import portable
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from kernels.matmul import TILES, _chunk_acc, _mxfp4_values, bounds_tensor
+from kernels.matmul import TILES, _chunk_acc, _mxfp4_values, bounds_div, bounds_tensor
 from kernels.mxfp4 import dequantize
 from kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
 
@@ -220,14 +220,14 @@ def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_
                          alpha, limit, SWIGLU: tl.constexpr, MXFP4: tl.constexpr, USE_DOT: tl.constexpr,
                          PORTABLE: tl.constexpr, CHUNK_LOOP: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LO_DIV: tl.constexpr = 1,
-                         FAST_DECODE: tl.constexpr = True):
+                         FAST_DECODE: tl.constexpr = True, HI_DIV: tl.constexpr = 1):
     # program (c, pid_n, blk): parts[c, rows, rn] of chunk c for the rows of block blk; a [R, A_STRIDE],
     # W [E, N, K] (or MXFP4), bounds [C, 2], parts [C, R, N] fp32. The chunk is the fastest axis, so
     # programs launched together read whole weight rows, not a 360-column stripe of each (0.94x the
     # time at 32 tokens). CHUNK_LOOP: program (0, pid_n, blk) computes every chunk in turn, c = 0 ..
     # C-1 (each from 0, as its own program would: the same bits).
-    # LO_DIV: a power of two dividing every chunk's first column (a hint for vector loads; 32: the
-    # MXFP4 tiles start scale groups).
+    # LO_DIV, HI_DIV: powers of two dividing every chunk's first and last column (hints for vector
+    # loads, kernels.matmul bounds_div; LO_DIV 32: the MXFP4 tiles start scale groups).
     pid_n = tl.program_id(1)
     blk = tl.program_id(2)
     e = tl.load(bexp_ptr + blk)
@@ -241,9 +241,12 @@ def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_
         c_hi = C if CHUNK_LOOP else tl.program_id(0) + 1
         for c in range(c_lo, c_hi):
             lo = tl.load(bounds_ptr + 2 * c)
+            hi = tl.load(bounds_ptr + 2 * c + 1)
             if LO_DIV > 1:
                 lo = tl.multiple_of(lo, LO_DIV)
-            width = tl.load(bounds_ptr + 2 * c + 1) - lo
+            if HI_DIV > 1:
+                hi = tl.multiple_of(hi, HI_DIV)
+            width = hi - lo
             acc = _chunk_acc(a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, e, rn, n_ok, N, K, lo, width, alpha, limit,
                              SWIGLU, MXFP4, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K, LO_DIV % 32 == 0,
                              FAST_DECODE)   # [BM, BN]
@@ -430,18 +433,29 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
     bn, bk, warps, stages = expert_tiles("down", N, K, a.dtype, s is not w, block_m)
     C = b.shape[0]
     grid = (1 if chunk_loop else C, triton.cdiv(N, bn), launched_blocks(R, block_expert.shape[0], block_m))
-    mxfp4 = {"LO_DIV": _lo_div(bounds), "FAST_DECODE": fast_decode} if s is not w else {}
+    hints = down_hints(bounds, s is not w) | ({"FAST_DECODE": fast_decode} if s is not w else {})
     _grouped_down_kernel[grid](a.contiguous(), sorted_rows, block_expert, w, s, b, parts, R, N, K, x_per_k * K, C,
                                float(alpha), float(limit), SWIGLU=prologue_swiglu is not None, MXFP4=s is not w,
                                USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, CHUNK_LOOP=chunk_loop,
                                BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
-                               **mxfp4)
+                               **hints)
     return parts
 
 
+def down_hints(bounds, mxfp4: bool) -> dict:
+    """The down kernel's alignment hints for these bounds: dense, both ends of every chunk
+    (kernels.matmul bounds_div: vector loads); MXFP4, the first column only (_lo_div), as its bits
+    were recorded."""
+    if mxfp4:
+        return {"LO_DIV": _lo_div(bounds)}
+    div = bounds_div(bounds)
+    return {"LO_DIV": div, "HI_DIV": div}
+
+
 def _lo_div(bounds) -> int:
-    """The largest power of two up to 32 dividing every chunk's first column (host ints: no sync).
-    Given to the MXFP4 launches only: the dense kernels stay as their goldens were recorded."""
+    """The largest power of two up to 32 dividing every chunk's first column (host ints: no sync):
+    the MXFP4 launches' hint (their last column unhinted, as their bits were recorded on the H200;
+    the dense launches take kernels.matmul bounds_div, both ends)."""
     div = 32
     for lo, _ in bounds:
         while lo % div:

@@ -9,8 +9,8 @@ import torch
 
 from engine.linear import k_chunk_bounds
 from kernels._common import INTERPRET
-from kernels.matmul import (DECODE_ROWS, GPU_MIN_PROGRAMS, PREFILL_ROWS, TILES, _gpu_tiles, linear_chunks_portable,
-                            linear_chunks_triton, linear_triton, tiles)
+from kernels.matmul import (DECODE_ROWS, GPU_MIN_PROGRAMS, PREFILL_ROWS, TILES, _gpu_tiles, bounds_div,
+                            linear_chunks_portable, linear_chunks_triton, linear_triton, tiles)
 from kernels.moe import clamped_swiglu_portable, clamped_swiglu_triton
 from tests.kernels.conftest import DEVICE
 
@@ -143,3 +143,15 @@ def test_bad_input_is_refused(args, match):
     x, w = make(3, 5, torch.float32, seed=7)
     with pytest.raises(ValueError, match=match):
         linear_chunks_triton(*args(x, w))
+
+
+def test_bounds_div_is_the_largest_power_of_two_dividing_every_end():
+    """The compiled chunk kernels' alignment hint (tl.multiple_of on both ends of a chunk): a wrong,
+    too large one would let a vector load straddle a chunk's end, so it must divide every end."""
+    assert bounds_div(k_chunk_bounds(2880)) == 8                      # 20b's 8 chunks of 360
+    assert bounds_div(k_chunk_bounds(4096)) == 32                     # o_proj's chunks of 512 (capped at 32)
+    assert bounds_div([(0, 13)]) == 1 and bounds_div([(0, 40), (40, 96)]) == 8 and bounds_div([]) == 32
+    for bounds in (BOUNDS, k_chunk_bounds(96), k_chunk_bounds(2881), [(6, 18), (18, 30)]):
+        d = bounds_div(bounds)
+        assert all(end % d == 0 for chunk in bounds for end in chunk)
+        assert d == 32 or any(end % (2 * d) for chunk in bounds for end in chunk)
