@@ -49,7 +49,7 @@ def main():
     ids = torch.argsort(torch.rand(T, E, generator=g, device="cuda"), dim=1)[:, :TOP_K].contiguous().reshape(-1)
     ref = moe.expert_gate_up_triton(x, TOP_K, moe.group_by_expert(ids, 0, E, 16), (blocks, scales), bias)
     dense = dequantize(blocks, scales, torch.bfloat16)                               # [E, N, H]
-    engine = [c for c in moe.mma_order_columns(((0, H),), H, "cpu")[0].tolist()[:moe.MXFP4_STEP]]
+    engine = moe.mma_order_columns(((0, H),), H, "cpu")[0].tolist()[:moe.MXFP4_STEP]
     print(f"device {torch.cuda.get_device_name()}; outputs whose bits differ from the MXFP4 kernel's "
           f"(of {ref.numel()}), by rows a block:")
     for name, order in CANDIDATES.items():

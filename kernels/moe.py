@@ -456,11 +456,7 @@ def _lo_div(bounds) -> int:
     """The largest power of two up to 32 dividing every chunk's first column (host ints: no sync):
     the MXFP4 launches' hint (their last column unhinted, as their bits were recorded on the H200;
     the dense launches take kernels.matmul bounds_div, both ends)."""
-    div = 32
-    for lo, _ in bounds:
-        while lo % div:
-            div //= 2
-    return div
+    return bounds_div([(lo,) for lo, _ in bounds])
 
 
 # --------------------------------------------------------------------------- MXFP4 prefill as dense tiles
@@ -567,9 +563,10 @@ def _check_mma_order(weight, cols, dtype):
     K = 32 * blocks.shape[2]
     if not isinstance(cols, torch.Tensor) or cols.dtype != torch.int64 or cols.dim() != 1 or cols.device != blocks.device:
         raise ValueError(f"mma_order: cols must be a 1-D int64 tensor on {blocks.device} (mma_order_columns)")
-    if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) > K):
-        raise ValueError(f"mma_order: cols must lie in [0, {K}] ({K}: a zero column), got "
-                         f"[{int(cols.min())}, {int(cols.max())}]")
+    if cols.numel():
+        least, most = torch.stack(torch.aminmax(cols)).tolist()            # one host sync
+        if least < 0 or most > K:
+            raise ValueError(f"mma_order: cols must lie in [0, {K}] ({K}: a zero column), got [{least}, {most}]")
     return blocks, scales
 
 
