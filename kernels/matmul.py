@@ -289,6 +289,10 @@ def _mxfp4_tile_fast(w_ptr, s_ptr, row, n_ok, k0, k_end, K, OUT_DTYPE: tl.conste
     if OUT_DTYPE == tl.bfloat16 and PTX_E2M1:
         # compiled bf16: the same values from byte tables and one exact multiply (_e2m1_ptx)
         power = S + (1 << (M + 1))                                                   # s << 7: bf16 2^(s - 127)
+        if not WHOLE:
+            # bytes past k_end are +0 codes, but a scale group wholly past it may be 255 (an inf
+            # power: 0 x inf = NaN), which no fast check looked at: multiply those by 2^0
+            power = tl.where(2 * byte < k_end, power, 127 << (M + 1))
         power = power.to(tl.int16).to(tl.bfloat16, bitcast=True)
         lo, hi = _e2m1_ptx(x, tl.broadcast_to(power, x.shape))
         return tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))                       # [BN, BK] interleaved

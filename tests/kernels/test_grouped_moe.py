@@ -256,6 +256,24 @@ def test_mxfp4_fast_decode_has_the_exact_decodes_bits(dtype, T):
     assert torch.isfinite(h).any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_nan_group_past_a_chunks_end_stays_out_of_its_partial(dtype):
+    """Ordinary scales (the fast decode runs) but one scale group of 255 (NaN) wholly past the first
+    chunk's end, yet inside its last 64-column tile: that chunk's partials stay finite, as the exact
+    decode has them (a compiled bf16 decode once multiplied the tile's +0 codes past the end by the
+    group's inf power: NaN), and the next chunk, which holds the group, is NaN."""
+    E, H, I, k = 2, 32, 128, 1
+    dn_blocks, dn_scales = mxfp4_experts(E, H, I, seed=45)
+    dn_scales.fill_(127)
+    dn_scales[:, :, 1] = 255                                            # columns 32-63
+    x, ids = tokens(3, I, k, E, dtype, seed=46)
+    groups = group_by_expert(ids.reshape(-1), 0, E, EXPERT_BLOCK_M)
+    bounds = [(0, 24), (24, 128)]                                       # the first chunk's tile: 0-63
+    fast = expert_down_partials_triton(x / 64, groups, (dn_blocks, dn_scales), bounds)
+    exact = expert_down_partials_triton(x / 64, groups, (dn_blocks, dn_scales), bounds, fast_decode=False)
+    assert same_bits(fast, exact) and torch.isfinite(fast[0]).all() and torch.isnan(fast[1]).all()
+
+
 def test_mxfp4_scale_255_is_nan_and_the_edges_are_exact():
     """One weight row per case: x = e_j picks column j, so h = W[:, j] exactly (+ zero bias): the
     kernel's decoded values, compared with dequantize bit for bit, NaN block included."""
