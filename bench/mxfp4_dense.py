@@ -9,7 +9,7 @@ and each row says whether the two gave the same bits (they must: a different bit
 One 20b MoE layer (32 experts, top-4, H = I = 2880, down in 8 chunks of 360), random codes and
 scales 119-123, bf16 activations; `engine.experts.experts_grouped` on one device, 5 calls in a CUDA
 graph (`graph_timed`), the path forced each way through MXFP4_DENSE_MIN_ROWS. Used to set
-MXFP4_DENSE_MIN_ROWS.
+MXFP4_DENSE_MIN_ROWS. First, the decode into MMA order alone (both weights of the layer).
 """
 
 import argparse
@@ -41,6 +41,11 @@ def main():
     bounds = k_chunk_bounds(I)
     print(f"device {torch.cuda.get_device_name()}, MXFP4 experts {E}, top-{TOP_K}, H = I = {H}; "
           f"engine threshold MXFP4_DENSE_MIN_ROWS = {moe.MXFP4_DENSE_MIN_ROWS} rows an expert")
+    order = lambda: (moe.mma_order_triton(gu, ((0, H),), torch.bfloat16),  # noqa: E731
+                     moe.mma_order_triton(dn, bounds, torch.bfloat16))
+    t = graph_timed(order, repeat=5)
+    moved = sum(w.numel() + s.numel() for w, s in (gu, dn)) + sum(o.numel() * 2 for o in order())
+    print(f"mma_order_triton, both weights of the layer: {t * 1e3:.3f} ms ({moved / t / 1e12:.2f} TB/s read + written)")
     threshold = moe.MXFP4_DENSE_MIN_ROWS
     try:
         for T in args.tokens:

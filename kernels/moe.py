@@ -49,7 +49,7 @@ import triton.language as tl
 
 from kernels import portable
 from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from kernels.matmul import TILES, _chunk_acc, _mxfp4_values, bounds_div, bounds_tensor
+from kernels.matmul import TILES, _chunk_acc, _load_w_tile, _mxfp4_fast_ok, bounds_div, bounds_tensor
 from kernels.mxfp4 import dequantize
 from kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
 
@@ -468,13 +468,13 @@ def _lo_div(bounds) -> int:
 # the activations gathered alike, a chunk's last step padded with zeros as the MXFP4 kernel masks
 # it) gives the MXFP4 kernels' bits, with 64- and 128-row blocks that MXFP4's own layout cannot take
 # (MXFP4_MAX_BLOCK_M). An H200 run found the same bits for this order alone among 13 candidates
-# (docs/benchmarks.md), and tests/kernels/test_mxfp4_mma_order.py holds it compiled. Large prefills only: the
-# decode into that order (mma_order_triton, a gather per value) costs ~4 ms a 20b layer on an H200,
-# so the packed kernels stay faster up to ~256 rows an expert (a 2048-token prefill: 0.98x) and the
-# dense tiles take over from MXFP4_DENSE_MIN_ROWS (1,024 rows an expert: 0.51x; a replay's forwards of
-# 16,384 positions have 2,048).
+# (docs/benchmarks.md), and tests/kernels/test_mxfp4_mma_order.py holds it compiled. Large prefills
+# only: the decode into that order (mma_order_triton: the packed kernels' own tile decode, then a
+# register permute) writes a bf16 copy of the experts, 1.5 ms a 20b layer on an H200, so the packed
+# kernels stay faster for small launches. bench/mxfp4_dense.py: dense / packed 1.34x at 64 rows an
+# expert, 0.88x at 128, 0.59x at 256 (a 2048-token prefill): MXFP4_DENSE_MIN_ROWS = 128.
 MXFP4_STEP = 64
-MXFP4_DENSE_MIN_ROWS = 512
+MXFP4_DENSE_MIN_ROWS = 128
 assert all(bk == MXFP4_STEP for _, bk, _, _ in MXFP4_GPU_TILES.values())   # the order is a 64-column step's
 
 
@@ -485,26 +485,44 @@ def mxfp4_dense(rows: int, n_local: int, dtype: torch.dtype) -> bool:
     return not INTERPRET and dtype != torch.float32 and rows // max(n_local, 1) >= MXFP4_DENSE_MIN_ROWS
 
 
+def _mma_position(c):
+    """Column c of a 64-column step -> its position in MMA order: c = 8q + 2i + b (pair j = 4q + i,
+    b its half) goes to MMA i, after the q earlier pairs: 16i + 2q + b."""
+    q, r = divmod(c, 8)
+    return 16 * (r // 2) + 2 * q + r % 2
+
+
 def mma_order_columns(bounds, K: int, device) -> tuple[torch.Tensor, tuple[tuple[int, int], ...]]:
     """bounds: C column ranges of K -> (cols [KP] int64, padded bounds): for each chunk, its
     MXFP4_STEP-column steps from its first column, each step's columns in the MMA order above;
     cols[p] is the weight column at position p, K where a chunk's last step is past its end (a zero
     column); the padded bounds are the chunks' ranges of positions. Kept per (bounds, K, device):
     every layer asks the same (the tensor is shared; nothing writes it)."""
-    return _mma_order_columns(tuple((int(lo), int(hi)) for lo, hi in bounds), int(K), torch.device(device))
+    return _mma_order_columns(_check_bounds(bounds, K), int(K), torch.device(device))[:2]
 
 
 @lru_cache(maxsize=64)
 def _mma_order_columns(bounds, K, device):
-    order = [2 * (i + 4 * (t // 2)) + t % 2 for i in range(4) for t in range(16)]      # position -> column
-    assert sorted(order) == list(range(MXFP4_STEP))
-    cols, padded = [], []
+    """-> (cols, padded bounds, steps [S, 2] int32: each step's first column and its chunk's end)."""
+    order = sorted(range(MXFP4_STEP), key=_mma_position)                 # position -> column
+    cols, padded, steps = [], [], []
     for lo, hi in bounds:
         start = len(cols)
         for j0 in range(lo, hi, MXFP4_STEP):
             cols += [j0 + c if j0 + c < hi else K for c in order]
+            steps.append((j0, hi))
         padded.append((start, len(cols)))
-    return torch.tensor(cols, dtype=torch.int64, device=device), tuple(padded)
+    return (torch.tensor(cols, dtype=torch.int64, device=device), tuple(padded),
+            torch.tensor(steps, dtype=torch.int32, device=device).reshape(-1, 2))
+
+
+def _check_bounds(bounds, K) -> tuple[tuple[int, int], ...]:
+    """Host ints (a prefill's launch, never a captured step): each chunk a nonempty range in [0, K]."""
+    bounds = tuple((int(lo), int(hi)) for lo, hi in bounds)
+    bad = [(lo, hi) for lo, hi in bounds if not 0 <= lo < hi <= K]
+    if bad:
+        raise ValueError(f"mma_order: chunks must be nonempty column ranges within [0, {K}], got {bad[:3]}")
+    return bounds
 
 
 def gather_columns(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -514,43 +532,51 @@ def gather_columns(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _mma_order_kernel(w_ptr, s_ptr, cols_ptr, out_ptr, N, K, KP, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # program (position tile, N tile, expert): out[e, rn, p] = W[e, rn, cols[p]] decoded, 0 where
-    # cols[p] == K; blocks [E, N, K/32, 16] u8 (row byte k // 2, nibble k % 2), scales [E, N, K/32].
-    p = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)                  # [BK] positions
-    rn = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)   # [BN]
-    row = tl.program_id(2).to(tl.int64) * N + rn                            # [BN] rows of [E * N]
-    p_ok = p < KP
+def _mma_order_kernel(w_ptr, s_ptr, steps_ptr, out_ptr, N, K, KP, BLOCK_N: tl.constexpr, DIV: tl.constexpr):
+    # program (step, N tile, expert): the step's 64 columns j0 + c (c < 64; +0 from the chunk's end
+    # hi on) of rows rn, decoded as the packed kernels decode a tile (`_load_w_tile`, the fast path
+    # where `_mxfp4_fast_ok` allows), then moved into MMA order (c = 8q + 2i + b -> 16i + 2q + b, a
+    # register permute) and stored as 64 contiguous positions. blocks [E, N, K/32, 16] u8, scales
+    # [E, N, K/32], out [E, N, KP]. DIV: a power of two dividing every j0 (vector byte loads).
+    s = tl.program_id(0)
+    rn = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BN]
+    e = tl.program_id(2).to(tl.int64)
     n_ok = rn < N
-    col = tl.load(cols_ptr + p, mask=p_ok, other=K)                         # [BK] weight columns
-    real = n_ok[:, None] & (col < K)[None, :]
-    byte = tl.load(w_ptr + row[:, None] * (K // 2) + (col // 2)[None, :], mask=real, other=0).to(tl.int32)
-    code = (byte >> (4 * (col % 2)).to(tl.int32)[None, :]) & 15
-    scale = tl.load(s_ptr + row[:, None] * (K // 32) + (col // 32)[None, :], mask=real, other=0).to(tl.int32)
-    value = tl.where(real, _mxfp4_values(code, scale), 0.0)                 # exact; padding +0
-    tl.store(out_ptr + row[:, None] * KP + p[None, :], cast_rne(value, out_ptr.dtype.element_ty),
-             mask=n_ok[:, None] & p_ok[None, :])
+    j0 = tl.load(steps_ptr + 2 * s)
+    if DIV > 1:
+        j0 = tl.multiple_of(j0, DIV)
+    hi = tl.load(steps_ptr + 2 * s + 1)
+    width = tl.minimum(hi - j0, 64)
+    if _mxfp4_fast_ok(s_ptr, e * N + rn, n_ok, K, j0, width, BLOCK_N):
+        w = _load_w_tile(w_ptr, s_ptr, e, rn, n_ok, j0, hi, N, K, True, out_ptr.dtype.element_ty, BLOCK_N, 64,
+                         True, False, False)                                # [BN, 64] column order
+    else:
+        w = _load_w_tile(w_ptr, s_ptr, e, rn, n_ok, j0, hi, N, K, True, out_ptr.dtype.element_ty, BLOCK_N, 64)
+    w = tl.reshape(tl.permute(tl.reshape(w, (BLOCK_N, 8, 4, 2)), (0, 2, 1, 3)), (BLOCK_N, 64))   # MMA order
+    p = s * 64 + tl.arange(0, 64)
+    tl.store(out_ptr + (e * N + rn)[:, None] * KP + p[None, :], w, mask=n_ok[:, None])
 
 
-def mma_order_triton(weight, cols: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """MXFP4 weight (blocks [E, N, K/32, 16], scales [E, N, K/32]) and cols from mma_order_columns
-    -> [E, N, KP] in dtype: column p is the decoded column cols[p] (exact in fp32 and bf16), 0
-    where cols[p] is K. One launch."""
-    blocks, scales = _check_mma_order(weight, cols, dtype)
+def mma_order_triton(weight, bounds, dtype: torch.dtype) -> torch.Tensor:
+    """MXFP4 weight (blocks [E, N, K/32, 16], scales [E, N, K/32]) and its K chunks -> [E, N, KP] in
+    dtype: position p holds the decoded column mma_order_columns(bounds)[0][p] (exact in fp32 and
+    bf16), +0 where that is K (a chunk's last step past its end). One launch, a program per
+    (64-column step, N tile, expert)."""
+    blocks, scales = _check_mma_order(weight, dtype)
     E, N, K = blocks.shape[0], blocks.shape[1], 32 * blocks.shape[2]
-    KP = cols.shape[0]
-    out = torch.empty((E, N, KP), dtype=dtype, device=blocks.device)
+    _, _, steps = _mma_order_columns(_check_bounds(bounds, K), K, blocks.device)
+    out = torch.empty((E, N, MXFP4_STEP * steps.shape[0]), dtype=dtype, device=blocks.device)
     if out.numel() == 0:
         return out
-    bn, bk = (64, 64) if not INTERPRET else (16, 64)
-    _mma_order_kernel[(triton.cdiv(KP, bk), triton.cdiv(N, bn), E)](blocks.contiguous(), scales.contiguous(),
-                                                                  cols, out, N, K, KP, BLOCK_N=bn, BLOCK_K=bk)
+    bn = 64 if not INTERPRET else 16
+    div = bounds_div([(lo,) for lo, _ in _check_bounds(bounds, K)])          # steps are lo + 64 s
+    _mma_order_kernel[(steps.shape[0], triton.cdiv(N, bn), E)](blocks.contiguous(), scales.contiguous(), steps, out,
+                                                               N, K, out.shape[2], BLOCK_N=bn, DIV=div)
     return out
 
 
-def _check_mma_order(weight, cols, dtype):
-    """-> (blocks, scales), or ValueError naming what does not fit (cols are read once on the host:
-    a prefill's launch, never a captured step)."""
+def _check_mma_order(weight, dtype):
+    """-> (blocks, scales), or ValueError naming what does not fit."""
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"mma_order: MXFP4 decodes to float32 or bfloat16, got {dtype}")
     if not (isinstance(weight, tuple) and len(weight) == 2
@@ -560,19 +586,15 @@ def _check_mma_order(weight, cols, dtype):
     if blocks.dim() != 4 or blocks.shape[-1] != 16 or scales.shape != blocks.shape[:3] or scales.device != blocks.device:
         raise ValueError(f"mma_order: MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not fit "
                          f"[E, N, K/32, 16] and [E, N, K/32] on one device")
-    K = 32 * blocks.shape[2]
-    if not isinstance(cols, torch.Tensor) or cols.dtype != torch.int64 or cols.dim() != 1 or cols.device != blocks.device:
-        raise ValueError(f"mma_order: cols must be a 1-D int64 tensor on {blocks.device} (mma_order_columns)")
-    if cols.numel():
-        least, most = torch.stack(torch.aminmax(cols)).tolist()            # one host sync
-        if least < 0 or most > K:
-            raise ValueError(f"mma_order: cols must lie in [0, {K}] ({K}: a zero column), got [{least}, {most}]")
     return blocks, scales
 
 
-def mma_order_portable(weight, cols: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """mma_order_triton with kernels/mxfp4.py's `dequantize`: the reference the tests hold it to."""
-    dense = dequantize(*weight, dtype)                                          # [E, N, K]
+def mma_order_portable(weight, bounds, dtype: torch.dtype) -> torch.Tensor:
+    """mma_order_triton with kernels/mxfp4.py's `dequantize` and mma_order_columns' gather: the
+    reference the tests hold it to."""
+    blocks, scales = _check_mma_order(weight, dtype)
+    cols, _ = mma_order_columns(bounds, 32 * blocks.shape[2], blocks.device)
+    dense = dequantize(blocks, scales, dtype)                                   # [E, N, K]
     return torch.cat([dense, dense.new_zeros(dense.shape[:2] + (1,))], dim=2).index_select(2, cols)
 
 

@@ -57,29 +57,46 @@ def test_mma_order_decodes_exactly(dtype):
     that start mid scale group: each position holds its column's exact value (NaN where the scale is
     255), padding +0."""
     blocks, scales = _packed(3, 40, 96, seed=5)
-    cols, _ = mma_order_columns(((0, 40), (40, 84), (84, 96)), 96, DEVICE)
-    got, want = mma_order_triton((blocks, scales), cols, dtype), mma_order_portable((blocks, scales), cols, dtype)
+    bounds = ((0, 40), (40, 84), (84, 96))
+    cols, _ = mma_order_columns(bounds, 96, DEVICE)
+    got, want = mma_order_triton((blocks, scales), bounds, dtype), mma_order_portable((blocks, scales), bounds, dtype)
     assert got.shape == want.shape == (3, 40, cols.shape[0])
     assert got.isnan().any() and got.isinf().any() and same_bits(got, want)
     pads = (cols == 96)
     assert pads.any() and (got[:, :, pads] == 0).all() and not torch.signbit(got[:, :, pads]).any()
 
 
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+def test_a_nan_group_past_a_chunks_end_leaves_its_padding_zero(dtype):
+    """Every scale ordinary (the fast decode runs) but the group after a chunk's end, 255: the
+    chunk's last step reaches into that group, and its positions there are padding, so +0 (a
+    compiled bf16 decode once multiplied those +0 codes by the group's inf power: NaN)."""
+    blocks, scales = _packed(2, 16, 128, seed=11)
+    scales.fill_(127)
+    scales[:, :, 1] = 255                                                # columns 32-63: the second chunk's
+    bounds = ((0, 24), (24, 128))                                        # the first chunk's step: 0-63
+    got, want = mma_order_triton((blocks, scales), bounds, dtype), mma_order_portable((blocks, scales), bounds, dtype)
+    assert same_bits(got, want) and got[:, :, :64].isfinite().all() and got[:, :, 64:].isnan().any()
+
+
 def test_bad_input_is_refused_by_name():
     blocks, scales = _packed(2, 8, 64, seed=9)
-    cols, _ = mma_order_columns(((0, 64),), 64, DEVICE)
-    cases = [((blocks, scales), cols, torch.float16, "float32 or bfloat16"),
-             ((blocks,), cols, BF16, "pair of uint8"),
-             ((blocks.float(), scales), cols, BF16, "pair of uint8"),
-             ((blocks, scales[:, :, :1]), cols, BF16, "do not fit"),
-             ((blocks, scales), cols.int(), BF16, "1-D int64"),
-             ((blocks, scales), cols[None], BF16, "1-D int64"),
-             ((blocks, scales), torch.tensor([0, 65], device=DEVICE), BF16, r"\[0, 64\]"),
-             ((blocks, scales), torch.tensor([-1, 3], device=DEVICE), BF16, r"\[0, 64\]")]
-    for weight, c, dtype, match in cases:
+    cases = [((blocks, scales), ((0, 64),), torch.float16, "float32 or bfloat16"),
+             ((blocks,), ((0, 64),), BF16, "pair of uint8"),
+             ((blocks.float(), scales), ((0, 64),), BF16, "pair of uint8"),
+             ((blocks, scales[:, :, :1]), ((0, 64),), BF16, "do not fit"),
+             ((blocks, scales), ((0, 65),), BF16, r"within \[0, 64\]"),
+             ((blocks, scales), ((-1, 3),), BF16, r"within \[0, 64\]"),
+             ((blocks, scales), ((0, 8), (8, 8)), BF16, "nonempty")]
+    for weight, bounds, dtype, match in cases:
         with pytest.raises(ValueError, match=match):
-            mma_order_triton(weight, c, dtype)
-    assert mma_order_triton((blocks, scales), cols[:0], BF16).shape == (2, 8, 0)
+            mma_order_triton(weight, bounds, dtype)
+        if match != "pair of uint8":
+            with pytest.raises(ValueError, match=match):
+                mma_order_portable(weight, bounds, dtype)
+    with pytest.raises(ValueError, match="nonempty"):
+        mma_order_columns(((4, 2),), 64, DEVICE)
+    assert mma_order_triton((blocks, scales), (), BF16).shape == (2, 8, 0)
 
 
 def test_the_policy_is_compiled_prefills_only(monkeypatch):
