@@ -76,12 +76,14 @@ MXFP4_MAX_BLOCK_M = 32
 # fp16 and fp32: fp32 always takes 16-row blocks), by kernel and rows per block: the fastest with
 # bench/expert_tiles.py on an H200 at 20b shapes, decode (1 and 32 tokens) for 16 rows and 256, 512
 # and 2048 tokens for 32, 64 and 128 (the sizes expert_block_m picks there; 128 rows: gate_up 0.59x
-# and down 0.72x the time of the 16-row tiles they took before). Every sweep candidate gave the same
-# output bits; a tile never depends on the rows.
-EXPERT_GPU_TILES = {("gate_up", 16): (64, 128, 4, 3), ("down", 16): (64, 64, 4, 3),
+# and down 0.72x the time of the 16-row tiles they took before). Down was swept again once its loads
+# were vectorized (kernels.matmul bounds_div): 16 rows (64, 128, 4, 3), 0.93x at 1 token and 0.96x
+# at 32; 128 rows (256, 64, 8, 3), 0.76x at 16,384 tokens (a replay's forward). Every sweep
+# candidate gave the same output bits; a tile never depends on the rows.
+EXPERT_GPU_TILES = {("gate_up", 16): (64, 128, 4, 3), ("down", 16): (64, 128, 4, 3),
                     ("gate_up", 32): (256, 64, 8, 4), ("down", 32): (256, 64, 8, 3),
                     ("gate_up", 64): (128, 64, 8, 4), ("down", 64): (64, 64, 4, 3),
-                    ("gate_up", 128): (256, 64, 8, 4), ("down", 128): (128, 128, 8, 3)}
+                    ("gate_up", 128): (256, 64, 8, 4), ("down", 128): (256, 64, 8, 3)}
 # MXFP4 packed weights, by kernel and rows per block (bench/expert_tiles.py --dtype mxfp4 on an H200,
 # the same bits for every candidate): gate_up steps 64 columns of K, not 128 (0.70x, 0.68x and 0.77x
 # of the 128-step time at 1, 32 and 2048 tokens: the decode in registers is the step's cost); down
