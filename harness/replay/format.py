@@ -44,6 +44,12 @@ def f32_bits(x: float) -> str:
     return struct.pack(">f", x).hex()
 
 
+def f32_bits_all(xs) -> list[str]:
+    """[f32_bits(x) for x in xs], from one struct.pack (a 64 x 1024 replay's verdicts read 65,536)."""
+    h = struct.pack(f">{len(xs)}f", *xs).hex()
+    return [h[j:j + 8] for j in range(0, len(h), 8)]
+
+
 def f32_from_bits(h: str) -> float:
     return struct.unpack(">f", bytes.fromhex(h))[0]
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from engine.request import Request
-from harness.replay.format import Trace, TraceError, f32_bits, f32_from_bits
+from harness.replay.format import Trace, TraceError, f32_bits, f32_bits_all, f32_from_bits
 from harness.replay.identity import check_checkpoint, check_platform, platform_identity
 from harness.replay.observe import StepLog
 from harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
@@ -230,33 +230,42 @@ def _speculative_control(trace: Trace, i: int, result, log: StepLog) -> StepVerd
     return None
 
 
+# a teacher-forced step whose logprob is bitwise but whose trace lacks a measurement the replay made:
+# the text by (no routed experts in the trace, no logits digest in the trace)
+_UNCHECKED = {(no_experts, no_digest): "the chosen logprob is bitwise; the trace has no " + " and no ".join(
+    what for what, absent in (("routed experts", no_experts), ("logits row's digest", no_digest)) if absent) +
+    ": not checked" for no_experts, no_digest in ((True, False), (False, True), (True, True))}
+
+
 def _forced_verdicts(trace: Trace, i: int, result, flog: StepLog) -> list[StepVerdict]:
     out = []
     lps = result.logprobs.tolist() if hasattr(result.logprobs, "tolist") else list(result.logprobs)  # one copy
-    for k, s in enumerate(trace.steps[i]):
-        bits = f32_bits(float(lps[k]))
-        digest = flog.logits.get((i, k), {}).get("logits_sha256")
-        experts = [v for _, v in sorted(flog.experts.get((i, k), {}).items())]
-        # a measurement the trace lacks is named, never taken as agreement ([] is "no layer routed"
-        # only when the replay routed none either)
-        missing = [what for what, absent in (("routed experts", not s.get("experts") and bool(experts)),
-                                             ("logits row's digest", not s.get("logits_sha256"))) if absent]
+    rec = trace.steps[i]
+    all_bits = f32_bits_all(lps[:len(rec)])
+    for k, s in enumerate(rec):
+        bits, rec_experts, rec_digest = all_bits[k], s.get("experts"), s.get("logits_sha256")
+        # what this replay measured beyond the logprob (nothing unless the StepLog was asked)
+        digest = flog.logits[i, k].get("logits_sha256") if (i, k) in flog.logits else None
+        routed = flog.experts.get((i, k))
+        experts = [v for _, v in sorted(routed.items())] if routed else []
         if bits != s["logprob_bits"]:
             d = abs(float(lps[k]) - f32_from_bits(s["logprob_bits"]))
             u = ulp_distance(bits, s["logprob_bits"])
             out.append(StepVerdict(i, k, Verdict.BITS, f"logprob {bits} vs the trace's {s['logprob_bits']} "
                                                        f"(|Δ| {d:.3g}, {u} ULP)", d, u))
-        elif s.get("experts") and experts != s["experts"]:
-            layer = next((j for j, (a, b) in enumerate(zip(experts, s["experts"])) if a != b),
-                         min(len(experts), len(s["experts"])))
+        elif rec_experts and experts != rec_experts:
+            layer = next((j for j, (a, b) in enumerate(zip(experts, rec_experts)) if a != b),
+                         min(len(experts), len(rec_experts)))
             out.append(StepVerdict(i, k, Verdict.CONTROL, f"routing: layer {layer} routes to "
                                                           f"{experts[layer] if layer < len(experts) else None}, "
-                                                          f"the trace to {(s['experts'] + [None])[layer]}"))
-        elif s.get("logits_sha256") and digest != s["logits_sha256"]:
+                                                          f"the trace to {(rec_experts + [None])[layer]}"))
+        elif rec_digest and digest != rec_digest:
             out.append(StepVerdict(i, k, Verdict.BITS, "the logits row's digest differs (the chosen logprob is equal)"))
-        elif missing:
-            out.append(StepVerdict(i, k, Verdict.NOT_RECORDED, f"the chosen logprob is bitwise; the trace has no "
-                                                               f"{' and no '.join(missing)}: not checked"))
+        elif not rec_digest or (experts and not rec_experts):
+            # a measurement the trace lacks is named, never taken as agreement ([] is "no layer
+            # routed" only when the replay routed none either)
+            out.append(StepVerdict(i, k, Verdict.NOT_RECORDED, _UNCHECKED[bool(experts) and not rec_experts,
+                                                                          not rec_digest]))
         else:
             out.append(StepVerdict(i, k, Verdict.BITWISE))
     return out

@@ -82,6 +82,14 @@ def test_float_bits_are_big_endian_float32():
     assert fmt.f32_from_bits("bfc00000") == -1.5
 
 
+def test_many_float_bits_at_once_are_each_ones_bits():
+    import torch
+    xs = [-1.5, 0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -3.4028234663852886e38, 0.1]
+    xs += torch.randn(200, generator=torch.Generator().manual_seed(3)).tolist()
+    assert fmt.f32_bits_all(xs) == [fmt.f32_bits(x) for x in xs]
+    assert fmt.f32_bits_all([]) == []
+
+
 def test_records_are_manifest_requests_then_each_requests_steps_and_rounds():
     kinds = [(r["kind"], r.get("request"), r.get("step"), r.get("round")) for r in small_trace().records()]
     assert kinds == [("manifest", None, None, None), ("request", None, None, None), ("request", None, None, None),
