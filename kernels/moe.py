@@ -566,12 +566,13 @@ def mma_order_triton(weight, bounds, dtype: torch.dtype) -> torch.Tensor:
     (64-column step, N tile, expert)."""
     blocks, scales = _check_mma_order(weight, dtype)
     E, N, K = blocks.shape[0], blocks.shape[1], 32 * blocks.shape[2]
-    _, _, steps = _mma_order_columns(_check_bounds(bounds, K), K, blocks.device)
+    bounds = _check_bounds(bounds, K)
+    _, _, steps = _mma_order_columns(bounds, K, blocks.device)
     out = torch.empty((E, N, MXFP4_STEP * steps.shape[0]), dtype=dtype, device=blocks.device)
     if out.numel() == 0:
         return out
     bn = 64 if not INTERPRET else 16
-    div = bounds_div([(lo,) for lo, _ in _check_bounds(bounds, K)])          # steps are lo + 64 s
+    div = bounds_div([(lo,) for lo, _ in bounds])                           # steps are lo + 64 s
     _mma_order_kernel[(steps.shape[0], triton.cdiv(N, bn), E)](blocks.contiguous(), scales.contiguous(), steps, out,
                                                                N, K, out.shape[2], BLOCK_N=bn, DIV=div)
     return out
