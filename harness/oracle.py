@@ -164,6 +164,18 @@ def tails(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
     return torch.cat([fn(*parts) for parts in zip(*(_slices(a) for a in args))])
 
 
+def tails_sampled(fn: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor, every: int = 16) -> torch.Tensor:
+    """fn(a), with every `every`-th element (from every part of `inputs`' mix) computed by `tails`
+    (each scalar-tail length many times over) and the rest in one call: for an op composed of ops
+    that `tails` checks on every input."""
+    picked = torch.zeros(a.numel(), dtype=torch.bool)
+    picked[::every] = True
+    out = torch.empty_like(a)
+    out[picked] = tails(fn, a[picked].contiguous())
+    out[~picked] = fn(a[~picked].contiguous())
+    return out
+
+
 _SLICED: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []
 
 
@@ -354,9 +366,13 @@ def _sqrt_want(a: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 
 
 def check_sqrt(n: int, dtype: torch.dtype) -> list[Finding]:
+    """portable.sqrt, correctly rounded on every input, a sixteenth of them through `tails` (every
+    scalar-tail length ~57 times at 10^6 inputs). It is ~110 elementwise ops, each checked on its
+    own at every tail length on every input; all 10^6 inputs through `tails` (58,826 calls) were
+    22 of the oracle's 34 CPU seconds on a 2-core AMD EPYC, a sixteenth 1.5."""
     a = inputs(n, dtype, 4)
     name = "f32" if dtype == torch.float32 else "f64"
-    return [_finding(f"portable.sqrt {name}", tails(portable.sqrt, a), _sqrt_want(a, dtype), (a,))]
+    return [_finding(f"portable.sqrt {name}", tails_sampled(portable.sqrt, a), _sqrt_want(a, dtype), (a,))]
 
 
 def check_torch_sqrt(n: int, dtype: torch.dtype) -> Finding:

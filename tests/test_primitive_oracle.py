@@ -14,7 +14,7 @@ from kernels import portable
 N = 1_000_000
 
 
-slow_oracle = pytest.mark.slow     # 10^6 inputs per op: 127 s (docs/gate.md)
+slow_oracle = pytest.mark.slow     # 10^6 inputs per op: ~15 s on a 2-core CPU (docs/gate.md)
 # one xdist worker runs the whole module (tests/conftest.py): `findings` (70 CPU s) and the reference
 # fingerprint are each computed once per run
 pytestmark = pytest.mark.xdist_group("primitive-oracle")
@@ -65,6 +65,28 @@ def test_the_oracle_sees_round_half_up(monkeypatch):
     with np.errstate(all="ignore"):
         found = {f.op: f for f in oracle.check_exact(SMALL, torch.float64)}
     assert found["round f64"].wrong > 0 and found["floor f64"].ok
+
+
+def _sqrt_off_in_short_calls(x):
+    """portable.sqrt, but one ulp up whenever it is called on fewer than 9 elements: a bug of a
+    vector loop's scalar tail."""
+    y = _SQRT(x)
+    return torch.nextafter(y, torch.full_like(y, math.inf)) if x.numel() < 9 else y
+
+
+_SQRT = portable.sqrt
+
+
+@pytest.mark.parametrize("plant", ["no correction", "short calls"])
+def test_the_oracle_sees_a_wrong_portable_sqrt(plant, monkeypatch):
+    """Planted: sqrt64 without its move to the nearest double (wrong on some inputs), and a sqrt
+    wrong only in calls of a few elements (which `tails` makes for a sixteenth of the inputs)."""
+    wrong = (_sqrt_off_in_short_calls if plant == "short calls" else
+             lambda x: portable._reduced_sqrt(x, portable._newton_sqrt, subnormal=True))
+    monkeypatch.setattr(portable, "sqrt", wrong)
+    with np.errstate(all="ignore"):
+        found = oracle.check_sqrt(SMALL, torch.float64)[0]
+    assert found.checked == SMALL and found.wrong > 0
 
 
 def _mul_one_ulp_up(x, y):
