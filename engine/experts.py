@@ -62,11 +62,12 @@ def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
     if isinstance(gate_up_w, tuple) and mxfp4_dense(top_ids.numel(), n_local, x.dtype):
         # a prefill's MXFP4 experts, decoded once into the packed kernels' MMA order: dense tiles,
         # the same bits (kernels.moe, "MXFP4 prefill as dense tiles")
-        gate_cols, _ = mma_order_columns(((0, x.shape[1]),), x.shape[1], x.device)
+        gate_bounds = ((0, x.shape[1]),)                                               # all of H
+        gate_cols, _ = mma_order_columns(gate_bounds, x.shape[1], x.device)
         down_cols, padded = mma_order_columns(bounds, 32 * down_w[0].shape[2], x.device)
-        x = gather_columns(x, gate_cols)                                                # [T, H]
-        gate_up_w = mma_order_triton(gate_up_w, ((0, x.shape[1]),), x.dtype)          # [E, 2I, HP]
+        gate_up_w = mma_order_triton(gate_up_w, gate_bounds, x.dtype)                 # [E, 2I, HP]
         down_w, bounds = mma_order_triton(down_w, bounds, x.dtype), padded              # [E, H, KP]
+        x = gather_columns(x, gate_cols)                                                # [T, HP]
         fused_swiglu = False                                                           # a is gathered first
     block_m = expert_block_m(top_ids.numel(), n_local, x.dtype, mxfp4=isinstance(gate_up_w, tuple))   # shapes only
     groups = group_by_expert(top_ids.reshape(-1), expert_lo, n_local, block_m)            # on the device

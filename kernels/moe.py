@@ -25,7 +25,7 @@ Grouped experts (the engine's MoE on the Triton backend; one launch per op, no h
         bias); with prologue_swiglu = (alpha, limit), a = clamped_swiglu(h) computed in the load.
     weight: dense [E_l, N, K] (fp32 or bf16) or MXFP4 (blocks [E_l, N, K/32, 16] u8, scales
         [E_l, N, K/32] u8), decoded inside the kernel exactly as engine/mxfp4.py `dequantize`.
-    mma_order_triton / _portable(MXFP4 weight, cols) -> [E_l, N, KP], with mma_order_columns(bounds)
+    mma_order_triton / _portable(MXFP4 weight, bounds) -> [E_l, N, KP], with mma_order_columns(bounds)
         and gather_columns(x, cols): a large MXFP4 prefill (mxfp4_dense) as dense tiles over the
         weights decoded into the MXFP4 kernels' MMA order, with their bits (the section below).
 
@@ -528,9 +528,9 @@ def _check_bounds(bounds, K) -> tuple[tuple[int, int], ...]:
 
 
 def gather_columns(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """x [R, K], cols from mma_order_columns -> [R, KP]: x's columns at those positions, 0 where
+    """x [..., K], cols from mma_order_columns -> [..., KP]: x's columns at those positions, 0 where
     cols is K."""
-    return torch.cat([x, x.new_zeros((x.shape[0], 1))], dim=1).index_select(1, cols)
+    return torch.cat([x, x.new_zeros(x.shape[:-1] + (1,))], dim=-1).index_select(-1, cols)
 
 
 @triton.jit
@@ -572,7 +572,7 @@ def mma_order_triton(weight, bounds, dtype: torch.dtype) -> torch.Tensor:
     if out.numel() == 0:
         return out
     bn = 64 if not INTERPRET else 16
-    div = bounds_div([(lo,) for lo, _ in bounds])                           # steps are lo + 64 s
+    div = _lo_div(bounds)                                                   # steps are lo + 64 s
     _mma_order_kernel[(steps.shape[0], triton.cdiv(N, bn), E)](blocks.contiguous(), scales.contiguous(), steps, out,
                                                                N, K, out.shape[2], BLOCK_N=bn, DIV=div)
     return out
@@ -597,8 +597,7 @@ def mma_order_portable(weight, bounds, dtype: torch.dtype) -> torch.Tensor:
     reference the tests hold it to."""
     blocks, scales = _check_mma_order(weight, dtype)
     cols, _ = mma_order_columns(bounds, 32 * blocks.shape[2], blocks.device)
-    dense = dequantize(blocks, scales, dtype)                                   # [E, N, K]
-    return torch.cat([dense, dense.new_zeros(dense.shape[:2] + (1,))], dim=2).index_select(2, cols)
+    return gather_columns(dequantize(blocks, scales, dtype), cols)             # [E, N, KP]
 
 
 # --------------------------------------------------------------------------- torch references
