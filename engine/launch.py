@@ -9,7 +9,8 @@ multiprocessing's fork server, which has imported torch once, or spawned afresh 
 has no fork server. Either way a rank never inherits the launching process's memory (a monkeypatch
 there is not seen), and it takes the launching process's environment as it is at the call.
 Before `fn` runs, torch.distributed is
-initialised on MASTER_ADDR=127.0.0.1 and a free port, with RANK, WORLD_SIZE and LOCAL_RANK set,
+initialised through the launching process's TCPStore on 127.0.0.1 (MASTER_ADDR, MASTER_PORT), with
+RANK, WORLD_SIZE and LOCAL_RANK set,
 and `collective_timeout_s` as the process group's timeout, so a collective waiting for a dead or
 stuck peer fails instead of hanging (see process_group_options).
 
@@ -44,7 +45,6 @@ import inspect
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 import traceback
@@ -66,12 +66,6 @@ class RankFailure(RuntimeError):
     def __init__(self, message: str, ranks: dict[int, str]):
         super().__init__(message)
         self.ranks = ranks
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 TRANSPORTS = ("gloo", "nccl", "gloo-host")
@@ -101,16 +95,20 @@ def plan(device: str, world_size: int, gpus: int, transport: str | None = None) 
 
 def _rank_context():
     """How ranks start. multiprocessing's fork server is one process per launching process, started
-    at the first launch, that imports torch (and torch.distributed) and nothing else, and forks a
-    rank per request: a rank then skips torch's import, ~2 CPU s a rank (docs/gate.md, "Measured
-    by gate4"). The server runs no tensor op and never touches CUDA (a forked rank initialises
-    its own, as a spawned one did); its one thread besides the main one, started by numpy's import
-    (its BLAS pool), is idle, and a fork copies only the forking thread. A rank imports everything
-    else (the engine, the kernels, `fn`'s module) itself. Where there is no fork server: "spawn"."""
+    at the first launch, that imports torch (and torch.distributed) and forks a rank per request: a
+    rank then skips torch's import, ~2 CPU s a rank (docs/gate.md, "Measured by gate4"). Where
+    CUDA is not available it imports the engine too (engine.parallel: the kernels, the model,
+    ~0.3 CPU s a rank; tens of ranks in a check of the topology specs): on a CUDA machine that
+    import would ask the driver for its devices, and a rank forked after that cannot use CUDA, so
+    there a rank imports the engine itself. The server runs no tensor op and never touches CUDA (a
+    forked rank initialises its own, as a spawned one did); its threads besides the main one
+    (numpy's BLAS pool) are idle, and a fork copies only the forking thread. A rank imports
+    everything else (`fn`'s module) itself. Where there is no fork server: "spawn"."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])      # used when the server starts
+    preload = ["torch", "torch.distributed"] + ([] if torch.cuda.is_available() else ["engine.parallel"])
+    ctx.set_forkserver_preload(preload)                              # used when the server starts
     return ctx
 
 
@@ -132,11 +130,13 @@ def _rank_main(rank: int, world_size: int, port: int, transport: str, rank_devic
         if rank_device != "cpu":
             torch.cuda.set_device(torch.device(rank_device))
         gpu = torch.device(rank_device).index if rank_device != "cpu" else rank
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=collective_timeout_s),
+        timeout = timedelta(seconds=collective_timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout,
+                              wait_for_workers=False)      # the launcher's: listening before any rank starts
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                                 **process_group_options(backend, gpu))
         result = fn(*args, **kwargs)
-        dist.barrier()                  # nobody tears down the store while a peer still needs it
+        dist.barrier()                  # every rank is past its last collective before any tears down
         tmp = out / f"rank{rank}.pt.tmp"
         torch.save(result, tmp)
         os.replace(tmp, out / f"rank{rank}.pt")
@@ -207,7 +207,8 @@ def launch(fn: Callable, world_size: int, args: tuple = (), kwargs: dict | None 
     kwargs = kwargs or {}
     out_dir = tempfile.mkdtemp(prefix="lockstep-launch-")
     ctx = _rank_context()
-    port = free_port()
+    store = _rendezvous_store(world_size, collective_timeout_s)
+    port = store.port
     procs = [ctx.Process(target=_rank_main, name=f"lockstep-rank{r}", daemon=True,
                          args=(r, world_size, port, transport, rank_devices[r], collective_timeout_s, threads, fn, args,
                                kwargs, out_dir, dict(os.environ)))
@@ -244,7 +245,18 @@ def launch(fn: Callable, world_size: int, args: tuple = (), kwargs: dict | None 
             time.sleep(0.05)
     finally:
         _kill(procs)
+        del store                       # its server thread stops once every rank is gone
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _rendezvous_store(world_size: int, timeout_s: float):
+    """The run's TCPStore server, held by the launching process on a port of its choosing, so it is
+    listening before any rank starts: a rank that reached its rendezvous before rank 0 had opened the
+    store used to have its connection refused and back off ~0.45 s (half the launches of a topology
+    spec, docs/gate.md), and a port found free beforehand could be taken in between."""
+    import torch.distributed as dist
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
 
 
 def _failure(world_size: int, state: dict[int, str], procs, out: Path, why: str) -> RankFailure:
