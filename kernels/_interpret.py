@@ -199,6 +199,72 @@ def _install_lookups(core) -> None:
         return broadcast(self, lhs, rhs)
 
     _replace(semantic, "broadcast_impl_value", broadcast_impl_value)
+    _install_operand_checks(core, semantic)
+    _install_builtin_calls(interpreter)
+
+
+_NO_CASTS: dict = {}    # (lhs dtype name, rhs dtype name, arithmetic_check, div_or_mod) -> casts are no-ops
+
+
+def _install_operand_checks(core, semantic) -> None:
+    """`binary_op_type_checking_impl` of two tensors of plain (non-pointer) dtypes, the operands of
+    most interpreted operations (`a + b`, `a < b`, ...). Triton's checks the pointer rules (which
+    raise for pointers only), casts each operand to the computation type (a cast to the type it
+    has returns the operand itself) and broadcasts. The computation type is a function of the two
+    dtypes and the flags alone, so whether both casts are no-ops is decided once per (dtype, dtype,
+    flags) by Triton's own `computation_type_impl`; when they are, the answer is Triton's
+    broadcast of the operands as they are, exactly what its function returns. Numbers, pointers,
+    other dtype classes and pairs that need a cast go to Triton's."""
+    import inspect
+
+    shipped = getattr(semantic, "binary_op_type_checking_impl", None)
+    expected = ["self", "lhs", "rhs", "allow_lhs_ptr", "allow_rhs_ptr", "arithmetic_check", "div_or_mod"]
+    if shipped is None or list(inspect.signature(shipped).parameters) != expected:
+        return
+    tensor, plain = core.tensor, core.dtype
+
+    def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False,
+                                     arithmetic_check=True, div_or_mod=False):
+        if type(lhs) is tensor and type(rhs) is tensor:
+            a, b = lhs.dtype, rhs.dtype
+            if type(a) is plain and type(b) is plain:
+                key = (a.name, b.name, arithmetic_check, div_or_mod)
+                no_casts = _NO_CASTS.get(key)
+                if no_casts is None:
+                    ret = self.computation_type_impl(a, False, b, False, div_or_mod) if arithmetic_check else a
+                    no_casts = _NO_CASTS[key] = (not arithmetic_check) or (ret == a and ret == b)
+                if no_casts:
+                    return self.broadcast_impl_value(lhs, rhs)
+        return shipped(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+
+    _replace(semantic, "binary_op_type_checking_impl", binary_op_type_checking_impl)
+
+    shipped_eq = core.dtype.__eq__
+
+    def dtype_eq(self, other):
+        """A dtype equals itself (Triton's compares the names: equal); anything else as Triton's."""
+        return True if other is self else shipped_eq(self, other)
+
+    _replace(core.dtype, "__eq__", dtype_eq)
+
+
+def _install_builtin_calls(interpreter) -> None:
+    """The stand-in the launch installs for each `tl` builtin calls it with the interpreter's
+    `_semantic` in place of any the caller passed; Triton's builds a filtered copy of the keyword
+    arguments on every call, this one sets the key in the call's own (fresh) keyword dict."""
+    import inspect
+
+    shipped = getattr(interpreter, "_patch_attr", None)
+    if shipped is None or list(inspect.signature(shipped).parameters) != ["obj", "name", "member", "builder", "scope"]:
+        return
+
+    def _patch_attr(obj, name, member, builder, scope):
+        def new_member(*args, **kwargs):
+            kwargs["_semantic"] = interpreter.interpreter_semantic
+            return member(*args, **kwargs)
+        scope.set_attr(obj, name, new_member)
+
+    _replace(interpreter, "_patch_attr", _patch_attr)
 
 
 def _replace(owner, name: str, ours) -> None:

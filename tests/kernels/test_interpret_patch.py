@@ -93,3 +93,47 @@ def test_after_a_launch_the_language_is_restored():
     before = {name: getattr(tl, name) for name in ("range", "reduce", "exp", "sum")}
     _attention(True)
     assert {name: getattr(tl, name) for name in before} == before
+
+
+def _operands():
+    """Binary operations over the dtype pairs `_install_operand_checks` decides: same dtypes with no
+    cast (fp32, bf16, int32), same dtypes cast for a division (bf16 / bf16 in fp32), mixed dtypes
+    (fp32 with bf16 and fp16, int32 with fp32), comparisons, and numbers (Triton's own path)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def mixed(f_ptr, b_ptr, i_ptr, out_ptr, iout_ptr, N: tl.constexpr):
+        o = tl.arange(0, N)
+        f, b, i = tl.load(f_ptr + o), tl.load(b_ptr + o), tl.load(i_ptr + o)
+        tl.store(out_ptr + 0 * N + o, f + f * f - f / (f + 3.0))
+        tl.store(out_ptr + 1 * N + o, (b / b).to(tl.float32) + (b * b - b).to(tl.float32))
+        tl.store(out_ptr + 2 * N + o, f * b + f - b.to(tl.float16))
+        tl.store(out_ptr + 3 * N + o, i * f + (f < f * 0.5).to(tl.float32) + (i >= i * 2).to(tl.float32))
+        tl.store(out_ptr + 4 * N + o, (f[:, None] * f[None, :]).sum(axis=1) % f)
+        tl.store(iout_ptr + o, i * i + i // (i + 7) - i % 5 + (i & (i >> 1)))
+
+    N = 64
+    f = _rand(N, seed=12)
+    b = _rand(N, seed=13).to(torch.bfloat16)
+    i = torch.arange(-30, N - 30, dtype=torch.int32) * 3
+    out, iout = torch.empty(5, N), torch.empty(N, dtype=torch.int32)
+    mixed[(1,)](f, b, i, out, iout, N)
+    return torch.cat([out.reshape(-1).view(torch.int32), iout])
+
+
+def test_operand_checks_give_the_interpreters_bits_and_types():
+    ours = _operands()
+    with _interpret.triton_as_shipped():
+        shipped = _operands()
+    assert _bytes(ours) == _bytes(shipped)
+    assert ("fp32", "fp32", True, False) in _interpret._NO_CASTS        # the fast path was taken
+    assert _interpret._NO_CASTS[("bf16", "bf16", True, True)] is False  # bf16 / bf16 is cast to fp32
+
+
+def test_a_wrong_no_cast_decision_changes_the_bits(monkeypatch):
+    """The decision is what keeps the bits: deciding that bf16 / bf16 needs no cast (it is computed
+    in fp32) changes the division's result (bf16 arithmetic), so the comparison above would fail."""
+    right = _operands()
+    monkeypatch.setitem(_interpret._NO_CASTS, ("bf16", "bf16", True, True), True)
+    assert _bytes(_operands()) != _bytes(right)
