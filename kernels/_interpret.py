@@ -34,6 +34,13 @@ Triton's constructor. Three pure lookups of every operation are answered directl
 (tests/kernels/test_interpret_patch.py compares six kernels' bytes with `triton_as_shipped`, which
 puts back everything install() replaced).
 
+Third, the operands of a binary operation (issue 38, ninth session): for two tensors of plain
+dtypes, whether Triton's casts to the computation type are no-ops is a function of the two dtypes
+and the flags, so it is decided once per pair (`_install_operand_checks`); a dtype equals itself
+without comparing names; and the launch's stand-in for each builtin sets `_semantic` in its own
+keyword dict instead of filtering a copy (`_install_builtin_calls`). An interpreted `a + b` costs a
+third of Triton's as shipped (bench/interpreter.py prints each case's ratio and checks the bytes).
+
 Installed by kernels/_common.py when the interpreter is on and Triton has the internals this
 relies on (triton 3.x's `_patch_lang` and `GridExecutor`); otherwise Triton runs unchanged.
 Compiled kernels (a GPU) never reach this code.
