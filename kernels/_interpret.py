@@ -41,6 +41,10 @@ without comparing names; and the launch's stand-in for each builtin sets `_seman
 keyword dict instead of filtering a copy (`_install_builtin_calls`). An interpreted `a + b` costs a
 third of Triton's as shipped (bench/interpreter.py prints each case's ratio and checks the bytes).
 
+A launch also runs under `np.errstate(all="ignore")`: the kernels' special values (the specs' inf
+and NaN inputs, overflow into inf) are values, as on a GPU, where nothing warns about them; numpy
+printed a RuntimeWarning for each (14 lines in a `lockstep check`). No value changes.
+
 Installed by kernels/_common.py when the interpreter is on and Triton has the internals this
 relies on (triton 3.x's `_patch_lang` and `GridExecutor`); otherwise Triton runs unchanged.
 Compiled kernels (a GPU) never reach this code.
@@ -51,6 +55,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import math
+
+import numpy as np
 
 _state = {"launching": False, "patched": None}     # the running launch's patched language modules
 _replaced: list = []                               # (owner, attribute, Triton's own value) install() replaced
@@ -98,7 +104,8 @@ def install() -> bool:
     def grid_call(self, *args, **kwargs):
         _state["launching"], _state["patched"] = True, None
         try:
-            return launch(self, *args, **kwargs)
+            with np.errstate(all="ignore"):                # as compiled: inf and NaN are values, not warnings
+                return launch(self, *args, **kwargs)
         finally:
             _state["launching"], _state["patched"] = False, None
 

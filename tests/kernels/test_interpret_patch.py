@@ -137,3 +137,25 @@ def test_a_wrong_no_cast_decision_changes_the_bits(monkeypatch):
     right = _operands()
     monkeypatch.setitem(_interpret._NO_CASTS, ("bf16", "bf16", True, True), True)
     assert _bytes(_operands()) != _bytes(right)
+
+
+def _linear_of_specials():
+    from kernels.matmul import linear_triton
+    x = _rand(2, 40, seed=14)
+    x[0, 3], x[1, 5] = float("inf"), float("nan")           # inf * 0 and NaN: numpy's "invalid value"
+    return linear_triton(x, _rand(8, 40, seed=15) * torch.tensor([0.0, 1.0]).repeat(20), None)
+
+
+def test_special_values_are_values_not_warnings():
+    """A launch runs under np.errstate(all="ignore"), as a compiled kernel warns about nothing; Triton
+    as shipped prints numpy's RuntimeWarning for the same launch, with the same bytes."""
+    import warnings
+    with warnings.catch_warnings(record=True) as ours:
+        warnings.simplefilter("always")
+        got = _linear_of_specials()
+    with _interpret.triton_as_shipped(), warnings.catch_warnings(record=True) as shipped:
+        warnings.simplefilter("always")
+        expected = _linear_of_specials()
+    assert _bytes(got) == _bytes(expected) and torch.isnan(got).any()
+    assert not [w for w in ours if issubclass(w.category, RuntimeWarning)]
+    assert [w for w in shipped if issubclass(w.category, RuntimeWarning)]
