@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import inspect
 import math
 
 import numpy as np
@@ -113,6 +114,8 @@ def install() -> bool:
     _replace(interpreter, "_patch_lang", patch_lang)
     _replace(grid, "__call__", grid_call)
     _install_type_caches()
+    _install_operand_checks()
+    _install_builtin_calls(interpreter)
     return True
 
 
@@ -213,14 +216,12 @@ def _install_lookups(core) -> None:
         return broadcast(self, lhs, rhs)
 
     _replace(semantic, "broadcast_impl_value", broadcast_impl_value)
-    _install_operand_checks(core, semantic)
-    _install_builtin_calls(interpreter)
 
 
 _NO_CASTS: dict = {}    # (lhs dtype name, rhs dtype name, arithmetic_check, div_or_mod) -> casts are no-ops
 
 
-def _install_operand_checks(core, semantic) -> None:
+def _install_operand_checks() -> None:
     """`binary_op_type_checking_impl` of two tensors of plain (non-pointer) dtypes, the operands of
     most interpreted operations (`a + b`, `a < b`, ...). Triton's checks the pointer rules (which
     raise for pointers only), casts each operand to the computation type (a cast to the type it
@@ -229,8 +230,10 @@ def _install_operand_checks(core, semantic) -> None:
     flags) by Triton's own `computation_type_impl`; when they are, the answer is Triton's
     broadcast of the operands as they are, exactly what its function returns. Numbers, pointers,
     other dtype classes and pairs that need a cast go to Triton's."""
-    import inspect
+    from triton.language import core
+    from triton.runtime import interpreter
 
+    semantic = getattr(interpreter, "TritonSemantic", None)
     shipped = getattr(semantic, "binary_op_type_checking_impl", None)
     expected = ["self", "lhs", "rhs", "allow_lhs_ptr", "allow_rhs_ptr", "arithmetic_check", "div_or_mod"]
     if shipped is None or list(inspect.signature(shipped).parameters) != expected:
@@ -266,8 +269,6 @@ def _install_builtin_calls(interpreter) -> None:
     """The stand-in the launch installs for each `tl` builtin calls it with the interpreter's
     `_semantic` in place of any the caller passed; Triton's builds a filtered copy of the keyword
     arguments on every call, this one sets the key in the call's own (fresh) keyword dict."""
-    import inspect
-
     shipped = getattr(interpreter, "_patch_attr", None)
     if shipped is None or list(inspect.signature(shipped).parameters) != ["obj", "name", "member", "builder", "scope"]:
         return
