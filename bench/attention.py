@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # this checkout, not an installed copy
 from _util import DEVICE, HBM_BYTES_PER_S, ON_GPU, device_line, timed  # noqa: E402
-from kernels.attention import SPLIT, attention_triton  # noqa: E402
+from lockstep.kernels.attention import SPLIT, attention_triton  # noqa: E402
 
 WALK = 1 << 30      # a split larger than any cache: the one-split walk
 

@@ -15,14 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-from harness.parallel import default_jobs
+from lockstep.harness.parallel import default_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def check(patterns: list[str], jobs: int) -> tuple[float, dict]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "harness", "check", *patterns, "--json", "-j", str(jobs)],
+    done = subprocess.run([sys.executable, "-m", "lockstep", "check", *patterns, "--json", "-j", str(jobs)],
                           cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     doc = json.loads(done.stdout)

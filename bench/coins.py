@@ -17,7 +17,7 @@ import time
 import torch
 
 from _util import DEVICE, ON_GPU, device_line, timed
-from kernels.coins import murmur_hash32_torch, murmur_hash32_triton, verify_coins
+from lockstep.kernels.coins import murmur_hash32_torch, murmur_hash32_triton, verify_coins
 
 
 def main():
@@ -29,7 +29,7 @@ def main():
     args = ap.parse_args()
     if args.suite:
         t0 = time.perf_counter()
-        rc = subprocess.run([sys.executable, "-m", "harness", "check", "coins/*"], capture_output=True).returncode
+        rc = subprocess.run([sys.executable, "-m", "lockstep", "check", "coins/*"], capture_output=True).returncode
         print(f"lockstep check 'coins/*': exit {rc}, {time.perf_counter() - t0:.2f} s wall (process start included)")
         return
     device = DEVICE

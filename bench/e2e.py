@@ -70,10 +70,10 @@ sys.path.insert(0, str(ROOT))        # this checkout's engine, not an installed 
 
 import torch  # noqa: E402
 
-from engine import mxfp4  # noqa: E402
-from engine.checkpoint import expected_tensors  # noqa: E402
-from engine.config import PRESETS, preset  # noqa: E402
-from engine.rope import rope_frequencies  # noqa: E402
+from lockstep.engine import mxfp4  # noqa: E402
+from lockstep.engine.checkpoint import expected_tensors  # noqa: E402
+from lockstep.engine.config import PRESETS, preset  # noqa: E402
+from lockstep.engine.rope import rope_frequencies  # noqa: E402
 
 SHAPES = {"20b": "gpt-oss-20b", "120b": "gpt-oss-120b"}    # other names: engine.config presets
 DTYPES = ("bf16", "mxfp4")
@@ -101,7 +101,7 @@ def local_module(name):
 def engine_model(config, weights, backend, device, dtype):
     """GptOssModel(config, weights, backend, device, dtype); `weights` HF names, experts dense or
     packed. An engine without `dtype` computes in fp32 only."""
-    model_module = local_module("engine.model")
+    model_module = local_module("lockstep.engine.model")
     GptOssModel = model_module.GptOssModel
     backends = getattr(model_module, "BACKENDS", ("torch", "triton"))
     if backend not in backends:
@@ -133,17 +133,17 @@ def engine_decoder(model, cache, batch, use_graph):
     if not use_graph:
         return lambda t, p, s: model.forward(t, p, s, cache).logits
     try:
-        DecodeGraph = local_module("engine.graphs").DecodeGraph
+        DecodeGraph = local_module("lockstep.engine.graphs").DecodeGraph
     except (NotAvailable, AttributeError) as e:
-        raise NotAvailable(f"engine.graphs.DecodeGraph ({e}); --no-graph times eager decode") from None
+        raise NotAvailable(f"lockstep.engine.graphs.DecodeGraph ({e}); --no-graph times eager decode") from None
     return DecodeGraph(model, cache, batch)
 
 
 def engine_generate(model, prompts, new_tokens):
     """-> a no-argument call of engine.generate.generate on `prompts` (lists of ids), seeded
     sampling at temperature 1, `new_tokens` each (no stop ids), all in one batch."""
-    gen = local_module("engine.generate")
-    SamplingParams = local_module("engine.sampling").SamplingParams
+    gen = local_module("lockstep.engine.generate")
+    SamplingParams = local_module("lockstep.engine.sampling").SamplingParams
     params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=())
     requests = [gen.Request(prompt=list(p), params=params, seed=1000 + i) for i, p in enumerate(prompts)]
     return lambda: gen.generate(model, requests, max_batch=len(requests))
@@ -152,7 +152,7 @@ def engine_generate(model, prompts, new_tokens):
 def engine_routed_experts(model, cache, tokens, positions, slots):
     """Distinct experts each layer's router picks for one eager decode step, read from the
     engine's op trace (engine.trace) -> [layers] ints, or None if the trace has no router ids."""
-    model.trace = local_module("engine.trace").Trace()
+    model.trace = local_module("lockstep.engine.trace").Trace()
     try:
         model.forward(tokens, positions, slots, cache)
     finally:

@@ -25,14 +25,15 @@ import itertools
 
 import torch
 import torch.nn.functional as F
+import lockstep.kernels._common  # noqa: F401  (before triton: it picks the interpreter on a CPU)
 import triton
 
 from _util import graph_timed
-from engine.linear import k_chunk_bounds
-from engine.mxfp4 import dequantize
-from kernels import moe
-from kernels._common import PORTABLE_MATH
-from kernels.matmul import bounds_tensor
+from lockstep.engine.linear import k_chunk_bounds
+from lockstep.engine.mxfp4 import dequantize
+from lockstep.kernels import moe
+from lockstep.kernels._common import PORTABLE_MATH
+from lockstep.kernels.matmul import bounds_tensor
 
 E, TOP_K, H, I = 32, 4, 2880, 2880
 TILES = ((16, 128, 4), (16, 256, 4), (32, 64, 4), (32, 128, 4), (32, 256, 4), (64, 64, 4), (64, 128, 4),

@@ -17,10 +17,10 @@ import time
 
 import torch
 
-import kernels  # noqa: F401 - sets TRITON_INTERPRET on a machine without CUDA
-from kernels import _interpret, portable
-from kernels._common import INTERPRET
+from lockstep.kernels import _interpret, portable
+from lockstep.kernels._common import INTERPRET
 
+import lockstep.kernels._common  # noqa: F401  (before triton: it picks the interpreter on a CPU)
 import triton
 import triton.language as tl
 
@@ -60,7 +60,7 @@ def _per_op(kernel, ops: int):
 
 
 def _linear():
-    from kernels.matmul import linear_triton
+    from lockstep.kernels.matmul import linear_triton
     g = torch.Generator().manual_seed(0)
     x, w, b = (portable.normal(s, g) for s in ((5, 300), (200, 300), (200,)))
     linear_triton(x, w, b)

@@ -20,10 +20,11 @@ import itertools
 
 import torch
 import torch.nn.functional as F
+import lockstep.kernels._common  # noqa: F401  (before triton: it picks the interpreter on a CPU)
 import triton
 
 from _util import graph_timed
-from kernels.matmul import _linear_kernel
+from lockstep.kernels.matmul import _linear_kernel
 
 SHAPES = {            # name: (N, K)
     "qkv": (5120, 2880),

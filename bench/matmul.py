@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from _util import DEVICE, ON_GPU, device_line, timed
-from kernels.matmul import linear_triton, tiles
+from lockstep.kernels.matmul import linear_triton, tiles
 
 
 def main():

@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # this checkou
 import torch  # noqa: E402
 
 from _util import DEVICE, ON_GPU, device_line, timed  # noqa: E402
-from engine.linear import k_chunk_bounds  # noqa: E402
-from engine.mxfp4 import dequantize  # noqa: E402
-from kernels.moe import (EXPERT_BLOCK_M, EXPERT_BLOCK_SIZES, MXFP4_MAX_BLOCK_M, clamped_swiglu_triton, expert_block_m,  # noqa: E402
+from lockstep.engine.linear import k_chunk_bounds  # noqa: E402
+from lockstep.engine.mxfp4 import dequantize  # noqa: E402
+from lockstep.kernels.moe import (EXPERT_BLOCK_M, EXPERT_BLOCK_SIZES, MXFP4_MAX_BLOCK_M, clamped_swiglu_triton, expert_block_m,  # noqa: E402
                          expert_down_partials_triton, expert_gate_up_triton, group_by_expert,
                          router_top_k_portable, router_top_k_triton)
 

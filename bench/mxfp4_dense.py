@@ -17,9 +17,9 @@ import argparse
 import torch
 
 from _util import graph_timed
-from engine.experts import experts_grouped
-from engine.linear import k_chunk_bounds
-from kernels import moe
+from lockstep.engine.experts import experts_grouped
+from lockstep.engine.linear import k_chunk_bounds
+from lockstep.kernels import moe
 
 E, TOP_K, H, I = 32, 4, 2880, 2880
 

@@ -14,8 +14,8 @@ MMAs. gpt-oss-20b's K = 2880, 8 experts x 512 columns, 256 tokens x 4, random co
 
 import torch
 
-from kernels import moe
-from kernels.mxfp4 import dequantize
+from lockstep.kernels import moe
+from lockstep.kernels.mxfp4 import dequantize
 
 E, TOP_K, H, N, T = 8, 4, 2880, 512, 256
 

@@ -9,9 +9,9 @@ import argparse
 import torch
 
 from _util import DEVICE, ON_GPU, device_line, timed
-from kernels.rmsnorm import rms_norm_fast, rms_norm_triton
-from kernels.rope import apply_rope_portable, apply_rope_triton
-from kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
+from lockstep.kernels.rmsnorm import rms_norm_fast, rms_norm_triton
+from lockstep.kernels.rope import apply_rope_portable, apply_rope_triton
+from lockstep.kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
 
 
 def main():

@@ -22,10 +22,10 @@ import time
 
 import torch
 
-from engine.experts import _down_partials
-from engine.linear import k_chunk_bounds
-from kernels import mxfp4, portable
-from kernels.attention import KV_TILE, _attend
+from lockstep.engine.experts import _down_partials
+from lockstep.engine.linear import k_chunk_bounds
+from lockstep.kernels import mxfp4, portable
+from lockstep.kernels.attention import KV_TILE, _attend
 
 # ---------------------------------------------------------------- the baseline (before issue 38)
 

@@ -34,8 +34,8 @@ def main():
     ap.add_argument("--expert-block-m", type=int, default=0, help="fix the grouped experts' rows per block")
     args = ap.parse_args()
     if args.expert_block_m:
-        import engine.experts
-        engine.experts.expert_block_m = lambda *_, **__: args.expert_block_m
+        import lockstep.engine.experts
+        lockstep.engine.experts.expert_block_m = lambda *_, **__: args.expert_block_m
     config = e2e.preset(e2e.SHAPES.get(args.shape, args.shape))
     floats, packed = e2e.random_weights(config, "cuda")
     weights = floats | (e2e.dense_experts(packed) if args.dtype == "bf16" else packed)

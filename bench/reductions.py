@@ -21,9 +21,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from engine.distributed import invariant_sum
-from engine.launch import launch
-from engine.linear import K_CHUNKS, tree_sum
+from lockstep.engine.distributed import invariant_sum
+from lockstep.engine.launch import launch
+from lockstep.engine.linear import K_CHUNKS, tree_sum
 
 
 def partials(T: int, H: int) -> list[torch.Tensor]:

@@ -37,13 +37,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _util import DEVICE, device_line  # noqa: E402
-from engine.generate import Request  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
-from harness.replay.format import Trace  # noqa: E402
-from harness.replay.observe import StepLog  # noqa: E402
-from harness.replay.record import build_trace  # noqa: E402
-from harness.replay.replay import Verdict, replay  # noqa: E402
-from harness.replay.run import Setup, run, teacher_force_prefill  # noqa: E402
+from lockstep.engine.generate import Request  # noqa: E402
+from lockstep.engine.sampling import SamplingParams  # noqa: E402
+from lockstep.harness.replay.format import Trace  # noqa: E402
+from lockstep.harness.replay.observe import StepLog  # noqa: E402
+from lockstep.harness.replay.record import build_trace  # noqa: E402
+from lockstep.harness.replay.replay import Verdict, replay  # noqa: E402
+from lockstep.harness.replay.run import Setup, run, teacher_force_prefill  # noqa: E402
 
 
 def main():
@@ -157,9 +157,9 @@ def in_memory(args):
     import torch
 
     import e2e
-    from engine.config import PRESETS, preset
-    from harness.replay.format import f32_bits
-    from harness.replay.replay import _forced_verdicts
+    from lockstep.engine.config import PRESETS, preset
+    from lockstep.harness.replay.format import f32_bits
+    from lockstep.harness.replay.replay import _forced_verdicts
 
     device = torch.device(args.device)
     cuda = device.type == "cuda"

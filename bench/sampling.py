@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))        # this checkout's engine, not an installed 
 import torch  # noqa: E402
 
 from _util import DEVICE, device_line, timed  # noqa: E402
-from engine.sampling import SamplingParams, chosen_logprobs, row_settings, sample_fused, sample_with  # noqa: E402
+from lockstep.engine.sampling import SamplingParams, chosen_logprobs, row_settings, sample_fused, sample_with  # noqa: E402
 
 
 def case(name, logits, params, positions, repeat):
@@ -54,7 +54,7 @@ def case(name, logits, params, positions, repeat):
 
 def sweep_chunks(R, V, chunks, repeat):
     """One row of the --chunks table per mode: time per split, ratio against chunks = 1."""
-    from kernels.sampling import FORCED, GREEDY, SEEDED, _tree_shape, chunks_per_row, fused_temperature, \
+    from lockstep.kernels.sampling import FORCED, GREEDY, SEEDED, _tree_shape, chunks_per_row, fused_temperature, \
         sample_fused_triton
     g = torch.Generator().manual_seed(R)
     x = (torch.randn(R, V, generator=g) * 3).to(DEVICE)

@@ -51,12 +51,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 
 import e2e  # noqa: E402  (random weights, the engine model, timing)
-from engine.config import preset  # noqa: E402
-from engine.eagle3 import Eagle3Config, Eagle3Draft, expected_draft_tensors  # noqa: E402
-from engine.generate import Decoding, Request  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
-import engine.speculative as spec_mod  # noqa: E402
-from engine.graphs import DecodeGraph, RoundGraphs  # noqa: E402
+from lockstep.engine.config import preset  # noqa: E402
+from lockstep.engine.eagle3 import Eagle3Config, Eagle3Draft, expected_draft_tensors  # noqa: E402
+from lockstep.engine.generate import Decoding, Request  # noqa: E402
+from lockstep.engine.sampling import SamplingParams  # noqa: E402
+import lockstep.engine.speculative as spec_mod  # noqa: E402
+from lockstep.engine.graphs import DecodeGraph, RoundGraphs  # noqa: E402
 
 SHAPES = {"20b": "gpt-oss-20b", "120b": "gpt-oss-120b"}
 
@@ -197,7 +197,7 @@ def end_to_end(target, draft, prompt, want, steps, repeat, device):
     steps) against `speculative_generate` with `draft` proposing the plain run's own tokens
     (`proposing`), so every draft is accepted. -> (plain s, speculative s, mean accept length,
     outputs equal)."""
-    from engine.generate import generate
+    from lockstep.engine.generate import generate
     import time
     params = SamplingParams(greedy=True, max_new_tokens=len(want.tokens))
     req = [Request(prompt, params)]
@@ -251,7 +251,7 @@ def main(argv=None):
     target = e2e.engine_model(config, weights, backend, device, compute)
     del weights, floats
     # the end-to-end request's plain greedy run first: the draft's vocabulary must hold its tokens
-    from engine.generate import generate
+    from lockstep.engine.generate import generate
     e2e_prompt = torch.randint(0, config.vocab_size, (args.context,), generator=torch.Generator().manual_seed(9)).tolist()
     with torch.inference_mode():
         plain_run = generate(target, [Request(e2e_prompt, SamplingParams(greedy=True, max_new_tokens=args.new_tokens))])[0]

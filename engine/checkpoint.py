@@ -43,9 +43,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from engine import mxfp4
-from engine.config import MXFP4_QUANTIZATION_CONFIG, GptOssConfig, preset
-from kernels import portable
+from lockstep.engine import mxfp4
+from lockstep.engine.config import MXFP4_QUANTIZATION_CONFIG, GptOssConfig, preset
+from lockstep.kernels import portable
 
 # The float dtype config.json's `torch_dtype` (transformers >= 5: `dtype`) says every float tensor
 # has; released gpt-oss checkpoints say bfloat16, and so does a config that names none.

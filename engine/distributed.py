@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from engine.config import GptOssConfig
-from engine.linear import K_CHUNKS, tree_sum
+from lockstep.engine.config import GptOssConfig
+from lockstep.engine.linear import K_CHUNKS, tree_sum
 
 # On CPU (MKL), a [1, K] x [K, N] product computes its last N % 4 columns by another code
 # path, so a column slice gives the full product's bits only if its width is a multiple of

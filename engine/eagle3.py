@@ -59,16 +59,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
-from engine.checkpoint import CheckpointError, write_folder_atomically
-from engine.config import GptOssConfig, RopeParams, preset
-from engine.model import DTYPES, residual
-from engine.ops import ops_for
-from engine.rope import rope_cos_sin, rope_frequencies
-from kernels import portable
-from kernels.attention import KV_TILE
-from kernels.rmsnorm import rms_norm_portable as rms_norm
-from kernels.rope import apply_rope_portable as apply_rope
+from lockstep.engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
+from lockstep.engine.checkpoint import CheckpointError, write_folder_atomically
+from lockstep.engine.config import GptOssConfig, RopeParams, preset
+from lockstep.engine.model import DTYPES, residual
+from lockstep.engine.ops import ops_for
+from lockstep.engine.rope import rope_cos_sin, rope_frequencies
+from lockstep.kernels import portable
+from lockstep.kernels.attention import KV_TILE
+from lockstep.kernels.rmsnorm import rms_norm_portable as rms_norm
+from lockstep.kernels.rope import apply_rope_portable as apply_rope
 
 DRAFT_FILE = "model.safetensors"
 AUX_NORM_LEGACY = ("aux_norm_low", "aux_norm_mid", "aux_norm_high")

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.mxfp4 import Mxfp4Weight, dequantize
-from kernels import portable
-from kernels.matmul import linear_chunks_portable, linear_portable
-from kernels.moe import (clamped_swiglu_portable, clamped_swiglu_triton, expert_block_m, expert_down_partials_triton,
+from lockstep.engine.mxfp4 import Mxfp4Weight, dequantize
+from lockstep.kernels import portable
+from lockstep.kernels.matmul import linear_chunks_portable, linear_portable
+from lockstep.kernels.moe import (clamped_swiglu_portable, clamped_swiglu_triton, expert_block_m, expert_down_partials_triton,
                          expert_gate_up_triton, gather_columns, group_by_expert, mma_order_columns, mma_order_triton,
                          mxfp4_dense)
 

@@ -45,10 +45,10 @@ from typing import Sequence
 
 import torch
 
-from engine.graphs import DecodeSteps, capturable, decode_steps
-from engine.model import GptOssModel
-from engine.request import Request, Result, SamplingParams, check_request  # noqa: F401  (the request type)
-from engine.sampling import chosen_logprobs, host_to, row_settings, sample_and_logprobs
+from lockstep.engine.graphs import DecodeSteps, capturable, decode_steps
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.request import Request, Result, SamplingParams, check_request  # noqa: F401  (the request type)
+from lockstep.engine.sampling import chosen_logprobs, host_to, row_settings, sample_and_logprobs
 
 
 # ---------------------------------------------------------------------- the decoding state
@@ -219,7 +219,7 @@ def _check(model, requests, capture, max_batch, prefill_chunk, max_context, sour
 
 
 def validate_request(req: Request, model: GptOssModel, index: int, max_context: int) -> None:
-    """engine.request.check_request against this model's vocabulary."""
+    """lockstep.engine.request.check_request against this model's vocabulary."""
     check_request(req, model.config.vocab_size, index, max_context)
 
 

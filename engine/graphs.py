@@ -33,9 +33,9 @@ from typing import Sequence
 
 import torch
 
-from engine.kv_cache import KVCache
-from engine.model import ONE_DEVICE
-from engine.sampling import row_settings, sample_and_logprobs
+from lockstep.engine.kv_cache import KVCache
+from lockstep.engine.model import ONE_DEVICE
+from lockstep.engine.sampling import row_settings, sample_and_logprobs
 
 KEPT_SAMPLERS = 4          # a group's composition changes as requests finish: keep the last few
 
@@ -141,7 +141,7 @@ class DecodeGraph:
 
 
 class SampleGraph(_Replayed):
-    """engine.sampling.sample_and_logprobs for one batch's RowSettings, captured once on a GPU
+    """lockstep.engine.sampling.sample_and_logprobs for one batch's RowSettings, captured once on a GPU
     and replayed each step (one fused sampling launch, plus the filter masks of rows that have
     them). Same kernels, same arguments: the eager bits.
 
@@ -223,7 +223,7 @@ def decode_steps(model, num_slots: int, capacity: int) -> DecodeSteps:
 
 
 class RoundGraphs:
-    """engine.speculative's round graphs over one run's target KV cache and draft KV (which it
+    """lockstep.engine.speculative's round graphs over one run's target KV cache and draft KV (which it
     owns), each a StaticGraph per shape: the verify call per row count, and on the draft's cached
     path (bf16 policy) a draft step per (rows, ancestors) and the draft extend per row count;
     `replay` serves the round's other device-only pieces (the whole draft tree, the verify

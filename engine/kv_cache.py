@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import GptOssConfig
-from kernels.attention import KV_TILE
+from lockstep.engine.config import GptOssConfig
+from lockstep.kernels.attention import KV_TILE
 
 
 class KVCache:

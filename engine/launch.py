@@ -107,7 +107,7 @@ def _rank_context():
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    preload = ["torch", "torch.distributed"] + ([] if torch.cuda.is_available() else ["engine.parallel"])
+    preload = ["torch", "torch.distributed"] + ([] if torch.cuda.is_available() else ["lockstep.engine.parallel"])
     ctx.set_forkserver_preload(preload)                              # used when the server starts
     return ctx
 

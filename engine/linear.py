@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.matmul import linear_chunks_portable
+from lockstep.kernels.matmul import linear_chunks_portable
 
 
 # ---------------------------------------------------------------- row-parallel layers (DESIGN §2, D4)

@@ -67,15 +67,15 @@ from typing import NamedTuple, Sequence, Union
 
 import torch
 
-from engine.boundaries import gather_captured
-from engine.config import GptOssConfig
-from engine.kv_cache import KVCache
-from engine.linear import k_chunk_bounds, tree_sum
-from engine.mxfp4 import Mxfp4Weight
-from engine.ops import BACKENDS, Ops, ops_for  # noqa: F401  (BACKENDS: read by bench/e2e.py)
-from engine.rope import rope_cos_sin, rope_frequencies
-from engine.trace import Recorder
-from kernels.rope import apply_rope_portable
+from lockstep.engine.boundaries import gather_captured
+from lockstep.engine.config import GptOssConfig
+from lockstep.engine.kv_cache import KVCache
+from lockstep.engine.linear import k_chunk_bounds, tree_sum
+from lockstep.engine.mxfp4 import Mxfp4Weight
+from lockstep.engine.ops import BACKENDS, Ops, ops_for  # noqa: F401  (BACKENDS: read by bench/e2e.py)
+from lockstep.engine.rope import rope_cos_sin, rope_frequencies
+from lockstep.engine.trace import Recorder
+from lockstep.kernels.rope import apply_rope_portable
 
 ExpertWeight = Union[torch.Tensor, Mxfp4Weight]     # dense [E, N, K], or MXFP4 packed
 
@@ -370,7 +370,7 @@ class GptOssModel:
     @classmethod
     def from_checkpoint(cls, path: str | Path, backend: str = "torch",
                         device: str | torch.device = "cpu", dtype: str = "fp32") -> "GptOssModel":
-        from engine.checkpoint import load_checkpoint
+        from lockstep.engine.checkpoint import load_checkpoint
         config, weights = load_checkpoint(path, packed_mxfp4=True)
         return cls(config, weights, backend=backend, device=device, dtype=dtype)
 

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernels.mxfp4 import (BLOCK, BYTES_PER_BLOCK, E2M1_MAGNITUDES, E2M1_VALUES, NAN_SCALE,  # noqa: F401
+from lockstep.kernels.mxfp4 import (BLOCK, BYTES_PER_BLOCK, E2M1_MAGNITUDES, E2M1_VALUES, NAN_SCALE,  # noqa: F401
                            SCALE_BIAS, dequantize, quantize)
 
 

@@ -25,14 +25,14 @@ from typing import Callable
 
 import torch
 
-from engine.experts import experts_grouped, experts_one_device, experts_per_expert, experts_per_row
-from kernels import portable
-from kernels.attention import attention_portable, attention_triton
-from kernels.matmul import linear_chunks_portable, linear_chunks_triton, linear_fast, linear_portable, linear_triton
-from kernels.moe import router_top_k_fast, router_top_k_portable, router_top_k_triton
-from kernels.residual import moe_residual_triton, row_parallel_residual_triton
-from kernels.rmsnorm import rms_norm_fast, rms_norm_portable, rms_norm_triton
-from kernels.rope import rope_qkv_cache_triton
+from lockstep.engine.experts import experts_grouped, experts_one_device, experts_per_expert, experts_per_row
+from lockstep.kernels import portable
+from lockstep.kernels.attention import attention_portable, attention_triton
+from lockstep.kernels.matmul import linear_chunks_portable, linear_chunks_triton, linear_fast, linear_portable, linear_triton
+from lockstep.kernels.moe import router_top_k_fast, router_top_k_portable, router_top_k_triton
+from lockstep.kernels.residual import moe_residual_triton, row_parallel_residual_triton
+from lockstep.kernels.rmsnorm import rms_norm_fast, rms_norm_portable, rms_norm_triton
+from lockstep.kernels.rope import rope_qkv_cache_triton
 
 BACKENDS = ("torch", "triton", "fast")
 

@@ -52,12 +52,12 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint import load_checkpoint
-from engine.distributed import ParallelContext, Topology, UnsupportedTopology, invariant_sum
-from engine.linear import K_CHUNKS, k_chunk_bounds
-from engine.model import ONE_DEVICE, GptOssModel
-from engine.mxfp4 import Mxfp4Weight
-from engine.ops import Ops
+from lockstep.engine.checkpoint import load_checkpoint
+from lockstep.engine.distributed import ParallelContext, Topology, UnsupportedTopology, invariant_sum
+from lockstep.engine.linear import K_CHUNKS, k_chunk_bounds
+from lockstep.engine.model import ONE_DEVICE, GptOssModel
+from lockstep.engine.mxfp4 import Mxfp4Weight
+from lockstep.engine.ops import Ops
 
 
 def local_chunks(K: int, tp: int, tp_rank: int) -> tuple[int, int, list[tuple[int, int]]]:
@@ -79,7 +79,7 @@ def sharded_ops(ops: Ops) -> Ops:
 
 
 class RankCollectives:
-    """engine.model.OneDevice's questions answered for one rank of a TP × EP topology: the
+    """lockstep.engine.model.OneDevice's questions answered for one rank of a TP × EP topology: the
     row-parallel partials added in the fixed tree across the TP group, the shards of the trace
     gathered to their one-device layout, each slot's output from its expert's owner, the
     vocab-parallel embedding and head. Every collective moves bytes; no float is summed in one."""
@@ -221,8 +221,8 @@ def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | 
     front, with the estimate. World size 1 runs in this process, no process group.
     `trace` (engine.trace.Trace or None): each rank's model records into a copy of it, and rank 0's
     records come back into it (fn returns (results, trace) then)."""
-    from engine.config import GptOssConfig
-    from engine.launch import launch
+    from lockstep.engine.config import GptOssConfig
+    from lockstep.engine.launch import launch
     topology.check(GptOssConfig.from_json_file(Path(ckpt) / "config.json"))   # before any process starts
     device = torch.device(device)
     problem = missing_gpus(topology, device) or memory_problem(topology, ckpt, device)
@@ -255,7 +255,7 @@ def missing_gpus(topology: Topology, device: str | torch.device) -> str | None:
 def transport(topology: Topology, device: str | torch.device) -> str:
     """How `topology`'s ranks would run on `device` here, in words: "gloo", "nccl: 2 ranks on 2
     GPUs", "gloo-host (host copies): 4 ranks on 1 GPU"."""
-    from engine.launch import plan
+    from lockstep.engine.launch import plan
     dev = torch.device(device).type
     if topology.world_size == 1:
         return "one device"
@@ -298,7 +298,7 @@ def memory_problem(topology: Topology, ckpt: str | Path, device: str | torch.dev
     """fit_problem for `topology`'s ranks on this machine's GPUs (None on the CPU and at world size 1)."""
     if torch.device(device).type != "cuda" or topology.world_size == 1:
         return None
-    from engine.launch import plan
+    from lockstep.engine.launch import plan
     _, devices = plan("cuda", topology.world_size, _gpus())
     on_gpu: dict[int, int] = {}
     for d in devices:
@@ -314,7 +314,7 @@ def _on_rank(fn, topology: Topology, args: tuple):
 
 def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, generate_kwargs: dict,
                    dtype: str = "fp32", trace=None):
-    from engine.generate import generate
+    from lockstep.engine.generate import generate
     model = from_checkpoint(ckpt, ctx, backend=backend, dtype=dtype)
     results = generate(model, requests, observer=trace, **generate_kwargs)
     return results if trace is None else (results, trace)
@@ -323,7 +323,7 @@ def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, gene
 def generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, backend: str = "torch",
                 device: str | torch.device = "cpu", timeout_s: float = 600.0,
                 collective_timeout_s: float = 120.0, trace=None, dtype: str = "fp32", **generate_kwargs):
-    """engine.generate.generate(model, requests, **generate_kwargs) on a tp × ep topology of
+    """lockstep.engine.generate.generate(model, requests, **generate_kwargs) on a tp × ep topology of
     local processes on `device` (see run_at), kernels from `backend`, dtype policy `dtype`.
     -> rank 0's list[Result]. Every rank must return the same bits; a disagreement raises.
     `trace`: an engine.trace.Trace to fill with rank 0's records (every op gathered whole).
@@ -355,13 +355,13 @@ def _rank_0_if_all_agree(per_rank: list, what: str) -> list:
 # ---------------------------------------------------------------- speculative decoding
 def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, convention: str, spec,
                       backend: str = "torch", dtype: str = "fp32", trace=None):
-    """engine.speculative.speculative_generate, unchanged, on this rank: the target is this rank's
+    """lockstep.engine.speculative.speculative_generate, unchanged, on this rank: the target is this rank's
     sharded GptOssModel (its forward gathers full logits and captured states on every rank), the
     draft is a full replica (it is small), so every rank drafts, verifies and samples the same
     trees. A draft without its own embed_tokens reads the target's embedding, of which this rank
     holds only a vocab shard: it gets the checkpoint's full table (the one-device model's values)."""
-    from engine.eagle3 import load_draft
-    from engine.speculative import speculative_generate
+    from lockstep.engine.eagle3 import load_draft
+    from lockstep.engine.speculative import speculative_generate
     config, weights = load_checkpoint(ckpt)
     target = shard(GptOssModel(config, weights, backend=backend, dtype=dtype), ctx)
     drafter = load_draft(draft, target, convention=convention, backend=backend,
@@ -375,7 +375,7 @@ def speculative_generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, dra
                             spec, backend: str = "torch", device: str | torch.device = "cpu",
                             timeout_s: float = 600.0, collective_timeout_s: float = 120.0, trace=None,
                             dtype: str = "fp32"):
-    """engine.speculative.speculative_generate(target, draft, requests, spec) with the target at
+    """lockstep.engine.speculative.speculative_generate(target, draft, requests, spec) with the target at
     a tp × ep topology of local processes on `device` (as generate_at) and the draft checkpoint
     `draft` (read under layer-id `convention`) replicated on every rank. -> rank 0's
     list[Result]; every rank must return the same tokens, logprob bytes and accept lengths, or

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from engine.kv_cache import KVCache
+from lockstep.engine.kv_cache import KVCache
 
 
 @dataclass

@@ -22,8 +22,8 @@ import math
 
 import torch
 
-from engine.config import RopeParams
-from kernels.portable import exp64, log64, scalar_log, sincos64
+from lockstep.engine.config import RopeParams
+from lockstep.kernels.portable import exp64, log64, scalar_log, sincos64
 
 
 def rope_frequencies(head_dim: int, rope: RopeParams) -> tuple[torch.Tensor, float]:

@@ -46,10 +46,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.request import SamplingParams, seed_as_int64  # noqa: F401  (re-exported: the request type lives in engine.request)
-from kernels import portable
-from kernels.coins import SAMPLE_COLUMNS, gumbel_from_hash, gumbel_noise
-from kernels.sampling import FORCED, GREEDY, SEEDED, distributions_triton, fused_temperature, sample_fused_triton
+from lockstep.engine.request import SamplingParams, seed_as_int64  # noqa: F401  (re-exported: the request type lives in engine.request)
+from lockstep.kernels import portable
+from lockstep.kernels.coins import SAMPLE_COLUMNS, gumbel_from_hash, gumbel_noise
+from lockstep.kernels.sampling import FORCED, GREEDY, SEEDED, distributions_triton, fused_temperature, sample_fused_triton
 
 
 def keep_mask(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
@@ -189,7 +189,7 @@ def row_settings(params: list[SamplingParams], seeds: list[int | None], device) 
 
 
 def _fused_settings(params, seeds, rows, device):
-    """kernels.sampling.sample_fused_triton's per-row operands, or None where a sampled row has
+    """lockstep.kernels.sampling.sample_fused_triton's per-row operands, or None where a sampled row has
     no seed (its noise comes from the host generator: the torch path draws it)."""
     if any(seeds[r] is None for r in rows):
         return None

@@ -75,15 +75,15 @@ from typing import Sequence
 
 import torch
 
-from engine.eagle3 import DraftKV, Eagle3Draft
-from engine.generate import Decoding, generator_for, observing, validate_request
-from engine.graphs import RoundGraphs, round_graphs
-from engine.model import GptOssModel
-from engine.request import Request, Result, SamplingParams, seed_as_int64
-from kernels.moe import top_k_lowest_index
-from engine.sampling import chosen_logprob, chosen_logprobs, host_to, keep_mask, sample, target_distributions
-from kernels import portable
-from kernels.coins import COIN_MAX, DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise, verify_coins
+from lockstep.engine.eagle3 import DraftKV, Eagle3Draft
+from lockstep.engine.generate import Decoding, generator_for, observing, validate_request
+from lockstep.engine.graphs import RoundGraphs, round_graphs
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.request import Request, Result, SamplingParams, seed_as_int64
+from lockstep.kernels.moe import top_k_lowest_index
+from lockstep.engine.sampling import chosen_logprob, chosen_logprobs, host_to, keep_mask, sample, target_distributions
+from lockstep.kernels import portable
+from lockstep.kernels.coins import COIN_MAX, DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise, verify_coins
 
 VERIFY_MODES = ("greedy", "target-only", "rejection")
 

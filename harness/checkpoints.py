@@ -36,8 +36,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from harness.limits import MAX_CHECKPOINT_PARAMS
-from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
+from lockstep.harness.limits import MAX_CHECKPOINT_PARAMS
+from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
 
 CHECKPOINT = OneOf(
     Map({
@@ -119,7 +119,7 @@ def _cached(name: str, build) -> Path:
 
 @lru_cache(maxsize=None)
 def checkpoint_dir(preset: str, seed: int, fmt: str) -> Path:
-    from engine.checkpoint import make_checkpoint
+    from lockstep.engine.checkpoint import make_checkpoint
 
     return _cached(f"{preset}-s{seed}-{fmt}", lambda out: make_checkpoint(preset, seed, fmt, out))
 
@@ -201,7 +201,7 @@ def checkpoint_problems(ckpt: dict | None, path: tuple, check_preset: bool = Tru
     checks it, as checkpoint_config does), router ties name experts of the preset."""
     if not ckpt or "preset" not in ckpt:
         return []
-    from engine.config import preset
+    from lockstep.engine.config import preset
 
     try:
         cfg = preset(ckpt["preset"])
@@ -229,7 +229,7 @@ def draft_tie_problems(draft: dict | None, target_ckpt: dict | None, path: tuple
     if not draft or "seed" not in draft or not draft.get("lm_head_ties") or not target_ckpt \
             or "preset" not in target_ckpt:
         return []
-    from engine.config import preset
+    from lockstep.engine.config import preset
 
     try:
         V = preset(target_ckpt["preset"]).vocab_size
@@ -245,7 +245,7 @@ def draft_tie_problems(draft: dict | None, target_ckpt: dict | None, path: tuple
 
 @lru_cache(maxsize=8)
 def load_model(preset: str, seed: int, fmt: str, backend: str = "torch", device: str = "cpu", dtype: str = "fp32"):
-    from engine.model import GptOssModel
+    from lockstep.engine.model import GptOssModel
 
     return GptOssModel.from_checkpoint(checkpoint_dir(preset, seed, fmt), backend=backend, device=device, dtype=dtype)
 
@@ -255,14 +255,14 @@ def edited_copy(base: Path, name: str, edit) -> Path:
     edit(tensor name, tensor) -> new tensor or None (unchanged); other files copied as they are.
     The copy then goes through the real loading code, like any checkpoint. Written again on every
     call (the caller's `name` need not say everything the edit does)."""
-    from engine.checkpoint import write_folder_atomically
+    from lockstep.engine.checkpoint import write_folder_atomically
 
     return write_folder_atomically(_cache_root() / name, _edit_writer(base, edit))
 
 
 def _cached_edit(base: Path, name: str, edit) -> Path:
     """edited_copy through the (shareable) cache: for a `name` that says everything the edit does."""
-    from engine.checkpoint import write_folder_atomically
+    from lockstep.engine.checkpoint import write_folder_atomically
 
     return _cached(name, lambda out: write_folder_atomically(out, _edit_writer(base, edit)))
 
@@ -297,7 +297,7 @@ def path_problems(relative: str, root: Path | None, where: tuple) -> list[Proble
         return [Problem(where, f"path {relative!r} leaves the project root")]
     if root is None:
         return []
-    from harness.suite import mapped_checkpoint
+    from lockstep.harness.suite import mapped_checkpoint
     if mapped_checkpoint(relative) is not None and not mapped_checkpoint(relative).is_dir():
         return [Problem(where, f"no checkpoint folder at {mapped_checkpoint(relative)} (where {relative!r} is mapped "
                                f"by --checkpoint-path / lockstep_checkpoints / LOCKSTEP_CHECKPOINT_PATHS)")]
@@ -312,7 +312,7 @@ def path_problems(relative: str, root: Path | None, where: tuple) -> list[Proble
 
 def parameter_count(config) -> int:
     """Parameters of a checkpoint of this config (its unquantized tensors)."""
-    from engine.checkpoint import expected_tensors
+    from lockstep.engine.checkpoint import expected_tensors
 
     return sum(math.prod(shape) for shape, _ in expected_tensors(config, False).values())
 
@@ -320,7 +320,7 @@ def parameter_count(config) -> int:
 def preset_config(name: str, where: tuple, make: bool) -> tuple[object | None, list[Problem]]:
     """The config of an engine preset; an error for an unknown one, and (`make`: the spec makes a
     checkpoint of it) for one too large to make."""
-    from engine.config import preset
+    from lockstep.engine.config import preset
 
     try:
         config = preset(name)
@@ -341,7 +341,7 @@ def checkpoint_config(ckpt: dict, root: Path | None, where: tuple) -> tuple[obje
     problems = path_problems(ckpt["path"], root, where + ("path",))
     if problems or root is None:
         return None, problems
-    from engine.config import GptOssConfig
+    from lockstep.engine.config import GptOssConfig
 
     config_file = resolve_path(ckpt["path"], root) / "config.json"
     try:
@@ -363,7 +363,7 @@ def draft_problems(draft: dict, target_ckpt: dict, target_config, root: Path | N
                                "give the draft a path instead")]
     if target_config is None or draft.get("aux_layer_ids") is None:
         return []
-    from engine.boundaries import LayerIdError, resolve_boundaries
+    from lockstep.engine.boundaries import LayerIdError, resolve_boundaries
 
     try:
         resolve_boundaries(draft["aux_layer_ids"], draft["convention"], target_config.num_hidden_layers,
@@ -376,7 +376,7 @@ def draft_problems(draft: dict, target_ckpt: dict, target_config, root: Path | N
 # --------------------------------------------------------------------------- at run time
 def resolve_path(relative: str, root: Path) -> Path:
     """A path from a spec, inside the project root `root`; anything that leaves it is refused."""
-    from harness.suite import mapped_checkpoint
+    from lockstep.harness.suite import mapped_checkpoint
 
     mapped = mapped_checkpoint(relative)       # named explicitly by whoever runs the suite, not by the spec
     if mapped is not None:
@@ -396,7 +396,7 @@ def target_dir(ckpt: dict, root: Path) -> Path:
 
 @lru_cache(maxsize=8)
 def _load_dir(path: Path, backend: str, device: str, dtype: str):
-    from engine.model import GptOssModel
+    from lockstep.engine.model import GptOssModel
 
     return GptOssModel.from_checkpoint(path, backend=backend, device=device, dtype=dtype)
 
@@ -429,7 +429,7 @@ def model_for(ckpt: dict, backend: str = "torch", root: Path = Path("."), device
 @lru_cache(maxsize=None)
 def _synthetic_draft_dir(preset: str, seed: int, aux_layer_ids, norm_before_fc: bool, fc_norm: bool,
                          d2t: bool = True, rope_theta: float | None = None) -> Path:
-    from engine.eagle3 import make_draft_checkpoint
+    from lockstep.engine.eagle3 import make_draft_checkpoint
 
     name = (f"draft-{preset}-s{seed}-{'-'.join(map(str, aux_layer_ids or ()))}-{int(norm_before_fc)}{int(fc_norm)}"
             f"{'' if d2t else '-no-d2t'}{'' if rope_theta is None else f'-theta{rope_theta!r}'}")
@@ -460,7 +460,7 @@ def draft_dir(draft: dict, target_ckpt: dict, root: Path = Path(".")) -> Path:
 
 def draft_for(draft: dict, target_ckpt: dict, target, root: Path = Path(".")):
     """Load the draft of a spec against its loaded target model."""
-    from engine.eagle3 import load_draft
+    from lockstep.engine.eagle3 import load_draft
 
     return load_draft(draft_dir(draft, target_ckpt, root), target, convention=draft["convention"],
                       backend=target.backend)

@@ -46,21 +46,21 @@ import re
 import sys
 from pathlib import Path
 
-from harness.commands.exits import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_STDOUT_CLOSED, EXIT_USAGE
-from harness.commands.options import (bound, int_at_least, int_in, seeds as seed_list, tag, token_ids,
+from lockstep.harness.commands.exits import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_STDOUT_CLOSED, EXIT_USAGE
+from lockstep.harness.commands.options import (bound, int_at_least, int_in, seeds as seed_list, tag, token_ids,
                                       world_sizes)
-from harness.errors import UsageError, full_traceback, located  # noqa: F401 - UsageError: also harness.cli's
-from harness.limits import MAX_CHECKPOINT_GB, MAX_DOCTOR_INPUTS, MAX_GENERATE_SECONDS, WORLD_SIZES
-from harness.replay.commands import add_commands as add_replay_commands
-from harness.suite import parse_mapping
-from harness.version import DISTRIBUTION, version
+from lockstep.harness.errors import UsageError, full_traceback, located  # noqa: F401 - UsageError: also harness.cli's
+from lockstep.harness.limits import MAX_CHECKPOINT_GB, MAX_DOCTOR_INPUTS, MAX_GENERATE_SECONDS, WORLD_SIZES
+from lockstep.harness.replay.commands import add_commands as add_replay_commands
+from lockstep.harness.suite import parse_mapping
+from lockstep.harness.version import DISTRIBUTION, version
 
 
 def command(module: str, name: str, **fixed):
     """The function `name` of harness/commands/`module`.py, imported when the command runs (so that
     `--help` loads no torch): what each subparser's `func` is."""
     def run(args):
-        return getattr(importlib.import_module(f"harness.commands.{module}"), name)(args, **fixed)
+        return getattr(importlib.import_module(f"lockstep.harness.commands.{module}"), name)(args, **fixed)
     return run
 
 

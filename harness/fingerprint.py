@@ -1,7 +1,7 @@
 """The CPU reference's fingerprint: a digest of every torch op it runs on fixed work (DESIGN §2, D0).
 
-    python3 -m harness.fingerprint            # JSON on stdout: one digest per section
-    qemu-x86_64 -cpu EPYC-Rome "$(command -v python3)" -m harness.fingerprint
+    python3 -m lockstep.harness.fingerprint            # JSON on stdout: one digest per section
+    qemu-x86_64 -cpu EPYC-Rome "$(command -v python3)" -m lockstep.harness.fingerprint
 
 D0 says the CPU reference gives the same bits on every x86-64 CPU. This module is what the
 cross-CPU test runs natively and under emulated CPUs of other vendors and instruction sets
@@ -161,8 +161,8 @@ def _primitive_inputs() -> torch.Tensor:
 
 
 def primitives() -> None:
-    from kernels import portable
-    from kernels.rmsnorm import rms_norm_portable
+    from lockstep.kernels import portable
+    from lockstep.kernels.rmsnorm import rms_norm_portable
 
     x64 = _primitive_inputs()
     x32 = x64.to(torch.float32)
@@ -191,7 +191,7 @@ def primitives() -> None:
 
 
 def _target(dtype: str = "fp32"):
-    from engine.model import GptOssModel
+    from lockstep.engine.model import GptOssModel
 
     return GptOssModel.from_checkpoint(TARGET, backend="torch", device="cpu", dtype=dtype)
 
@@ -204,8 +204,8 @@ def forward(dtype: str = "fp32") -> None:
 
 
 def generate() -> None:
-    from engine.generate import Request, generate as run
-    from engine.sampling import SamplingParams
+    from lockstep.engine.generate import Request, generate as run
+    from lockstep.engine.sampling import SamplingParams
 
     model = _target()
     params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=3)
@@ -213,10 +213,10 @@ def generate() -> None:
 
 
 def speculative() -> None:
-    from engine.eagle3 import load_draft
-    from engine.generate import Request
-    from engine.sampling import SamplingParams
-    from engine.speculative import SpecParams, speculative_generate
+    from lockstep.engine.eagle3 import load_draft
+    from lockstep.engine.generate import Request
+    from lockstep.engine.sampling import SamplingParams
+    from lockstep.engine.speculative import SpecParams, speculative_generate
 
     model = _target()
     draft = load_draft(DRAFT, model, convention="sglang")
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     sections = argv or list(SECTIONS)
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
-        print(f"harness.fingerprint: unknown section(s) {unknown}; choose from {list(SECTIONS)}", file=sys.stderr)
+        print(f"lockstep.harness.fingerprint: unknown section(s) {unknown}; choose from {list(SECTIONS)}", file=sys.stderr)
         return 2
     json.dump(fingerprint(sections), sys.stdout)
     print()

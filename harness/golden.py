@@ -36,8 +36,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load, save as st_save
 
-from harness.digest import sha256, standard, tensor_sha256  # noqa: F401 - also harness.golden's
-from harness.specfile import check_spec_id
+from lockstep.harness.digest import sha256, standard, tensor_sha256  # noqa: F401 - also harness.golden's
+from lockstep.harness.specfile import check_spec_id
 
 FORMAT = 1
 TENSORS_SUFFIX = ".safetensors"

@@ -15,8 +15,8 @@ it (an `arange` of 10^12 values is an error at validation, not an allocation at 
 
 from __future__ import annotations
 
-from harness.limits import MAX_GENERATED
-from harness.schema import Field, Int, List, Map, OneOf, Problem, Schema
+from lockstep.harness.limits import MAX_GENERATED
+from lockstep.harness.schema import Field, Int, List, Map, OneOf, Problem, Schema
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -83,7 +83,7 @@ def materialize(desc):
     if "arange" in desc:
         start, stop, *step = desc["arange"]
         return torch.arange(start, stop, step[0] if step else 1, dtype=torch.int64)
-    from kernels.coins import murmur_hash32_torch
+    from lockstep.kernels.coins import murmur_hash32_torch
 
     h = desc["hashed"]
     idx = torch.arange(h["count"], dtype=torch.int64)

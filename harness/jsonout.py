@@ -14,7 +14,7 @@ SCHEMA_VERSION = 1
 
 
 def _header(command: str) -> dict:
-    from harness.version import version
+    from lockstep.harness.version import version
     return {"schema_version": SCHEMA_VERSION, "command": command, "lockstep_version": version()}
 
 

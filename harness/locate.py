@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from harness.compare import TensorDiff, diff_tensor
-from engine.trace import OPS, Trace, op_of
+from lockstep.harness.compare import TensorDiff, diff_tensor
+from lockstep.engine.trace import OPS, Trace, op_of
 
 
 @dataclass

@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from kernels import portable
+from lockstep.kernels import portable
 
 # The aten ops the CPU reference may call: single IEEE operations, each checked below, and ops
 # that compute nothing but move, view, compare or pick values. torch's sqrt, exp, log, sigmoid,

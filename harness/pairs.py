@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.platform import DTYPE_POLICIES, Platform
-from harness.result import RunContext
+from lockstep.harness.platform import DTYPE_POLICIES, Platform
+from lockstep.harness.result import RunContext
 
 BACKENDS = ("torch", "triton")
 INTERPRETER_TAG = "interpreter"   # an engine spec meant for the Triton interpreter on the CPU
@@ -76,7 +76,7 @@ def chosen(device: str, golden: Path, dtype: str | None = None, backend: str | N
 
 
 def _golden_platform(spec, ctx: RunContext) -> str:
-    from harness import kinds
+    from lockstep.harness import kinds
 
     return kinds.KINDS[spec.kind].golden_platform(spec, ctx)
 

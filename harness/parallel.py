@@ -20,9 +20,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 
-from harness import runner, suite
-from harness.golden import GoldenStore
-from harness.memory import keep_freed_memory
+from lockstep.harness import runner, suite
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.memory import keep_freed_memory
 
 
 def default_jobs() -> int:
@@ -48,7 +48,7 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
                 waiting(i, spec.id)
             yield runner.check_spec(spec, ctx, store, strict=strict)
         return
-    from harness.checkpoints import SHARED_ENV
+    from lockstep.harness.checkpoints import SHARED_ENV
 
     shared = os.environ.get(SHARED_ENV) or tempfile.mkdtemp(prefix="lockstep-shared-checkpoints-")
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
@@ -70,7 +70,7 @@ def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
     and it shares the run's synthetic checkpoints with the other workers."""
     import torch
 
-    from harness.checkpoints import SHARED_ENV
+    from lockstep.harness.checkpoints import SHARED_ENV
 
     os.environ[SHARED_ENV] = shared_checkpoints
 

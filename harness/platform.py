@@ -83,6 +83,7 @@ def lockstep_revision() -> str:
 
 
 def versions() -> dict:
+    import lockstep.kernels._common  # noqa: F401  (before triton: it picks the interpreter on a CPU)
     import triton
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
@@ -93,6 +94,8 @@ def bit_dependencies(golden_platform: str) -> dict:
     """What the bits of a golden in `golden_platform` depend on besides Lockstep's own code,
     with this machine's values (see the module docstring)."""
     import numpy
+
+    import lockstep.kernels._common  # noqa: F401  (before triton: it picks the interpreter on a CPU)
     import triton
 
     if golden_platform.startswith("cuda"):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.platform import Platform
+from lockstep.harness.platform import Platform
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import torch
 
-from engine.boundaries import CaptureError
-from harness import kinds
-from harness.compare import TensorDiff, diff_data, diff_tensors
-from harness.errors import full_traceback, located
-from harness.golden import CorruptGolden, GoldenStore, json_roundtrip, standard
-from harness.pairs import runs_the_engine
-from harness.platform import bit_dependencies, dependency_report, device_name, lockstep_revision, versions
-from harness.result import Result, RunContext
-from harness.selfcheck import SelfCheckFailed, verify  # noqa: F401 - SelfCheckFailed is re-exported
-from harness.specfile import Spec
-from harness.targets.lockstep import engine
+from lockstep.engine.boundaries import CaptureError
+from lockstep.harness import kinds
+from lockstep.harness.compare import TensorDiff, diff_data, diff_tensors
+from lockstep.harness.errors import full_traceback, located
+from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip, standard
+from lockstep.harness.pairs import runs_the_engine
+from lockstep.harness.platform import bit_dependencies, dependency_report, device_name, lockstep_revision, versions
+from lockstep.harness.result import Result, RunContext
+from lockstep.harness.selfcheck import SelfCheckFailed, verify  # noqa: F401 - SelfCheckFailed is re-exported
+from lockstep.harness.specfile import Spec
+from lockstep.harness.targets.lockstep import engine
 
 # Outcome statuses, and the exit code each one earns `lockstep check` (DESIGN of the CLI).
 # STALE: the bits match, but the golden was recorded for another version of the spec (--strict).

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from harness.limits import MAX_ALIASES, MAX_INT_CHARS, MAX_NESTING, MAX_YAML_NODES, MAX_SPEC_BYTES
-from harness.schema import Field, List, Map, Problem, Str, did_you_mean, describe
+from lockstep.harness.limits import MAX_ALIASES, MAX_INT_CHARS, MAX_NESTING, MAX_YAML_NODES, MAX_SPEC_BYTES
+from lockstep.harness.schema import Field, List, Map, Problem, Str, did_you_mean, describe
 
 SPEC_SUFFIX = ".yaml"
 # Ids become paths below golden/: plain names only, no '..', no absolute paths.
@@ -332,7 +332,7 @@ def parse_spec(text: str, file: str, spec_id: str, root: Path | None = None) -> 
     """Parse and validate one spec; raise SpecErrors listing every problem found. `root` is the
     project folder (the one holding specs/) that paths in the spec are relative to; without it,
     paths are checked as text only."""
-    from harness import kinds  # the kinds import torch and the engine: only full validation needs them
+    from lockstep.harness import kinds  # the kinds import torch and the engine: only full validation needs them
 
     data, marks = _document(text, file, spec_id)
     kind_name = data.get("kind")

@@ -1,7 +1,7 @@
 """Small helpers shared by the kernel modules (no kernels here).
 
-INTERPRET is fixed when `kernels` is imported (kernels/__init__.py sets TRITON_INTERPRET on a
-machine without CUDA). Kernels take it as a constexpr, USE_DOT = not INTERPRET:
+INTERPRET is fixed when this module is imported (it sets TRITON_INTERPRET on a machine without
+CUDA). Kernels take it as a constexpr, USE_DOT = not INTERPRET:
 
 In Triton's interpreter `tl.dot` is a numpy matmul of the whole tile. Measured here (numpy's
 OpenBLAS, 2 cores, triton 3.9): the bits of one output row change with the contents of the
@@ -24,12 +24,19 @@ import os
 
 import torch
 
+# Triton reads TRITON_INTERPRET as each kernel is decorated, and every kernel module imports this one
+# first (directly or through portable_tl): on a machine without CUDA the interpreter is on unless
+# the user chose otherwise. Here, not in an entry point: the kernels are also imported as a library
+# (bench/, users' scripts, forked ranks) with no CLI or conftest before them.
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 USE_DOT = not INTERPRET
 PORTABLE_MATH = INTERPRET
 
 if INTERPRET:                      # before any kernel runs: the interpreter without its per-call re-patching
-    from kernels import _interpret
+    from lockstep.kernels import _interpret
     _interpret.install()
 
 

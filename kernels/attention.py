@@ -87,12 +87,13 @@ out 0 (a NaN from the inputs still shows).
 from __future__ import annotations
 
 import torch
+from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
 
-from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from kernels.portable import exp, tree_sum
-from kernels.portable_tl import cast_rne, exp_f32
+from lockstep.kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
+from lockstep.kernels.portable import exp, tree_sum
+from lockstep.kernels.portable_tl import cast_rne, exp_f32
 
 BLOCK_KV = 64            # keys per tile, for prefill and decode alike
 SPLIT = 1024             # keys per split: fixed, a multiple of BLOCK_KV (tests pass a smaller _split)

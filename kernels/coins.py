@@ -25,11 +25,11 @@ the interpreter and the GPU's own `log` when compiled.
 """
 
 import torch
+from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
 
-from kernels.portable import log64
-from kernels import _common  # noqa: F401  (in the interpreter: kernels/_interpret.py)
+from lockstep.kernels.portable import log64
 
 SAMPLE_COLUMNS = 1 << 31
 DRAFT_COLUMNS = 1 << 30

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
 
-from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float
-from kernels.portable import matmul_nt
-from kernels.portable_tl import cast_rne, sigmoid_f32
+from lockstep.kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float
+from lockstep.kernels.portable import matmul_nt
+from lockstep.kernels.portable_tl import cast_rne, sigmoid_f32
 
 # The interpreter's tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), one set for every call
 # (compiled launches take `_gpu_tiles`).
@@ -124,7 +125,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
 
 @triton.jit
 def _swiglu_tile(gate, up, alpha, limit, PORTABLE: tl.constexpr):
-    """kernels.moe._swiglu_kernel's math on fp32 tiles, operation for operation."""
+    """lockstep.kernels.moe._swiglu_kernel's math on fp32 tiles, operation for operation."""
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     return gate * sigmoid_f32(alpha * gate, PORTABLE) * (up + 1.0)

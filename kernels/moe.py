@@ -44,14 +44,15 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
+from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
 
-from kernels import portable
-from kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from kernels.matmul import TILES, _chunk_acc, _load_w_tile, _mxfp4_fast_ok, bounds_div, bounds_tensor
-from kernels.mxfp4 import dequantize
-from kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
+from lockstep.kernels import portable
+from lockstep.kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
+from lockstep.kernels.matmul import TILES, _chunk_acc, _load_w_tile, _mxfp4_fast_ok, bounds_div, bounds_tensor
+from lockstep.kernels.mxfp4 import dequantize
+from lockstep.kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
 
 BLOCK_H = 1024
 # Rows per block of a grouped expert launch (group_by_expert pads every expert to whole blocks):
@@ -140,7 +141,7 @@ def expert_tiles(kernel: str, N: int, K: int, dtype: torch.dtype, mxfp4: bool = 
 # --------------------------------------------------------------------------- kernels
 @triton.jit
 def _halves_sum(x, N: tl.constexpr):
-    """kernels.portable.tree_sum of x [N] (N a power of two, at most 16): x[i] + x[i + N/2], level
+    """lockstep.kernels.portable.tree_sum of x [N] (N a power of two, at most 16): x[i] + x[i + N/2], level
     by level (a zero-padded tail folds onto the head exactly as tree_sum folds it)."""
     if N >= 16:
         x = tl.sum(tl.reshape(x, (2, 8)), axis=0)

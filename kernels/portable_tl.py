@@ -1,4 +1,4 @@
-"""kernels.portable's float64 exp and log, as Triton device functions.
+"""lockstep.kernels.portable's float64 exp and log, as Triton device functions.
 
 In Triton's interpreter `tl.exp`, `tl.log` and `tl.sigmoid` are numpy's, and numpy picks an
 AVX2, AVX-512 or baseline implementation of them at run time, with different last bits (run
@@ -10,9 +10,9 @@ PORTABLE=False and uses the hardware's own functions: those bits are fixed by th
 architecture and the Triton version, both recorded in a golden's provenance.
 """
 
+from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
-from kernels import _common  # noqa: F401  (in the interpreter: kernels/_interpret.py)
 
 _LN2_HI = tl.constexpr(6.93147180369123816490e-01)
 _LN2_LO = tl.constexpr(1.90821492927058770002e-10)

@@ -13,11 +13,12 @@ the kernels end their tiles with).
 from __future__ import annotations
 
 import torch
+from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
 
-from kernels._common import PORTABLE_MATH, next_pow2
-from kernels.portable_tl import cast_rne, exp64, exp_f32, log_f64, sigmoid_f32
+from lockstep.kernels._common import PORTABLE_MATH, next_pow2
+from lockstep.kernels.portable_tl import cast_rne, exp64, exp_f32, log_f64, sigmoid_f32
 
 # name -> (code, input dtype, output dtype)
 FUNCTIONS = {

@@ -21,10 +21,11 @@ a decode step is a few thousand such launches, so their count sets its time.
 from __future__ import annotations
 
 import torch
+from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
 
-from kernels.portable_tl import cast_rne
+from lockstep.kernels.portable_tl import cast_rne
 
 BLOCK_H = 1024
 

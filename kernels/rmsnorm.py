@@ -11,12 +11,13 @@ N in {1, 127, 129, 2880, 2881} need no special case.
 from __future__ import annotations
 
 import torch
+from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
 
-from kernels._common import check_float
-from kernels.portable import sqrt, tree_sum
-from kernels.portable_tl import cast_rne
+from lockstep.kernels._common import check_float
+from lockstep.kernels.portable import sqrt, tree_sum
+from lockstep.kernels.portable_tl import cast_rne
 
 BLOCK_N = 1024
 

@@ -12,12 +12,13 @@ apply_rope_portable below is the bit-exact torch reference.
 from __future__ import annotations
 
 import torch
+from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
 
-from kernels.portable_tl import cast_rne
+from lockstep.kernels.portable_tl import cast_rne
 
-from kernels._common import check_float, next_pow2
+from lockstep.kernels._common import check_float, next_pow2
 
 
 @triton.jit

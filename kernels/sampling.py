@@ -16,12 +16,13 @@ GPU's own when compiled (it may differ in the last bit, as DESIGN §5 allows).
 from __future__ import annotations
 
 import torch
+from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
 
-from kernels._common import PORTABLE_MATH
-from kernels.coins import SAMPLE_COLUMNS, _fmix, _mix, gumbel_noise
-from kernels.portable_tl import _c, exp64, log64, log_f64
+from lockstep.kernels._common import PORTABLE_MATH
+from lockstep.kernels.coins import SAMPLE_COLUMNS, _fmix, _mix, gumbel_noise
+from lockstep.kernels.portable_tl import _c, exp64, log64, log_f64
 
 BLOCK_V = 1024
 DBL_MAX = 1.7976931348623157e308
@@ -69,7 +70,7 @@ def gumbel_argmax_triton(logp: torch.Tensor, seeds: torch.Tensor, positions: tor
 
 def gumbel_argmax_torch(logp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                         col_base: int = SAMPLE_COLUMNS) -> torch.Tensor:
-    """engine.sampling.sample's seeded path after the masks: argmax(logp + gumbel_noise)."""
+    """lockstep.engine.sampling.sample's seeded path after the masks: argmax(logp + gumbel_noise)."""
     logp, seeds, positions = _check(logp, seeds, positions)
     cols = col_base + torch.arange(logp.shape[1], dtype=torch.int64, device=logp.device)
     g = gumbel_noise(seeds, positions, cols)                         # [R, V] float64
@@ -248,7 +249,7 @@ def _argmax_step(val, j, ok, best, best_id, nan_id, BIG):
 
 @triton.jit
 def _gumbel(seed, pos, j, col_base, RECIP: tl.constexpr):
-    """kernels.coins.gumbel_from_hash at columns col_base + j, with the portable log."""
+    """lockstep.kernels.coins.gumbel_from_hash at columns col_base + j, with the portable log."""
     h = tl.zeros(j.shape, dtype=tl.uint32)
     h = _mix(h, (seed & 0xFFFFFFFF).to(tl.uint32))
     h = _mix(h, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))

@@ -28,7 +28,7 @@ for dtype in ${DTYPES:-fp32 bf16}; do
       mine=$(echo "$ids" | awk -v n="$shards" -v s="$s" 'NR % n == s')
       [ -n "$mine" ] || continue
       # shellcheck disable=SC2086
-      python3 -m harness check --device cuda --dtype "$dtype" --backend "$backend" $mine \
+      python3 -m lockstep check --device cuda --dtype "$dtype" --backend "$backend" $mine \
         > "$logs/$dtype-$backend-$s.log" 2>&1 &
       pids+=($!)
     done

@@ -30,7 +30,7 @@ echo "=== 1. GPU tests: exit $rc ($((SECONDS - start)) s so far) ==="
 [ $rc -eq 0 ] || status=1
 
 echo "=== 2. bit check: CUDA goldens of speculative/* and draft/* (all four pairs) ==="
-LOCKSTEP_JOBS=8 timeout 85 python3 -m harness check --device cuda -j 8 'speculative/*' 'draft/*' | tee /tmp/device_round_check.log
+LOCKSTEP_JOBS=8 timeout 85 python3 -m lockstep check --device cuda -j 8 'speculative/*' 'draft/*' | tee /tmp/device_round_check.log
 rc=${PIPESTATUS[0]}
 echo "=== 2. bit check: exit $rc; $(grep -c -i '^pass ' /tmp/device_round_check.log) pass," \
      "$(grep -c -i -E '^(mismatch|failed|crash|corrupt) ' /tmp/device_round_check.log) failing," \

@@ -44,7 +44,7 @@ step "1+2. BITS (tests/kernels/test_grouped_block_m.py compiled ${xdist}) and GO
 setsid timeout 130 python3 -m pytest -q -rA -o addopts="" -p no:cacheprovider $xdist \
   tests/kernels/test_grouped_block_m.py > /tmp/device_tiles_bits.log 2>&1 &
 bits_pid=$!
-setsid timeout 130 python3 -m harness check --device cuda -j 8 --backend triton 'kernels/experts*' 'mxfp4/*' \
+setsid timeout 130 python3 -m lockstep check --device cuda -j 8 --backend triton 'kernels/experts*' 'mxfp4/*' \
   'generate/*' 'prefix-cache/seeded-unchunked' 'prefix-cache/tile-block-chunk-splits' > /tmp/device_tiles_check.log 2>&1 &
 check_pid=$!
 wait $bits_pid; bits_rc=$?

@@ -32,15 +32,15 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.checkpoint import make_checkpoint            # noqa: E402
-from engine.eagle3 import Eagle3Config, load_draft, write_draft   # noqa: E402
-from engine.generate import Request, generate            # noqa: E402
-from engine.model import GptOssModel     # noqa: E402
-from kernels.moe import clamped_swiglu_portable as clamped_swiglu  # noqa: E402
-from engine.rope import rope_cos_sin  # noqa: E402
-from kernels.rope import apply_rope_portable as apply_rope  # noqa: E402
-from engine.sampling import SamplingParams               # noqa: E402
-from engine.speculative import SpecParams, speculative_generate   # noqa: E402
+from lockstep.engine.checkpoint import make_checkpoint            # noqa: E402
+from lockstep.engine.eagle3 import Eagle3Config, load_draft, write_draft   # noqa: E402
+from lockstep.engine.generate import Request, generate            # noqa: E402
+from lockstep.engine.model import GptOssModel     # noqa: E402
+from lockstep.kernels.moe import clamped_swiglu_portable as clamped_swiglu  # noqa: E402
+from lockstep.engine.rope import rope_cos_sin  # noqa: E402
+from lockstep.kernels.rope import apply_rope_portable as apply_rope  # noqa: E402
+from lockstep.engine.sampling import SamplingParams               # noqa: E402
+from lockstep.engine.speculative import SpecParams, speculative_generate   # noqa: E402
 
 IDS = [1, 2, 4]
 PROMPT_LEN, GEN_LEN, N_TRAIN = 8, 40, 128

@@ -32,7 +32,7 @@ for dtype in ${DTYPES:-fp32 bf16}; do
       [ -n "$mine" ] || continue
       rm -rf "$work/g$s" && cp -a golden "$work/g$s"      # -a: keep mtimes (the copy-back below)
       # shellcheck disable=SC2086
-      python3 -m harness regen --golden "$work/g$s" --device cuda --dtype "$dtype" --backend "$backend" $mine \
+      python3 -m lockstep regen --golden "$work/g$s" --device cuda --dtype "$dtype" --backend "$backend" $mine \
         > "$logs/$dtype-$backend-$s.log" 2>&1 &
       pids+=($!)
     done

@@ -25,7 +25,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels import matmul, moe  # noqa: E402
+from lockstep.kernels import matmul, moe  # noqa: E402
 
 
 def loads(fn, signature, constexprs, divisible, warps, stages):

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+import lockstep.kernels._common  # noqa: F401  (first: it picks Triton's interpreter on a CPU, before any test imports triton)
+from lockstep.harness.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["pytester"]

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from harness.platform import SHARED
-from harness.result import Result
-from harness.schema import Field, Int, List, Map
-from harness.targets.base import BITWISE, TargetInterface
+from lockstep.harness.platform import SHARED
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Field, Int, List, Map
+from lockstep.harness.targets.base import BITWISE, TargetInterface
 
 NAME = "one-hash"
 INPUTS = Map({"key": Field(List(Int(min=0), min_len=3, max_len=3), required=True, doc="[seed, position, column]")})

@@ -4,7 +4,7 @@ tests/test_hostile_goldens.py): each fresh `python -c` paid ~2 CPU s and ~3 s of
 torch and the harness before it reached the moments the test aims at (docs/gate.md, "Measured by
 tests5").
 
-    with Forker(["torch", "harness.golden"]) as forker:
+    with Forker(["torch", "lockstep.harness.golden"]) as forker:
         child = forker.start(SCRIPT, ["arg"], cwd=tmp_path, env=env, stdout=tmp_path / "out")
         child.send_signal(signal.SIGTERM)
         child.wait()            # -15, as subprocess reports a death by signal

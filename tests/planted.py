@@ -23,10 +23,10 @@ import dataclasses
 
 import torch
 
-from harness import runner
-from harness.golden import GoldenStore
-from harness.platform import SHARED, detect
-from harness.result import RunContext
+from lockstep.harness import runner
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.platform import SHARED, detect
+from lockstep.harness.result import RunContext
 from tests.conftest import REPO
 from tests.repo_specs import repo_specs
 
@@ -61,7 +61,7 @@ class Planted:
 
     def outcome(self, spec_id: str) -> runner.Outcome:
         # a planted fault must reach what loads: drop the drafts the recording runs cached
-        from harness.targets import lockstep_run
+        from lockstep.harness.targets import lockstep_run
         lockstep_run.draft.cache_clear()
         store = self.store if spec_id in self.recorded else self.repo_store
         return runner.check_spec(in_process(SPECS[spec_id]), self.ctx, store)

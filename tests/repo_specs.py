@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from harness.specfile import Spec, load_specs
+from lockstep.harness.specfile import Spec, load_specs
 from tests.conftest import REPO
 
 

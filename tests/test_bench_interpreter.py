@@ -5,7 +5,7 @@ import importlib.util
 
 import pytest
 
-from kernels._common import INTERPRET
+from lockstep.kernels._common import INTERPRET
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton's interpreter only (TRITON_INTERPRET=1)")

@@ -34,10 +34,10 @@ def test_proposing_draft_is_accepted_and_changes_nothing_else():
     sys.path.insert(0, str(REPO / "bench"))
     import e2e
     import speculative as bench
-    from engine.config import preset
-    from engine.generate import generate
-    from engine.request import Request, SamplingParams
-    import engine.speculative as sm
+    from lockstep.engine.config import preset
+    from lockstep.engine.generate import generate
+    from lockstep.engine.request import Request, SamplingParams
+    import lockstep.engine.speculative as sm
 
     config, dev = preset("tiny"), torch.device("cpu")
     floats, packed = e2e.random_weights(config, dev)

@@ -65,7 +65,7 @@ SAMPLINGS = [[], ["--seed", "7", "--temperature", "0.9", "--top-p", "0.9"]]
 _PROCESS = """
 import contextlib, io, json, sys
 import torch
-from harness.cli import main
+from lockstep.harness.cli import main
 generate, samplings, fingerprinted = json.loads(sys.argv[1])
 out = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(), "generate": []}
 for extra in samplings:
@@ -76,7 +76,7 @@ for extra in samplings:
         sys.exit(f"harness generate {extra} exited {code}")
     out["generate"].append(json.loads(printed.getvalue()))
 if fingerprinted:
-    from harness.fingerprint import fingerprint
+    from lockstep.harness.fingerprint import fingerprint
     out["fingerprint"] = fingerprint(("primitives", "forward", "forward-bf16"))
 json.dump(out, sys.stdout)
 """
@@ -110,7 +110,7 @@ def _baseline() -> dict:
 def test_reference_fingerprint_is_the_same_under_every_capability(capability, threads):
     """Every aten op of the primitives and of a forward (fp32 and bf16) against torch's own choice."""
     _skip_unless_here(capability)
-    from harness.fingerprint import first_difference
+    from lockstep.harness.fingerprint import first_difference
     where = first_difference(_baseline()["fingerprint"], _process(capability, threads, True)["fingerprint"])
     assert where is None, f"under ATEN_CPU_CAPABILITY={capability}, {threads} thread(s): {where}"
 

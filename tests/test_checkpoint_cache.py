@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from harness import checkpoints
-from harness.checkpoints import SHARED_ENV, _cached
+from lockstep.harness import checkpoints
+from lockstep.harness.checkpoints import SHARED_ENV, _cached
 from tests.conftest import REPO
 
 
@@ -67,8 +67,8 @@ def test_without_the_variable_the_cache_is_the_process_own(tmp_path, monkeypatch
 
 PROBE = """
 import sys
-from harness.checkpoints import checkpoint_dir
-from engine.checkpoint import checkpoint_digest
+from lockstep.harness.checkpoints import checkpoint_dir
+from lockstep.engine.checkpoint import checkpoint_digest
 d = checkpoint_dir("tiny", 3, "mxfp4")
 print(d, sorted(checkpoint_digest(d).items()))
 """
@@ -77,7 +77,7 @@ print(d, sorted(checkpoint_digest(d).items()))
 def test_two_processes_share_one_checkpoint_with_the_private_bits(tmp_path):
     """Two processes of one run get the same folder; its files are those make_checkpoint writes
     for a private folder."""
-    from engine.checkpoint import checkpoint_digest, make_checkpoint
+    from lockstep.engine.checkpoint import checkpoint_digest, make_checkpoint
 
     env = {**os.environ, SHARED_ENV: str(tmp_path / "shared"), "PYTHONPATH": str(REPO)}
     (tmp_path / "shared").mkdir()

@@ -6,9 +6,9 @@ import shutil
 import pytest
 import torch
 
-import kernels.coins
-from harness.cli import main
-from harness.golden import GoldenStore
+import lockstep.kernels.coins
+from lockstep.harness.cli import main
+from lockstep.harness.golden import GoldenStore
 from tests.conftest import REPO, golden_bytes
 
 
@@ -62,9 +62,9 @@ def test_selection_by_glob_and_tag(project, capsys):
 @pytest.mark.parametrize("bug", ["no_clamp", "divide_by_2_32"])
 def test_a_wrong_coin_turns_check_red_at_the_right_column(project, capsys, monkeypatch, bug):
     if bug == "no_clamp":
-        monkeypatch.setattr(kernels.coins, "COIN_MAX", 1.0)
+        monkeypatch.setattr(lockstep.kernels.coins, "COIN_MAX", 1.0)
     else:
-        monkeypatch.setattr(kernels.coins, "U_DIVISOR", 2**32)
+        monkeypatch.setattr(lockstep.kernels.coins, "U_DIVISOR", 2**32)
     code, out = run(capsys, "check")
     assert code == 1 and "MISMATCH  coins/top-hashes-verify" in out
     if bug == "no_clamp":
@@ -113,12 +113,12 @@ def test_regen_refuses_under_ci_unless_allowed(project, capsys, monkeypatch):
 
 
 def test_regen_shows_changes_and_touches_only_the_selection(project, capsys, monkeypatch):
-    monkeypatch.setattr(kernels.coins, "COIN_MAX", 0.5)  # a deliberate contract change
+    monkeypatch.setattr(lockstep.kernels.coins, "COIN_MAX", 0.5)  # a deliberate contract change
     before = golden_bytes(project)
     code, out = run(capsys, "regen", "--dry-run", "coins/top-hashes-verify")
     assert code == 1 and "refused" in out  # its own expectation (column_split) now fails
-    monkeypatch.setattr(kernels.coins, "COIN_MAX", 1.0 - 2.0**-24)
-    monkeypatch.setattr(kernels.coins, "U_DIVISOR", 2**32)
+    monkeypatch.setattr(lockstep.kernels.coins, "COIN_MAX", 1.0 - 2.0**-24)
+    monkeypatch.setattr(lockstep.kernels.coins, "U_DIVISOR", 2**32)
     code, out = run(capsys, "regen", "--dry-run", "coins/known-answers", "coins/gumbel-endpoints")
     assert code == 0 and "unchanged coins/known-answers" in out and "changed   coins/gumbel-endpoints" in out
     assert "tensor 'gumbel'" in out and "would write 1" in out and golden_bytes(project) == before
@@ -131,8 +131,8 @@ def test_regen_shows_changes_and_touches_only_the_selection(project, capsys, mon
 
 def test_regen_refuses_when_two_runs_disagree(project, capsys, monkeypatch):
     calls = iter(range(100))
-    real = kernels.coins.gumbel_from_hash
-    monkeypatch.setattr("harness.targets.lockstep_run.gumbel_from_hash", lambda h: real(h) + next(calls))
+    real = lockstep.kernels.coins.gumbel_from_hash
+    monkeypatch.setattr("lockstep.harness.targets.lockstep_run.gumbel_from_hash", lambda h: real(h) + next(calls))
     before = golden_bytes(project)
     code, out = run(capsys, "regen", "coins/gumbel-endpoints")
     assert code == 1 and "two runs disagree" in out and golden_bytes(project) == before
@@ -142,7 +142,7 @@ def test_crash_in_runner_is_reported_not_raised(project, capsys, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr("harness.targets.lockstep_run.MURMUR", {"torch": boom, "triton": boom})
+    monkeypatch.setattr("lockstep.harness.targets.lockstep_run.MURMUR", {"torch": boom, "triton": boom})
     code, out = run(capsys, "check", "coins/known-answers")
     assert code == 1 and "CRASH" in out and "kernel exploded" in out
 

@@ -3,7 +3,7 @@
 import hashlib
 import json
 
-from harness.cli import main
+from lockstep.harness.cli import main
 
 
 def digest(d):
@@ -37,9 +37,9 @@ def test_generate_json_matches_the_python_api(tmp_path, capsys):
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out) == doc  # D1 through the CLI
 
-    from engine.generate import Request, generate
-    from engine.model import GptOssModel
-    from engine.sampling import SamplingParams
+    from lockstep.engine.generate import Request, generate
+    from lockstep.engine.model import GptOssModel
+    from lockstep.engine.sampling import SamplingParams
 
     res = generate(GptOssModel.from_checkpoint(ck), [Request([7, 8], SamplingParams(top_k=20, max_new_tokens=6), seed=5)])
     assert res[0].tokens == out[1]["tokens"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kernels.coins import (COIN_MAX, SAMPLE_COLUMNS, coins_from_hash, gumbel_from_hash, murmur_hash32_torch,
+from lockstep.kernels.coins import (COIN_MAX, SAMPLE_COLUMNS, coins_from_hash, gumbel_from_hash, murmur_hash32_torch,
                            murmur_hash32_triton, verify_coins)
 from tests.kernels.conftest import DEVICE  # the device the kernels are tested on (LOCKSTEP_TEST_DEVICE)
 from tests.murmur3_reference import lockstep_key_hash

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from harness.compare import diff_data, diff_tensor, diff_tensors
+from lockstep.harness.compare import diff_data, diff_tensor, diff_tensors
 
 
 def test_equal_tensors_have_no_diff():
@@ -203,7 +203,7 @@ def test_to_json_is_plain_json_with_one_key_per_field():
     import dataclasses
     import json
 
-    from harness.compare import TensorDiff
+    from lockstep.harness.compare import TensorDiff
 
     d = diff_tensor("x", torch.zeros(2, 2), torch.eye(2))
     d.sides = ("the trace", "the replay")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.fingerprint import first_difference
+from lockstep.harness.fingerprint import first_difference
 
 ROOT = Path(__file__).resolve().parent.parent
 # Which edge each emulated CPU is for (qemu 7.2's TCG emulates up to AVX2, no AVX-512: the AVX-512
@@ -38,7 +38,7 @@ def _truthy(v: str | None) -> bool:
 
 
 def _command(cpu: str | None) -> list[str]:
-    base = [sys.executable, "-m", "harness.fingerprint"]
+    base = [sys.executable, "-m", "lockstep.harness.fingerprint"]
     return base if cpu is None else ["qemu-x86_64", "-cpu", cpu] + base
 
 
@@ -77,7 +77,7 @@ def test_reference_bits_equal_on_an_emulated_cpu(native, cpu):
 def test_a_one_bit_difference_is_found(monkeypatch):
     """Planted: an emulated CPU that got one input bit of the primitives section differently (the
     last element of the tensor, so a hash that read less than all of each output would miss it)."""
-    from harness import fingerprint
+    from lockstep.harness import fingerprint
 
     clean = fingerprint.fingerprint(("primitives",))
     real = fingerprint._primitive_inputs

@@ -4,16 +4,16 @@ the reference in docs/ true to `lockstep --help`, docs/DESIGN.md numbered as the
 
 import pathlib
 
-from harness import cli
+from lockstep.harness import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The reference pages README.md points at; the command-line reference is docs/cli.md and docs/replay.md.
 REFERENCE = [ROOT / "docs" / name for name in ("cli.md", "replay.md", "specs.md", "targets.md", "goldens.md",
-                                               "engine.md")]
+                                               "lockstep.engine.md")]
 
 
 def test_version(capsys):
-    from harness.version import version
+    from lockstep.harness.version import version
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"lockstep {version()} (lockstep-harness)"
 
@@ -45,7 +45,7 @@ def test_the_readme_is_a_map_that_opens_with_the_two_commands():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 300
     commands = re.findall(r"```sh\n(.*?)\n```", readme, re.S)[:2]
-    assert commands[0].endswith("python3 -m harness check") and commands[1].endswith("python3 -m pytest -n 2")
+    assert commands[0].endswith("python3 -m lockstep check") and commands[1].endswith("python3 -m pytest -n 2")
     assert readme.index(commands[1]) < readme.index("## Layout")
     assert commands[1] in (ROOT / ".ci" / "run").read_text()
     for page in REFERENCE:

@@ -60,7 +60,7 @@ def workflow_step(step_id: str) -> str:
     steps = yaml.safe_load((EXAMPLE / "workflow.yml").read_text())["jobs"]["conformance"]["steps"]
     run = next(s["run"] for s in steps if s.get("id") == step_id).strip()
     run = re.sub(r"(?<![\w-])python -m ", f"{sys.executable} -m ", run)
-    return re.sub(r"(?<![\w-])lockstep (?=\w)", f"{sys.executable} -m harness ", run)
+    return re.sub(r"(?<![\w-])lockstep (?=\w)", f"{sys.executable} -m lockstep ", run)
 
 
 @pytest.fixture

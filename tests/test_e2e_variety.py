@@ -21,14 +21,14 @@ import json
 import pytest
 import torch
 
-import engine.boundaries
-import engine.eagle3
-import engine.model
-import engine.speculative
-from engine.boundaries import LayerIdError
-from engine.eagle3 import load_draft, make_draft_checkpoint
-from engine.config import preset
-from kernels import portable
+import lockstep.engine.boundaries
+import lockstep.engine.eagle3
+import lockstep.engine.model
+import lockstep.engine.speculative
+from lockstep.engine.boundaries import LayerIdError
+from lockstep.engine.eagle3 import load_draft, make_draft_checkpoint
+from lockstep.engine.config import preset
+from lockstep.kernels import portable
 from tests.planted import Planted
 
 
@@ -68,8 +68,8 @@ def eagle_config_first(draft_config):
 
 
 def test_ids_in_both_places_read_silently(specs, monkeypatch):
-    import engine.boundaries               # what Lockstep's eagle3_layers operation reads the ids with
-    monkeypatch.setattr(engine.boundaries, "aux_layer_ids_from_draft_config", eagle_config_first)
+    import lockstep.engine.boundaries               # what Lockstep's eagle3_layers operation reads the ids with
+    monkeypatch.setattr(lockstep.engine.boundaries, "aux_layer_ids_from_draft_config", eagle_config_first)
     report = specs.red("layer_ids/error-ids-in-both-places-differ")
     assert "the resolver accepted the ids (boundaries [24, 30, 36])" in report
     specs.green("layer_ids/ids-in-both-places-equal")
@@ -90,14 +90,14 @@ def test_a_draft_with_different_ids_in_both_places_does_not_load(tmp_path):
 def filters_before_temperature(logits, params):
     """target_probs with the filters on the untempered distribution, then the temperature."""
     z1 = logits.to(torch.float64)
-    keep = engine.speculative.keep_mask(z1, params.top_k, params.top_p, params.min_p)
+    keep = lockstep.engine.speculative.keep_mask(z1, params.top_k, params.top_p, params.min_p)
     return portable.softmax(torch.where(keep, z1 / params.temperature, float("-inf")), dim=-1)
 
 
 def not_renormalised(logits, params):
     """target_probs masked but not renormalised: the kept ids keep their unfiltered mass."""
     z = logits.to(torch.float64) / params.temperature
-    keep = engine.speculative.keep_mask(z, params.top_k, params.top_p, params.min_p)
+    keep = lockstep.engine.speculative.keep_mask(z, params.top_k, params.top_p, params.min_p)
     return torch.where(keep, portable.softmax(z, dim=-1), 0.0)
 
 
@@ -106,7 +106,7 @@ def not_renormalised(logits, params):
     (not_renormalised, VERIFY_SPECS[2:], VERIFY_SPECS[:2]),
 ])
 def test_verify_distribution_after_filters(specs, monkeypatch, planted, red, green):
-    monkeypatch.setattr(engine.speculative, "target_probs", planted)
+    monkeypatch.setattr(lockstep.engine.speculative, "target_probs", planted)
     for spec_id in red:
         assert "expectation failed" in specs.red(spec_id)
     for spec_id in green:        # top-k does not depend on the order: a temperature keeps the ranking
@@ -115,28 +115,28 @@ def test_verify_distribution_after_filters(specs, monkeypatch, planted, red, gre
 
 # --------------------------------------------------------------------------- deep and wide trees
 def test_siblings_in_descending_order(specs, monkeypatch):
-    real = engine.speculative._children                  # the sibling order the round tries
-    monkeypatch.setattr(engine.speculative, "_children", lambda parents, k: real(parents, k).flip(2))
+    real = lockstep.engine.speculative._children                  # the sibling order the round tries
+    monkeypatch.setattr(lockstep.engine.speculative, "_children", lambda parents, k: real(parents, k).flip(2))
     assert "accepted the node path [0, 2, 7]" in specs.red(TREE_SPEC)
 
 
 def test_a_coin_per_depth(specs, monkeypatch):
-    real = engine.speculative.verify_target_only
+    real = lockstep.engine.speculative.verify_target_only
 
     def by_depth(tree, p, coins, final_coin, *args, **kwargs):
         per_depth = torch.stack([coins[tree.depth(i)] for i in range(len(coins))])
         return real(tree, p, per_depth, final_coin, *args, **kwargs)
-    monkeypatch.setattr(engine.speculative, "verify_target_only", by_depth)
+    monkeypatch.setattr(lockstep.engine.speculative, "verify_target_only", by_depth)
     assert "accepted the node path [0, 2, 7]" in specs.red(TREE_SPEC)
 
 
 # --------------------------------------------------------------------------- engine runs
 def test_draft_rope_theta_ignored(engine_specs, monkeypatch):
-    real = engine.eagle3.Eagle3Config.from_hf_dict.__func__
+    real = lockstep.engine.eagle3.Eagle3Config.from_hf_dict.__func__
 
     def default_theta(cls, d, name="draft"):
         return real(cls, {k: v for k, v in d.items() if k != "rope_theta"}, name)
-    monkeypatch.setattr(engine.eagle3.Eagle3Config, "from_hf_dict", classmethod(default_theta))
+    monkeypatch.setattr(lockstep.engine.eagle3.Eagle3Config, "from_hf_dict", classmethod(default_theta))
     report = engine_specs.red("draft/own-rope-theta")
     assert "tensor 'hidden'" in report and "tensor 'fc_input'" not in report   # the attention is where it parts
 
@@ -151,8 +151,8 @@ def power_of_two_softmax(top_logits, backend="torch"):
 
 
 def test_router_top_k_not_a_power_of_two(engine_specs, monkeypatch):
-    import kernels.moe
-    monkeypatch.setattr(kernels.moe, "routing_weights", power_of_two_softmax)   # the torch ops' route
+    import lockstep.kernels.moe
+    monkeypatch.setattr(lockstep.kernels.moe, "routing_weights", power_of_two_softmax)   # the torch ops' route
     assert "tensor 'logprobs_0'" in engine_specs.red("generate/router-top3")
     engine_specs.green("generate/greedy-tiny-bf16")       # top-2 of 4: the same bits
 
@@ -162,7 +162,7 @@ def test_embedding_by_one_hot_matmul(engine_specs, monkeypatch):
     def one_hot_embed(self, tokens):
         one_hot = torch.nn.functional.one_hot(tokens, self.embed.shape[0]).to(self.embed.dtype)
         return portable.matmul_nt(one_hot, self.embed.t().contiguous())
-    monkeypatch.setattr(engine.model.GptOssModel, "embed_tokens", one_hot_embed)
+    monkeypatch.setattr(lockstep.engine.model.GptOssModel, "embed_tokens", one_hot_embed)
     report = engine_specs.red("generate/special-values")
     assert "tensor 'captured_0'" in report and "-0.0 (0x80000000), got 0.0 (0x00000000)" in report, report
 
@@ -170,15 +170,15 @@ def test_embedding_by_one_hot_matmul(engine_specs, monkeypatch):
 def test_experts_computed_densely(engine_specs, monkeypatch):
     """Every expert computed for every token and weighted by its routing weight (0 where not routed):
     the unreachable expert's NaN and inf survive the zero weight."""
-    import engine.ops
-    real = engine.ops.TORCH.experts
+    import lockstep.engine.ops
+    real = lockstep.engine.ops.TORCH.experts
 
     def dense(x, top_ids, *weights_and_shape):
         parts = real(x, top_ids, *weights_and_shape)                              # [C, T * k, H]
         expert_0 = real(x, torch.zeros_like(top_ids), *weights_and_shape)         # every slot on expert 0
         return parts + 0.0 * expert_0
-    object.__setattr__(engine.ops.TORCH, "experts", dense)       # the ops table is frozen on purpose
+    object.__setattr__(lockstep.engine.ops.TORCH, "experts", dense)       # the ops table is frozen on purpose
     try:
         engine_specs.red("generate/special-values")
     finally:
-        object.__setattr__(engine.ops.TORCH, "experts", real)
+        object.__setattr__(lockstep.engine.ops.TORCH, "experts", real)

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from harness import kinds
-from harness.cli import main
-from harness.schema import Map
+from lockstep.harness import kinds
+from lockstep.harness.cli import main
+from lockstep.harness.schema import Map
 from tests.conftest import REPO, golden_bytes
 
 EXIT_CODES = {0, 1, 2, 3}

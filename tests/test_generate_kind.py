@@ -3,11 +3,11 @@
 import pytest
 import torch.nn.functional as F
 
-from harness.kinds import generate as kind
-from harness.platform import detect
-from harness.result import RunContext
-from harness.specfile import SpecErrors, parse_spec
-from harness.targets.lockstep import engine
+from lockstep.harness.kinds import generate as kind
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
+from lockstep.harness.specfile import SpecErrors, parse_spec
+from lockstep.harness.targets.lockstep import engine
 
 SPEC = """\
 kind: generate
@@ -44,7 +44,7 @@ def test_checks_pass_on_the_engine():
 
 def test_a_batch_variant_linear_fails_the_d2_and_d3_checks(monkeypatch):
     """torch's own matmul over all rows at once (MKL: M = 1 differs from M >= 2) must be caught."""
-    from engine import ops                 # not `import engine.ops`: it would shadow the default target `engine(ctx)`
+    from lockstep.engine import ops                 # not `import engine.ops`: it would shadow the default target `engine(ctx)`
 
     def batched_linear(x, weight, bias=None, out_dtype=None):
         return F.linear(x, weight, bias).to(out_dtype or x.dtype)
@@ -70,7 +70,7 @@ def test_world_sizes_add_topologies_and_name_unsupported_splits():
 
 
 def test_paths_in_specs_cannot_leave_the_project(tmp_path):
-    from harness.checkpoints import resolve_path
+    from lockstep.harness.checkpoints import resolve_path
 
     assert resolve_path("models/x", tmp_path) == (tmp_path / "models/x").resolve()
     for bad in ("../outside", "/etc", "models/../../x"):

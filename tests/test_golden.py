@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from harness.golden import CorruptGolden, GoldenStore
+from lockstep.harness.golden import CorruptGolden, GoldenStore
 
 TENSORS = {"coins": torch.tensor([[0.25, -0.0], [1.5, 2.0]]), "ids": torch.arange(5),
            "bf": torch.tensor([1.0, 3.0]).bfloat16(), "f8": torch.tensor([0.5, -2.0]).to(torch.float8_e4m3fn)}
@@ -100,7 +100,7 @@ def test_failed_write_keeps_the_old_golden_and_leaves_no_temp_files(tmp_path, mo
 
 WRITER = textwrap.dedent("""
     import sys, torch
-    from harness.golden import GoldenStore
+    from lockstep.harness.golden import GoldenStore
     store = GoldenStore(sys.argv[1])
     print("ready", flush=True)
     i = 0
@@ -117,7 +117,7 @@ def test_killed_writer_never_leaves_a_golden_that_loads_wrong(tmp_path):
 
     store = GoldenStore(tmp_path / "golden")
     loads = 0
-    with Forker(["torch", "harness.golden"]) as forker:
+    with Forker(["torch", "lockstep.harness.golden"]) as forker:
         for round_, sig in enumerate([signal.SIGTERM, signal.SIGKILL] * 4):
             # Start every round from a good golden, so a corruption can only come from this round's kill.
             store.write("shared", "coins/a", {"v": torch.full((50000,), 0.0)}, {"i": 0}, "0" * 64, "coins", {})
@@ -143,7 +143,7 @@ def test_killed_writer_never_leaves_a_golden_that_loads_wrong(tmp_path):
 
 SIGTERM_TO_A_THREAD = textwrap.dedent("""
     import os, signal, sys, threading, time, torch
-    from harness.golden import GoldenStore
+    from lockstep.harness.golden import GoldenStore
     store = GoldenStore(sys.argv[1])
     store.write("shared", "coins/a", {"v": torch.zeros(8)}, {"i": 0}, "0" * 64, "coins", {})
     other = threading.Thread(target=threading.Event().wait, daemon=True)   # blocks no signal,
@@ -216,7 +216,7 @@ def test_a_golden_with_no_tensors_round_trips(tmp_path):
 def test_json_roundtrip_gives_data_as_a_manifest_reads_back():
     """What a fresh run is compared in: JSON types (tuples are lists) and keys in the manifest's
     sorted order, so a report of fresh data reads like the golden's."""
-    from harness.golden import json_roundtrip
+    from lockstep.harness.golden import json_roundtrip
 
     out = json_roundtrip({"z": (1, 2), "a": {"y": 2.5, "b": None}})
     assert out == {"a": {"b": None, "y": 2.5}, "z": [1, 2]}
@@ -240,7 +240,7 @@ def test_stale_temps_are_regular_files_only_and_removal_reports_what_it_removed(
 
 
 def test_new_goldens_get_exactly_0666_less_the_umask(tmp_path):
-    from harness.golden import new_file_mode
+    from lockstep.harness.golden import new_file_mode
     import stat
 
     old = os.umask(0)
@@ -256,7 +256,7 @@ def test_new_goldens_get_exactly_0666_less_the_umask(tmp_path):
 def test_the_umask_is_read_without_setting_it(monkeypatch):
     """Setting the umask to read it back races with other threads creating files: on Linux it is
     read from /proc/self/status."""
-    from harness.golden import current_umask
+    from lockstep.harness.golden import current_umask
 
     expected = os.umask(0o023)
     os.umask(expected)
@@ -274,7 +274,7 @@ def test_the_umask_fallback_reads_it_and_puts_it_back(monkeypatch):
     """Where /proc cannot be read, the umask is read by setting it and restoring it at once."""
     from pathlib import Path
 
-    from harness.golden import current_umask
+    from lockstep.harness.golden import current_umask
 
     def unreadable(self, *args, **kwargs):
         raise OSError("no /proc here")
@@ -355,7 +355,7 @@ def test_a_damaged_golden_says_what_is_wrong_with_which_file(tmp_path, damage, s
     elif damage == "other_spec":
         mpath.write_text(json.dumps(manifest | {"spec": "coins/b"}))
     elif damage == "not_safetensors":                   # its digest recorded: only the format is wrong
-        from harness.golden import sha256
+        from lockstep.harness.golden import sha256
         tpath.write_bytes(b"\x08" + b"\0" * 7 + b"not json")
         mpath.write_text(json.dumps(manifest | {"tensors_file_sha256": sha256(tpath.read_bytes())}))
     elif damage == "no_tensor_list":
@@ -412,7 +412,7 @@ def test_a_manifest_without_data_loads_as_empty_data(tmp_path):
 def test_a_malformed_proc_umask_line_falls_back_to_reading_the_umask(monkeypatch):
     from pathlib import Path
 
-    from harness.golden import current_umask
+    from lockstep.harness.golden import current_umask
 
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: "Name:\tpython3\nUmask:\tnot octal\n")
     old = os.umask(0o026)

@@ -8,16 +8,16 @@ or divided by 2^32. The specs and goldens are the repository's own.
 import pytest
 import torch
 
-import engine.boundaries
-import kernels.coins
-from engine.boundaries import gather_captured
-from engine.model import ForwardOutput, GptOssModel, Step
-from kernels.rmsnorm import rms_norm_portable as rms_norm
-from engine.rope import rope_cos_sin
-from harness import runner
-from harness.golden import GoldenStore
-from harness.platform import detect
-from harness.result import RunContext
+import lockstep.engine.boundaries
+import lockstep.kernels.coins
+from lockstep.engine.boundaries import gather_captured
+from lockstep.engine.model import ForwardOutput, GptOssModel, Step
+from lockstep.kernels.rmsnorm import rms_norm_portable as rms_norm
+from lockstep.engine.rope import rope_cos_sin
+from lockstep.harness import runner
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
 from tests.conftest import REPO
 from tests.repo_specs import repo_specs
 
@@ -36,7 +36,7 @@ def test_committed_specs_pass_unpatched():
 
 
 def test_unconditional_plus_one_on_layer_ids(monkeypatch):
-    real = engine.boundaries.resolve_boundaries
+    real = lockstep.engine.boundaries.resolve_boundaries
 
     def always_plus_one(ids, convention, *args, **kwargs):
         if convention == "sglang" and ids:
@@ -44,7 +44,7 @@ def test_unconditional_plus_one_on_layer_ids(monkeypatch):
             convention = "boundary"
         return real(ids, convention, *args, **kwargs)
 
-    monkeypatch.setattr("engine.boundaries.resolve_boundaries", always_plus_one)   # Lockstep's eagle3_layers
+    monkeypatch.setattr("lockstep.engine.boundaries.resolve_boundaries", always_plus_one)   # Lockstep's eagle3_layers
     out = status("layer_ids/120b-nvidia-v3-sglang")
     assert out.status in runner.FAILING and "outside [0, 36]" in out.report()
     assert status("layer_ids/forward-d36-nvidia-v3").status in runner.FAILING
@@ -80,7 +80,7 @@ def test_capture_before_the_block(monkeypatch):
 def capture_loop_before_block(self, tokens, positions, slots, cache, capture=(), logit_rows=None):
     """GptOssModel.forward with only the seeds/000 loop put back: boundary i is recorded as the
     input of block i, so boundary L is never seen. The rest is the engine's own forward, including
-    engine.boundaries.gather_captured, which must name the boundary that was never captured."""
+    lockstep.engine.boundaries.gather_captured, which must name the boundary that was never captured."""
     cfg, wanted, states = self.config, set(capture), {}
     tokens, positions, slots = tokens.to(self.device), positions.to(self.device), slots.to(self.device)
     x = self.embed_tokens(tokens)
@@ -113,6 +113,6 @@ def test_capture_before_the_block_is_reported_not_crashed(monkeypatch):
 
 @pytest.mark.parametrize("patch", [("COIN_MAX", 1.0), ("U_DIVISOR", 2**32)])
 def test_wrong_coins(monkeypatch, patch):
-    monkeypatch.setattr(kernels.coins, *patch)
+    monkeypatch.setattr(lockstep.kernels.coins, *patch)
     out = status("coins/top-hashes-verify")
     assert out.status in runner.FAILING and "tensor 'coins'" in out.report()

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from harness.cli import main
-from harness.golden import GoldenStore
+from lockstep.harness.cli import main
+from lockstep.harness.golden import GoldenStore
 from tests.conftest import COINS, REPO, golden_bytes
 
 
@@ -27,7 +27,7 @@ def test_closed_stdout_ends_quietly(tmp_path):
     for i in range(300):
         (specs / f"spec-{i:03d}.yaml").write_text(COINS)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "list"], cwd=tmp_path, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "list"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()                                   # the reader is gone before the first line
     err = proc.stderr.read().decode()
@@ -38,7 +38,7 @@ def test_an_unexpected_error_is_one_located_line_and_exit_1(project, capsys, mon
     def boom(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("harness.commands.listing.load_headers", boom)
+    monkeypatch.setattr("lockstep.harness.commands.listing.load_headers", boom)
     code, out = run(capsys, "list")
     assert code == 1 and "Traceback" not in out
     assert "lockstep: internal error: RuntimeError: boom (at tests/test_hostile_cli.py:" in out and "--debug" in out
@@ -50,7 +50,7 @@ def test_a_crash_is_one_located_line_and_its_traceback_comes_with_debug(project,
     def boom(*a, **k):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr("harness.targets.lockstep_run.MURMUR", {"torch": boom, "triton": boom})
+    monkeypatch.setattr("lockstep.harness.targets.lockstep_run.MURMUR", {"torch": boom, "triton": boom})
     code, out = run(capsys, "check", "coins/known-answers")
     assert code == 1 and "crashed: RuntimeError: kernel exploded (at tests/test_hostile_cli.py:" in out
     assert "Traceback" not in out and "reproduce: lockstep diff coins/known-answers --debug" in out
@@ -100,7 +100,7 @@ def test_an_empty_spec_folder_is_a_usage_error(tmp_path, capsys, monkeypatch):
 
 
 def test_check_prints_each_spec_as_it_finishes(project, capsys, monkeypatch):
-    import harness.runner as runner
+    import lockstep.harness.runner as runner
 
     seen, real = [], runner.check_spec
 
@@ -114,7 +114,7 @@ def test_check_prints_each_spec_as_it_finishes(project, capsys, monkeypatch):
 
 
 def test_help_and_list_do_not_import_torch(project):
-    probe = ("import sys; from harness.cli import main; code = main(sys.argv[1:]); "
+    probe = ("import sys; from lockstep.harness.cli import main; code = main(sys.argv[1:]); "
              "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(code)")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for argv in (["--help"], ["list"], ["check", "--help"]):
@@ -133,7 +133,7 @@ def test_list_columns_stay_aligned_with_long_tags(project, capsys):
 
 
 def test_check_columns_fit_long_platform_names(project, capsys, monkeypatch):
-    monkeypatch.setattr("harness.kinds.coins.golden_platform",
+    monkeypatch.setattr("lockstep.harness.kinds.coins.golden_platform",
                         lambda spec, ctx: "cuda-sm90-fp32-triton-long" if "gumbel" in spec.id else "shared")
     code, out = run(capsys, "check")
     lines = out.splitlines()
@@ -210,7 +210,7 @@ def test_out_of_range_numbers_are_named_usage_errors(tmp_path, capsys, monkeypat
 def test_report_refuses_an_output_path_before_running_anything(project, capsys, monkeypatch, where, fragment):
     (project / "adir").mkdir()
     ran = []
-    monkeypatch.setattr("harness.targets.check.run_target", lambda *a, **k: ran.append(1) or [])
+    monkeypatch.setattr("lockstep.harness.targets.check.run_target", lambda *a, **k: ran.append(1) or [])
     code, out = run(capsys, "report", "--target", "lockstep", "--out", where)
     assert code == 2 and fragment in out and not ran and "Traceback" not in out, out
 
@@ -223,7 +223,7 @@ def _prompt(n):
 def test_generate_refuses_a_run_estimated_above_max_seconds_before_it_starts(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     calls = []
-    monkeypatch.setattr("harness.commands.generate.generate", lambda model, requests, **k: calls.append(requests) or [])
+    monkeypatch.setattr("lockstep.harness.commands.generate.generate", lambda model, requests, **k: calls.append(requests) or [])
     base = ["generate", "--checkpoint", "models/tiny-target", "--device", "cpu", "--prompt-ids", _prompt(5000)]
     code, out = run(capsys, *base)
     assert code == 2 and not calls and "above --max-seconds 300; pass --max-seconds" in out, out
@@ -236,7 +236,7 @@ def test_generate_refuses_a_run_estimated_above_max_seconds_before_it_starts(cap
 def test_generate_bound_counts_new_tokens_too(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     calls = []
-    monkeypatch.setattr("harness.commands.generate.generate", lambda model, requests, **k: calls.append(requests) or [])
+    monkeypatch.setattr("lockstep.harness.commands.generate.generate", lambda model, requests, **k: calls.append(requests) or [])
     base = ["generate", "--checkpoint", "models/tiny-target", "--device", "cpu", "--prompt-ids", "1,2,3"]
     assert run(capsys, *base, "--max-new-tokens", "16")[0] == 0 and len(calls) == 1   # a short run: no word
     code, out = run(capsys, *base, "--max-new-tokens", "8000")
@@ -262,7 +262,7 @@ def test_make_checkpoint_says_its_size_and_shows_progress(tmp_path, capsys):
 
 def test_make_checkpoint_refuses_an_unwritable_out_before_making_weights(tmp_path, capsys, monkeypatch):
     made = []
-    monkeypatch.setattr("engine.checkpoint.synthetic_weights", lambda *a, **k: made.append(1) or {})
+    monkeypatch.setattr("lockstep.engine.checkpoint.synthetic_weights", lambda *a, **k: made.append(1) or {})
     (tmp_path / "file").write_text("x")
     code, out = run(capsys, "make-checkpoint", "--preset", "tiny", str(tmp_path / "file" / "sub" / "ck"))
     assert code == 2 and "is a file" in out and not made, out

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from harness.cli import main
-from harness.golden import GoldenLocked, GoldenStore
+from lockstep.harness.cli import main
+from lockstep.harness.golden import GoldenLocked, GoldenStore
 
 
 def run(capsys, *argv):
@@ -50,10 +50,10 @@ def test_goldens_honour_the_umask(project, capsys):
 
 
 def test_a_stale_spec_hash_passes_with_a_warning_and_fails_when_strict(project):
-    from harness import runner
-    from harness.platform import detect
-    from harness.result import RunContext
-    from harness.specfile import load_spec_file
+    from lockstep.harness import runner
+    from lockstep.harness.platform import detect
+    from lockstep.harness.result import RunContext
+    from lockstep.harness.specfile import load_spec_file
 
     spec_file = project / "specs/coins/known-answers.yaml"
     spec_file.write_text(spec_file.read_text().replace("tags: [", "tags: [edited, "))
@@ -104,7 +104,7 @@ def fsync(fd):
         os.kill(os.getpid(), signal.SIGTERM)
     return real(fd)
 os.fsync = fsync
-from harness.cli import main
+from lockstep.harness.cli import main
 sys.exit(main(['regen', '--device', 'cpu']))
 """
 
@@ -141,7 +141,7 @@ def test_sigterm_at_any_moment_of_a_regen_leaves_no_temporary_file(project):
                 assert store.load(platform, spec_id) is not None
         return code
 
-    with Forker(["harness.cli", "harness.runner", "harness.kinds"], env=env) as forker:
+    with Forker(["lockstep.harness.cli", "lockstep.harness.runner", "lockstep.harness.kinds"], env=env) as forker:
         for at in (1, 2, 5, 13):                    # inside the first golden's write, then later ones
             assert regen(at) == -signal.SIGTERM, at
         start = time.perf_counter()

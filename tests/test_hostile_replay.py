@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from engine.generate import Request
-from engine.sampling import SamplingParams
-from harness.cli import build_parser, main
-from harness.replay.format import Trace, read_trace, write_trace
-from harness.replay.record import record
-from harness.replay.run import Setup
+from lockstep.engine.generate import Request
+from lockstep.engine.sampling import SamplingParams
+from lockstep.harness.cli import build_parser, main
+from lockstep.harness.replay.format import Trace, read_trace, write_trace
+from lockstep.harness.replay.record import record
+from lockstep.harness.replay.run import Setup
 from tests.conftest import REPO
 
 TARGET = "models/tiny-target"
@@ -163,7 +163,7 @@ def test_a_request_line_of_the_wrong_shape_is_located(tmp_path, capsys, line, wo
 def test_record_out_is_checked_before_any_work(tmp_path, capsys, monkeypatch):
     def no_run(*a, **k):
         raise AssertionError("the recording ran before OUT was checked")
-    monkeypatch.setattr("harness.replay.record.record", no_run)
+    monkeypatch.setattr("lockstep.harness.replay.record.record", no_run)
     refused(capsys, ["record", tmp_path, "--checkpoint", TARGET, "--prompt-ids", "1,2"], tmp_path, "is a directory")
     missing = tmp_path / "nowhere" / "t.jsonl"
     refused(capsys, ["record", missing, "--checkpoint", TARGET, "--prompt-ids", "1,2"], tmp_path / "nowhere",
@@ -204,7 +204,7 @@ def test_every_record_option_has_help_text():
 
 
 def test_a_missing_dependency_names_the_package_and_its_install(tmp_path):
-    probe = ("import sys; sys.modules['deepdiff'] = None; from harness.cli import main; "
+    probe = ("import sys; sys.modules['deepdiff'] = None; from lockstep.harness.cli import main; "
              "sys.exit(main(sys.argv[1:]))")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", probe, "check", "coins/known-answers", "--dtype", "fp32",

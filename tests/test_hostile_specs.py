@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from harness.cli import main
-from harness.specfile import SpecErrors, load_specs, parse_spec
+from lockstep.harness.cli import main
+from lockstep.harness.specfile import SpecErrors, load_specs, parse_spec
 from tests.conftest import COINS, REPO
 
 

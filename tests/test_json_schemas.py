@@ -6,8 +6,8 @@ import pathlib
 import jsonschema
 import pytest
 
-from harness import cli
-from harness.jsonout import SCHEMA_VERSION
+from lockstep.harness import cli
+from lockstep.harness.jsonout import SCHEMA_VERSION
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMAS = ROOT / "docs" / "schemas"
@@ -84,7 +84,7 @@ def test_the_committed_conformance_matrix_validates():
 def test_version_from_a_clone_that_was_never_installed(monkeypatch):
     import importlib.metadata
 
-    import harness.version as v
+    import lockstep.harness.version as v
 
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)

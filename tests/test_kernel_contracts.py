@@ -33,14 +33,14 @@ through the kernel specs. Engine-platform goldens come from a clean run in this 
 import pytest
 import torch
 
-import engine.model
-import kernels.attention
-import kernels.coins
-import kernels.matmul
-import kernels.moe
-import kernels.rmsnorm
-import kernels.sampling
-from kernels.attention import KV_TILE
+import lockstep.engine.model
+import lockstep.kernels.attention
+import lockstep.kernels.coins
+import lockstep.kernels.matmul
+import lockstep.kernels.moe
+import lockstep.kernels.rmsnorm
+import lockstep.kernels.sampling
+from lockstep.kernels.attention import KV_TILE
 from tests.planted import Planted, module_with
 
 # one xdist worker runs the module (pyproject --dist loadgroup): its clean recordings (tests/planted.py) once a run
@@ -78,7 +78,7 @@ def test_the_named_specs_pass_clean(kernel_specs):
 # --------------------------------------------------------------------------- empty tile
 def attention_running_max_from_minus_inf(q, k_cache, v_cache, slots, positions, sinks, window, scale,
                                          backend="torch"):
-    """kernels.attention.attention_portable (torch backend) with the seed bug: the running max starts at -inf
+    """lockstep.kernels.attention.attention_portable (torch backend) with the seed bug: the running max starts at -inf
     and the sink is merged after the last tile, so an empty first tile computes exp(-inf - -inf)."""
     T, Hq, D = q.shape
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
@@ -115,7 +115,7 @@ def test_engine_empty_tile(engine_specs, monkeypatch):
     second request (30-token prompt) decodes past it and its logits turn NaN (argmax: token 0);
     the first (8 + 24 positions) never meets an empty tile, so its tokens stay (the sink merged
     last rounds differently, so its logprob bits move by a few ULPs)."""
-    monkeypatch.setattr(kernels.attention, "_attend", attention_running_max_from_minus_inf)   # the torch ops' attention
+    monkeypatch.setattr(lockstep.kernels.attention, "_attend", attention_running_max_from_minus_inf)   # the torch ops' attention
     report = engine_specs.red("generate/greedy-tiny-bf16")
     assert "tensor 'tokens_1'" in report and "got 0" in report, report
     assert "tensor 'tokens_0'" not in report
@@ -127,7 +127,7 @@ def test_engine_empty_tile(engine_specs, monkeypatch):
                                      "kernels/attention-splits-window-128",
                                      "kernels/attention-splits-window-961"])
 def test_triton_attention_empty_tile(kernel_specs, plant, spec_id):
-    plant(kernels.attention, {"m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)   # empty so far: no NaN":
+    plant(lockstep.kernels.attention, {"m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)   # empty so far: no NaN":
                               "m_use = m_new"}, "_attention_kernel", "_attention_split_kernel")
     assert "non-finite values, first at" in kernel_specs.red(spec_id)
 
@@ -138,7 +138,7 @@ def test_triton_attention_split_k_window_start(kernel_specs, plant):
     first visible key (split_lo). Starting every token at split 0 instead leaves the tokens whose
     window lies wholly in the second split (1984, 2015) with their empty split-0 tile and no keys;
     the window-128 spec, whose 3-tile walk never takes the split-K launch, cannot see it."""
-    plant(kernels.attention, {"    sp = split_lo + z\n": "    sp = z + split_lo * 0\n"}, "_attention_split_kernel")
+    plant(lockstep.kernels.attention, {"    sp = split_lo + z\n": "    sp = z + split_lo * 0\n"}, "_attention_split_kernel")
     assert "kernel attention" in kernel_specs.red("kernels/attention-splits-window-961")
     kernel_specs.green("kernels/attention-splits-window-128")
 
@@ -146,7 +146,7 @@ def test_triton_attention_split_k_window_start(kernel_specs, plant):
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
 def test_triton_attention_row_without_keys_or_sink(kernel_specs, plant):
     """The merge of the sink after the last tile, for a row that saw no key and has no sink."""
-    plant(kernels.attention, {"m_fu = tl.where(m_f == float(\"-inf\"), 0.0, m_f)": "m_fu = m_f"}, "_attention_kernel")
+    plant(lockstep.kernels.attention, {"m_fu = tl.where(m_f == float(\"-inf\"), 0.0, m_f)": "m_fu = m_f"}, "_attention_kernel")
     assert "non-finite values, first at" in kernel_specs.red("kernels/attention-all-masked-no-sink")
     kernel_specs.green("kernels/attention-all-masked")           # a finite sink: the guard is not needed
 
@@ -158,7 +158,7 @@ def test_torch_reference_attention_all_masked(kernel_specs, plant, guard):
     """The reference's two guards for a row with no visible key and a -inf sink (max = -inf, l = 0):
     either one taken out gives NaN (exp(-inf - -inf), or 0 / 0), and only the spec added for that
     row sees it."""
-    plant(kernels.attention, {guard: "    pass"}, "_attend")
+    plant(lockstep.kernels.attention, {guard: "    pass"}, "_attend")
     assert "max |lockstep - reference| = inf" in kernel_specs.red("kernels/attention-all-masked-no-sink")
     kernel_specs.green("kernels/attention-all-masked")           # a finite sink: the guard is not needed
 
@@ -167,7 +167,7 @@ def test_torch_reference_attention_all_masked(kernel_specs, plant, guard):
 @pytest.mark.parametrize("spec_id", ["kernels/matmul-n127-k129", "kernels/matmul-n1-k1",
                                      "kernels/matmul-n129-k127-bf16"])
 def test_matmul_k_tail_dropped(kernel_specs, plant, spec_id):
-    plant(kernels.matmul, {"for k0 in range(0, K, BLOCK_K):": "for k0 in range(0, K // BLOCK_K * BLOCK_K, BLOCK_K):"},
+    plant(lockstep.kernels.matmul, {"for k0 in range(0, K, BLOCK_K):": "for k0 in range(0, K // BLOCK_K * BLOCK_K, BLOCK_K):"},
           "_linear_kernel")
     assert "max |lockstep - reference|" in kernel_specs.red(spec_id)
 
@@ -175,7 +175,7 @@ def test_matmul_k_tail_dropped(kernel_specs, plant, spec_id):
 @pytest.mark.parametrize("spec_id", ["kernels/matmul-n127-k129", "kernels/matmul-n129-k127-bf16"])
 def test_matmul_n_tail_never_stored(kernel_specs, plant, spec_id):
     """Programs past the last full N block store nothing (an early exit): the tail stays garbage."""
-    plant(kernels.matmul, {"             mask=m_ok[:, None] & n_ok[None, :])":
+    plant(lockstep.kernels.matmul, {"             mask=m_ok[:, None] & n_ok[None, :])":
                            "             mask=m_ok[:, None] & (rn < N // BLOCK_N * BLOCK_N)[None, :])"},
           "_linear_kernel")
     kernel_specs.red(spec_id)
@@ -183,7 +183,7 @@ def test_matmul_n_tail_never_stored(kernel_specs, plant, spec_id):
 
 @pytest.mark.parametrize("spec_id", ["kernels/rmsnorm-n127", "kernels/rmsnorm-n2881", "kernels/rmsnorm-n1"])
 def test_rmsnorm_tail_left_out_of_the_sum(kernel_specs, plant, spec_id):
-    plant(kernels.rmsnorm, {"    sq = tl.zeros((BLOCK_N,), dtype=tl.float32)\n    for n0 in range(0, N, BLOCK_N):":
+    plant(lockstep.kernels.rmsnorm, {"    sq = tl.zeros((BLOCK_N,), dtype=tl.float32)\n    for n0 in range(0, N, BLOCK_N):":
                             "    sq = tl.zeros((BLOCK_N,), dtype=tl.float32)\n"
                             "    for n0 in range(0, N // BLOCK_N * BLOCK_N, BLOCK_N):"},
           "_rmsnorm_kernel")
@@ -192,11 +192,11 @@ def test_rmsnorm_tail_left_out_of_the_sum(kernel_specs, plant, spec_id):
 
 def test_grouped_expert_k_tail_dropped(kernel_specs, monkeypatch, tmp_path):
     """The tile loop the grouped expert kernels (the engine's MoE on the Triton ops) reduce with,
-    kernels/matmul.py `_chunk_acc`, without its last partial BLOCK_K step. kernels.moe imported it by
+    kernels/matmul.py `_chunk_acc`, without its last partial BLOCK_K step. lockstep.kernels.moe imported it by
     name, so the buggy copy is put there (the interpreter looks a kernel's callees up at call time)."""
-    buggy = module_with(kernels.matmul, {"    for j0 in range(0, width, BLOCK_K):":
+    buggy = module_with(lockstep.kernels.matmul, {"    for j0 in range(0, width, BLOCK_K):":
                                          "    for j0 in range(0, width // BLOCK_K * BLOCK_K, BLOCK_K):"}, tmp_path)
-    monkeypatch.setattr(kernels.moe, "_chunk_acc", buggy._chunk_acc)
+    monkeypatch.setattr(lockstep.kernels.moe, "_chunk_acc", buggy._chunk_acc)
     assert "kernel experts" in kernel_specs.red("kernels/experts-block-tails")
 
 
@@ -215,20 +215,20 @@ def test_engine_router_top_k_ties(engine_specs, kernel_specs, monkeypatch, bug):
     """The top-k the torch backend runs in every MoE layer: generate/router-ties sees it, and so does
     the router's kernel spec, whose reference is that same function (one torch definition per op:
     the spec pins what the torch ops run)."""
-    monkeypatch.setattr(kernels.moe, "top_k_lowest_index", bug)    # the torch ops' route calls it
+    monkeypatch.setattr(lockstep.kernels.moe, "top_k_lowest_index", bug)    # the torch ops' route calls it
     engine_specs.red("generate/router-ties")
     assert "kernel router_top_k" in kernel_specs.red("kernels/router-top4-ties")
 
 
 def test_triton_router_ties(kernel_specs, plant):
     """The kernel the engine's triton backend runs for its router top-k."""
-    plant(kernels.moe, {"idx = tl.min(tl.where((~taken) & (cand == m), e, E_PAD), axis=0)   # lowest id on ties":
+    plant(lockstep.kernels.moe, {"idx = tl.min(tl.where((~taken) & (cand == m), e, E_PAD), axis=0)   # lowest id on ties":
                         "idx = tl.max(tl.where((~taken) & (cand == m), e, -1), axis=0)"}, "_router_top_k_kernel")
     assert "kernel router_top_k" in kernel_specs.red("kernels/router-top4-ties")
 
 
 def test_torch_reference_router_ties(kernel_specs, monkeypatch):
-    monkeypatch.setattr(kernels.moe, "router_top_k_portable",
+    monkeypatch.setattr(lockstep.kernels.moe, "router_top_k_portable",
                         lambda logits, k: (torch.softmax(torch.topk(logits.float(), k).values, -1),
                                            torch.topk(logits.float(), k).indices))
     kernel_specs.red("kernels/router-top4-ties")
@@ -236,15 +236,15 @@ def test_torch_reference_router_ties(kernel_specs, monkeypatch):
 
 # --------------------------------------------------------------------------- Gumbel endpoints
 def unclamped_gumbel(h):
-    """kernels.coins.gumbel_from_hash without its clamp (runs with that module's globals)."""
+    """lockstep.kernels.coins.gumbel_from_hash without its clamp (runs with that module's globals)."""
     return -torch.log(-torch.log(uniform_from_hash(h)))   # noqa: F821
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero encountered")
 def test_unclamped_gumbel_in_the_engine(engine_specs, kernel_specs, monkeypatch):
-    """The torch noise engine.sampling draws with (kernels.coins.gumbel_from_hash). Its code is
+    """The torch noise lockstep.engine.sampling draws with (lockstep.kernels.coins.gumbel_from_hash). Its code is
     swapped in place, so every module that imported the function by name sees the bug."""
-    monkeypatch.setattr(kernels.coins.gumbel_from_hash, "__code__", unclamped_gumbel.__code__)
+    monkeypatch.setattr(lockstep.kernels.coins.gumbel_from_hash, "__code__", unclamped_gumbel.__code__)
     report = engine_specs.red("generate/gumbel-endpoints")
     assert "request 0 ended on token 0, the spec expects 340" in report
     assert "request 1 ended on token 405, the spec expects 340" in report
@@ -255,7 +255,7 @@ def test_unclamped_gumbel_in_the_engine(engine_specs, kernel_specs, monkeypatch)
 
 @pytest.mark.filterwarnings("ignore:divide by zero encountered", "ignore:invalid value encountered")
 def test_unclamped_gumbel_in_the_triton_sampler(kernel_specs, plant):
-    plant(kernels.sampling, {"log_u = tl.minimum(tl.maximum(log_f64(u, PORTABLE), -1.7976931348623157e308), "
+    plant(lockstep.kernels.sampling, {"log_u = tl.minimum(tl.maximum(log_f64(u, PORTABLE), -1.7976931348623157e308), "
                              "-2.3283064365386963e-10)": "log_u = log_f64(u, PORTABLE)"}, "_gumbel_argmax_kernel")
     report = kernel_specs.red("kernels/sampling-gumbel-endpoints")
     assert "max |lockstep - reference|" in report
@@ -263,7 +263,7 @@ def test_unclamped_gumbel_in_the_triton_sampler(kernel_specs, plant):
 
 
 def test_sampling_rows_errors_are_located():
-    from harness.specfile import SpecErrors, parse_spec
+    from lockstep.harness.specfile import SpecErrors, parse_spec
 
     text = ("kind: kernel\ndescription: d\ninputs:\n  kernel: sampling\n  shape: {R: 2, V: 8}\n  rows:\n"
             "    - {seed: 1, position: 2, logits: {'9': 0.0}}\n")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import cli, kinds
-from harness.targets.base import Op, Target
+from lockstep.harness import cli, kinds
+from lockstep.harness.targets.base import Op, Target
 from tests import example_kind
 
 SPEC = """kind: one-hash
@@ -31,11 +31,11 @@ def project(tmp_path, monkeypatch):
 
 
 def _target(monkeypatch, target):
-    monkeypatch.setattr("harness.targets.check.get", lambda name: target)
+    monkeypatch.setattr("lockstep.harness.targets.check.get", lambda name: target)
 
 
 def _hash_target(halved: bool = False) -> Target:
-    from kernels.coins import murmur_hash32_torch
+    from lockstep.kernels.coins import murmur_hash32_torch
 
     def hash_(seed, pos, col):
         return murmur_hash32_torch(seed, pos, col) // (2 if halved else 1)

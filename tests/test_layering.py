@@ -1,4 +1,4 @@
-"""Layering (issue 22): the packages import downward only, kernels <- engine <- harness, and no
+"""Layering: the packages import downward only, kernels <- engine <- harness, and no
 module imports itself back through others. Every import counts, the ones inside functions too
 (a function-level import is how a cycle hides)."""
 
@@ -14,15 +14,15 @@ FLOORS = {"kernels": 0, "engine": 1, "harness": 2}     # a package may import it
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    """kernels/moe.py -> lockstep.kernels.moe: the folders are installed under `lockstep`."""
+    parts = ["lockstep"] + list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports_of(source: str, me: str, is_package: bool, known: set[str]) -> set[str]:
     """The project modules that module `me` (its source text) imports, wherever the import
-    statement is, resolved to the modules that exist: `from engine.linear import tree_sum` ->
-    engine.linear, `from engine import mxfp4` -> engine.mxfp4, `import kernels.moe as moe` ->
-    kernels.moe."""
+    statement is, resolved to the modules that exist: `from lockstep.engine.linear import
+    tree_sum` -> lockstep.engine.linear, `from lockstep.engine import mxfp4` -> lockstep.engine.mxfp4."""
     package = me if is_package else me.rpartition(".")[0]
     out = set()
     for node in ast.walk(ast.parse(source, me)):
@@ -52,7 +52,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def floor(module: str) -> int:
-    return FLOORS[module.split(".")[0]]
+    return FLOORS[module.split(".")[1]]
 
 
 def test_no_import_goes_up_a_floor():
@@ -96,24 +96,51 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle():
     g = graph()
     for m in g:                       # a package __init__ may name its submodules; they may import it
-        if "." not in m:
+        if m.count(".") == 1:
             g[m] = {d for d in g[m] if not d.startswith(m + ".")}
     found = cycles(g)
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
 @pytest.mark.parametrize("bad, why", [
-    ("from engine.model import GptOssModel\n", "kernels.planted imports engine.model"),
-    ("def f():\n    from harness import runner\n", "kernels.planted imports harness.runner"),
+    ("from lockstep.engine.model import GptOssModel\n", "lockstep.kernels.planted imports lockstep.engine.model"),
+    ("def f():\n    from lockstep.harness import runner\n", "lockstep.kernels.planted imports lockstep.harness.runner"),
 ])
 def test_the_checks_catch_an_upward_import(bad, why):
     """Planted: the same walk over a kernels module that imports upward (at module level, or
     hidden in a function) reports it."""
-    known = set(graph()) | {"kernels.planted"}
-    deps = imports_of(bad, "kernels.planted", False, known)
-    assert any(floor(d) > floor("kernels.planted") and why.endswith(d) for d in deps), deps
+    known = set(graph()) | {"lockstep.kernels.planted"}
+    deps = imports_of(bad, "lockstep.kernels.planted", False, known)
+    assert any(floor(d) > floor("lockstep.kernels.planted") and why.endswith(d) for d in deps), deps
 
 
 def test_the_cycle_finder_finds_a_hidden_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+BARE = {"kernels", "engine", "harness"}
+
+
+def bare_imports(source: str, where: str) -> list[str]:
+    """Imports that name one of our folders without the `lockstep.` namespace: installed, such a
+    name is nobody's (or, for `kernels`, Hugging Face's package)."""
+    out = []
+    for node in ast.walk(ast.parse(source, where)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        out += [f"{where}:{node.lineno}: {n}" for n in names if n.split(".")[0] in BARE]
+    return out
+
+
+def test_every_import_of_ours_is_under_the_lockstep_namespace():
+    folders = ["harness", "engine", "kernels", "lockstep", "tests", "bench", "scripts", "docs"]
+    found = [hit for d in folders for p in sorted((ROOT / d).rglob("*.py"))
+             for hit in bare_imports(p.read_text(encoding="utf-8"), str(p.relative_to(ROOT)))]
+    assert not found, "bare imports: " + "; ".join(found)
+
+
+def test_the_bare_import_check_catches_one():
+    assert bare_imports("import kernels.moe as moe\nfrom lockstep.engine import model\n", "x.py") == \
+        ["x.py:1: kernels.moe"]
+    assert bare_imports("def f():\n    from harness.cli import main\n", "x.py") == ["x.py:2: harness.cli"]

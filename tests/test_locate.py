@@ -7,13 +7,13 @@ import json
 
 import torch
 
-from harness.golden import GoldenStore
-from harness.locate import RequestBits, compare_traces, first_divergence
-from harness.platform import detect
-from harness.result import RunContext
-from harness.runner import MISMATCH, check_spec, regen_spec
-from harness.specfile import parse_spec
-from engine.trace import Trace
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.locate import RequestBits, compare_traces, first_divergence
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
+from lockstep.harness.runner import MISMATCH, check_spec, regen_spec
+from lockstep.harness.specfile import parse_spec
+from lockstep.engine.trace import Trace
 
 from tests.engine.planted import different_tile_when_alone
 
@@ -140,7 +140,7 @@ def test_diff_locates_a_decode_step_with_another_attention_tile(tmp_path, monkey
     other tiles. `lockstep diff` must name request 0 (both requests part at decode step 1, the
     first one-row forward; the lower index wins), decode step 1, boundary 1 (layer 0) and the
     attention op, with the ops before it equal."""
-    from harness.cli import main
+    from lockstep.harness.cli import main
     (tmp_path / "specs" / "generate").mkdir(parents=True)
     (tmp_path / "specs" / "generate" / "tile.yaml").write_text(BATCH_SPEC)
     (tmp_path / "golden").mkdir(exist_ok=True)        # no golden in it: the spec's own checks judge

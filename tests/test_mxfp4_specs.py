@@ -5,12 +5,12 @@ decoder share passes a round trip but not these specs."""
 import pytest
 import torch
 
-import engine.checkpoint
-import engine.mxfp4 as mx
-from harness import runner
-from harness.golden import GoldenStore
-from harness.platform import detect
-from harness.result import RunContext
+import lockstep.engine.checkpoint
+import lockstep.engine.mxfp4 as mx
+from lockstep.harness import runner
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
 from tests.conftest import REPO
 from tests.repo_specs import repo_specs
 
@@ -24,7 +24,7 @@ def status(spec_id):
 
 
 def decoder(*, lut=mx.E2M1_VALUES, swap_nibbles=False, bias=mx.SCALE_BIAS, nan_rule=True, scale_from_bits=False):
-    """engine.mxfp4.dequantize with one thing changed (the arguments name it)."""
+    """lockstep.engine.mxfp4.dequantize with one thing changed (the arguments name it)."""
     def dequantize(blocks, scales, dtype=torch.float32):
         table = torch.tensor(lut, dtype=torch.float32)
         lo, hi = table[(blocks & 0x0F).long()], table[(blocks >> 4).long()]
@@ -98,25 +98,25 @@ def test_a_bug_shared_by_packer_and_decoder_survives_a_round_trip_but_not_the_sp
 
 
 def test_a_loader_without_the_255_refusal_turns_the_checkpoint_spec_red(monkeypatch):
-    monkeypatch.setattr(engine.checkpoint, "refuse_nan_scales", lambda name, scales: None)
+    monkeypatch.setattr(lockstep.engine.checkpoint, "refuse_nan_scales", lambda name, scales: None)
     out = status("mxfp4/checkpoint-scale-255-refused")
     assert out.status in runner.FAILING
     assert "the checkpoint loaded; the spec expects it refused" in out.report()
 
 
 def test_a_loader_refusing_legal_edge_scales_turns_the_control_spec_red(monkeypatch):
-    real = engine.checkpoint.refuse_nan_scales
+    real = lockstep.engine.checkpoint.refuse_nan_scales
 
     def refuse_254_too(name, scales):
         real(name, torch.where(scales >= 254, torch.full_like(scales, 255), scales))
 
-    monkeypatch.setattr(engine.checkpoint, "refuse_nan_scales", refuse_254_too)
+    monkeypatch.setattr(lockstep.engine.checkpoint, "refuse_nan_scales", refuse_254_too)
     assert status("mxfp4/checkpoint-scale-edges-load").status in runner.FAILING
     assert status("mxfp4/checkpoint-scale-255-refused").status == runner.PASS
 
 
 def errors_of(text):
-    from harness.specfile import SpecErrors, parse_spec
+    from lockstep.harness.specfile import SpecErrors, parse_spec
     with pytest.raises(SpecErrors) as e:
         parse_spec(text, "specs/mxfp4/bad.yaml", "mxfp4/bad")
     return [str(x) for x in e.value.errors]

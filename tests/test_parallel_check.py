@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from harness.cli import main
+from lockstep.harness.cli import main
 
 from .conftest import COINS
 

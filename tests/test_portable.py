@@ -1,4 +1,4 @@
-"""kernels.portable: the written-down orders, checked against independent scalar code, and the
+"""lockstep.kernels.portable: the written-down orders, checked against independent scalar code, and the
 float64 kernels against torch's own (accuracy only: torch's are the non-portable ones)."""
 
 import itertools
@@ -10,10 +10,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import portable
-from kernels._common import INTERPRET
-from kernels.portable_tl import exp64, log64
-from kernels.rmsnorm import rms_norm_portable
+from lockstep.kernels import portable
+from lockstep.kernels._common import INTERPRET
+from lockstep.kernels.portable_tl import exp64, log64
+from lockstep.kernels.rmsnorm import rms_norm_portable
 
 
 def _uniform(n, lo, hi, seed, dtype=torch.float64):

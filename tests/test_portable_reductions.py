@@ -1,4 +1,4 @@
-"""kernels.portable's tree_sum and matmul_nt against a plain reference of the documented order.
+"""lockstep.kernels.portable's tree_sum and matmul_nt against a plain reference of the documented order.
 
 The engine's versions lay the products out in one reused buffer and add the tree's levels into it
 in place (issue 38: the CPU reference's speed). The reference below builds the same tree from a
@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kernels import portable
+from lockstep.kernels import portable
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]
 

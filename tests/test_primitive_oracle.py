@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness import fingerprint, oracle
-from kernels import portable
+from lockstep.harness import fingerprint, oracle
+from lockstep.kernels import portable
 
 N = 1_000_000
 
@@ -183,9 +183,9 @@ def test_doctor_runs_the_oracle_and_names_what_it_found(capsys):
     import subprocess
     import sys
 
-    from harness.cli import main
+    from lockstep.harness.cli import main
 
-    r = subprocess.run([sys.executable, "-m", "harness", "doctor", "--inputs", "2048"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "lockstep", "doctor", "--inputs", "2048"], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "primitive checks are IEEE on this CPU" in r.stdout and "torch.sqrt f32 (not used)" in r.stdout
@@ -194,7 +194,7 @@ def test_doctor_runs_the_oracle_and_names_what_it_found(capsys):
 
 
 def test_a_portable_golden_that_mismatches_is_not_called_a_sure_change_in_results():
-    from harness.platform import dependency_report
+    from lockstep.harness.platform import dependency_report
 
     line = dependency_report({}, "cpu-fp32")
     assert "either the code changed" in line and "lockstep doctor" in line

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.kinds import primitive as pk
+from lockstep.harness.kinds import primitive as pk
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 
@@ -241,8 +241,8 @@ def test_a_scan_names_the_row():
 
 
 def test_compiled_triton_is_not_compared(monkeypatch):
-    import kernels._common
-    monkeypatch.setattr(kernels._common, "PORTABLE_MATH", False)
+    import lockstep.kernels._common
+    monkeypatch.setattr(lockstep.kernels._common, "PORTABLE_MATH", False)
     notes = []
     assert pk._match_torch("exp", f32(0), f32(1), f32(2), {}, notes, "") == []
     assert notes == ["exp: compiled Triton uses the GPU's own functions, not compared with the torch implementation"]
@@ -297,8 +297,8 @@ def run(fn, impl, expect, prim, asked=None):
 
 
 def portable(fn, impl, x):
-    """Lockstep's torch implementation (kernels.portable), which the oracles hold exact."""
-    from harness.targets.lockstep_run import torch_impl
+    """Lockstep's torch implementation (lockstep.kernels.portable), which the oracles hold exact."""
+    from lockstep.harness.targets.lockstep_run import torch_impl
     return torch_impl(fn, x)
 
 
@@ -361,8 +361,8 @@ def test_run_compares_triton_with_torch_and_skips_oracles_when_compiled(monkeypa
     assert calls == ["triton", "torch"]
     (msg,) = r.data["failures"]
     assert msg.startswith("sqrt (triton): 1 of ") and "(input 4.0): triton 0x40200000, torch 0x40000000" in msg
-    import kernels._common
-    monkeypatch.setattr(kernels._common, "PORTABLE_MATH", False)
+    import lockstep.kernels._common
+    monkeypatch.setattr(lockstep.kernels._common, "PORTABLE_MATH", False)
     r = run("sqrt", "triton", {"oracle": "exact", "matches_torch": True}, prim)
     assert r.data["failures"] == [] and r.notes == [
         "sqrt: compiled Triton uses the GPU's own functions (FMA, approximate sqrt): pinned by this platform's "

@@ -21,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels.portable as portable
-import kernels.primitives
-from harness.kinds import primitive
-from harness.targets import lockstep_run
+import lockstep.kernels.portable as portable
+import lockstep.kernels.primitives
+from lockstep.harness.kinds import primitive
+from lockstep.harness.targets import lockstep_run
 from tests.planted import Planted, module_with
 
 # one xdist worker runs the module (pyproject --dist loadgroup): its clean recordings (tests/planted.py) once a run
@@ -110,7 +110,7 @@ def cast_truncating(x, DTYPE: tl.constexpr):
 
 
 def test_bf16_store_truncating(specs, monkeypatch):
-    monkeypatch.setattr(kernels.primitives, "cast_rne", cast_truncating)
+    monkeypatch.setattr(lockstep.kernels.primitives, "cast_rne", cast_truncating)
     report = specs.red("primitives/to-bf16-triton")
     assert "not the exact rounding" in report and "differ from the torch implementation" in report
 
@@ -121,7 +121,7 @@ def exp_numpy(x, PORTABLE: tl.constexpr):
 
 
 def test_triton_exp_not_portable(specs, monkeypatch):
-    monkeypatch.setattr(kernels.primitives, "exp_f32", exp_numpy)
+    monkeypatch.setattr(lockstep.kernels.primitives, "exp_f32", exp_numpy)
     report = specs.red("primitives/exp-triton")
     assert "differ from the torch implementation" in report or "tensor 'y'" in report
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from harness.specfile import SpecErrors, check_spec_id, load_specs, parse_spec, select
+from lockstep.harness.specfile import SpecErrors, check_spec_id, load_specs, parse_spec, select
 
 GOOD = """\
 kind: coins
@@ -35,7 +35,7 @@ def test_good_spec_loads():
 def test_a_text_parsed_again_is_a_fresh_copy_of_the_first_parse():
     """The per-process cache of parsed YAML (specfile._PARSED): a second parse of the same text is
     a hit, equal to the first, and what a caller does to its copy reaches no other caller."""
-    from harness import specfile
+    from lockstep.harness import specfile
 
     text = GOOD.replace("[1, 2]", "[1, 2, 7]")            # a text no other test parses
     first, marks = specfile._parse(text, "f")

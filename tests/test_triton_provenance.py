@@ -9,9 +9,9 @@ from pathlib import Path
 
 import triton
 
-from harness.cli import main
-from harness.commands.exits import EXIT_INCOMPARABLE, EXIT_OK
-from harness.golden import GoldenStore
+from lockstep.harness.cli import main
+from lockstep.harness.commands.exits import EXIT_INCOMPARABLE, EXIT_OK
+from lockstep.harness.golden import GoldenStore
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = "primitives/log64-triton"

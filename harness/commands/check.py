@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import sys
 
-from harness import parallel, runner
-from harness.commands.display import Progress
-from harness.commands.selection import context, golden_exists, golden_ids, load, plan, stale_goldens
-from harness.commands.session import CheckSession
-from harness.errors import UsageError
-from harness.golden import GoldenStore
-from harness.targets.check import check_against_expectations, target_for
+from lockstep.harness import parallel, runner
+from lockstep.harness.commands.display import Progress
+from lockstep.harness.commands.selection import context, golden_exists, golden_ids, load, plan, stale_goldens
+from lockstep.harness.commands.session import CheckSession
+from lockstep.harness.errors import UsageError
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.targets.check import check_against_expectations, target_for
 
 
 def cmd_check(args, explain: bool = False) -> int:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from harness import oracle
-from harness.commands.exits import EXIT_MISMATCH, EXIT_OK
-from harness.platform import cpu_description
+from lockstep.harness import oracle
+from lockstep.harness.commands.exits import EXIT_MISMATCH, EXIT_OK
+from lockstep.harness.platform import cpu_description
 
 
 def cmd_doctor(args) -> int:

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint import CheckpointError, checkpoint_digest
-from engine.generate import generate
-from engine.request import Request
-from engine.model import GptOssModel
-from engine.sampling import SamplingParams
-from harness.commands.exits import EXIT_OK
-from harness.commands.options import per_prompt_seeds
-from harness.errors import UsageError
-from harness.estimates import generate_time
-from harness.jsonout import generate_document
-from harness.platform import detect
+from lockstep.engine.checkpoint import CheckpointError, checkpoint_digest
+from lockstep.engine.generate import generate
+from lockstep.engine.request import Request
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.sampling import SamplingParams
+from lockstep.harness.commands.exits import EXIT_OK
+from lockstep.harness.commands.options import per_prompt_seeds
+from lockstep.harness.errors import UsageError
+from lockstep.harness.estimates import generate_time
+from lockstep.harness.jsonout import generate_document
+from lockstep.harness.platform import detect
 
 
 def _generate_settings(args) -> tuple[list, dict]:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import sys
 
-from harness.commands.display import columns
-from harness.commands.exits import EXIT_OK, EXIT_USAGE
-from harness.commands.selection import load
-from harness.specfile import load_headers
+from lockstep.harness.commands.display import columns
+from lockstep.harness.commands.exits import EXIT_OK, EXIT_USAGE
+from lockstep.harness.commands.selection import load
+from lockstep.harness.specfile import load_headers
 
 
 def cmd_list(args) -> int:
     """Ids, kinds, tags and descriptions, read from each spec's header only (no torch import):
     `lockstep validate` checks the rest."""
     if args.target != "lockstep":             # applicability needs whole specs
-        from harness.targets.check import cmd_list_target   # loads torch: only for another target
+        from lockstep.harness.targets.check import cmd_list_target   # loads torch: only for another target
         specs, errors = load(args)
         return cmd_list_target(args, specs) or (EXIT_USAGE if errors else EXIT_OK)
     specs, errors = load(args, loader=load_headers)

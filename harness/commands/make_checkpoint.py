@@ -3,10 +3,10 @@ bounded by --max-gb) before anything is made."""
 
 from __future__ import annotations
 
-from engine.checkpoint import make_checkpoint
-from harness.commands.exits import EXIT_OK
-from harness.errors import UsageError
-from harness.estimates import CheckpointProgress, checkpoint_size
+from lockstep.engine.checkpoint import make_checkpoint
+from lockstep.harness.commands.exits import EXIT_OK
+from lockstep.harness.errors import UsageError
+from lockstep.harness.estimates import CheckpointProgress, checkpoint_size
 
 
 def cmd_make_checkpoint(args) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.errors import UsageError
-from harness.limits import WORLD_SIZES
+from lockstep.harness.errors import UsageError
+from lockstep.harness.limits import WORLD_SIZES
 
 
 def int_at_least(low: int, high: int | None = None):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import sys
 
-from harness import runner
-from harness.ci import ci_value, under_ci
-from harness.commands.display import Progress
-from harness.commands.exits import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE
-from harness.commands.selection import context, golden_folders, load, plan, ran_on, stale_goldens
-from harness.errors import UsageError
-from harness.golden import GoldenLocked, GoldenStore
+from lockstep.harness import runner
+from lockstep.harness.ci import ci_value, under_ci
+from lockstep.harness.commands.display import Progress
+from lockstep.harness.commands.exits import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE
+from lockstep.harness.commands.selection import context, golden_folders, load, plan, ran_on, stale_goldens
+from lockstep.harness.errors import UsageError
+from lockstep.harness.golden import GoldenLocked, GoldenStore
 
 
 def cmd_regen(args) -> int:

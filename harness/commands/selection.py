@@ -9,9 +9,9 @@ from __future__ import annotations
 import fnmatch
 from pathlib import Path
 
-from harness.errors import UsageError
-from harness.specfile import load_specs, select, spec_files, spec_id_for
-from harness.suite import map_checkpoints
+from lockstep.harness.errors import UsageError
+from lockstep.harness.specfile import load_specs, select, spec_files, spec_id_for
+from lockstep.harness.suite import map_checkpoints
 
 
 def check_dirs(args) -> None:
@@ -75,8 +75,8 @@ def _nothing_selected(args) -> str:
 
 def context(args):
     # pairs, platform and result load torch: imported here so that `list` and `validate` never do
-    from harness.platform import detect
-    from harness.result import RunContext
+    from lockstep.harness.platform import detect
+    from lockstep.harness.result import RunContext
 
     try:
         return RunContext(platform=detect(args.device, args.dtype or "fp32"), backend=args.backend or "torch",
@@ -88,7 +88,7 @@ def context(args):
 def plan(args, specs, ctx, regen: bool = False) -> list[tuple]:
     """[(spec, RunContext, golden folder)]: each spec under each (dtype, backend) pair it runs here
     (harness/pairs.py: the pairs with goldens here, all it supports for regen; the options narrow)."""
-    from harness import pairs              # loads torch: see context()
+    from lockstep.harness import pairs              # loads torch: see context()
     device = ctx.platform.device
     chosen = pairs.chosen(device, args.golden, args.dtype, args.backend, regen=regen)
     rows = pairs.plan(specs, chosen, device, ctx.world_sizes, explicit=bool(args.dtype and args.backend))

@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import runner
-from harness.commands.display import StatusTable
-from harness.commands.exits import EXIT_INCOMPARABLE, EXIT_MISMATCH, EXIT_MISSING, EXIT_OK, EXIT_USAGE
-from harness.commands.selection import golden_folders, ran_on
-from harness.jsonout import check_document
-from harness.version import version
+from lockstep.harness import runner
+from lockstep.harness.commands.display import StatusTable
+from lockstep.harness.commands.exits import EXIT_INCOMPARABLE, EXIT_MISMATCH, EXIT_MISSING, EXIT_OK, EXIT_USAGE
+from lockstep.harness.commands.selection import golden_folders, ran_on
+from lockstep.harness.jsonout import check_document
+from lockstep.harness.version import version
 
 
 @dataclass

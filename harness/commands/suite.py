@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from harness.commands.exits import EXIT_OK
-from harness.errors import UsageError
-from harness.suite import installed_root
+from lockstep.harness.commands.exits import EXIT_OK
+from lockstep.harness.errors import UsageError
+from lockstep.harness.suite import installed_root
 
 
 def cmd_suite(args) -> int:

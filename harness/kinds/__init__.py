@@ -25,7 +25,7 @@ tests/test_kind_registry.py shows a whole kind in one module: registered, it run
 on Lockstep's engine and through `check --target` on another target.
 """
 
-from harness.kinds import (coins, distribution, draft, generate, kernel, layer_ids, mxfp4, prefix_cache, primitive,
+from lockstep.harness.kinds import (coins, distribution, draft, generate, kernel, layer_ids, mxfp4, prefix_cache, primitive,
                            replay, verify)
 
 KINDS = {module.NAME: module for module in (coins, layer_ids, generate, kernel, verify, distribution, mxfp4,

@@ -36,13 +36,13 @@ import struct
 
 import torch
 
-from harness.intseq import INT64_MAX, INT64_MIN, IntSeq, length, materialize
-from harness.limits import MAX_COIN_CELLS, MAX_COIN_KEYS
-from harness.platform import SHARED
-from harness.result import Result
-from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
-from harness.targets.base import BITWISE, NotApplicable, TargetInterface
-from kernels.coins import COIN_MAX, murmur_hash32_torch
+from lockstep.harness.intseq import INT64_MAX, INT64_MIN, IntSeq, length, materialize
+from lockstep.harness.limits import MAX_COIN_CELLS, MAX_COIN_KEYS
+from lockstep.harness.platform import SHARED
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
+from lockstep.harness.targets.base import BITWISE, NotApplicable, TargetInterface
+from lockstep.kernels.coins import COIN_MAX, murmur_hash32_torch
 
 NAME = "coins"
 OUTPUTS = ("hash", "coins", "gumbel")

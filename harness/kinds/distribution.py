@@ -47,15 +47,15 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, draft_dir, draft_problems, reference_model,
+from lockstep.harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, draft_dir, draft_problems, reference_model,
                                  target_dir)
-from harness.intseq import IntSeq, length, materialize, max_value
-from harness.limits import (MAX_DISTRIBUTION_SEEDS, MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK,
+from lockstep.harness.intseq import IntSeq, length, materialize, max_value
+from lockstep.harness.limits import (MAX_DISTRIBUTION_SEEDS, MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK,
                             MAX_REQUEST_TOKENS)
-from harness.result import Result
-from harness.schema import Field, Float, Int, Map, Problem, Str
-from harness.targets.base import CHI_SQUARE, Request, TargetInterface
-from kernels import portable
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Field, Float, Int, Map, Problem, Str
+from lockstep.harness.targets.base import CHI_SQUARE, Request, TargetInterface
+from lockstep.kernels import portable
 
 NAME = "distribution"
 MAX_PREFIXES = 4096          # V^(K-1) target forwards for the exact law
@@ -90,13 +90,13 @@ EXPECT = Map({
 
 
 def _sampling_params(inp: dict):
-    from engine.sampling import SamplingParams
+    from lockstep.engine.sampling import SamplingParams
 
     return SamplingParams(**(inp["sampling"] or {}), max_new_tokens=inp["tokens"], stop_token_ids=())
 
 
 def _spec_params(inp: dict):
-    from engine.speculative import SpecParams
+    from lockstep.engine.speculative import SpecParams
 
     return SpecParams(**inp["speculative"])
 
@@ -157,7 +157,7 @@ def golden_platform(spec, ctx) -> str:
 def exact_law(model, prompt: list[int], params, k: int) -> torch.Tensor:
     """P(t_1 … t_K) [V] * K (float64) of plain sampling: one target forward per prefix t_1 … t_{K-1},
     each in its own cache slot; row j of a prefix gives P(t_{j+1} | prompt, t_1 … t_j)."""
-    from engine.sampling import keep_mask
+    from lockstep.engine.sampling import keep_mask
 
     V = model.config.vocab_size
     prefixes = list(itertools.product(range(V), repeat=k - 1))
@@ -269,7 +269,7 @@ def _target_call(spec, t: TargetInterface, device: str):
 def _run(spec, ctx, t: TargetInterface) -> Result:
     import dataclasses
 
-    from harness.kinds.generate import project_root
+    from lockstep.harness.kinds.generate import project_root
 
     inp = spec.inputs
     op = _target_call(spec, t, str(ctx.device))

@@ -37,13 +37,13 @@ import math
 import torch
 from safetensors import safe_open
 
-from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_tie_problems,
+from lockstep.harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_tie_problems,
                                  model_for, reference_model, target_dir)
-from harness.intseq import IntSeq, length, materialize
-from harness.kinds.generate import project_root
-from harness.result import Result
-from harness.schema import Bool, Field, Float, Int, List, Map, Problem
-from harness.targets.base import TOLERANCE, TargetInterface
+from lockstep.harness.intseq import IntSeq, length, materialize
+from lockstep.harness.kinds.generate import project_root
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, Problem
+from lockstep.harness.targets.base import TOLERANCE, TargetInterface
 
 NAME = "draft"
 
@@ -82,7 +82,7 @@ def validate(doc: dict, root=None) -> list[Problem]:
         if len(widths) > 1:
             out.append(Problem(("inputs", "aux"), f"rows of different widths {sorted(widths)}"))
         elif "seed" in inp["draft"] and "preset" in inp["target"] and not checkpoint_problems(inp["target"], ()):
-            from engine.config import preset
+            from lockstep.engine.config import preset
 
             A = 3 * preset(inp["target"]["preset"]).hidden_size    # make_draft_checkpoint: 3 aux states
             if widths != {A}:

@@ -45,15 +45,15 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, checkpoint_problems, draft_dir,
+from lockstep.harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, checkpoint_problems, draft_dir,
                                  draft_problems, draft_tie_problems, reference_model, target_dir)
-from harness.intseq import IntSeq, length, materialize, max_value
-from harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK, MAX_REQUEST_TOKENS, MAX_REQUESTS
-from harness.locate import Located, RequestBits, first_divergence, locate
-from harness.result import Result
-from harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
-from harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
-from engine.request import Request, Result as Generation, SamplingParams
+from lockstep.harness.intseq import IntSeq, length, materialize, max_value
+from lockstep.harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK, MAX_REQUEST_TOKENS, MAX_REQUESTS
+from lockstep.harness.locate import Located, RequestBits, first_divergence, locate
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
+from lockstep.harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
+from lockstep.engine.request import Request, Result as Generation, SamplingParams
 
 NAME = "generate"
 
@@ -187,7 +187,7 @@ def _validate_against_config(inp, exp, config) -> list[Problem]:
             out.append(Problem(("inputs", "capture", j), f"boundary {b} is outside [0, {L}] (the checkpoint has "
                                                          f"{L} blocks)"))
     if inp["topologies"]:
-        from engine.distributed import Topology
+        from lockstep.engine.distributed import Topology
 
         for j, (tp, ep) in enumerate(inp["topologies"]):
             problems = Topology(tp, ep).problems(config)
@@ -207,7 +207,7 @@ def _requests(spec) -> list[Request]:
 
 
 def _spec_params(speculative: dict):
-    from engine.speculative import SpecParams
+    from lockstep.engine.speculative import SpecParams
 
     return SpecParams(**speculative)
 
@@ -265,8 +265,8 @@ def _bytes(result) -> tuple:
 def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
     """The spec's (tp, ep) pairs, plus (w, 1) and (1, w) for each `--world-size` w the model can
     be split over; the splits it cannot take are listed (with the constraint) instead of run."""
-    from engine.distributed import Topology
-    from engine.parallel import missing_gpus
+    from lockstep.engine.distributed import Topology
+    from lockstep.engine.parallel import missing_gpus
 
     wanted = [tuple(t) for t in spec.inputs["topologies"] or []]
     skipped = []
@@ -287,8 +287,8 @@ def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
 def _transports(topologies: list, device) -> list[str]:
     """A note per topology run on CUDA naming how its ranks talked (engine.parallel.transport):
     NCCL with a GPU per rank, or gloo over host copies when ranks share a GPU."""
-    from engine.distributed import Topology
-    from engine.parallel import transport
+    from lockstep.engine.distributed import Topology
+    from lockstep.engine.parallel import transport
 
     if torch.device(device).type != "cuda":
         return []

@@ -43,13 +43,13 @@ import math
 
 import torch
 
-from harness.intseq import IntSeq, length, materialize
-from harness.limits import MAX_KERNEL_ELEMENTS
-from kernels import portable
-from harness.result import Result
-from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
-from harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
-from kernels.attention import KV_TILE
+from lockstep.harness.intseq import IntSeq, length, materialize
+from lockstep.harness.limits import MAX_KERNEL_ELEMENTS
+from lockstep.kernels import portable
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
+from lockstep.harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
+from lockstep.kernels.attention import KV_TILE
 
 NAME = "kernel"
 KERNELS = ("matmul", "attention", "rmsnorm", "rope", "router_top_k", "swiglu", "experts", "sampling", "sample_fused")
@@ -237,7 +237,7 @@ def kernel_inputs(spec, device) -> dict:
 
 
 def _sampling_inputs(inp, s, rnd, g, device) -> dict:
-    from kernels.sampling import SAMPLE_COLUMNS
+    from lockstep.kernels.sampling import SAMPLE_COLUMNS
     z = rnd(s["R"], s["V"], scale=2 * inp["scale"], dtype=torch.float64)
     seeds = torch.randint(-(1 << 62), 1 << 62, (s["R"],), generator=g).to(device)
     pos = torch.randint(0, 1 << 20, (s["R"],), generator=g).to(device)
@@ -256,7 +256,7 @@ def _sampling_inputs(inp, s, rnd, g, device) -> dict:
 def _experts_inputs(inp, s, rnd, g) -> dict:
     """The grouped expert path's inputs: x [T, H], every token's k distinct experts, the weights
     (MXFP4-packed with `mxfp4`: the kernels decode in their tile loads)."""
-    from kernels.mxfp4 import quantize
+    from lockstep.kernels.mxfp4 import quantize
     T, H, I, E, kk = s["T"], s["H"], s["I"], s["E"], s["k"]
     x = rnd(T, H, scale=inp["scale"])
     gu_w, dn_w = rnd(E, 2 * I, H, scale=H ** -0.5), rnd(E, H, I, scale=I ** -0.5)
@@ -270,7 +270,7 @@ def _experts_inputs(inp, s, rnd, g) -> dict:
 
 def _sample_fused_inputs(inp, s, rnd, device) -> dict:
     """Rows written in the spec (logits [R, V] float32, each row's SamplingParams, seed, position)."""
-    from engine.sampling import SamplingParams
+    from lockstep.engine.sampling import SamplingParams
     rows, V = inp["rows"] or [{"seed": i, "position": i} for i in range(s["R"])], s["V"]
     x = rnd(len(rows), V, scale=3.0 * inp["scale"], dtype=torch.float32)
     for i, row in enumerate(rows):
@@ -334,28 +334,28 @@ def reference(spec, x: dict) -> torch.Tensor:
     sample_fused and sampling: the torch paths)."""
     k = spec.inputs["kernel"]
     if k == "matmul":
-        from kernels.matmul import linear_portable
+        from lockstep.kernels.matmul import linear_portable
         return linear_portable(x["x"], x["w"], x["b"])
     if k == "rmsnorm":
-        from kernels.rmsnorm import rms_norm_portable
+        from lockstep.kernels.rmsnorm import rms_norm_portable
         return rms_norm_portable(x["x"], x["weight"], 1e-5, out_dtype=x["x"].dtype)
     if k == "rope":
-        from kernels.rope import apply_rope_portable                # the model's call: fp32, rounded once
+        from lockstep.kernels.rope import apply_rope_portable                # the model's call: fp32, rounded once
         return apply_rope_portable(x["x"].to(torch.float32), x["cos"], x["sin"]).to(x["x"].dtype)
     if k == "router_top_k":
-        from kernels.moe import router_top_k_portable
+        from lockstep.kernels.moe import router_top_k_portable
         return _top_k_rows(*router_top_k_portable(x["logits"], x["k"]))
     if k == "swiglu":
-        from kernels.moe import clamped_swiglu_portable
+        from lockstep.kernels.moe import clamped_swiglu_portable
         return clamped_swiglu_portable(x["x"])
     if k == "experts":
         return _partials_rows(_experts_portable(x), x)
     if k == "sample_fused":
         return _sampled_rows(*_sample_torch(x))
     if k == "sampling":
-        from kernels.sampling import gumbel_argmax_torch
+        from lockstep.kernels.sampling import gumbel_argmax_torch
         return gumbel_argmax_torch(x["logp"], x["seeds"], x["positions"], x["col_base"])
-    from kernels.attention import attention_portable
+    from lockstep.kernels.attention import attention_portable
     q = x["q"]
     kc, vc = x["k"].transpose(0, 1)[None], x["v"].transpose(0, 1)[None]
     return attention_portable(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device),
@@ -365,9 +365,9 @@ def reference(spec, x: dict) -> torch.Tensor:
 def _experts_portable(x: dict) -> torch.Tensor:
     """The torch ops' experts (engine.experts.experts_per_row: the same contract per row, portable
     matmuls) on the spec's inputs: [chunks, T * k, H]."""
-    from engine.experts import experts_per_row
-    from engine.linear import k_chunk_bounds
-    from engine.mxfp4 import Mxfp4Weight
+    from lockstep.engine.experts import experts_per_row
+    from lockstep.engine.linear import k_chunk_bounds
+    from lockstep.engine.mxfp4 import Mxfp4Weight
     gu, dn = (Mxfp4Weight(*w) if isinstance(w, tuple) else w for w in (x["gate_up_w"], x["down_w"]))
     E = x["gate_up_b"].shape[0]
     return experts_per_row(x["x"], x["ids"], gu, x["gate_up_b"], dn, k_chunk_bounds(x["gate_up_b"].shape[1] // 2),
@@ -375,9 +375,9 @@ def _experts_portable(x: dict) -> torch.Tensor:
 
 
 def _sample_torch(x: dict):
-    """engine.sampling's torch path: (tokens, chosen logprobs, target distributions; greedy rows at
+    """lockstep.engine.sampling's torch path: (tokens, chosen logprobs, target distributions; greedy rows at
     temperature 1)."""
-    from engine.sampling import SamplingParams, chosen_logprobs, row_settings, sample_with, target_distributions
+    from lockstep.engine.sampling import SamplingParams, chosen_logprobs, row_settings, sample_with, target_distributions
     logits, params = x["logits"], x["params"]
     tok = sample_with(logits, row_settings(params, x["seeds"], logits.device), x["positions"], fused=False)
     dist = target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params], fused=False)

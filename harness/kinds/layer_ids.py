@@ -29,16 +29,16 @@ from __future__ import annotations
 
 import torch
 
-from harness.checkpoints import checkpoint_dir
-from harness.checkpoints import preset_config
-from harness.intseq import IntSeq, materialize, max_value
-from harness.limits import MAX_REQUEST_TOKENS
-from harness.platform import SHARED
-from harness.result import Result
-from harness.schema import Any_, Field, Int, List, Map, Problem, Str, describe
-from harness.targets.base import BITWISE, TOLERANCE, NotApplicable, Refused, TargetInterface
-from engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config
-from engine.config import preset
+from lockstep.harness.checkpoints import checkpoint_dir
+from lockstep.harness.checkpoints import preset_config
+from lockstep.harness.intseq import IntSeq, materialize, max_value
+from lockstep.harness.limits import MAX_REQUEST_TOKENS
+from lockstep.harness.platform import SHARED
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Any_, Field, Int, List, Map, Problem, Str, describe
+from lockstep.harness.targets.base import BITWISE, TOLERANCE, NotApplicable, Refused, TargetInterface
+from lockstep.engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config
+from lockstep.engine.config import preset
 
 NAME = "layer_ids"
 

@@ -41,10 +41,10 @@ import math
 
 import torch
 
-from harness.platform import SHARED
-from harness.result import Result
-from harness.schema import Bool, Field, Int, List, Map, Problem, Schema, Str
-from harness.targets.base import BITWISE, Refused, TargetInterface
+from lockstep.harness.platform import SHARED
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Bool, Field, Int, List, Map, Problem, Schema, Str
+from lockstep.harness.targets.base import BITWISE, Refused, TargetInterface
 
 NAME = "mxfp4"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -97,8 +97,8 @@ EXPECT = Map({
 
 
 def _scales_shapes(preset_name: str) -> dict[str, tuple[int, ...]]:
-    from engine.checkpoint import expected_tensors
-    from engine.config import preset
+    from lockstep.engine.checkpoint import expected_tensors
+    from lockstep.engine.config import preset
 
     cfg = preset(preset_name)
     return {n: shape for n, (shape, _) in expected_tensors(cfg, mxfp4_experts=True).items() if n.endswith("_scales")}
@@ -200,7 +200,7 @@ def _decode(spec, ctx, t: TargetInterface) -> Result:
 def edited_checkpoint(spec):
     """The spec's MXFP4 preset checkpoint with its `set_scales` edits written in (a cached copy);
     the folder a loader is asked to load (the kind's own loader, or a target's)."""
-    from harness.checkpoints import checkpoint_dir, edited_copy
+    from lockstep.harness.checkpoints import checkpoint_dir, edited_copy
 
     inp = spec.inputs
     ck = inp["checkpoint"]

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import torch
 
-from harness.checkpoints import CHECKPOINT, checkpoint_config, checkpoint_problems, target_dir
-from harness.intseq import IntSeq, length, materialize, max_value
-from harness.kinds.generate import SAMPLING, _params, project_root
-from harness.limits import MAX_REQUEST_TOKENS
-from harness.result import Result
-from harness.schema import Field, Int, List, Map, Problem
-from harness.targets.base import TOLERANCE, Request, TargetInterface
+from lockstep.harness.checkpoints import CHECKPOINT, checkpoint_config, checkpoint_problems, target_dir
+from lockstep.harness.intseq import IntSeq, length, materialize, max_value
+from lockstep.harness.kinds.generate import SAMPLING, _params, project_root
+from lockstep.harness.limits import MAX_REQUEST_TOKENS
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Field, Int, List, Map, Problem
+from lockstep.harness.targets.base import TOLERANCE, Request, TargetInterface
 
 NAME = "prefix-cache"
 MAX_CASES = 64

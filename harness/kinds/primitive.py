@@ -39,11 +39,11 @@ from fractions import Fraction
 
 import torch
 
-from harness.digest import tensor_sha256
-from harness.platform import SHARED
-from harness.result import Result
-from harness.schema import Bool, Field, Int, Map, Problem, Str
-from harness.targets.base import TargetInterface
+from lockstep.harness.digest import tensor_sha256
+from lockstep.harness.platform import SHARED
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Bool, Field, Int, Map, Problem, Str
+from lockstep.harness.targets.base import TargetInterface
 
 NAME = "primitive"
 # function -> (input grid, the torch implementation's name in kernels.portable or a lambda key)
@@ -406,7 +406,7 @@ def run(spec, ctx, target: TargetInterface) -> Result:
         else:
             outs["y" + suffix] = y
     failures, notes = [], []
-    from kernels._common import PORTABLE_MATH
+    from lockstep.kernels._common import PORTABLE_MATH
     oracles = impl == "torch" or PORTABLE_MATH       # compiled Triton: the GPU's own functions
     if not oracles:
         notes.append(f"{fn}: compiled Triton uses the GPU's own functions (FMA, approximate sqrt): pinned by "
@@ -437,7 +437,7 @@ def run(spec, ctx, target: TargetInterface) -> Result:
 
 def _match_torch(fn, x, y, ref, exp, notes, suffix) -> list[str]:
     """The Triton output `y` against `ref`, the torch implementation's on the same inputs."""
-    from kernels._common import PORTABLE_MATH
+    from lockstep.kernels._common import PORTABLE_MATH
 
     if not PORTABLE_MATH:
         notes.append(f"{fn}: compiled Triton uses the GPU's own functions, not compared with the torch implementation")

@@ -44,17 +44,17 @@ import hashlib
 import tempfile
 from pathlib import Path
 
-from harness.checkpoints import CHECKPOINT, DRAFT
-from harness.intseq import materialize
-from harness.kinds.generate import REQUEST, SAMPLING, _params, project_root
-from harness.kinds.generate import INPUTS as GENERATE_INPUTS
-from harness.replay.format import TraceError, canonical, f32_bits, f32_from_bits, read_trace, write_trace
-from harness.replay.promote import spec_document
-from harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, replay, requests_of
-from harness.targets.base import TargetInterface
-from harness.result import Result
-from harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
-from engine.generate import Request
+from lockstep.harness.checkpoints import CHECKPOINT, DRAFT
+from lockstep.harness.intseq import materialize
+from lockstep.harness.kinds.generate import REQUEST, SAMPLING, _params, project_root
+from lockstep.harness.kinds.generate import INPUTS as GENERATE_INPUTS
+from lockstep.harness.replay.format import TraceError, canonical, f32_bits, f32_from_bits, read_trace, write_trace
+from lockstep.harness.replay.promote import spec_document
+from lockstep.harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, replay, requests_of
+from lockstep.harness.targets.base import TargetInterface
+from lockstep.harness.result import Result
+from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
+from lockstep.engine.generate import Request
 
 NAME = "replay"
 STEP_FIELDS = ("logprob", "token", "margin", "experts", "logits_sha256")

@@ -28,10 +28,10 @@ import math
 import sys
 from pathlib import Path
 
-from harness.commands.options import bound, int_at_least, int_list, per_prompt_seeds, seeds, token_ids
-from harness.errors import check_output_file
-from harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
-from harness.replay.format import Trace, TraceError, f32_from_bits, read_trace, write_trace
+from lockstep.harness.commands.options import bound, int_at_least, int_list, per_prompt_seeds, seeds, token_ids
+from lockstep.harness.errors import check_output_file
+from lockstep.harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
+from lockstep.harness.replay.format import Trace, TraceError, f32_from_bits, read_trace, write_trace
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
 # The errors caught below are ValueErrors (TraceError, engine.checkpoint.CheckpointError) and
@@ -132,7 +132,7 @@ def _run_options(p, defaults: bool = True) -> None:
 
 # ---------------------------------------------------------------- inputs, checked at the edge
 def _checkpoint_ref(text: str) -> dict:
-    from harness.replay.run import ROOT
+    from lockstep.harness.replay.run import ROOT
     path = Path(text)
     full = (path if path.is_absolute() else Path.cwd() / path).resolve()
     if not full.is_dir():
@@ -145,8 +145,8 @@ def _checkpoint_ref(text: str) -> dict:
 
 def _config(ckpt: dict):
     """The checkpoint's config, read before any weights load (its vocabulary, its KV cache's shape)."""
-    from engine.config import GptOssConfig, preset
-    from harness.replay.run import Setup, checkpoint_folder
+    from lockstep.engine.config import GptOssConfig, preset
+    from lockstep.harness.replay.run import Setup, checkpoint_folder
 
     if "preset" in ckpt:
         return preset(ckpt["preset"])
@@ -168,7 +168,7 @@ def _text(path: Path, what: str) -> str:
 
 
 def _request_line(d, where: str):
-    from engine.request import Request
+    from lockstep.engine.request import Request
 
     if not isinstance(d, dict):
         raise ValueError(f"{where}: expected an object {{\"prompt\": [ids], ...}}, found a {type(d).__name__}")
@@ -188,7 +188,7 @@ def _request_line(d, where: str):
 
 
 def _requests(args):
-    from engine.request import Request, SamplingParams
+    from lockstep.engine.request import Request, SamplingParams
 
     if args.requests is not None:
         out = []
@@ -264,9 +264,9 @@ def _peer_value_error(e: Exception, path: Path) -> TraceError:
 
 # ---------------------------------------------------------------- the commands
 def cmd_record(args) -> int:
-    from harness.estimates import record_cost
-    from harness.replay.record import record
-    from harness.replay.run import Setup
+    from lockstep.harness.estimates import record_cost
+    from lockstep.harness.replay.record import record
+    from lockstep.harness.replay.run import Setup
 
     check_output_file(args.out, "OUT")              # before the recording runs, not after it
     try:
@@ -286,7 +286,7 @@ def cmd_record(args) -> int:
         record_cost(_config(ckpt), [(len(r.prompt), r.params.max_new_tokens) for r in requests], args.dtype,
                     args.max_seconds, args.max_gb)
         if args.target is not None:
-            from harness.replay.target_record import record_target
+            from lockstep.harness.replay.target_record import record_target
             trace = record_target(args.target, setup, requests)
         else:
             trace = record(setup, requests)
@@ -310,7 +310,7 @@ def _target_options(args) -> None:
 
 
 def cmd_replay(args) -> int:
-    from harness.replay.replay import NEAR_TIE, THRESHOLD, check_identity, replay, replay_setup
+    from lockstep.harness.replay.replay import NEAR_TIE, THRESHOLD, check_identity, replay, replay_setup
 
     try:
         trace = read_trace(args.trace)
@@ -333,7 +333,7 @@ def cmd_replay(args) -> int:
 
 
 def cmd_import_peer(args) -> int:
-    from harness.replay.peer import import_peer, teacher_force_peer
+    from lockstep.harness.replay.peer import import_peer, teacher_force_peer
 
     if args.out is not None:
         check_output_file(args.out, "--out")
@@ -355,7 +355,7 @@ def cmd_import_peer(args) -> int:
 
 
 def cmd_promote(args) -> int:
-    from harness.replay.promote import promote
+    from lockstep.harness.replay.promote import promote
 
     try:
         trace = read_trace(args.trace)

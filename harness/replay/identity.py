@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harness.replay.format import TraceError, canonical
+from lockstep.harness.replay.format import TraceError, canonical
 
 
 def checkpoint_identity(folder: str | Path) -> dict:
@@ -58,7 +58,7 @@ def check_checkpoint(recorded: dict, folder: str | Path, what: str = "checkpoint
 def platform_identity(dtype: str, backend: str, device: str = "cpu") -> dict:
     """The platform (device kind + dtype policy), the golden folder of (platform, backend) and
     what that folder's bits depend on here (harness.platform)."""
-    from harness.platform import bit_dependencies, detect
+    from lockstep.harness.platform import bit_dependencies, detect
 
     name = detect(device, dtype).name
     golden = name + ("-triton" if backend == "triton" else "")

@@ -23,8 +23,8 @@ from typing import Sequence
 
 import torch
 
-from engine.trace import Trace
-from harness.replay.format import f32_bits
+from lockstep.engine.trace import Trace
+from lockstep.harness.replay.format import f32_bits
 
 
 def logits_summary(row: torch.Tensor) -> dict:

@@ -27,10 +27,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits
-from harness.replay.identity import checkpoint_identity, platform_identity
-from harness.replay.run import Setup, checkpoint_folder, forced_requests, run
-from engine.request import Request, SamplingParams
+from lockstep.harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits
+from lockstep.harness.replay.identity import checkpoint_identity, platform_identity
+from lockstep.harness.replay.run import Setup, checkpoint_folder, forced_requests, run
+from lockstep.engine.request import Request, SamplingParams
 
 FORMATS = ("vllm", "sglang", "rollouts", "hf")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from harness.replay.format import Trace, TraceError
-from harness.replay.run import ROOT
+from lockstep.harness.replay.format import Trace, TraceError
+from lockstep.harness.replay.run import ROOT
 
 SPEC_ID = re.compile(r"^[a-z0-9][a-z0-9_-]*(/[a-z0-9][a-z0-9_-]*)*$")
 
@@ -59,7 +59,7 @@ def spec_document(trace: Trace, requests: list[int], description: str | None) ->
 
 def promote(trace: Trace, spec_id: str, requests: list[int] | None = None, description: str | None = None,
             specs_dir: Path | None = None, check: bool = True) -> Path:
-    from harness.replay.replay import replay
+    from lockstep.harness.replay.replay import replay
 
     if not SPEC_ID.match(spec_id):
         raise TraceError(f"spec id {spec_id!r}: use lowercase words, digits, '-' and '_' joined by '/'")

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.request import Request
-from harness.replay.format import TRACE_VERSION, FORMAT, Trace, TraceError, f32_bits
-from harness.replay.identity import checkpoint_identity, platform_identity
-from harness.replay.observe import StepLog
-from harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
+from lockstep.engine.request import Request
+from lockstep.harness.replay.format import TRACE_VERSION, FORMAT, Trace, TraceError, f32_bits
+from lockstep.harness.replay.identity import checkpoint_identity, platform_identity
+from lockstep.harness.replay.observe import StepLog
+from lockstep.harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
 
 RNG_LOCKSTEP = "lockstep-coins-1"      # DESIGN §5: murmur3(seed, pos, column) Gumbel-max and verify coins
 RNG_GREEDY = "none (greedy)"
 
 
 def engine_identity() -> dict:
-    from harness.platform import lockstep_revision, versions
+    from lockstep.harness.platform import lockstep_revision, versions
     return {"name": "lockstep", "revision": lockstep_revision(), **versions()}
 
 
@@ -88,5 +88,5 @@ def round_record(i: int, r: int, accept_length: int, log: StepLog) -> dict:
 
 
 def write(trace: Trace, path: str | Path) -> Path:
-    from harness.replay.format import write_trace
+    from lockstep.harness.replay.format import write_trace
     return write_trace(trace, path)

@@ -37,11 +37,11 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
-from engine.request import Request
-from harness.replay.format import Trace, TraceError, f32_bits, f32_bits_all, f32_from_bits
-from harness.replay.identity import check_checkpoint, check_platform, platform_identity
-from harness.replay.observe import StepLog
-from harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
+from lockstep.engine.request import Request
+from lockstep.harness.replay.format import Trace, TraceError, f32_bits, f32_bits_all, f32_from_bits
+from lockstep.harness.replay.identity import check_checkpoint, check_platform, platform_identity
+from lockstep.harness.replay.observe import StepLog
+from lockstep.harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
 
 MODES = ("free-run", "teacher-forced")
 OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order", "forced_shape")
@@ -328,7 +328,7 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
 
 def _stats(trace: Trace, results, threshold: float) -> dict:
     """Per-token |Δlogprob| of the replay against the trace (the steps both have), as import-peer's."""
-    from harness.replay.peer import PeerReport
+    from lockstep.harness.replay.peer import PeerReport
 
     rep = PeerReport(trace.manifest.get("source", "?"), threshold)
     for steps, res in zip(trace.steps, results):
@@ -341,11 +341,11 @@ def _stats(trace: Trace, results, threshold: float) -> dict:
 
 
 def _locate(trace, setup: Setup, requests, tokens, results, first: StepVerdict, mode: str):
-    """harness.locate on the first divergence: level 1 from the trace and the replay's results,
+    """lockstep.harness.locate on the first divergence: level 1 from the trace and the replay's results,
     level 2 by re-running that step on both sides with every op traced."""
     import torch
 
-    from harness.locate import RequestBits, first_divergence, locate
+    from lockstep.harness.locate import RequestBits, first_divergence, locate
 
     spec = setup.speculative is not None and mode == "free-run"
     ref, other = [], []
@@ -357,7 +357,7 @@ def _locate(trace, setup: Setup, requests, tokens, results, first: StepVerdict, 
                                  list(results[i].accept_lengths) if spec else None))
     d = first_divergence(ref, other, sides=("the trace", "the replay"))
     if d is None:                                    # a routing or digest difference only: name it at level 1
-        from harness.locate import Divergence
+        from lockstep.harness.locate import Divergence
         d = Divergence(first.request, first.step, first.step, len(requests[first.request].prompt) + first.step,
                        False, [first.status])
     base = recorded_setup(trace)

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine.generate import observing
-from engine.request import Request, Result, SamplingParams
-from engine.sampling import chosen_logprobs as engine_chosen_logprobs
-from harness.replay.observe import StepLog
+from lockstep.engine.generate import observing
+from lockstep.engine.request import Request, Result, SamplingParams
+from lockstep.engine.sampling import chosen_logprobs as engine_chosen_logprobs
+from lockstep.harness.replay.observe import StepLog
 
 ROOT = Path(__file__).resolve().parent.parent.parent        # the project root (holds specs/, models/)
 
@@ -46,23 +46,23 @@ class Setup:
 
 def checkpoint_folder(setup: Setup) -> Path:
     """The target's folder: a spec form, or an absolute path given on the command line."""
-    from harness.checkpoints import target_dir
+    from lockstep.harness.checkpoints import target_dir
     if "path" in setup.checkpoint and Path(setup.checkpoint["path"]).is_absolute():
         return Path(setup.checkpoint["path"])
     return target_dir(setup.checkpoint, ROOT)
 
 
 def target_model(setup: Setup):
-    from harness.checkpoints import model_for
+    from lockstep.harness.checkpoints import model_for
     if "path" in setup.checkpoint and Path(setup.checkpoint["path"]).is_absolute():
-        from engine.model import GptOssModel
+        from lockstep.engine.model import GptOssModel
         return GptOssModel.from_checkpoint(setup.checkpoint["path"], backend=setup.backend, device=setup.device,
                                            dtype=setup.dtype)
     return model_for(setup.checkpoint, setup.backend, ROOT, device=setup.device, dtype=setup.dtype)
 
 
 def draft_folder(setup: Setup) -> Path:
-    from harness.checkpoints import draft_dir
+    from lockstep.harness.checkpoints import draft_dir
     return draft_dir(setup.draft, setup.checkpoint, ROOT)
 
 
@@ -106,23 +106,23 @@ def _generate_kwargs(setup: Setup, forced) -> dict:
 
 
 def _one_device(setup: Setup, reqs, log, forced, speculative: bool):
-    from engine.generate import generate
-    from harness.checkpoints import draft_for
+    from lockstep.engine.generate import generate
+    from lockstep.harness.checkpoints import draft_for
 
     model = target_model(setup)
     if speculative:
-        from engine.speculative import SpecParams, speculative_generate
+        from lockstep.engine.speculative import SpecParams, speculative_generate
         draft = draft_for(setup.draft, setup.checkpoint, model, ROOT)
         return speculative_generate(model, draft, reqs, SpecParams(**setup.speculative), observer=log)
     return generate(model, reqs, observer=log, **_generate_kwargs(setup, forced))
 
 
 def _topology(setup: Setup, reqs, log, forced, speculative: bool):
-    from engine.parallel import generate_at, speculative_generate_at
+    from lockstep.engine.parallel import generate_at, speculative_generate_at
 
     ckpt = checkpoint_folder(setup)
     if speculative:
-        from engine.speculative import SpecParams
+        from lockstep.engine.speculative import SpecParams
         return speculative_generate_at(ckpt, setup.tp, setup.ep, reqs, draft=draft_folder(setup),
                                        convention=setup.draft["convention"], spec=SpecParams(**setup.speculative),
                                        backend=setup.backend, device=setup.device, dtype=setup.dtype, trace=log)
@@ -202,7 +202,7 @@ ROWS_AT_ONCE = 1024        # logits rows per log_softmax: bounds its float64 tem
 
 
 def chosen_logprobs(logits, tokens):
-    """engine.sampling.chosen_logprobs [R, V], [R] -> [R] float32, a block of rows at a time (the
+    """lockstep.engine.sampling.chosen_logprobs [R, V], [R] -> [R] float32, a block of rows at a time (the
     same bits: no row of it sees another). One call per block instead of one per row is what
     keeps a 64 x 1024 replay from being launch-bound on a GPU."""
     import torch

@@ -31,17 +31,17 @@ from __future__ import annotations
 
 import math
 
-from engine.request import Request
-from harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits
-from harness.replay.identity import checkpoint_identity, platform_identity
-from harness.replay.record import RNG_GREEDY
-from harness.replay.run import Setup, checkpoint_folder
+from lockstep.engine.request import Request
+from lockstep.harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits
+from lockstep.harness.replay.identity import checkpoint_identity, platform_identity
+from lockstep.harness.replay.record import RNG_GREEDY
+from lockstep.harness.replay.run import Setup, checkpoint_folder
 
 
 def load(name: str):
     """The target `name`, or a TraceError saying why it cannot run here."""
-    from harness.errors import located
-    from harness.targets import NotApplicable, UnknownTarget, UpstreamChanged, get
+    from lockstep.harness.errors import located
+    from lockstep.harness.targets import NotApplicable, UnknownTarget, UpstreamChanged, get
 
     try:
         return get(name)
@@ -58,7 +58,7 @@ def _line(e) -> str:
 
 
 def rng_of(target, request: Request) -> str:
-    from harness.targets.base import RNG_COINS, RNG_MODELS
+    from lockstep.harness.targets.base import RNG_COINS, RNG_MODELS
 
     if request.params.is_greedy:
         return RNG_GREEDY
@@ -80,7 +80,7 @@ def rng_of(target, request: Request) -> str:
 def generation(target, requests: list[Request], setup: Setup):
     """(call(checkpoint_dir, [Request]) -> [Result], the operation's name), or a TraceError
     naming what the target lacks for these requests here."""
-    from harness.targets.base import NotApplicable, Result
+    from lockstep.harness.targets.base import NotApplicable, Result
 
     sampled = any(not r.params.is_greedy for r in requests)
     chunked = setup.prefill_chunk is not None
@@ -115,7 +115,7 @@ def _chunk(setup: Setup) -> dict:
 
 
 def record_target(name: str, setup: Setup, requests: list[Request]) -> Trace:
-    from harness.errors import located
+    from lockstep.harness.errors import located
 
     target = load(name)
     for i, r in enumerate(requests):

@@ -14,15 +14,15 @@ import importlib
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from harness.targets.base import (NotApplicable, Op, Refused, Request, Result, Target,  # noqa: F401
+from lockstep.harness.targets.base import (NotApplicable, Op, Refused, Request, Result, Target,  # noqa: F401
                                   TargetInterface, UpstreamChanged)
 
 GROUP = "lockstep.targets"
 BUILTIN = {
-    "lockstep": "harness.targets.lockstep:load",
-    "sglang": "harness.targets.sglang:load",
-    "vllm": "harness.targets.vllm:load",
-    "hf": "harness.targets.hf:load",
+    "lockstep": "lockstep.harness.targets.lockstep:load",
+    "sglang": "lockstep.harness.targets.sglang:load",
+    "vllm": "lockstep.harness.targets.vllm:load",
+    "hf": "lockstep.harness.targets.hf:load",
 }
 EXPECTATIONS = Path(__file__).parent / "expectations"
 
@@ -62,5 +62,5 @@ def expectations_path(target: Target, explicit: Path | None = None) -> Path | No
     (--expectations), else the target's own `expectations` path (a plugin ships its file), else
     the shipped file under harness/targets/expectations/ whose target and version range apply
     (harness/targets/expectfile.py)."""
-    from harness.targets.expectfile import find
+    from lockstep.harness.targets.expectfile import find
     return find(target.name, target.version, getattr(target, "expectations", None), explicit)

@@ -123,7 +123,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
-from engine.request import Request, Result  # noqa: F401  (the request and result of every generation operation)
+from lockstep.engine.request import Request, Result  # noqa: F401  (the request and result of every generation operation)
 
 CPU, INTERPRETER, CUDA = "cpu", "cpu-interpreter", "cuda"
 # How a spec's result on a target is compared (a kind's `compared`; the HOW column of `check --target`).

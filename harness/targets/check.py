@@ -35,17 +35,17 @@ import sys
 import time
 from pathlib import Path
 
-from harness.errors import UsageError, located
-from harness.golden import GoldenStore
-from harness.targets import expectations_path, get
-from harness.targets.base import NotApplicable, Target, TargetInterface, UpstreamChanged
-from harness.targets.lockstep import engine
-from harness.targets.judge import FAIL, NA, PASS, run_on_target
+from lockstep.harness.errors import UsageError, located
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.targets import expectations_path, get
+from lockstep.harness.targets.base import NotApplicable, Target, TargetInterface, UpstreamChanged
+from lockstep.harness.targets.lockstep import engine
+from lockstep.harness.targets.judge import FAIL, NA, PASS, run_on_target
 
 def load_expectations(target: Target, explicit: Path | None = None) -> dict:
     """The failures expected of `target` ({} when no file applies); ExpectationsError (a
     ValueError naming file and line) for a bad or inapplicable file."""
-    from harness.targets.expectfile import load
+    from lockstep.harness.targets.expectfile import load
 
     path = expectations_path(target, explicit)
     if path is None or (explicit is None and not path.is_file()):
@@ -55,7 +55,7 @@ def load_expectations(target: Target, explicit: Path | None = None) -> dict:
 
 def _expected(target: Target, args) -> dict:
     """load_expectations for the CLI: a bad file is a usage error (exit 2), located."""
-    from harness.targets.expectfile import ExpectationsError
+    from lockstep.harness.targets.expectfile import ExpectationsError
 
     try:
         return load_expectations(target, getattr(args, "expectations", None))
@@ -92,7 +92,7 @@ def unrun(outcomes, expected: dict) -> list[str]:
 def load_target(name: str) -> Target:
     """The target and, read once up front, its expectations: either failing is a usage error
     before any spec runs (a factory of the wrong type, malformed expectations)."""
-    from harness.targets import UnknownTarget
+    from lockstep.harness.targets import UnknownTarget
 
     try:
         target = get(name)
@@ -144,7 +144,7 @@ def check_against_expectations(target: TargetInterface, args, specs, errors, ctx
     code = 2 if errors else (1 if problems else 0)
     counts = {s: sum(o.status == s for o in outcomes) for s in (PASS, FAIL, NA)}
     if getattr(args, "json", False):
-        from harness.jsonout import check_document
+        from lockstep.harness.jsonout import check_document
         print(json.dumps(check_document(
             target=target.label, platform=ctx.platform.name, backend=ctx.backend, exit_code=code,
             seconds=time.perf_counter() - start, summary=counts | {"spec_errors": len(errors)},
@@ -184,7 +184,7 @@ def check_against_expectations(target: TargetInterface, args, specs, errors, ctx
 def cmd_write_expectations(args, specs, errors, ctx, progress=None) -> int:
     """`lockstep expectations --target X --write FILE`: the observed failures as an expectations file.
     Failures that match the file's previous entry keep their judgement; the others are `unjudged`."""
-    from harness.targets.expectfile import ExpectationsError, load, version_range, write
+    from lockstep.harness.targets.expectfile import ExpectationsError, load, version_range, write
 
     if args.target == "lockstep":
         raise _usage("the lockstep target has no expectations: its specs must pass")
@@ -223,7 +223,7 @@ def cmd_list_target(args, specs) -> int:
         print(f"#   {name:<19} {', '.join(op.where):<28} {op.note}{features}")
     for name, why in target.missing.items():
         print(f"#   {name:<19} {'n/a':<28} {why}")
-    from harness.targets.judge import applicability
+    from lockstep.harness.targets.judge import applicability
     for s in specs:
         how, why = applicability(s, target)
         print(f"{s.id:<44} {s.kind:<10} {how:<9} {why}")
@@ -306,7 +306,7 @@ def report_out(out: str) -> Path:
 
 
 def _usage(text: str):
-    from harness.errors import UsageError
+    from lockstep.harness.errors import UsageError
     return UsageError(text)
 
 
@@ -328,7 +328,7 @@ def report_targets(names) -> tuple[list[Target], dict[str, str]]:
 
 
 def cmd_report(args, specs, errors, ctx, progress=None) -> int:
-    from harness.jsonout import report_document
+    from lockstep.harness.jsonout import report_document
 
     out = report_out(args.out)
     targets, skipped = report_targets(args.target)

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness import kinds
-from harness.compare import diff_data, diff_tensors
-from harness.errors import full_traceback, where
-from harness.golden import CorruptGolden, GoldenStore, json_roundtrip
-from harness.result import Result, RunContext
-from harness.specfile import Spec
-from harness.targets.base import (BITWISE, CHI_SQUARE, TOLERANCE, NotApplicable, Target,  # noqa: F401
+from lockstep.harness import kinds
+from lockstep.harness.compare import diff_data, diff_tensors
+from lockstep.harness.errors import full_traceback, where
+from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip
+from lockstep.harness.result import Result, RunContext
+from lockstep.harness.specfile import Spec
+from lockstep.harness.targets.base import (BITWISE, CHI_SQUARE, TOLERANCE, NotApplicable, Target,  # noqa: F401
                                   UpstreamChanged)
 
 PASS, FAIL, NA = "pass", "fail", "n/a"

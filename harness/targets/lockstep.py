@@ -16,27 +16,27 @@ import functools
 
 import torch
 
-from harness.targets.base import CPU, CUDA, INTERPRETER, RNG_COINS, Op, Target
-from harness.targets.lockstep_run import PrefixSession, draft_stages, run_ops
+from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, RNG_COINS, Op, Target
+from lockstep.harness.targets.lockstep_run import PrefixSession, draft_stages, run_ops
 
 
 def _hash(seed, pos, col):
-    from kernels.coins import murmur_hash32_torch
+    from lockstep.kernels.coins import murmur_hash32_torch
     return murmur_hash32_torch(seed, pos, col)
 
 
 def _verify_coins(seeds, seq_lens, n):
-    from kernels.coins import verify_coins
+    from lockstep.kernels.coins import verify_coins
     return verify_coins(seeds, seq_lens, n)
 
 
 def _gumbel(seed, pos, col):
-    from kernels.coins import gumbel_noise
+    from lockstep.kernels.coins import gumbel_noise
     return gumbel_noise(seed, pos, col)
 
 
 def _eagle3_layers(draft_config, convention, num_layers, fc_in, hidden, name, direct_ids=False):
-    from engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
+    from lockstep.engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
 
     if fc_in % hidden:
         raise LayerIdError(f"{name}: the draft's fc input width {fc_in} is not a multiple of the target hidden "
@@ -47,7 +47,7 @@ def _eagle3_layers(draft_config, convention, num_layers, fc_in, hidden, name, di
 
 @functools.lru_cache(maxsize=4)
 def _model(path):
-    from engine.model import GptOssModel
+    from lockstep.engine.model import GptOssModel
     return GptOssModel.from_checkpoint(path)
 
 
@@ -60,8 +60,8 @@ def _capture(checkpoint, prompt, boundaries):
 
 
 def _greedy_generate(checkpoint, prompt, max_new_tokens, stop_ids):
-    from engine.generate import generate
-    from engine.request import Request, SamplingParams
+    from lockstep.engine.generate import generate
+    from lockstep.engine.request import Request, SamplingParams
 
     params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens,
                             stop_token_ids=tuple(stop_ids) if stop_ids is not None else None)
@@ -70,7 +70,7 @@ def _greedy_generate(checkpoint, prompt, max_new_tokens, stop_ids):
 
 
 def _generate(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8):
-    from engine.generate import generate
+    from lockstep.engine.generate import generate
 
     return generate(_model(str(checkpoint)), list(requests), capture=tuple(capture), max_batch=max_batch,
                     prefill_chunk=prefill_chunk)
@@ -78,12 +78,12 @@ def _generate(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8)
 
 @functools.lru_cache(maxsize=4)
 def _draft(checkpoint, draft_dir, convention):
-    from engine.eagle3 import load_draft
+    from lockstep.engine.eagle3 import load_draft
     return load_draft(draft_dir, _model(checkpoint), convention=convention)
 
 
 def _speculative_generate(checkpoint, draft_dir, convention, requests, speculative):
-    from engine.speculative import SpecParams, speculative_generate
+    from lockstep.engine.speculative import SpecParams, speculative_generate
 
     return speculative_generate(_model(str(checkpoint)), _draft(str(checkpoint), str(draft_dir), convention),
                                 list(requests), SpecParams(**speculative))
@@ -96,36 +96,36 @@ def _draft_stages(checkpoint, draft_dir, convention, aux, tokens, top_k):
 
 
 def _mxfp4_decode(blocks, scales, dtype):
-    from engine.mxfp4 import dequantize
+    from lockstep.engine.mxfp4 import dequantize
     return dequantize(blocks, scales, dtype)
 
 
 def _load_checkpoint(path):
-    from engine.checkpoint import load_checkpoint
+    from lockstep.engine.checkpoint import load_checkpoint
     load_checkpoint(path)
 
 
 def _spec(name):
     def call(*args):
-        import engine.speculative as speculative
+        import lockstep.engine.speculative as speculative
         return getattr(speculative, name)(*args)
     return call
 
 
 def _attention(q, k, v, positions, sinks, window, scale):
-    from kernels.attention import attention_triton
+    from lockstep.kernels.attention import attention_triton
     kc, vc = k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous()
     slots = torch.zeros(q.shape[0], dtype=torch.int64, device=q.device)
     return attention_triton(q, kc, vc, slots, positions, sinks, window, scale)
 
 
 def _rmsnorm(x, w, eps):
-    from kernels.rmsnorm import rms_norm_triton
+    from lockstep.kernels.rmsnorm import rms_norm_triton
     return rms_norm_triton(x, w, eps)
 
 
 def _sampling(logp, seeds, positions, col_base=None):
-    from kernels.sampling import SAMPLE_COLUMNS, gumbel_argmax_triton
+    from lockstep.kernels.sampling import SAMPLE_COLUMNS, gumbel_argmax_triton
     return gumbel_argmax_triton(logp, seeds, positions, SAMPLE_COLUMNS if col_base is None else col_base)
 
 
@@ -137,7 +137,7 @@ def engine(ctx) -> Target:
     every spec (a few dicts of closures): its operations bind the functions the modules hold now,
     so a planted fault is always what runs; the costly things (models, drafts) are cached where
     they are loaded."""
-    from engine.checkpoint import CheckpointError
+    from lockstep.engine.checkpoint import CheckpointError
 
     base = load()
     return dataclasses.replace(base, ops={**base.ops, **run_ops(ctx)}, refusals=(CheckpointError,),
@@ -145,7 +145,7 @@ def engine(ctx) -> Target:
 
 
 def load() -> Target:
-    from harness.version import version
+    from lockstep.harness.version import version
     every = (CPU, INTERPRETER, CUDA)
     kernels = (INTERPRETER, CUDA)
     return Target(
@@ -154,30 +154,30 @@ def load() -> Target:
         conventions=("boundary", "sglang", "output-index"),
         rng=RNG_COINS,
         ops={
-            "hash": Op(_hash, every, "kernels.coins.murmur_hash32_torch"),
-            "verify_coins": Op(_verify_coins, every, "kernels.coins.verify_coins"),
-            "gumbel": Op(_gumbel, every, "kernels.coins.gumbel_noise"),
-            "eagle3_layers": Op(_eagle3_layers, every, "engine.boundaries.resolve_boundaries"),
-            "capture": Op(_capture, every, "engine.model.GptOssModel.forward(capture=…)"),
-            "greedy_generate": Op(_greedy_generate, every, "engine.generate.generate"),
-            "generate": Op(_generate, every, "engine.generate.generate",
+            "hash": Op(_hash, every, "lockstep.kernels.coins.murmur_hash32_torch"),
+            "verify_coins": Op(_verify_coins, every, "lockstep.kernels.coins.verify_coins"),
+            "gumbel": Op(_gumbel, every, "lockstep.kernels.coins.gumbel_noise"),
+            "eagle3_layers": Op(_eagle3_layers, every, "lockstep.engine.boundaries.resolve_boundaries"),
+            "capture": Op(_capture, every, "lockstep.engine.model.GptOssModel.forward(capture=…)"),
+            "greedy_generate": Op(_greedy_generate, every, "lockstep.engine.generate.generate"),
+            "generate": Op(_generate, every, "lockstep.engine.generate.generate",
                            frozenset({"sampling", "batch", "capture", "prefill_chunk"})),
-            "speculative_generate": Op(_speculative_generate, every, "engine.speculative.speculative_generate",
+            "speculative_generate": Op(_speculative_generate, every, "lockstep.engine.speculative.speculative_generate",
                                        frozenset({"sampling", "batch", "greedy", "target-only", "rejection",
                                                   "tree"})),
             "prefix_cache": Op(lambda checkpoint, block: PrefixSession(_model(str(checkpoint)), block), every,
-                               "engine.prefix_cache.PrefixCache through engine.generate.generate",
+                               "lockstep.engine.prefix_cache.PrefixCache through engine.generate.generate",
                                frozenset({"sampling", "prefill_chunk"})),
-            "mxfp4_decode": Op(_mxfp4_decode, every, "engine.mxfp4.dequantize"),
-            "load_checkpoint": Op(_load_checkpoint, every, "engine.checkpoint.load_checkpoint"),
-            "draft_stages": Op(_draft_stages, every, "engine.eagle3.Eagle3Draft (one committed draft step)"),
+            "mxfp4_decode": Op(_mxfp4_decode, every, "lockstep.engine.mxfp4.dequantize"),
+            "load_checkpoint": Op(_load_checkpoint, every, "lockstep.engine.checkpoint.load_checkpoint"),
+            "draft_stages": Op(_draft_stages, every, "lockstep.engine.eagle3.Eagle3Draft (one committed draft step)"),
             "verify_greedy": Op(_spec("verify_greedy"), every,
-                             "engine.speculative.verify_greedy (the round's _accept_greedy on one tree)"),
+                             "lockstep.engine.speculative.verify_greedy (the round's _accept_greedy on one tree)"),
             "verify_target_only": Op(_spec("verify_target_only"), every,
-                                  "engine.speculative.verify_target_only (the round's _accept_target_only on one tree)"),
+                                  "lockstep.engine.speculative.verify_target_only (the round's _accept_target_only on one tree)"),
             "verify_rejection": Op(_spec("verify_rejection"), every,
-                                "engine.speculative.verify_rejection (the round's _accept_rejection on one tree)"),
-            "attention": Op(_attention, kernels, "kernels.attention (Triton)"),
-            "rmsnorm": Op(_rmsnorm, kernels, "kernels.rmsnorm (Triton)"),
-            "sampling": Op(_sampling, kernels, "kernels.sampling (Triton)", frozenset({"col_base"})),
+                                "lockstep.engine.speculative.verify_rejection (the round's _accept_rejection on one tree)"),
+            "attention": Op(_attention, kernels, "lockstep.kernels.attention (Triton)"),
+            "rmsnorm": Op(_rmsnorm, kernels, "lockstep.kernels.rmsnorm (Triton)"),
+            "sampling": Op(_sampling, kernels, "lockstep.kernels.sampling (Triton)", frozenset({"col_base"})),
         })

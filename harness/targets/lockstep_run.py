@@ -14,9 +14,9 @@ import functools
 
 import torch
 
-from harness.result import RunContext
-from harness.targets.base import CPU, CUDA, INTERPRETER, Op
-from kernels.coins import gumbel_from_hash, murmur_hash32_torch, murmur_hash32_triton, verify_coins
+from lockstep.harness.result import RunContext
+from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, Op
+from lockstep.kernels.coins import gumbel_from_hash, murmur_hash32_torch, murmur_hash32_triton, verify_coins
 
 EVERY = (CPU, INTERPRETER, CUDA)
 MURMUR = {"torch": murmur_hash32_torch, "triton": murmur_hash32_triton}   # the hashes that must agree
@@ -58,21 +58,21 @@ def _coin_ops(device: torch.device) -> dict[str, Op]:
         return gumbel_from_hash(hash_(seed, pos, col, backends)).cpu()
 
     feature = frozenset({"backends"})
-    return {"hash": Op(lambda *a, **k: hash_(*a, **k).cpu(), EVERY, "kernels.coins.murmur_hash32_{torch,triton}",
+    return {"hash": Op(lambda *a, **k: hash_(*a, **k).cpu(), EVERY, "lockstep.kernels.coins.murmur_hash32_{torch,triton}",
                        feature),
-            "verify_coins": Op(coins, EVERY, "kernels.coins.verify_coins on each backend's hash", feature),
-            "gumbel": Op(gumbel, EVERY, "kernels.coins.gumbel_from_hash of the agreed hash", feature)}
+            "verify_coins": Op(coins, EVERY, "lockstep.kernels.coins.verify_coins on each backend's hash", feature),
+            "gumbel": Op(gumbel, EVERY, "lockstep.kernels.coins.gumbel_from_hash of the agreed hash", feature)}
 
 
 # --------------------------------------------------------------------------- MXFP4
 def _mxfp4_ops(ctx: RunContext) -> dict[str, Op]:
     """The run's backend's decode: Triton's is the decode the matmul and grouped-expert kernels do
     in their tile loads, torch's is engine.mxfp4.dequantize."""
-    import engine.mxfp4 as mx
-    import kernels.matmul as matmul
+    import lockstep.engine.mxfp4 as mx
+    import lockstep.kernels.matmul as matmul
 
-    decode, note = (matmul.mxfp4_decode_triton, "kernels.matmul.mxfp4_decode_triton (the kernels' tile decode)") \
-        if ctx.backend == "triton" else (mx.dequantize, "engine.mxfp4.dequantize")
+    decode, note = (matmul.mxfp4_decode_triton, "lockstep.kernels.matmul.mxfp4_decode_triton (the kernels' tile decode)") \
+        if ctx.backend == "triton" else (mx.dequantize, "lockstep.engine.mxfp4.dequantize")
 
     def mxfp4_decode(blocks, scales, dtype):
         return decode(blocks.to(ctx.device), scales.to(ctx.device), dtype).cpu()
@@ -82,7 +82,7 @@ def _mxfp4_ops(ctx: RunContext) -> dict[str, Op]:
 # --------------------------------------------------------------------------- whole-model forward
 def model(ctx: RunContext, checkpoint):
     """The checkpoint's model under the run's backend, device and dtype policy (cached)."""
-    from harness.checkpoints import model_at
+    from lockstep.harness.checkpoints import model_at
     return model_at(checkpoint, ctx.backend, ctx.device, ctx.platform.dtype)
 
 
@@ -90,8 +90,8 @@ def _forward_ops(ctx: RunContext) -> dict[str, Op]:
     """capture under the run's settings (raising engine.boundaries.CaptureError where the engine
     sees its capture contract broken), and walk_boundaries: every boundary state by calling the
     blocks one at a time, with no capture code (each block owns its norms and residual adds)."""
-    from engine.model import Step
-    from engine.rope import rope_cos_sin
+    from lockstep.engine.model import Step
+    from lockstep.engine.rope import rope_cos_sin
 
     def capture(checkpoint, prompt, boundaries):
         m, T = model(ctx, checkpoint), len(prompt)
@@ -112,8 +112,8 @@ def _forward_ops(ctx: RunContext) -> dict[str, Op]:
             states.append(x)                                               # boundary i + 1
         return [s.cpu() for s in states]
 
-    return {"capture": Op(capture, EVERY, "engine.model.GptOssModel.forward(capture=…) under the run's settings"),
-            "walk_boundaries": Op(walk_boundaries, EVERY, "engine.model: the blocks called one at a time")}
+    return {"capture": Op(capture, EVERY, "lockstep.engine.model.GptOssModel.forward(capture=…) under the run's settings"),
+            "walk_boundaries": Op(walk_boundaries, EVERY, "lockstep.engine.model: the blocks called one at a time")}
 
 
 # --------------------------------------------------------------------------- generation
@@ -121,11 +121,11 @@ class PrefixSession:
     """One engine.prefix_cache.PrefixCache on a model (the prefix_cache capability)."""
 
     def __init__(self, model, block):
-        from engine.prefix_cache import PrefixCache
+        from lockstep.engine.prefix_cache import PrefixCache
         self.model, self.cache = model, PrefixCache(block)
 
     def generate(self, requests, prefill_chunk=None):
-        from engine.generate import generate
+        from lockstep.engine.generate import generate
         return generate(self.model, list(requests), prefix_cache=self.cache, prefill_chunk=prefill_chunk)
 
     @property
@@ -139,7 +139,7 @@ class PrefixSession:
 
 def draft_stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
     """The draft head's internals (DESIGN §4) for R rows as one committed draft step, and its top-k."""
-    from engine.speculative import draft_top_k
+    from lockstep.engine.speculative import draft_top_k
 
     if k > draft.config.draft_vocab_size:
         raise ValueError(f"top_k {k} exceeds the draft vocabulary ({draft.config.draft_vocab_size})")
@@ -158,7 +158,7 @@ def draft_stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tenso
 @functools.lru_cache(maxsize=8)
 def draft(ctx: RunContext, checkpoint: str, draft_dir: str, convention: str):
     """The draft of `draft_dir` on the checkpoint's model under the run's settings (cached)."""
-    from engine.eagle3 import load_draft
+    from lockstep.engine.eagle3 import load_draft
     return load_draft(draft_dir, model(ctx, checkpoint), convention=convention, backend=ctx.backend)
 
 
@@ -166,12 +166,12 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
     """load()'s generation operations on the run's model and draft: generate and
     speculative_generate (with the features "observer" and "topology"), the prefix cache, the
     draft's stages, and `model` itself (the reference forward of the draft and distribution kinds)."""
-    from engine.generate import generate
+    from lockstep.engine.generate import generate
 
     def generate_(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8, observer=None, tp=1, ep=1):
         kw = {"capture": tuple(capture), "max_batch": max_batch, "prefill_chunk": prefill_chunk}
         if tp * ep > 1:
-            from engine.parallel import generate_at
+            from lockstep.engine.parallel import generate_at
             return generate_at(checkpoint, tp, ep, list(requests), backend=ctx.backend, device=ctx.device,
                                dtype=ctx.platform.dtype, trace=observer, **kw)
         return generate(model(ctx, checkpoint), list(requests), observer=observer, **kw)
@@ -180,9 +180,9 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
         return draft(ctx, str(checkpoint), str(draft_dir), convention)
 
     def speculative(checkpoint, draft_dir, convention, requests, speculative: dict, observer=None, tp=1, ep=1):
-        from engine.speculative import SpecParams, speculative_generate
+        from lockstep.engine.speculative import SpecParams, speculative_generate
         if tp * ep > 1:
-            from engine.parallel import speculative_generate_at
+            from lockstep.engine.parallel import speculative_generate_at
             return speculative_generate_at(checkpoint, tp, ep, list(requests), spec=SpecParams(**speculative),
                                            draft=draft_dir, convention=convention, backend=ctx.backend,
                                            device=ctx.device, trace=observer, dtype=ctx.platform.dtype)
@@ -195,29 +195,29 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
         return draft_stages(draft, aux.to(dev), tokens.to(dev), torch.arange(aux.shape[0], device=dev), top_k)
 
     run = frozenset({"sampling", "batch", "observer", "topology"})
-    return {"generate": Op(generate_, EVERY, "engine.generate.generate under the run's settings",
+    return {"generate": Op(generate_, EVERY, "lockstep.engine.generate.generate under the run's settings",
                            run | {"capture", "prefill_chunk"}),
             "prefix_cache": Op(lambda checkpoint, block: PrefixSession(model(ctx, checkpoint), block), EVERY,
-                               "engine.prefix_cache.PrefixCache through engine.generate.generate",
+                               "lockstep.engine.prefix_cache.PrefixCache through engine.generate.generate",
                                frozenset({"sampling", "prefill_chunk"})),
-            "speculative_generate": Op(speculative, EVERY, "engine.speculative.speculative_generate under the run's "
+            "speculative_generate": Op(speculative, EVERY, "lockstep.engine.speculative.speculative_generate under the run's "
                                        "settings", run | {"greedy", "target-only", "rejection", "tree"}),
-            "draft_stages": Op(stages, EVERY, "engine.eagle3.Eagle3Draft under the run's settings"),
+            "draft_stages": Op(stages, EVERY, "lockstep.engine.eagle3.Eagle3Draft under the run's settings"),
             "model": Op(lambda checkpoint: model(ctx, checkpoint), EVERY,
-                        "engine.model.GptOssModel under the run's settings (its internals, for reference forwards)")}
+                        "lockstep.engine.model.GptOssModel under the run's settings (its internals, for reference forwards)")}
 
 
 # --------------------------------------------------------------------------- Lockstep's own kernel interface
 def _kernel_ops() -> dict[str, Op]:
     """Each Triton kernel the kernel kind pins beyond load()'s attention, rmsnorm and sampling (the
     kind holds their torch references)."""
-    from engine.experts import experts_grouped
-    from engine.linear import k_chunk_bounds
-    from engine.sampling import row_settings, sample_fused, target_distributions
-    from engine.sampling import SamplingParams
-    import kernels.matmul as matmul
-    import kernels.moe as moe
-    import kernels.rope as rope
+    from lockstep.engine.experts import experts_grouped
+    from lockstep.engine.linear import k_chunk_bounds
+    from lockstep.engine.sampling import row_settings, sample_fused, target_distributions
+    from lockstep.engine.sampling import SamplingParams
+    import lockstep.kernels.matmul as matmul
+    import lockstep.kernels.moe as moe
+    import lockstep.kernels.rope as rope
 
     def experts(x, ids, gate_up_w, gate_up_b, down_w, alpha, limit):
         return experts_grouped(x, ids, gate_up_w, gate_up_b, down_w, k_chunk_bounds(gate_up_b.shape[1] // 2), 0,
@@ -229,18 +229,18 @@ def _kernel_ops() -> dict[str, Op]:
         return tok, lp, dist
 
     kernels = (INTERPRETER, CUDA)
-    return {"matmul": Op(matmul.linear_triton, kernels, "kernels.matmul.linear_triton"),
-            "rope": Op(rope.apply_rope_triton, kernels, "kernels.rope.apply_rope_triton"),
-            "router_top_k": Op(moe.router_top_k_triton, kernels, "kernels.moe.router_top_k_triton"),
-            "swiglu": Op(moe.clamped_swiglu_triton, kernels, "kernels.moe.clamped_swiglu_triton"),
-            "experts": Op(experts, kernels, "engine.experts.experts_grouped (the grouped Triton expert path)"),
-            "sample_fused": Op(sample, kernels, "engine.sampling.sample_fused and the fused target distributions")}
+    return {"matmul": Op(matmul.linear_triton, kernels, "lockstep.kernels.matmul.linear_triton"),
+            "rope": Op(rope.apply_rope_triton, kernels, "lockstep.kernels.rope.apply_rope_triton"),
+            "router_top_k": Op(moe.router_top_k_triton, kernels, "lockstep.kernels.moe.router_top_k_triton"),
+            "swiglu": Op(moe.clamped_swiglu_triton, kernels, "lockstep.kernels.moe.clamped_swiglu_triton"),
+            "experts": Op(experts, kernels, "lockstep.engine.experts.experts_grouped (the grouped Triton expert path)"),
+            "sample_fused": Op(sample, kernels, "lockstep.engine.sampling.sample_fused and the fused target distributions")}
 
 
 # --------------------------------------------------------------------------- internals the kinds pin
 def torch_impl(fn: str, x: torch.Tensor):
     """A primitive's torch implementation (kernels.portable: the ops the torch paths build on)."""
-    from kernels import portable
+    from lockstep.kernels import portable
 
     simple = {"exp": portable.exp, "log": portable.log, "sigmoid": portable.sigmoid, "exp64": portable.exp64,
               "log64": portable.log64, "sincos64": portable.sincos64, "tree_sum": portable.tree_sum,
@@ -254,7 +254,7 @@ def torch_impl(fn: str, x: torch.Tensor):
 
 def triton_impl(fn: str, x: torch.Tensor, device) -> torch.Tensor:
     """A primitive's Triton implementation (kernels.primitives: what the kernels build on)."""
-    from kernels import primitives
+    from lockstep.kernels import primitives
 
     return primitives.apply(fn, x.to(device)).cpu()
 
@@ -267,15 +267,15 @@ def _internal_ops(ctx: RunContext) -> dict[str, Op]:
         return torch_impl(fn, x) if implementation == "torch" else triton_impl(fn, x, ctx.device)
 
     def record_trace(checkpoint, requests, draft=None, speculative=None):
-        from harness.replay.record import record
-        from harness.replay.run import Setup
+        from lockstep.harness.replay.record import record
+        from lockstep.harness.replay.run import Setup
 
         setup = Setup(checkpoint, dtype="fp32", backend="torch", device=str(ctx.device), draft=draft,
                       speculative=speculative)
         return record(setup, requests)
 
-    return {"primitive": Op(primitive, EVERY, "kernels.portable (torch) and kernels.primitives (Triton)"),
-            "record_trace": Op(record_trace, EVERY, "harness.replay.record at fp32 with torch ops")}
+    return {"primitive": Op(primitive, EVERY, "lockstep.kernels.portable (torch) and kernels.primitives (Triton)"),
+            "record_trace": Op(record_trace, EVERY, "lockstep.harness.replay.record at fp32 with torch ops")}
 
 
 def run_ops(ctx: RunContext) -> dict[str, Op]:

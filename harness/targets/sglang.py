@@ -24,8 +24,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from harness.targets import peer
-from harness.targets.base import CPU, CUDA, INTERPRETER, NotApplicable, Op, Target, UpstreamChanged
+from lockstep.harness.targets import peer
+from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, NotApplicable, Op, Target, UpstreamChanged
 
 VERSION = "0.5.23"
 KERNEL_WHERE = (INTERPRETER, CUDA)

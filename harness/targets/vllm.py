@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.targets import peer
-from harness.targets.base import CPU, CUDA, INTERPRETER, Op, Target
+from lockstep.harness.targets import peer
+from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, Op, Target
 
 VERSION = "0.33.0"
 _murmur = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.model import GptOssModel
-from harness.checkpoints import checkpoint_dir
+from lockstep.engine.model import GptOssModel
+from lockstep.harness.checkpoints import checkpoint_dir
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from kernels.attention import KV_TILE, attention_portable as attention
+from lockstep.kernels.attention import KV_TILE, attention_portable as attention
 
 
 def naive_attention(q, k, v, sinks, window, scale):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import checkpoint as ckpt
-from engine.checkpoint import CheckpointError, checkpoint_digest, load_checkpoint, make_checkpoint
-from engine.config import preset
+from lockstep.engine import checkpoint as ckpt
+from lockstep.engine.checkpoint import CheckpointError, checkpoint_digest, load_checkpoint, make_checkpoint
+from lockstep.engine.config import preset
 
 
 def test_layout_and_index(tiny_ckpts):

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.checkpoint import load_checkpoint
-from engine.model import GptOssModel
-from engine.mxfp4 import Mxfp4Weight
+from lockstep.engine.checkpoint import load_checkpoint
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.mxfp4 import Mxfp4Weight
 from tests.engine.helpers import random_prompt
 from tests.kernels.conftest import DEVICE
 
@@ -124,8 +124,8 @@ def test_triton_fused_sublayer_ends_equal_the_unfused_ops(tiny_ckpts, forward, d
     runs the fused kernels too (the trace records the same points, every one bitwise equal)."""
     from dataclasses import replace
 
-    from engine.ops import TRITON, FusedEnds
-    from engine.trace import Trace
+    from lockstep.engine.ops import TRITON, FusedEnds
+    from lockstep.engine.trace import Trace
     m = _model(tiny_ckpts["mxfp4"], "triton", dtype)
     calls = []
     counted = FusedEnds(*[(lambda f: lambda *a: calls.append(f) or f(*a))(f)

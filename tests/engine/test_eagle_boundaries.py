@@ -1,7 +1,7 @@
 import pytest
 
-from engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
-from engine.config import preset
+from lockstep.engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
+from lockstep.engine.config import preset
 
 # DESIGN §3 table: (L, ids, convention, boundaries or None for an error)
 TABLE = [

@@ -1,4 +1,4 @@
-"""engine.experts.experts_per_row (the torch ops' experts, every spec's CPU reference) against
+"""lockstep.engine.experts.experts_per_row (the torch ops' experts, every spec's CPU reference) against
 experts_per_expert, the loop over experts through kernels.matmul's portable linears: the same bits.
 
 experts_per_row takes two shortcuts for speed (issue 38), each exact: it decodes every expert once
@@ -11,9 +11,9 @@ MXFP4 ones (whose decoded values are exact, so the dense path on them is the ref
 import pytest
 import torch
 
-from engine.experts import experts_per_expert, experts_per_row
-from engine.linear import k_chunk_bounds
-from engine.mxfp4 import Mxfp4Weight, dequantize, quantize
+from lockstep.engine.experts import experts_per_expert, experts_per_row
+from lockstep.engine.linear import k_chunk_bounds
+from lockstep.engine.mxfp4 import Mxfp4Weight, dequantize, quantize
 
 E, H = 4, 32
 

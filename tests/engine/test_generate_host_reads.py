@@ -13,9 +13,9 @@ import warnings
 import pytest
 import torch
 
-from engine.generate import Request, generate
-from engine.model import GptOssModel
-from engine.sampling import SamplingParams
+from lockstep.engine.generate import Request, generate
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.sampling import SamplingParams
 from tests.engine.helpers import random_prompt
 from tests.kernels.conftest import DEVICE
 

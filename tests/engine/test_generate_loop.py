@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from engine.generate import Request, generate
-from engine.model import GptOssModel
-from engine.sampling import SamplingParams, chosen_logprob
+from lockstep.engine.generate import Request, generate
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.sampling import SamplingParams, chosen_logprob
 
 from tests.engine.helpers import prefill, random_prompt
 

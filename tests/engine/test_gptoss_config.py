@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from engine.config import FULL, MXFP4_QUANTIZATION_CONFIG, SLIDING, GptOssConfig, preset, PRESETS
+from lockstep.engine.config import FULL, MXFP4_QUANTIZATION_CONFIG, SLIDING, GptOssConfig, preset, PRESETS
 
 # config.json of the released gpt-oss-20b (reference notes §3, quant_method restored to mxfp4).
 RELEASED_20B = {

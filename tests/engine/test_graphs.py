@@ -1,4 +1,4 @@
-"""engine.graphs: a replayed CUDA graph (DecodeGraph, forward_graph, StaticGraph) gives the eager call's bits.
+"""lockstep.engine.graphs: a replayed CUDA graph (DecodeGraph, forward_graph, StaticGraph) gives the eager call's bits.
 
 On the CPU the DecodeGraph runs the eager forward (checked against a plain forward); on a GPU
 the step is captured once and replayed for several steps, each compared bitwise with an eager
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.checkpoint import load_checkpoint
-from engine.graphs import DecodeGraph, StaticGraph, forward_graph
-from engine.model import GptOssModel
+from lockstep.engine.checkpoint import load_checkpoint
+from lockstep.engine.graphs import DecodeGraph, StaticGraph, forward_graph
+from lockstep.engine.model import GptOssModel
 from tests.engine.helpers import random_prompt
 from tests.kernels.conftest import DEVICE
 

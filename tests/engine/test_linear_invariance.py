@@ -6,13 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.matmul import linear_portable as linear
-from kernels.moe import clamped_swiglu_portable as clamped_swiglu, top_k_lowest_index
-from kernels.rmsnorm import rms_norm_portable as rms_norm
-from engine.rope import rope_cos_sin, rope_frequencies
-from kernels.rope import apply_rope_portable as apply_rope
-from engine.config import preset
-from kernels import portable
+from lockstep.kernels.matmul import linear_portable as linear
+from lockstep.kernels.moe import clamped_swiglu_portable as clamped_swiglu, top_k_lowest_index
+from lockstep.kernels.rmsnorm import rms_norm_portable as rms_norm
+from lockstep.engine.rope import rope_cos_sin, rope_frequencies
+from lockstep.kernels.rope import apply_rope_portable as apply_rope
+from lockstep.engine.config import preset
+from lockstep.kernels import portable
 
 ADVERSARIAL_M = [1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65, 127, 129, 200]
 

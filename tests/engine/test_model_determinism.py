@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from kernels.matmul import linear_portable as linear
-from engine.model import GptOssModel, Step
-from kernels.rmsnorm import rms_norm_portable as rms_norm
-from engine.rope import rope_cos_sin
+from lockstep.kernels.matmul import linear_portable as linear
+from lockstep.engine.model import GptOssModel, Step
+from lockstep.kernels.rmsnorm import rms_norm_portable as rms_norm
+from lockstep.engine.rope import rope_cos_sin
 
 from tests.engine.helpers import prefill, random_prompt
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from engine import mxfp4
+from lockstep.engine import mxfp4
 
 
 def test_hand_worked_block():

@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from engine.prefix_cache import PrefixCache
+from lockstep.engine.prefix_cache import PrefixCache
 
 LAYERS, SLOTS, CAPACITY = 2, 4, 64
 

@@ -1,10 +1,10 @@
-"""engine.request: the one request type, and the dict form traces and specs share with it."""
+"""lockstep.engine.request: the one request type, and the dict form traces and specs share with it."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.request import Request, SamplingParams
+from lockstep.engine.request import Request, SamplingParams
 
 # A request record's fields as traces written before engine.request existed hold them
 # (harness/replay/record.py: every SamplingParams field, stop_token_ids a list or null).

@@ -11,9 +11,9 @@ import random
 import pytest
 import torch
 
-from engine.sampling import (SamplingParams, chosen_logprobs, row_settings, sample_fused, sample_with,
+from lockstep.engine.sampling import (SamplingParams, chosen_logprobs, row_settings, sample_fused, sample_with,
                              target_distributions)
-from engine.speculative import target_probs
+from lockstep.engine.speculative import target_probs
 from tests.engine.test_sampling_rows import _logits, _params
 
 
@@ -69,7 +69,7 @@ def test_a_row_split_over_programs_keeps_its_bits(chunks):
     9000 has 9 blocks of 1024 over Q = 8 leaves, so at 8 chunks the last chunk's argmax walks
     the folded tail block alone and some chunks of 2 walk none; rows are greedy, seeded (one
     with ties, one with a NaN, one half masked) and forced."""
-    from kernels.sampling import FORCED, GREEDY, SEEDED, fused_temperature, sample_fused_triton
+    from lockstep.kernels.sampling import FORCED, GREEDY, SEEDED, fused_temperature, sample_fused_triton
     g = torch.Generator().manual_seed(3)
     x = torch.randn(6, 9000, generator=g) * 3
     x[1, :] = 1.5                                            # every logit tied
@@ -96,7 +96,7 @@ def test_a_row_split_over_programs_keeps_its_bits(chunks):
 @pytest.mark.parametrize("chunks", [0, 3, 16, True])
 def test_a_split_that_is_not_a_power_of_two_within_the_tree_is_refused(chunks):
     """chunks must be a power of two from 1 to the row's Q leaf blocks (V = 5000: Q = 4)."""
-    from kernels.sampling import GREEDY, sample_fused_triton
+    from lockstep.kernels.sampling import GREEDY, sample_fused_triton
     x = torch.zeros(1, 5000, device=DEV)
     z = torch.zeros(1, dtype=torch.int64, device=DEV)
     with pytest.raises(ValueError, match="chunks must be a power of two"):

@@ -1,4 +1,4 @@
-"""engine.sampling.sample_rows: a batch sampled at once gives, row for row, the bits of
+"""lockstep.engine.sampling.sample_rows: a batch sampled at once gives, row for row, the bits of
 engine.sampling.sample called on each row alone (the contract generate() relies on)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from engine.sampling import SamplingParams, chosen_logprob, chosen_logprobs, sample, sample_rows
+from lockstep.engine.sampling import SamplingParams, chosen_logprob, chosen_logprobs, sample, sample_rows
 
 
 def _params(rng: random.Random) -> SamplingParams:
@@ -59,7 +59,7 @@ def test_unseeded_row_without_generator_is_refused():
 def test_filter_masks_equal_keep_mask_row_by_row():
     """The masks themselves, on rows where the filters decide: a mass that rounds to exactly 1.0
     before the tail (top_p = 1 must keep the tail all the same), ties at every cut."""
-    from engine.sampling import keep_mask, row_settings, keep_mask_rows
+    from lockstep.engine.sampling import keep_mask, row_settings, keep_mask_rows
     V = 50
     z = torch.randn(6, V, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     z[0] = -40.0
@@ -76,9 +76,9 @@ def test_filter_masks_equal_keep_mask_row_by_row():
 
 
 def test_sample_graph_equals_sample_rows():
-    """engine.graphs.SampleGraph (eager on the CPU, the same calls it captures on a GPU)."""
-    from engine.graphs import SampleGraph
-    from engine.sampling import row_settings
+    """lockstep.engine.graphs.SampleGraph (eager on the CPU, the same calls it captures on a GPU)."""
+    from lockstep.engine.graphs import SampleGraph
+    from lockstep.engine.sampling import row_settings
     rng = random.Random(5)
     logits = _logits(6, 301, torch.Generator().manual_seed(5))
     params = [_params(rng) for _ in range(6)]
@@ -97,7 +97,7 @@ def test_a_nan_row_with_its_filters_off_keeps_every_entry_beside_rows_that_filte
     """keep_mask skips a filter that is off, so even a NaN row keeps everything; keep_mask_rows
     must do the same through its off flags when other rows of the batch use the filters (found
     by mutation testing: a wrong min_p off flag only showed on such a row)."""
-    from engine.sampling import keep_mask, keep_mask_rows, row_settings
+    from lockstep.engine.sampling import keep_mask, keep_mask_rows, row_settings
     z = torch.randn(3, 20, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     z[1, 5] = float("nan")
     params = [SamplingParams(top_k=3, top_p=0.5, min_p=0.2), SamplingParams(), SamplingParams(min_p=0.1)]
@@ -121,8 +121,8 @@ def test_each_filter_decides_the_sampled_token(filters):
 
 
 def test_an_all_greedy_batch_needs_no_generator_and_is_capturable():
-    from engine.graphs import SampleGraph
-    from engine.sampling import row_settings
+    from lockstep.engine.graphs import SampleGraph
+    from lockstep.engine.sampling import row_settings
     st = row_settings([SamplingParams(greedy=True)] * 2, [None, None], "cpu")
     assert st.rows is None and st.capturable and not st.filtered and st.unseeded == []
     logits = torch.tensor([[0.0, 2.0, 2.0], [5.0, -1.0, 5.0]])

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from engine.sampling import SamplingParams, chosen_logprob, keep_mask, sample, seed_as_int64
-from kernels.coins import SAMPLE_COLUMNS, gumbel_noise, murmur_hash32_torch
+from lockstep.engine.sampling import SamplingParams, chosen_logprob, keep_mask, sample, seed_as_int64
+from lockstep.kernels.coins import SAMPLE_COLUMNS, gumbel_noise, murmur_hash32_torch
 
 
 def test_coin_module_known_answer():

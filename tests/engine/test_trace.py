@@ -1,4 +1,4 @@
-"""engine.trace: the op-level trace observes and never alters; it keeps exactly the rows of the
+"""lockstep.engine.trace: the op-level trace observes and never alters; it keeps exactly the rows of the
 request and step it was asked for, op by op in the order the forward runs them."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.eagle3 import load_draft
-from engine.generate import Request, generate
-from engine.model import GptOssModel
-from engine.sampling import SamplingParams
-from engine.speculative import SpecParams, speculative_generate
-from engine.trace import OPS, Trace, op_of
+from lockstep.engine.eagle3 import load_draft
+from lockstep.engine.generate import Request, generate
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.sampling import SamplingParams
+from lockstep.engine.speculative import SpecParams, speculative_generate
+from lockstep.engine.trace import OPS, Trace, op_of
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -65,7 +65,7 @@ def test_a_trace_keeps_its_request_and_step_op_by_op(tiny_model):
     assert trace.ops["L0.experts"].shape == (1, k, 8, H) and trace.ops["L0.down"].shape == (1, k, H)
     assert trace.ops["L0.qkv"].shape == (1, cfg.num_attention_heads + 2 * cfg.num_key_value_heads, cfg.head_dim)
     # the traced parts add up as the engine adds them: the fixed tree, then the bias
-    from engine.linear import tree_sum
+    from lockstep.engine.linear import tree_sum
     partials = trace.ops["L0.o_proj.partials"]
     assert torch.equal(tree_sum(list(partials.unbind(1))) + tiny_model.blocks[0].attn.o_b, trace.ops["L0.o_proj"])
 

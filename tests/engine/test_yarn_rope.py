@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from engine.config import RopeParams, preset
-from engine.rope import rope_frequencies
-from kernels.rope import apply_rope_portable as apply_rope
+from lockstep.engine.config import RopeParams, preset
+from lockstep.engine.rope import rope_frequencies
+from lockstep.kernels.rope import apply_rope_portable as apply_rope
 
 
 def openai_reference_inv_freq(head_dim, theta, factor, ctx, alpha, beta):

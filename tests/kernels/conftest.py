@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from kernels._common import INTERPRET
+from lockstep.kernels._common import INTERPRET
 from tests.engine.conftest import tiny_ckpts  # noqa: F401  (the tiny checkpoint fixture)
 
 

@@ -1,4 +1,4 @@
-"""kernels.attention: sinks, sliding window, GQA; empty tiles; splits; prefill == decode bitwise."""
+"""lockstep.kernels.attention: sinks, sliding window, GQA; empty tiles; splits; prefill == decode bitwise."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kernels.attention import BLOCK_KV, SPLIT, attention_portable, attention_triton, split_grid
+from lockstep.kernels.attention import BLOCK_KV, SPLIT, attention_portable, attention_triton, split_grid
 from tests.kernels.conftest import DEVICE
 
 # Stated tolerance against the bit-exact torch reference attention_portable (fixed 32-key tiles,
@@ -307,15 +307,15 @@ def test_window_spec_takes_the_split_k_launch_at_the_default_split(monkeypatch, 
     default SPLIT; the older window-128 spec (a 3-tile walk) never leaves the one-program walk."""
     from pathlib import Path
 
-    import kernels.attention
-    from harness.kinds.kernel import kernel_inputs
-    from harness.specfile import load_spec_file
+    import lockstep.kernels.attention
+    from lockstep.harness.kinds.kernel import kernel_inputs
+    from lockstep.harness.specfile import load_spec_file
     root = Path(__file__).resolve().parents[2] / "specs"
     spec = load_spec_file(root / (spec_id + ".yaml"), root)
     t = kernel_inputs(spec, DEVICE)
     kc, vc = t["k"].transpose(0, 1)[None], t["v"].transpose(0, 1)[None]
-    spy = _Launches(kernels.attention._attention_split_kernel)
-    monkeypatch.setattr(kernels.attention, "_attention_split_kernel", spy)
+    spy = _Launches(lockstep.kernels.attention._attention_split_kernel)
+    monkeypatch.setattr(lockstep.kernels.attention, "_attention_split_kernel", spy)
     T = t["q"].shape[0]
     for r in (slice(None), slice(T - 1, T)):               # the batch, and a query alone (a decode step)
         before = spy.count

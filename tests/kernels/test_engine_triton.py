@@ -8,12 +8,12 @@ import torch
 
 from dataclasses import replace
 
-from engine.model import GptOssModel
-from engine.ops import TRITON
-from engine.trace import Trace
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.ops import TRITON
+from lockstep.engine.trace import Trace
 from tests.engine.helpers import random_prompt
-from kernels.matmul import linear_triton
-from kernels.moe import clamped_swiglu_triton
+from lockstep.kernels.matmul import linear_triton
+from lockstep.kernels.moe import clamped_swiglu_triton
 from tests.kernels.conftest import DEVICE
 
 T = 10

@@ -26,11 +26,11 @@ drawn, and both tests assert the row counts their edges need):
 import pytest
 import torch
 
-import engine.experts as engine_experts
-from engine.experts import experts_grouped
-from engine.linear import k_chunk_bounds
-from kernels import moe
-from kernels.moe import (EXPERT_BLOCK_M, EXPERT_BLOCK_SIZES, clamped_swiglu_triton, expert_block_m,
+import lockstep.engine.experts as engine_experts
+from lockstep.engine.experts import experts_grouped
+from lockstep.engine.linear import k_chunk_bounds
+from lockstep.kernels import moe
+from lockstep.kernels.moe import (EXPERT_BLOCK_M, EXPERT_BLOCK_SIZES, clamped_swiglu_triton, expert_block_m,
                          expert_down_partials_triton, expert_gate_up_triton, group_by_expert)
 from tests.kernels.conftest import DEVICE
 from tests.kernels.test_grouped_moe import ALPHA, LIMIT, SWIGLU, experts, same_bits, tokens

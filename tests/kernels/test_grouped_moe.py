@@ -9,11 +9,11 @@ on the batch or the experts around it. Grouping: equal to a plain-Python referen
 import pytest
 import torch
 
-from engine.experts import experts_grouped, experts_one_device, experts_per_expert
-from engine.linear import k_chunk_bounds
-from engine.mxfp4 import dequantize, quantize
-from kernels.matmul import linear_triton
-from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_triton, expert_down_partials_triton, expert_gate_up_triton,
+from lockstep.engine.experts import experts_grouped, experts_one_device, experts_per_expert
+from lockstep.engine.linear import k_chunk_bounds
+from lockstep.engine.mxfp4 import dequantize, quantize
+from lockstep.kernels.matmul import linear_triton
+from lockstep.kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_triton, expert_down_partials_triton, expert_gate_up_triton,
                          group_by_expert, group_by_expert_reference, launched_blocks)
 from tests.kernels.conftest import DEVICE
 
@@ -141,7 +141,7 @@ def test_grouped_equals_the_per_expert_path(T, k, E, H, I, expert_lo, E_ids):
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_expert_partials_tp_slice_equals_the_per_expert_path(fused):
-    """engine.experts' grouped and per-expert implementations on a TP rank's intermediate range
+    """lockstep.engine.experts' grouped and per-expert implementations on a TP rank's intermediate range
     (gate_up columns and down K chunks [lo, hi) of I, bounds relative to it) and an EP slice, both
     row layouts; the SwiGLU in its own launch or fused into the down kernel."""
     E, H, I, k = 4, 96, 80, 2

@@ -7,9 +7,9 @@ import inspect
 import pytest
 import torch
 
-from kernels import _interpret
-from kernels._common import INTERPRET
-from kernels import portable
+from lockstep.kernels import _interpret
+from lockstep.kernels._common import INTERPRET
+from lockstep.kernels import portable
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="Triton's interpreter only (TRITON_INTERPRET=1)")
 
@@ -19,7 +19,7 @@ def _rand(*shape, seed=0, scale=1.0):
 
 
 def _attention(two_phase: bool):
-    from kernels.attention import attention_triton
+    from lockstep.kernels.attention import attention_triton
     T, Hq, Hkv, D, S = 3, 4, 2, 16, 160
     q, k, v = _rand(T, Hq, D, seed=1), _rand(1, Hkv, S, D, seed=2), _rand(1, Hkv, S, D, seed=3)
     pos = torch.tensor([0, 70, 159])
@@ -28,23 +28,23 @@ def _attention(two_phase: bool):
 
 
 def _gumbel():
-    from kernels.sampling import gumbel_argmax_triton
+    from lockstep.kernels.sampling import gumbel_argmax_triton
     logp = torch.log_softmax(_rand(3, 300, seed=5).to(torch.float64), -1)
     return gumbel_argmax_triton(logp, torch.tensor([1, -2, 3]), torch.tensor([0, 5, 2**33]))
 
 
 def _linear():
-    from kernels.matmul import linear_triton
+    from lockstep.kernels.matmul import linear_triton
     return linear_triton(_rand(5, 70, seed=6), _rand(33, 70, seed=7), _rand(33, seed=8))
 
 
 def _router():
-    from kernels.moe import router_top_k_triton
+    from lockstep.kernels.moe import router_top_k_triton
     return torch.cat([t.to(torch.float64) for t in router_top_k_triton(_rand(4, 6, seed=9), 3, True)], 1)
 
 
 def _rmsnorm():
-    from kernels.rmsnorm import rms_norm_triton
+    from lockstep.kernels.rmsnorm import rms_norm_triton
     return rms_norm_triton(_rand(3, 129, seed=10), _rand(129, seed=11), 1e-5)
 
 
@@ -140,7 +140,7 @@ def test_a_wrong_no_cast_decision_changes_the_bits(monkeypatch):
 
 
 def _linear_of_specials():
-    from kernels.matmul import linear_triton
+    from lockstep.kernels.matmul import linear_triton
     x = _rand(2, 40, seed=14)
     x[0, 3], x[1, 5] = float("inf"), float("nan")           # inf * 0 and NaN: numpy's "invalid value"
     return linear_triton(x, _rand(8, 40, seed=15) * torch.tensor([0.0, 1.0]).repeat(20), None)

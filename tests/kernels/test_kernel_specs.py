@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-import harness.kinds as kinds
-from harness.kinds import kernel as kernel_kind
-from harness.platform import detect
-from harness.result import RunContext
-from harness.specfile import load_specs
+import lockstep.harness.kinds as kinds
+from lockstep.harness.kinds import kernel as kernel_kind
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
+from lockstep.harness.specfile import load_specs
 from tests.kernels.conftest import DEVICE
-from harness.targets.lockstep import engine
+from lockstep.harness.targets.lockstep import engine
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 
@@ -50,7 +50,7 @@ def test_there_are_enough_specs(kernel_specs):
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
 def test_the_empty_tile_bug_turns_specs_red(kernel_specs, monkeypatch):
-    import kernels.attention as A
+    import lockstep.kernels.attention as A
     monkeypatch.setattr(A, "attention_triton", functools.partial(A.attention_triton, _guard=False))
     fails = check(kernel_specs["kernels/attention-empty-tiles-window-128"])
     assert fails and "kernel attention [Hq=8, Hkv=1, D=64, S=576, window=128]" in fails[0]
@@ -59,7 +59,7 @@ def test_the_empty_tile_bug_turns_specs_red(kernel_specs, monkeypatch):
 
 def test_a_tail_bug_turns_specs_red(kernel_specs, monkeypatch):
     """An unmasked K tail (the loop drops the last partial chunk) must fail the tail specs."""
-    import kernels.matmul as M
+    import lockstep.kernels.matmul as M
     real = M.linear_triton
 
     def no_tail(x, w, b=None):
@@ -75,7 +75,7 @@ def test_a_tail_bug_turns_specs_red(kernel_specs, monkeypatch):
 def test_a_grouping_bug_turns_the_grouped_expert_specs_red(kernel_specs, monkeypatch):
     """The engine's grouped experts with a grouping that loses the last expert's last row (a block
     tail dropped) must fail the block-tail spec, named by kernel and shape."""
-    import engine.experts as X
+    import lockstep.engine.experts as X
     real = X.group_by_expert
 
     def drops_a_tail_row(flat_ids, *args):

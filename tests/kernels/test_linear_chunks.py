@@ -1,4 +1,4 @@
-"""kernels.matmul.linear_chunks_triton: every K chunk of a row-parallel layer in one launch.
+"""lockstep.kernels.matmul.linear_chunks_triton: every K chunk of a row-parallel layer in one launch.
 
 Bitwise: each chunk equals linear_triton on the chunk's fresh copy (the per-chunk path it
 replaced), the fused SwiGLU prologue equals the separate SwiGLU kernel, and a row's partials do
@@ -7,11 +7,11 @@ not depend on the batch around it. Values: close to linear_chunks_portable, the 
 import pytest
 import torch
 
-from engine.linear import k_chunk_bounds
-from kernels._common import INTERPRET
-from kernels.matmul import (DECODE_ROWS, GPU_MIN_PROGRAMS, PREFILL_ROWS, TILES, _gpu_tiles, bounds_div,
+from lockstep.engine.linear import k_chunk_bounds
+from lockstep.kernels._common import INTERPRET
+from lockstep.kernels.matmul import (DECODE_ROWS, GPU_MIN_PROGRAMS, PREFILL_ROWS, TILES, _gpu_tiles, bounds_div,
                             linear_chunks_portable, linear_chunks_triton, linear_triton, tiles)
-from kernels.moe import clamped_swiglu_portable, clamped_swiglu_triton
+from lockstep.kernels.moe import clamped_swiglu_portable, clamped_swiglu_triton
 from tests.kernels.conftest import DEVICE
 
 SWIGLU = (1.702, 7.0)

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import torch
 
-from engine.model import GptOssModel
-from engine.ops import TRITON, FusedEnds
-from engine.trace import Trace
-from harness.locate import compare_traces
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.ops import TRITON, FusedEnds
+from lockstep.engine.trace import Trace
+from lockstep.harness.locate import compare_traces
 from tests.engine.helpers import random_prompt
 from tests.kernels.conftest import DEVICE
 

@@ -1,11 +1,11 @@
-"""kernels.matmul: agreement with float64, masked tails, bitwise batch invariance."""
+"""lockstep.kernels.matmul: agreement with float64, masked tails, bitwise batch invariance."""
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kernels._common import INTERPRET
-from kernels.matmul import TILES, linear_portable, linear_triton
+from lockstep.kernels._common import INTERPRET
+from lockstep.kernels.matmul import TILES, linear_portable, linear_triton
 from tests.kernels.conftest import DEVICE
 
 DTYPES = [torch.float32, torch.bfloat16]

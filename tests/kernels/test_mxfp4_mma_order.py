@@ -8,10 +8,10 @@ hold, and the engine never takes the path: `mxfp4_dense`)."""
 import pytest
 import torch
 
-from engine.experts import experts_grouped
-from engine.linear import k_chunk_bounds
-from kernels import moe
-from kernels.moe import (MXFP4_STEP, clamped_swiglu_triton, expert_down_partials_triton, expert_gate_up_triton,
+from lockstep.engine.experts import experts_grouped
+from lockstep.engine.linear import k_chunk_bounds
+from lockstep.kernels import moe
+from lockstep.kernels.moe import (MXFP4_STEP, clamped_swiglu_triton, expert_down_partials_triton, expert_gate_up_triton,
                          gather_columns, group_by_expert, mma_order_columns, mma_order_portable, mma_order_triton,
                          mxfp4_dense)
 from tests.kernels.conftest import DEVICE

@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.mxfp4 import dequantize
-from kernels.matmul import MXFP4_FAST_SCALES, _load_w_tile, _mxfp4_fast_ok
+from lockstep.engine.mxfp4 import dequantize
+from lockstep.kernels.matmul import MXFP4_FAST_SCALES, _load_w_tile, _mxfp4_fast_ok
 from tests.kernels.conftest import DEVICE
 
 E, N, K = 2, 37, 320                       # 10 scale groups per row; N = 37: a tail for BLOCK_N = 16

@@ -9,10 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.portable_tl import cast_rne
-from kernels.residual import (moe_residual_portable, moe_residual_triton, row_parallel_residual_portable,
+from lockstep.kernels.portable_tl import cast_rne
+from lockstep.kernels.residual import (moe_residual_portable, moe_residual_triton, row_parallel_residual_portable,
                               row_parallel_residual_triton)
-from kernels.rope import apply_rope_portable as apply_rope, rope_qkv_cache_triton
+from lockstep.kernels.rope import apply_rope_portable as apply_rope, rope_qkv_cache_triton
 from tests.kernels.conftest import DEVICE
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -93,8 +93,8 @@ def test_bf16_stores_round_to_nearest_even_like_torch():
 @pytest.mark.parametrize("k", [1, 3, 4, 8])
 def test_router_kernel_portable_softmax_equals_kernels_portable(k):
     """The engine's Triton routing (engine.model._route): one kernel, kernels.portable.softmax's bits."""
-    from kernels import portable
-    from kernels.moe import router_top_k_triton
+    from lockstep.kernels import portable
+    from lockstep.kernels.moe import router_top_k_triton
     logits = _randn(33, 32, seed=12) * 4
     w, ids = router_top_k_triton(logits, k, portable_softmax=True)
     values, ref_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
@@ -104,7 +104,7 @@ def test_router_kernel_portable_softmax_equals_kernels_portable(k):
 
 def test_group_by_expert_kernel_equals_the_torch_ops(monkeypatch):
     """Small routings are grouped by one kernel, large ones by torch ops: the same integers."""
-    import kernels.moe as moe
+    import lockstep.kernels.moe as moe
     ids = torch.randint(-2, 10, (4 * 9,), generator=torch.Generator().manual_seed(13)).to(DEVICE)
     ids = ids.clamp(min=0)
     for lo, n_local in ((0, 10), (3, 4)):

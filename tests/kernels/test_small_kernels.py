@@ -1,16 +1,16 @@
-"""kernels.rmsnorm, kernels.rope, kernels.moe, kernels.sampling: each `_triton` kernel against its torch reference."""
+"""lockstep.kernels.rmsnorm, kernels.rope, kernels.moe, kernels.sampling: each `_triton` kernel against its torch reference."""
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from engine.sampling import SamplingParams, keep_mask, sample
-from engine.linear import k_chunk_bounds
-from kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_portable, clamped_swiglu_triton, expert_down_partials_triton,
+from lockstep.engine.sampling import SamplingParams, keep_mask, sample
+from lockstep.engine.linear import k_chunk_bounds
+from lockstep.kernels.moe import (EXPERT_BLOCK_M, clamped_swiglu_portable, clamped_swiglu_triton, expert_down_partials_triton,
                          expert_gate_up_triton, group_by_expert, router_top_k_portable, router_top_k_triton)
-from kernels.rmsnorm import rms_norm_portable, rms_norm_triton
-from kernels.rope import apply_rope_portable, apply_rope_triton
-from kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
+from lockstep.kernels.rmsnorm import rms_norm_portable, rms_norm_triton
+from lockstep.kernels.rope import apply_rope_portable, apply_rope_triton
+from lockstep.kernels.sampling import gumbel_argmax_torch, gumbel_argmax_triton
 from tests.kernels.conftest import DEVICE
 
 # Inputs are made on the CPU from seeded generators (the same values everywhere) and moved to
@@ -57,8 +57,8 @@ def test_rope_matches_reference(H, D):
 
 
 def test_rope_agrees_with_engine():
-    from engine.config import preset
-    from engine.rope import rope_cos_sin, rope_frequencies
+    from lockstep.engine.config import preset
+    from lockstep.engine.rope import rope_cos_sin, rope_frequencies
     inv, ms = rope_frequencies(64, preset("gpt-oss-20b").rope)
     cos, sin = rope_cos_sin(torch.tensor([0, 1, 4095, 131071]), inv, ms)      # on the CPU
     cos, sin = cos.to(DEVICE), sin.to(DEVICE)

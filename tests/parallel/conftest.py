@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.checkpoint import make_checkpoint
+from lockstep.engine.checkpoint import make_checkpoint
 
 from tests.parallel import scenarios
 

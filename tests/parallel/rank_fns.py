@@ -40,7 +40,7 @@ def one_dies() -> dict:
 
 def placement() -> tuple:
     """(this rank's device, transport, whether its collectives go through host copies)."""
-    from engine.distributed import ParallelContext, Topology
+    from lockstep.engine.distributed import ParallelContext, Topology
     ctx = ParallelContext(Topology(dist.get_world_size(), 1))
     return str(ctx.device), ctx.transport, ctx.host_copies
 
@@ -48,5 +48,5 @@ def placement() -> tuple:
 def environment_and_patch(name: str) -> tuple:
     """(this rank's value of environment variable `name`, engine.launch's first collective marker:
     a monkeypatch of it in the launching process must not reach here)."""
-    from engine import launch
+    from lockstep.engine import launch
     return os.environ.get(name), launch._COLLECTIVE_MARKERS[0]

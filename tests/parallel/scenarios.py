@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.generate import Request, generate
-from engine.sampling import SamplingParams
+from lockstep.engine.generate import Request, generate
+from lockstep.engine.sampling import SamplingParams
 
 CAPTURE = [0, 1, 2]
 
@@ -51,17 +51,17 @@ def workload(model, d2_d3: bool = False) -> dict:
 
 
 def reference(ckpt: str) -> dict:
-    from engine.model import GptOssModel
+    from lockstep.engine.model import GptOssModel
     return workload(GptOssModel.from_checkpoint(ckpt))
 
 
 def run(ckpt: str, topologies: list[tuple], d2_d3: bool = False) -> dict:
     """topologies: (tp, ep) or (tp, ep, variant), variant a function name in wrong_orders that
     replaces engine.parallel.reduce_row_parallel for that model (None: the invariant one)."""
-    from engine import parallel
-    from engine.checkpoint import load_checkpoint
-    from engine.distributed import ParallelContext, Topology
-    from engine.model import GptOssModel
+    from lockstep.engine import parallel
+    from lockstep.engine.checkpoint import load_checkpoint
+    from lockstep.engine.distributed import ParallelContext, Topology
+    from lockstep.engine.model import GptOssModel
     from tests.parallel import wrong_orders
     config, weights = load_checkpoint(ckpt)
     invariant = parallel.reduce_row_parallel
@@ -87,9 +87,9 @@ def sum_partials() -> list[torch.Tensor]:
 
 
 def invariant_sum_bits() -> dict:
-    """engine.distributed.invariant_sum over the whole world, both algorithms."""
+    """lockstep.engine.distributed.invariant_sum over the whole world, both algorithms."""
     import torch.distributed as dist
-    from engine.distributed import invariant_sum
+    from lockstep.engine.distributed import invariant_sum
     world, rank = dist.get_world_size(), dist.get_rank()
     per = 8 // world
     mine = sum_partials()[rank * per:(rank + 1) * per]

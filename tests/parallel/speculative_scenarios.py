@@ -22,10 +22,10 @@ from typing import NamedTuple
 
 import torch
 
-from engine.distributed import ParallelContext, Topology
-from engine.generate import Request
-from engine.sampling import SamplingParams
-from engine.speculative import SpecParams
+from lockstep.engine.distributed import ParallelContext, Topology
+from lockstep.engine.generate import Request
+from lockstep.engine.sampling import SamplingParams
+from lockstep.engine.speculative import SpecParams
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -62,9 +62,9 @@ def bits(results) -> list[tuple]:
 
 def reference(pair: PairPaths) -> dict:
     """The one-device GptOssModel + draft, per SPECS entry."""
-    from engine.eagle3 import load_draft
-    from engine.model import GptOssModel
-    from engine.speculative import speculative_generate
+    from lockstep.engine.eagle3 import load_draft
+    from lockstep.engine.model import GptOssModel
+    from lockstep.engine.speculative import speculative_generate
     target = GptOssModel.from_checkpoint(pair.target)
     draft = load_draft(pair.draft, target, convention=pair.convention)
     threads = torch.get_num_threads()
@@ -78,7 +78,7 @@ def reference(pair: PairPaths) -> dict:
 def run(pairs: dict[str, PairPaths], keys: list[tuple]) -> dict:
     """keys: (pair name, tp, ep) or (pair name, tp, ep, variant), variant a function name in
     wrong_orders that replaces engine.parallel.reduce_row_parallel while that key runs."""
-    from engine import parallel
+    from lockstep.engine import parallel
     from tests.parallel import wrong_orders
     invariant = parallel.reduce_row_parallel
     out = {}

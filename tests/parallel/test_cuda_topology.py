@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.distributed import Topology, UnsupportedTopology
-from engine.generate import generate
-from engine.model import GptOssModel
-from engine.parallel import generate_at, transport
+from lockstep.engine.distributed import Topology, UnsupportedTopology
+from lockstep.engine.generate import generate
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.parallel import generate_at, transport
 
 from tests.parallel import scenarios
 
@@ -56,7 +56,7 @@ def test_cuda_topologies_equal_one_device(par_ckpt, backend, tp, ep):
 @needs_gpus(1)
 def test_a_planted_wrong_order_on_shared_gpu_ranks_is_caught(par_ckpt, cuda_one_device, monkeypatch):
     """The check is real on CUDA: rank 1 adding its partials left to right parts from one device."""
-    from engine import parallel
+    from lockstep.engine import parallel
     from tests.parallel import wrong_orders
     monkeypatch.setattr(parallel, "_generate_rank", wrong_orders.generate_rank_one_rank_sequential)
     got = generate_at(par_ckpt, 2, 1, scenarios.requests(), capture=scenarios.CAPTURE, device="cuda", timeout_s=300)
@@ -65,7 +65,7 @@ def test_a_planted_wrong_order_on_shared_gpu_ranks_is_caught(par_ckpt, cuda_one_
 
 @needs_gpus(1)
 def test_a_topology_that_cannot_fit_is_refused_up_front(par_ckpt, monkeypatch):
-    from engine import parallel
+    from lockstep.engine import parallel
     monkeypatch.setattr(parallel, "RANK_OVERHEAD_BYTES", 1 << 50)
     with pytest.raises(UnsupportedTopology, match=r"on cuda does not fit: 2 rank\(s\) on GPU 0 need about"):
         generate_at(par_ckpt, 2, 1, scenarios.requests(), device="cuda")
@@ -73,7 +73,7 @@ def test_a_topology_that_cannot_fit_is_refused_up_front(par_ckpt, monkeypatch):
 
 @needs_gpus(1)
 def test_a_failing_rank_on_a_shared_gpu_is_named():
-    from engine.launch import RankFailure, launch
+    from lockstep.engine.launch import RankFailure, launch
     from tests.parallel import rank_fns
     with pytest.raises(RankFailure, match=r"rank 1 raised ValueError: rank 1 fails on purpose.*rank 2 hung"):
         launch(rank_fns.one_raises_one_hangs, 4, device="cuda", timeout_s=120, collective_timeout_s=4)
@@ -84,9 +84,9 @@ def test_a_failing_rank_on_a_shared_gpu_is_named():
                                                 ((2, 1), (1, 1)), ((1, 2), (1, 1))])
 def test_a_cuda_trace_replays_bitwise_at_another_topology(recorded, replayed):
     """Recorded at one topology on the GPU, replayed at another (free-run and teacher-forced)."""
-    from harness.replay.record import record
-    from harness.replay.replay import replay
-    from harness.replay.run import Setup
+    from lockstep.harness.replay.record import record
+    from lockstep.harness.replay.replay import replay
+    from lockstep.harness.replay.run import Setup
     setup = Setup(checkpoint={"preset": "tiny-parallel", "seed": 0, "format": "bf16"}, tp=recorded[0], ep=recorded[1], device="cuda")
     trace = record(setup, scenarios.requests()[:2])
     for mode in ("free-run", "teacher-forced"):
@@ -102,7 +102,7 @@ def test_cuda_without_a_gpu_is_refused_up_front(par_ckpt):
 
 
 def test_fit_counts_every_rank_on_a_gpu():
-    from engine.parallel import RANK_OVERHEAD_BYTES, fit_problem
+    from lockstep.engine.parallel import RANK_OVERHEAD_BYTES, fit_problem
     gib = 1 << 30
     per = 2 * gib
     assert fit_problem({0: 4}, per, {0: 4 * (per + RANK_OVERHEAD_BYTES)}) is None
@@ -113,7 +113,7 @@ def test_fit_counts_every_rank_on_a_gpu():
 def test_rank_weights_are_estimated_as_dense_shards(par_ckpt):
     from pathlib import Path
 
-    from engine.parallel import rank_weight_bytes
+    from lockstep.engine.parallel import rank_weight_bytes
     disk = sum(f.stat().st_size for f in Path(par_ckpt).glob("*.safetensors"))
     assert rank_weight_bytes(par_ckpt, 1) == int(disk * 2 * 1.25)          # bf16 -> fp32, plus replicas
     assert rank_weight_bytes(par_ckpt, 4) == int(disk * 2 * 1.25 / 4)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.launch import launch
+from lockstep.engine.launch import launch
 
 from tests.parallel import speculative_scenarios as sc
 
@@ -17,7 +17,7 @@ TIMEOUTS = dict(timeout_s=300, collective_timeout_s=120)
 
 @pytest.fixture(scope="session")
 def spec_pairs(par_ckpt, tmp_path_factory) -> dict[str, sc.PairPaths]:
-    from engine.eagle3 import make_draft_checkpoint
+    from lockstep.engine.eagle3 import make_draft_checkpoint
     draft = make_draft_checkpoint("tiny-parallel", 3, tmp_path_factory.mktemp("draft") / "no-embed",
                                   aux_layer_ids=[0, 1, 2], with_embed=False)
     return {"fitted": sc.fitted_pair(), "parallel": sc.PairPaths(par_ckpt, str(draft), "boundary")}
@@ -69,9 +69,9 @@ def test_world_4_tp4_ep4_tp2xep2(spec_pairs, spec_one_device):
 
 
 def test_speculative_generate_at_world_1_and_unseeded_requests(spec_pairs, spec_one_device):
-    from engine.generate import Request
-    from engine.parallel import speculative_generate_at
-    from engine.sampling import SamplingParams
+    from lockstep.engine.generate import Request
+    from lockstep.engine.parallel import speculative_generate_at
+    from lockstep.engine.sampling import SamplingParams
     pair = spec_pairs["parallel"]
     got = sc.bits(speculative_generate_at(pair.target, 1, 1, sc.requests(), draft=pair.draft,
                                           convention=pair.convention, spec=sc.SPECS["chain"]))
@@ -86,8 +86,8 @@ def test_speculative_generate_at_world_1_and_unseeded_requests(spec_pairs, spec_
 def test_a_draft_without_embedding_refuses_a_vocab_shard(spec_pairs):
     """What a sharded rank's model.embed is at TP 2: half the rows. Taking it silently
     would look tokens up in the wrong rows (or out of range)."""
-    from engine.checkpoint import CheckpointError, load_checkpoint
-    from engine.eagle3 import load_draft
+    from lockstep.engine.checkpoint import CheckpointError, load_checkpoint
+    from lockstep.engine.eagle3 import load_draft
     pair = spec_pairs["parallel"]
     config, weights = load_checkpoint(pair.target)
     shard = weights["model.embed_tokens.weight"][:config.vocab_size // 2]
@@ -101,8 +101,8 @@ def test_the_harness_compares_accept_lengths_of_speculative_runs():
     """A topology run of a speculative spec must also give the same accept lengths; the
     speculative-vs-plain comparison (plain generate has none) stays on tokens and logprobs."""
     import torch
-    from engine.request import Result
-    from harness.kinds.generate import _bytes, _same
+    from lockstep.engine.request import Result
+    from lockstep.harness.kinds.generate import _bytes, _same
     lp = torch.tensor([-0.5, -1.25], dtype=torch.float32)
     a = Result([4, 5], lp, "length", accept_lengths=[2])
     b = Result([4, 5], lp.clone(), "length", accept_lengths=[1, 1])
@@ -112,7 +112,7 @@ def test_the_harness_compares_accept_lengths_of_speculative_runs():
 
 
 def test_a_speculative_spec_may_list_topologies():
-    from harness.specfile import parse_spec
+    from lockstep.harness.specfile import parse_spec
     text = """\
 kind: generate
 description: speculative at TP 2

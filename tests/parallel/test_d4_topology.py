@@ -4,8 +4,8 @@ at TP = 2 and TP × EP = 2 × 2; and the check is real: wrong reduction orders f
 
 from __future__ import annotations
 
-from engine.launch import launch
-from engine.linear import tree_sum
+from lockstep.engine.launch import launch
+from lockstep.engine.linear import tree_sum
 
 from tests.parallel import scenarios
 
@@ -56,7 +56,7 @@ def test_world_8_tp8_ep8_tp2xep4_tp4xep2(par_ckpt, one_device):
 
 def test_generate_at_a_topology(par_ckpt, one_device):
     """The runner-facing call: generate at tp × ep, rank 0's results, ranks cross-checked."""
-    from engine.parallel import generate_at
+    from lockstep.engine.parallel import generate_at
     for tp, ep in ((1, 1), (1, 2)):
         results = generate_at(par_ckpt, tp, ep, scenarios.requests(), capture=scenarios.CAPTURE, timeout_s=240)
         assert scenarios.bits(results) == one_device["generate"], (tp, ep)

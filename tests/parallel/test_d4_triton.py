@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.generate import Request, generate
-from engine.model import GptOssModel
-from engine.parallel import generate_at
-from engine.sampling import SamplingParams
+from lockstep.engine.generate import Request, generate
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.parallel import generate_at
+from lockstep.engine.sampling import SamplingParams
 from tests.kernels.conftest import DEVICE
 
 CAPTURE = [0, 1, 2]

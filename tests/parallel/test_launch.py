@@ -1,4 +1,4 @@
-"""engine.launch: per-rank results come back; a rank that raises, hangs or dies ends the run
+"""lockstep.engine.launch: per-rank results come back; a rank that raises, hangs or dies ends the run
 with a RankFailure naming it, within the collective timeout, never a hang."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from engine.launch import RankFailure, launch
+from lockstep.engine.launch import RankFailure, launch
 
 from tests.parallel import rank_fns
 
@@ -60,7 +60,7 @@ def test_process_group_options_bind_nccl_ranks_to_their_gpu(monkeypatch):
     timed-out collective raises in Python, so the launcher names its cause); gloo: nothing."""
     import torch
 
-    from engine import launch as launch_mod
+    from lockstep.engine import launch as launch_mod
     assert launch_mod.process_group_options("gloo", 1) == {}
     monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
     chosen = []
@@ -73,7 +73,7 @@ def test_process_group_options_bind_nccl_ranks_to_their_gpu(monkeypatch):
 
 def test_plan_places_rank_r_on_gpu_r_mod_g_and_picks_the_transport():
     """NCCL only when every rank has its own GPU; ranks sharing a GPU go over gloo-host."""
-    from engine.launch import plan
+    from lockstep.engine.launch import plan
     assert plan("cpu", 3, 0) == ("gloo", ["cpu"] * 3)
     assert plan("cpu", 3, 8) == ("gloo", ["cpu"] * 3)                  # GPUs here do not matter on the CPU
     assert plan("cuda", 2, 2) == ("nccl", ["cuda:0", "cuda:1"])
@@ -92,7 +92,7 @@ def test_plan_places_rank_r_on_gpu_r_mod_g_and_picks_the_transport():
     (("cpu", 2, 0, "mpi"), "transport must be one of"),
 ])
 def test_plan_refuses_what_cannot_run(args, match):
-    from engine.launch import plan
+    from lockstep.engine.launch import plan
     with pytest.raises(ValueError, match=match):
         plan(*args)
 
@@ -107,7 +107,7 @@ def test_a_rank_takes_the_callers_environment_at_the_call_and_none_of_its_patche
     """Ranks are forked from a fork server started at the first launch (engine/launch.py
     `_rank_context`): each must still see the launching process's environment as it is at the call,
     as a spawned rank would, and import the code afresh (tests/planted.py relies on it)."""
-    from engine import launch as launch_mod
+    from lockstep.engine import launch as launch_mod
     launch(rank_fns.gather_ranks, 1, args=("the server is started",), timeout_s=120)
     monkeypatch.setattr(launch_mod, "_COLLECTIVE_MARKERS", ("patched",))
     for value in ("one", "two"):

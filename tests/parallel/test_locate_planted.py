@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from engine import parallel
+from lockstep.engine import parallel
 
 from tests.parallel import wrong_orders
 
@@ -44,7 +44,7 @@ inputs:
 
 
 def test_a_wrong_reduction_order_on_one_rank_is_located_to_the_o_proj_reduction(tmp_path, monkeypatch, capsys):
-    from harness.cli import main
+    from lockstep.harness.cli import main
     specs = tmp_path / "specs" / "generate"
     specs.mkdir(parents=True)
     (specs / "tp2.yaml").write_text(GENERATE)

@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.distributed import COLUMN_ALIGN, invariant_sum
-from engine.linear import K_CHUNKS, k_chunk_bounds, linear_k_chunked, tree_sum
-from kernels.matmul import linear_chunks_portable as k_chunk_partials, linear_portable as linear
-from kernels.moe import clamped_swiglu_portable as clamped_swiglu
-from engine.parallel import local_chunks
+from lockstep.engine.distributed import COLUMN_ALIGN, invariant_sum
+from lockstep.engine.linear import K_CHUNKS, k_chunk_bounds, linear_k_chunked, tree_sum
+from lockstep.kernels.matmul import linear_chunks_portable as k_chunk_partials, linear_portable as linear
+from lockstep.kernels.moe import clamped_swiglu_portable as clamped_swiglu
+from lockstep.engine.parallel import local_chunks
 
 
 def test_tree_sum_is_the_fixed_tree_not_left_to_right():

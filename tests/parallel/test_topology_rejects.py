@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import preset
-from engine.distributed import ParallelContext, Topology, UnsupportedTopology
+from lockstep.engine.config import preset
+from lockstep.engine.distributed import ParallelContext, Topology, UnsupportedTopology
 
 
 @pytest.mark.parametrize("preset_name, tp, ep, needle", [
@@ -44,9 +44,9 @@ def test_no_process_group_for_a_larger_world():
 
 
 def test_shard_rejects_before_touching_weights():
-    from engine.checkpoint import synthetic_weights
-    from engine.model import ONE_DEVICE, GptOssModel
-    from engine.parallel import shard
+    from lockstep.engine.checkpoint import synthetic_weights
+    from lockstep.engine.model import ONE_DEVICE, GptOssModel
+    from lockstep.engine.parallel import shard
     cfg = preset("tiny")
     model = GptOssModel(cfg, synthetic_weights(cfg, 0, False))
     ctx = ParallelContext(Topology(1, 1))
@@ -58,9 +58,9 @@ def test_shard_rejects_before_touching_weights():
 
 
 def test_shard_refuses_the_fast_ops_and_a_second_shard():
-    from engine.checkpoint import synthetic_weights
-    from engine.model import GptOssModel
-    from engine.parallel import shard
+    from lockstep.engine.checkpoint import synthetic_weights
+    from lockstep.engine.model import GptOssModel
+    from lockstep.engine.parallel import shard
     cfg = preset("tiny")
     weights = synthetic_weights(cfg, 0, False)
     with pytest.raises(ValueError, match="fast ops have no row-parallel partials"):

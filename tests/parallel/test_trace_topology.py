@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.launch import launch
+from lockstep.engine.launch import launch
 
 from tests.parallel import trace_scenarios
 

@@ -4,7 +4,7 @@ equal one device's element by element, every sharded op gathered to its one-devi
 
 from __future__ import annotations
 
-from engine.trace import Trace
+from lockstep.engine.trace import Trace
 
 from tests.parallel import scenarios, speculative_scenarios
 
@@ -13,10 +13,10 @@ SPECULATIVE_AT = [(2, 2)]               # request 2's verify round 2 (seeded, ho
 
 
 def one_device(ckpt: str) -> dict:
-    from engine.eagle3 import load_draft
-    from engine.generate import generate
-    from engine.model import GptOssModel
-    from engine.speculative import speculative_generate
+    from lockstep.engine.eagle3 import load_draft
+    from lockstep.engine.generate import generate
+    from lockstep.engine.model import GptOssModel
+    from lockstep.engine.speculative import speculative_generate
     out = {}
     model = GptOssModel.from_checkpoint(ckpt)
     for r, s in GENERATE_AT:
@@ -33,11 +33,11 @@ def one_device(ckpt: str) -> dict:
 
 
 def run(ckpt: str, topologies: list[tuple[int, int]]) -> dict:
-    from engine import parallel
-    from engine.checkpoint import load_checkpoint
-    from engine.distributed import ParallelContext, Topology
-    from engine.generate import generate
-    from engine.model import GptOssModel
+    from lockstep.engine import parallel
+    from lockstep.engine.checkpoint import load_checkpoint
+    from lockstep.engine.distributed import ParallelContext, Topology
+    from lockstep.engine.generate import generate
+    from lockstep.engine.model import GptOssModel
     config, weights = load_checkpoint(ckpt)
     pair = speculative_scenarios.fitted_pair()
     out = {}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from engine.distributed import all_gather_stack
-from engine.linear import tree_sum
+from lockstep.engine.distributed import all_gather_stack
+from lockstep.engine.linear import tree_sum
 
 
 def rank_order(local_parts, ctx):
@@ -53,7 +53,7 @@ def one_rank_sequential(local_parts, ctx):
 
 def _planted(rank_fn, variant: str):
     def run(ctx, *args):
-        from engine import parallel
+        from lockstep.engine import parallel
         invariant = parallel.reduce_row_parallel
         parallel.reduce_row_parallel = globals()[variant]
         try:
@@ -64,14 +64,14 @@ def _planted(rank_fn, variant: str):
 
 
 def generate_rank_one_rank_sequential(ctx, *args):
-    """engine.parallel._generate_rank with one_rank_sequential as the row-parallel reduction: put
+    """lockstep.engine.parallel._generate_rank with one_rank_sequential as the row-parallel reduction: put
     in place of engine.parallel._generate_rank (in the launching process, over more than one
     rank), it plants the wrong order in every launched rank, which imports it by name."""
-    from engine import parallel
+    from lockstep.engine import parallel
     return _planted(parallel._generate_rank, "one_rank_sequential")(ctx, *args)
 
 
 def speculative_rank_one_rank_sequential(ctx, *args):
     """As generate_rank_one_rank_sequential, for engine.parallel._speculative_rank."""
-    from engine import parallel
+    from lockstep.engine import parallel
     return _planted(parallel._speculative_rank, "one_rank_sequential")(ctx, *args)

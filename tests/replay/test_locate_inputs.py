@@ -1,8 +1,8 @@
-"""What replay hands harness.locate (harness.replay.replay._locate), without a model: the level-1
+"""What replay hands lockstep.harness.locate (lockstep.harness.replay.replay._locate), without a model: the level-1
 divergence it builds from the trace and the replay's results (accept lengths only for a
 speculative free run; the first verdict's step when only routing or a digest differs), the
 requests and forced tokens each side's re-run gets, and the request's index in each re-run's
-batch order. harness.locate.locate and the engine's `run` are replaced by recorders; the located
+batch order. lockstep.harness.locate.locate and the engine's `run` are replaced by recorders; the located
 test in test_record_replay.py runs the real ones on a planted divergence."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import harness.locate
-from engine.request import Request, SamplingParams
-from harness.replay import replay as rp
-from harness.replay.replay import StepVerdict, Verdict
-from harness.replay.run import Setup
+import lockstep.harness.locate
+from lockstep.engine.request import Request, SamplingParams
+from lockstep.harness.replay import replay as rp
+from lockstep.harness.replay.replay import StepVerdict, Verdict
+from lockstep.harness.replay.run import Setup
 
 from tests.replay.test_verdict_rules import LP, result, steps, trace_of
 
@@ -36,7 +36,7 @@ def calls(monkeypatch):
 
     def run(setup, requests, log=None, forced=None, engine_trace=None):
         st.runs.append((setup, requests, log, forced, engine_trace))
-    monkeypatch.setattr(harness.locate, "locate", locate)
+    monkeypatch.setattr(lockstep.harness.locate, "locate", locate)
     monkeypatch.setattr(rp, "run", run)
     return st
 

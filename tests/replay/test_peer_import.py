@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from harness.cli import main
-from harness.replay.peer import import_peer, teacher_force_peer
+from lockstep.harness.cli import main
+from lockstep.harness.replay.peer import import_peer, teacher_force_peer
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.generate import Request, generate
-from engine.prefix_cache import PrefixCache
-from engine.sampling import SamplingParams
-from harness import runner
-from harness.kinds import prefix_cache as kind
-from harness.platform import detect
-from harness.result import RunContext
-from harness.specfile import load_spec_file
+from lockstep.engine.generate import Request, generate
+from lockstep.engine.prefix_cache import PrefixCache
+from lockstep.engine.sampling import SamplingParams
+from lockstep.harness import runner
+from lockstep.harness.kinds import prefix_cache as kind
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
+from lockstep.harness.specfile import load_spec_file
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=3, stop_token_ids=())
 SPEC = """\
@@ -48,7 +48,7 @@ def ctx():
 
 @pytest.fixture(scope="module")
 def model(spec, ctx):
-    from harness.checkpoints import model_for
+    from lockstep.harness.checkpoints import model_for
     return model_for(spec.inputs["checkpoint"])
 
 

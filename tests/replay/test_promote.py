@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import yaml
 
-import kernels.attention
-import engine.model
-from engine.generate import Request
-from engine.sampling import SamplingParams
-from harness.cli import main
-from harness.replay.format import TraceError, read_trace, write_trace
-from harness.replay.promote import promote
-from harness.replay.record import record
-from harness.replay.run import Setup
+import lockstep.kernels.attention
+import lockstep.engine.model
+from lockstep.engine.generate import Request
+from lockstep.engine.sampling import SamplingParams
+from lockstep.harness.cli import main
+from lockstep.harness.replay.format import TraceError, read_trace, write_trace
+from lockstep.harness.replay.promote import promote
+from lockstep.harness.replay.record import record
+from lockstep.harness.replay.run import Setup
 from tests.engine import planted
 
 PRESET = {"preset": "tiny", "seed": 0, "format": "bf16"}    # synthetic: a scratch project needs no folder
@@ -42,11 +42,11 @@ def test_promoted_spec_is_guarded_by_check(tmp_path, trace, monkeypatch, capsys)
     assert main(["check", *dirs, "replay/*"]) == 0
     capsys.readouterr()
 
-    attend = kernels.attention._attend              # the torch ops' attention reads it per call
+    attend = lockstep.kernels.attention._attend              # the torch ops' attention reads it per call
 
     def mutated(*args, **kwargs):                  # the engine's attention, one ULP-ish off
         return attend(*args, **kwargs) * (1 + 2 ** -12)
-    monkeypatch.setattr(kernels.attention, "_attend", mutated)
+    monkeypatch.setattr(lockstep.kernels.attention, "_attend", mutated)
     assert main(["check", *dirs, "replay/*"]) == 1
 
 

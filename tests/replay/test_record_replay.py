@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.generate import Request
-from engine.sampling import SamplingParams
-from harness.replay.format import read_trace, write_trace
-from harness.replay.record import record
-from harness.replay.replay import replay
-from harness.replay.run import Setup
+from lockstep.engine.generate import Request
+from lockstep.engine.sampling import SamplingParams
+from lockstep.harness.replay.format import read_trace, write_trace
+from lockstep.harness.replay.record import record
+from lockstep.harness.replay.replay import replay
+from lockstep.harness.replay.run import Setup
 from tests.engine import planted
 
 TARGET = {"path": "models/tiny-target"}

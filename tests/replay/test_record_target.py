@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from harness.cli import main
-from harness.replay.format import read_trace
+from lockstep.harness.cli import main
+from lockstep.harness.replay.format import read_trace
 
 CKPT = "models/tiny-target"
 
@@ -20,8 +20,8 @@ CKPT = "models/tiny-target"
 # claim of the coin contract, no generation at all, a factory that crashes).
 ADAPTER = '''
 import torch
-from harness.targets import Op, Result, Target
-from harness.targets.lockstep import _generate
+from lockstep.harness.targets import Op, Result, Target
+from lockstep.harness.targets.lockstep import _generate
 
 def _shifted(checkpoint, requests, **kw):
     out = _generate(checkpoint, requests, **kw)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from harness.cli import main
-from harness.replay.format import read_trace
+from lockstep.harness.cli import main
+from lockstep.harness.replay.format import read_trace
 from tests.engine import planted
 
 

@@ -10,8 +10,8 @@ import stat
 
 import pytest
 
-from harness.replay import format as fmt
-from harness.replay.format import Trace, TraceError, canonical, read_trace, record_hash, write_trace
+from lockstep.harness.replay import format as fmt
+from lockstep.harness.replay.format import Trace, TraceError, canonical, read_trace, record_hash, write_trace
 
 
 def small_trace(rounds: bool = True) -> Trace:

@@ -12,8 +12,8 @@ import torch
 import triton
 from safetensors.torch import save_file
 
-from harness.replay.format import TraceError, canonical
-from harness.replay.identity import check_checkpoint, check_platform, checkpoint_identity, platform_identity
+from lockstep.harness.replay.format import TraceError, canonical
+from lockstep.harness.replay.identity import check_checkpoint, check_platform, checkpoint_identity, platform_identity
 
 CONFIG = {"hidden_size": 4, "layers": [1, 2]}
 

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from engine.generate import Request
-from engine.sampling import SamplingParams
-from harness.cli import main
-from harness.replay.format import TraceError, canonical, read_trace, record_hash, write_trace
-from harness.replay.record import record
-from harness.replay.run import Setup
+from lockstep.engine.generate import Request
+from lockstep.engine.sampling import SamplingParams
+from lockstep.harness.cli import main
+from lockstep.harness.replay.format import TraceError, canonical, read_trace, record_hash, write_trace
+from lockstep.harness.replay.record import record
+from lockstep.harness.replay.run import Setup
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_unknown_major_version_is_refused_first(tmp_path, trace_file, capsys):
 
 def test_another_checkpoint_is_refused(trace_file, capsys, monkeypatch):
     """The trace names its checkpoint by weight digests: another folder (the tiny preset) is refused."""
-    from harness.replay import replay as replay_mod
+    from lockstep.harness.replay import replay as replay_mod
     t = read_trace(trace_file)
     setup = replay_mod.recorded_setup(t)
     setup.checkpoint = {"preset": "tiny", "seed": 0, "format": "bf16"}
@@ -116,7 +116,7 @@ def test_another_checkpoint_is_refused_by_the_cli(tmp_path, trace_file, capsys):
 
 
 def test_another_platform_is_refused(trace_file):
-    from harness.replay import replay as replay_mod
+    from lockstep.harness.replay import replay as replay_mod
     t = read_trace(trace_file)
     t.manifest["platform"] = {**t.manifest["platform"], "name": "cuda-sm90-fp32", "golden_platform": "cuda-sm90-fp32"}
     with pytest.raises(TraceError, match="recorded on platform cuda-sm90-fp32, this replay runs on cpu-fp32"):

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.request import Result
-from harness.replay import replay as rp
-from harness.replay.format import Trace, TraceError, f32_bits
-from harness.replay.observe import StepLog
-from harness.replay.replay import ReplayReport, StepVerdict, Verdict, replay
+from lockstep.engine.request import Result
+from lockstep.harness.replay import replay as rp
+from lockstep.harness.replay.format import Trace, TraceError, f32_bits
+from lockstep.harness.replay.observe import StepLog
+from lockstep.harness.replay.replay import ReplayReport, StepVerdict, Verdict, replay
 
 LP = [-0.5, -1.25, -2.0, -0.75]                    # exact in float32: the recorded logprobs
 

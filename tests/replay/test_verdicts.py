@@ -8,9 +8,9 @@ import struct
 
 from hypothesis import given, settings, strategies as st
 
-from harness.kinds.replay import _moved
-from harness.replay.format import f32_bits
-from harness.replay.replay import ReplayReport, StepVerdict, Verdict, ulp_distance
+from lockstep.harness.kinds.replay import _moved
+from lockstep.harness.replay.format import f32_bits
+from lockstep.harness.replay.replay import ReplayReport, StepVerdict, Verdict, ulp_distance
 
 
 def test_verdict_values_are_the_report_strings():

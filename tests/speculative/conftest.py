@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.eagle3 import load_draft
-from engine.model import GptOssModel
-from harness.checkpoints import checkpoint_dir
+from lockstep.engine.eagle3 import load_draft
+from lockstep.engine.model import GptOssModel
+from lockstep.harness.checkpoints import checkpoint_dir
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

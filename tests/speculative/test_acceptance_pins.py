@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import engine.speculative as spec
-from engine.request import Request, SamplingParams, seed_as_int64
-from engine.speculative import (SpecParams, Tree, TreeBatch, inverse_cdf_rows, target_probs, verify_greedy,
+import lockstep.engine.speculative as spec
+from lockstep.engine.request import Request, SamplingParams, seed_as_int64
+from lockstep.engine.speculative import (SpecParams, Tree, TreeBatch, inverse_cdf_rows, target_probs, verify_greedy,
                                 verify_rejection, verify_target_only)
-from kernels.coins import COIN_MAX, verify_coins
+from lockstep.kernels.coins import COIN_MAX, verify_coins
 
 from tests.speculative.test_verify_specs import target_only
 from tests.speculative.verify_bugs import rejection

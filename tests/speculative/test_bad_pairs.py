@@ -4,13 +4,13 @@ draft_token_num, and a tree deeper than the context: tests/speculative/test_spec
 
 import pytest
 
-from engine.boundaries import LayerIdError
-from engine.checkpoint import make_checkpoint
-from engine.eagle3 import load_draft, make_draft_checkpoint
-from engine.generate import Request
-from engine.model import GptOssModel
-from engine.sampling import SamplingParams
-from engine.speculative import speculative_generate
+from lockstep.engine.boundaries import LayerIdError
+from lockstep.engine.checkpoint import make_checkpoint
+from lockstep.engine.eagle3 import load_draft, make_draft_checkpoint
+from lockstep.engine.generate import Request
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.sampling import SamplingParams
+from lockstep.engine.speculative import speculative_generate
 
 REQ = [Request([1, 2, 3], SamplingParams(greedy=True, max_new_tokens=2))]
 

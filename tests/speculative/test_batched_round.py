@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import engine.speculative as spec_mod
-from engine.generate import Request
-from engine.sampling import SamplingParams, chosen_logprob
-from engine.speculative import (SpecParams, Tree, inverse_cdf, inverse_cdf_rows, speculative_generate,
+import lockstep.engine.speculative as spec_mod
+from lockstep.engine.generate import Request
+from lockstep.engine.sampling import SamplingParams, chosen_logprob
+from lockstep.engine.speculative import (SpecParams, Tree, inverse_cdf, inverse_cdf_rows, speculative_generate,
                                 verify_greedy, verify_rejection, verify_target_only)
 
 from tests.speculative.conftest import training_prompts

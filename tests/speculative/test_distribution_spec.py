@@ -7,17 +7,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.speculative as speculative
-from harness.kinds import distribution
-from engine.sampling import SamplingParams
-from harness.checkpoints import model_for
-from harness.kinds.distribution import chi_square, exact_law
-from harness.platform import detect
-from harness.result import RunContext
-from harness.specfile import load_spec_file
+import lockstep.engine.speculative as speculative
+from lockstep.harness.kinds import distribution
+from lockstep.engine.sampling import SamplingParams
+from lockstep.harness.checkpoints import model_for
+from lockstep.harness.kinds.distribution import chi_square, exact_law
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
+from lockstep.harness.specfile import load_spec_file
 
 from tests.speculative.verify_bugs import rejection
-from harness.targets.lockstep import engine
+from lockstep.harness.targets.lockstep import engine
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 REJECTION_SPEC = SPECS / "speculative" / "rejection-distribution.yaml"

@@ -4,9 +4,9 @@ is put back by monkeypatching and the specs named beside it must turn red, the o
 import pytest
 import torch
 
-import engine.speculative
-from engine.eagle3 import Eagle3Draft
-from kernels.rmsnorm import rms_norm_portable as rms_norm
+import lockstep.engine.speculative
+from lockstep.engine.eagle3 import Eagle3Draft
+from lockstep.kernels.rmsnorm import rms_norm_portable as rms_norm
 from tests.planted import Planted
 
 # one xdist worker runs the module (pyproject --dist loadgroup): its clean recordings (tests/planted.py) once a run
@@ -64,7 +64,7 @@ def higher_index_first(logits, k, backend="torch"):
 
 
 def test_the_draft_top_k_with_ties_to_the_higher_id_turns_the_ties_spec_red(planted, monkeypatch):
-    monkeypatch.setattr(engine.speculative, "top_k_lowest_index", higher_index_first)
+    monkeypatch.setattr(lockstep.engine.speculative, "top_k_lowest_index", higher_index_first)
     report = planted.red("draft/top-k-ties")
     assert "the draft's top-4 is [200, 41, 40, 9], the 4 largest logits with equal logits by the lower draft id " \
            "are [3, 9, 40, 41]" in report, report
@@ -73,7 +73,7 @@ def test_the_draft_top_k_with_ties_to_the_higher_id_turns_the_ties_spec_red(plan
 
 
 def test_the_written_aux_spec_needs_no_target_forward(planted, monkeypatch):
-    from engine.model import GptOssModel
+    from lockstep.engine.model import GptOssModel
 
     def no_forward(*args, **kwargs):
         raise AssertionError("draft/written-aux ran a target forward")
@@ -83,7 +83,7 @@ def test_the_written_aux_spec_needs_no_target_forward(planted, monkeypatch):
 
 
 def errors_of(text):
-    from harness.specfile import SpecErrors, parse_spec
+    from lockstep.harness.specfile import SpecErrors, parse_spec
     with pytest.raises(SpecErrors) as e:
         parse_spec(text, "specs/draft/bad.yaml", "draft/bad")
     return [str(x) for x in e.value.errors]

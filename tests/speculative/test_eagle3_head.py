@@ -6,12 +6,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.boundaries import LayerIdError
-from engine.checkpoint import CheckpointError, checkpoint_digest
-from engine.config import preset
-from engine.eagle3 import DraftKV, Eagle3Config, Eagle3Draft, load_draft, make_draft_checkpoint
-from kernels.matmul import linear_portable as linear
-from kernels.rmsnorm import rms_norm_portable as rms_norm
+from lockstep.engine.boundaries import LayerIdError
+from lockstep.engine.checkpoint import CheckpointError, checkpoint_digest
+from lockstep.engine.config import preset
+from lockstep.engine.eagle3 import DraftKV, Eagle3Config, Eagle3Draft, load_draft, make_draft_checkpoint
+from lockstep.kernels.matmul import linear_portable as linear
+from lockstep.kernels.rmsnorm import rms_norm_portable as rms_norm
 
 TINY = preset("tiny")
 IDS = [1, 2, 4]            # max == L = 4: boundaries [1, 2, 4] under sglang and boundary

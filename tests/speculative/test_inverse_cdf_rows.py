@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from engine.speculative import inverse_cdf, inverse_cdf_rows
+from lockstep.engine.speculative import inverse_cdf, inverse_cdf_rows
 
 
 def rows(*r, dtype=torch.float64):

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from engine.boundaries import LayerIdError
-from engine.eagle3 import Eagle3Draft, load_draft, make_draft_checkpoint
-from engine.generate import Request, generate
-from kernels.matmul import linear_portable as linear
-from kernels.rmsnorm import rms_norm_portable as rms_norm
-from engine.sampling import SamplingParams
-from engine.speculative import SpecParams, speculative_generate
+from lockstep.engine.boundaries import LayerIdError
+from lockstep.engine.eagle3 import Eagle3Draft, load_draft, make_draft_checkpoint
+from lockstep.engine.generate import Request, generate
+from lockstep.kernels.matmul import linear_portable as linear
+from lockstep.kernels.rmsnorm import rms_norm_portable as rms_norm
+from lockstep.engine.sampling import SamplingParams
+from lockstep.engine.speculative import SpecParams, speculative_generate
 
 ROWS = [  # (target, ids, convention, boundaries, norm_before_fc)
     ("tiny-d36", [24, 30, 36], "sglang", [24, 30, 36], True),       # nvidia Eagle3-v3

@@ -1,4 +1,4 @@
-"""engine.graphs.RoundGraphs: the speculative round's forwards (verify, draft steps, draft extend)
+"""lockstep.engine.graphs.RoundGraphs: the speculative round's forwards (verify, draft steps, draft extend)
 through captured CUDA graphs give the eager calls' bits.
 
 On the CPU a RoundGraphs runs every forward eagerly on its input buffers (the plumbing: buffers,
@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import graphs as graphs_mod
-from engine.eagle3 import load_draft
-from engine.graphs import RoundGraphs
-from engine.model import GptOssModel
-from engine.request import Request, SamplingParams
-from engine.speculative import SpecParams, speculative_generate
+from lockstep.engine import graphs as graphs_mod
+from lockstep.engine.eagle3 import load_draft
+from lockstep.engine.graphs import RoundGraphs
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.request import Request, SamplingParams
+from lockstep.engine.speculative import SpecParams, speculative_generate
 from tests.kernels.conftest import DEVICE
 from tests.speculative.conftest import MODELS, training_prompts
 

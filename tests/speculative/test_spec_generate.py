@@ -5,14 +5,14 @@ import random
 import pytest
 import torch
 
-import engine.speculative as spec_mod
-import kernels.coins as coins_mod
-from engine.eagle3 import load_draft
-from engine.generate import Request, generate
-from engine.kv_cache import KVCache
-from engine.model import GptOssModel
-from engine.sampling import SamplingParams
-from engine.speculative import SpecParams, speculative_generate
+import lockstep.engine.speculative as spec_mod
+import lockstep.kernels.coins as coins_mod
+from lockstep.engine.eagle3 import load_draft
+from lockstep.engine.generate import Request, generate
+from lockstep.engine.kv_cache import KVCache
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.sampling import SamplingParams
+from lockstep.engine.speculative import SpecParams, speculative_generate
 
 from tests.speculative.conftest import MODELS, training_prompts
 
@@ -144,7 +144,7 @@ def test_top_hash_coins_are_clamped_end_to_end(fitted, monkeypatch):
 
 def test_bad_input(fitted, tmp_path, deep_targets):
     target, draft = fitted
-    from engine.eagle3 import make_draft_checkpoint
+    from lockstep.engine.eagle3 import make_draft_checkpoint
     other = load_draft(make_draft_checkpoint("tiny-d36", 0, tmp_path / "d36"), deep_targets["tiny-d36"],
                        convention="sglang")
     req = [Request([1, 2, 3], SamplingParams(greedy=True, max_new_tokens=4))]

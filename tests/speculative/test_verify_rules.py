@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import engine.speculative as spec
-from engine.sampling import SamplingParams
-from engine.speculative import Tree, inverse_cdf, verify_greedy, verify_rejection, verify_target_only
-from harness.kinds.distribution import chi_square
-from kernels.coins import COIN_MAX, verify_coins
+import lockstep.engine.speculative as spec
+from lockstep.engine.sampling import SamplingParams
+from lockstep.engine.speculative import Tree, inverse_cdf, verify_greedy, verify_rejection, verify_target_only
+from lockstep.harness.kinds.distribution import chi_square
+from lockstep.kernels.coins import COIN_MAX, verify_coins
 
 from tests.speculative.verify_bugs import rejection
 

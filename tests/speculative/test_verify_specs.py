@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.speculative as speculative
-import kernels.coins
-from engine.speculative import inverse_cdf
-from harness.kinds import verify
-from harness.platform import detect
-from harness.result import RunContext
-from harness.specfile import SpecErrors, load_spec_file, parse_spec
+import lockstep.engine.speculative as speculative
+import lockstep.kernels.coins
+from lockstep.engine.speculative import inverse_cdf
+from lockstep.harness.kinds import verify
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
+from lockstep.harness.specfile import SpecErrors, load_spec_file, parse_spec
 
 from tests.speculative.verify_bugs import rejection
-from harness.targets.lockstep import engine
+from lockstep.harness.targets.lockstep import engine
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 VERIFY_IDS = sorted(f"verify/{p.stem}" for p in (SPECS / "verify").glob("*.yaml"))
@@ -168,7 +168,7 @@ def test_greedy_argmax_at_the_child_is_caught(monkeypatch):
 def test_an_unclamped_final_coin_is_caught(monkeypatch):
     """Without the clamp the top hash gives a final coin of exactly 1.0, which the inverse-CDF draw
     refuses: target-only-clamped-final-coin crashes."""
-    monkeypatch.setattr(kernels.coins, "COIN_MAX", 1.0)
+    monkeypatch.setattr(lockstep.kernels.coins, "COIN_MAX", 1.0)
     got = red(T + "clamped-final-coin")
     assert list(got) == [T + "clamped-final-coin"]
     assert "coins must be in [0, 1), got [1.0]" in got[T + "clamped-final-coin"][0]

@@ -9,7 +9,7 @@ independently); each switch puts back one bug:
 
 from __future__ import annotations
 
-from engine.speculative import inverse_cdf
+from lockstep.engine.speculative import inverse_cdf
 
 
 def rejection(ignore_q=False, accept_on_equal=False, residual_is_p=False):

@@ -6,14 +6,14 @@ import pathlib
 import pytest
 import yaml
 
-from harness import cli
-from harness.golden import GoldenStore
-from harness.platform import detect
-from harness.result import RunContext
-from harness.specfile import load_specs, select
-from harness.targets.base import Op, Target
-from harness.targets.expectfile import ExpectationsError, find, load
-from harness.targets.judge import FAIL, PASS, error_facts, run_on_target
+from lockstep.harness import cli
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
+from lockstep.harness.specfile import load_specs, select
+from lockstep.harness.targets.base import Op, Target
+from lockstep.harness.targets.expectfile import ExpectationsError, find, load
+from lockstep.harness.targets.judge import FAIL, PASS, error_facts, run_on_target
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENTRY = ("failures:\n  coins/known-answers:\n    observed: the first line\n    judgement: peer bug\n"
@@ -75,7 +75,7 @@ def test_the_shipped_file_is_found_by_name_and_an_explicit_one_wins(tmp_path):
 
 # --------------------------------------------------------------------------- CLI with a toy target
 def _toy(halved: bool):
-    from kernels.coins import murmur_hash32_torch
+    from lockstep.kernels.coins import murmur_hash32_torch
 
     def bad_hash(seed, pos, col):
         return murmur_hash32_torch(seed, pos, col) // 2
@@ -84,14 +84,14 @@ def _toy(halved: bool):
 
 @pytest.fixture
 def toy(monkeypatch):
-    import harness.targets as targets
+    import lockstep.harness.targets as targets
     made = {}
 
     def get(name):
         if name == "toy":
             return made["target"]
         raise targets.UnknownTarget(name)
-    monkeypatch.setattr("harness.targets.check.get", get)
+    monkeypatch.setattr("lockstep.harness.targets.check.get", get)
     monkeypatch.chdir(ROOT)
     return made
 

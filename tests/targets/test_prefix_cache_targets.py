@@ -9,14 +9,14 @@ import pathlib
 import pytest
 import torch
 
-from engine.prefix_cache import PrefixCache
-from harness.golden import GoldenStore
-from harness.platform import detect
-from harness.result import RunContext
-from harness.specfile import load_specs, select
-from harness.targets import get
-from harness.targets.base import Op, Target
-from harness.targets.judge import FAIL, NA, PASS, TOLERANCE, applicability, run_on_target
+from lockstep.engine.prefix_cache import PrefixCache
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
+from lockstep.harness.specfile import load_specs, select
+from lockstep.harness.targets import get
+from lockstep.harness.targets.base import Op, Target
+from lockstep.harness.targets.judge import FAIL, NA, PASS, TOLERANCE, applicability, run_on_target
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPEC = "prefix-cache/tile-block-chunk-splits"

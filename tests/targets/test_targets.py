@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from harness import cli
-from harness.golden import GoldenStore
-from harness.platform import detect
-from harness.result import RunContext
-from harness.specfile import select
-from harness.targets import get
-from harness.targets.base import Op, Target
-from harness.targets.judge import FAIL, NA, PASS, run_on_target
+from lockstep.harness import cli
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
+from lockstep.harness.specfile import select
+from lockstep.harness.targets import get
+from lockstep.harness.targets.base import Op, Target
+from lockstep.harness.targets.judge import FAIL, NA, PASS, run_on_target
 from tests.repo_specs import repo_specs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def test_lockstep_decode_loop_and_draft_through_the_target_path_pass(spec_id):
 
 
 def test_a_feature_the_target_does_not_declare_is_na_with_its_reason():
-    from harness.targets.judge import applicability
+    from lockstep.harness.targets.judge import applicability
 
     full = get("lockstep").ops["generate"]
     t = Target("toy", "1", ops={"generate": Op(full.fn, full.where, features=frozenset({"batch"}))},
@@ -66,8 +66,8 @@ def test_entry_point_target(tmp_path, monkeypatch, capsys):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyengine\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[lockstep.targets]\ntoy = toy_adapter:target\n")
     (tmp_path / "toy_adapter.py").write_text(
-        "from harness.targets import Op, Target\n"
-        "from kernels.coins import murmur_hash32_torch\n"
+        "from lockstep.harness.targets import Op, Target\n"
+        "from lockstep.kernels.coins import murmur_hash32_torch\n"
         "def target():\n"
         "    return Target('toy', '1.0', ops={'hash': Op(murmur_hash32_torch)})\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -84,7 +84,7 @@ def test_unknown_target_is_a_usage_error(monkeypatch):
 
 
 # --------------------------------------------------------------------------- broken on purpose
-sglang = pytest.importorskip("harness.targets.sglang")
+sglang = pytest.importorskip("lockstep.harness.targets.sglang")
 
 
 def _sglang(edits=None):
@@ -124,8 +124,8 @@ def test_sglang_attention_runs_only_the_asked_query_blocks_with_the_whole_launch
 
     import torch
 
-    from harness.kinds.kernel import kernel_inputs
-    from harness.targets import peer
+    from lockstep.harness.kinds.kernel import kernel_inputs
+    from lockstep.harness.targets import peer
 
     attention = _sglang().ops["attention"].fn
     x = kernel_inputs(repo_specs()["kernels/attention-no-sink"], torch.device("cpu"))
@@ -144,7 +144,7 @@ def test_sglang_attention_runs_only_the_asked_query_blocks_with_the_whole_launch
 
 
 def test_vllm_layer_ids_shifted_by_one_turn_red():
-    vllm = pytest.importorskip("harness.targets.vllm")
+    vllm = pytest.importorskip("lockstep.harness.targets.vllm")
     try:
         good = vllm.load()
     except Exception as e:
@@ -195,7 +195,7 @@ def test_conformance_matrix_is_true(name, tmp_path, monkeypatch, capsys):
 def test_conformance_md_is_its_json():
     """docs/conformance.md is the Markdown `lockstep report` writes from docs/conformance.json, for the
     shipped targets' current versions, with every spec and the judgements of the expectations files."""
-    from harness.targets.check import load_expectations, markdown
+    from lockstep.harness.targets.check import load_expectations, markdown
 
     m = json.loads(DOCS.with_suffix(".json").read_text())
     assert DOCS.read_text() == markdown(m)
@@ -216,8 +216,8 @@ def test_a_speculative_sampler_that_ignores_its_seeds_fails_the_distribution_spe
     checkpoint (and the acceptance bounds) turns red; the default target applies."""
     import torch
 
-    from harness.targets import Result
-    from harness.targets.judge import CHI_SQUARE, applicability
+    from lockstep.harness.targets import Result
+    from lockstep.harness.targets.judge import CHI_SQUARE, applicability
 
     def same_for_every_seed(checkpoint, draft, convention, requests, speculative):
         return [Result([1, 2, 3], torch.zeros(3), "length", accept_lengths=[1, 1, 1]) for _ in requests]
@@ -233,7 +233,7 @@ def test_a_speculative_sampler_that_ignores_its_seeds_fails_the_distribution_spe
 
 
 def test_an_mxfp4_decoder_without_the_sign_bit_and_a_loader_that_accepts_nan_scales_turn_red():
-    from engine.mxfp4 import dequantize
+    from lockstep.engine.mxfp4 import dequantize
 
     t = Target("toy", "1", ops={"mxfp4_decode": Op(lambda b, s, dt: dequantize(b & 0x77, s, dt)),
                                 "load_checkpoint": Op(lambda path: None)})

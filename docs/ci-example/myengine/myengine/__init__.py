@@ -25,28 +25,28 @@ class SamplingRequest:
 
 
 def _engine_request(r: SamplingRequest):
-    from engine.generate import Request
-    from engine.sampling import SamplingParams
+    from lockstep.engine.generate import Request
+    from lockstep.engine.sampling import SamplingParams
 
     return Request(prompt=list(r.prompt), seed=r.seed, params=SamplingParams(**r.sampling))
 
 
 def load(checkpoint: str):
-    from engine.model import GptOssModel
+    from lockstep.engine.model import GptOssModel
     return GptOssModel.from_checkpoint(checkpoint)
 
 
 def generate(model, requests: list[SamplingRequest]):
     """Batched decoding with seeded sampling (the request's seed, Lockstep's coin contract)."""
-    from engine.generate import generate as run
+    from lockstep.engine.generate import generate as run
     return run(model, [_engine_request(r) for r in requests])
 
 
 def speculative(model, draft_dir: str, convention: str, requests: list[SamplingRequest], num_steps: int, topk: int,
                 draft_token_num: int, verify: str, threshold_single: float = 1.0, threshold_acc: float = 1.0):
     """EAGLE3 speculative decoding: tokens, logprobs and the accept length of every verify round."""
-    from engine.eagle3 import load_draft
-    from engine.speculative import SpecParams, speculative_generate
+    from lockstep.engine.eagle3 import load_draft
+    from lockstep.engine.speculative import SpecParams, speculative_generate
 
     draft = load_draft(draft_dir, model, convention=convention)
     params = SpecParams(num_steps=num_steps, topk=topk, draft_token_num=draft_token_num, verify=verify,

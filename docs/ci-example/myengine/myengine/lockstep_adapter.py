@@ -11,8 +11,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import myengine
-from harness.targets import Op, Result, Target
-from harness.targets.base import CPU, CUDA
+from lockstep.harness.targets import Op, Result, Target
+from lockstep.harness.targets.base import CPU, CUDA
 
 
 @functools.lru_cache(maxsize=4)
