@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from harness.cli import main
+from lockstep.harness.cli import main
 from tests.conftest import REPO
 
 ADAPTER = '''
 from pathlib import Path
 
-from harness.targets import Op, Target
-from kernels.coins import murmur_hash32_torch
+from lockstep.harness.targets import Op, Target
+from lockstep.kernels.coins import murmur_hash32_torch
 
 
 def crashing_hash(seeds, positions, columns):
@@ -78,12 +78,12 @@ def test_a_crashing_target_is_one_located_line_and_its_traceback_comes_with_debu
 def test_a_crash_recorded_as_expected_stays_the_same_observed_line(plugins, capsys):
     """The location is not part of the `observed` line an expectations file records (it names a
     path of the machine that ran it): the first line stays `crash: Type: message`."""
-    from harness.golden import GoldenStore
-    from harness.platform import detect
-    from harness.result import RunContext
-    from harness.specfile import load_specs, select
-    from harness.targets import get
-    from harness.targets.judge import FAIL, run_on_target
+    from lockstep.harness.golden import GoldenStore
+    from lockstep.harness.platform import detect
+    from lockstep.harness.result import RunContext
+    from lockstep.harness.specfile import load_specs, select
+    from lockstep.harness.targets import get
+    from lockstep.harness.targets.judge import FAIL, run_on_target
 
     specs, _ = load_specs(plugins / "specs")
     (spec,) = select(specs, ["coins/known-answers"], [])
@@ -128,14 +128,14 @@ def usage_error(result, fragment):
 
 
 def test_plugin_regen_into_a_golden_folder_that_is_a_file(scratch):
-    scratch.makeini("[pytest]\ntestpaths = specs\nlockstep_golden = golden.txt\n")
+    scratch.makeini("[pytest]\ntestpaths = specs\nlockstep_specs = specs\nlockstep_golden = golden.txt\n")
     (scratch.path / "golden.txt").write_text("not a folder")
     usage_error(scratch.runpytest("--lockstep-regen"), "golden.txt")
 
 
 @pytest.mark.parametrize("ini,fragment", [
     ("lockstep_specs = no-such-specs", "no-such-specs (in tox.ini)"),       # resolved against the ini file
-    ("lockstep_golden = no-such-golden", "no-such-golden (in tox.ini)"),
+    ("lockstep_specs = specs\nlockstep_golden = no-such-golden", "no-such-golden (in tox.ini)"),
     ("lockstep_specs = specs/coins/known-answers.yaml", "is not a folder"),
 ])
 def test_plugin_names_a_wrong_ini_value(scratch, ini, fragment):
@@ -143,10 +143,35 @@ def test_plugin_names_a_wrong_ini_value(scratch, ini, fragment):
     usage_error(scratch.runpytest(), fragment)
 
 
-def test_plugin_defaults_stay_quiet_where_there_are_no_specs(pytester):
-    """The plugin is active in every pytest run once installed: a project without specs/ is not an error."""
+OPENAPI = "openapi: 3.1.0\ninfo: {title: pets, version: '1'}\npaths: {}\n"
+
+
+def test_plugin_stays_out_of_a_project_that_did_not_opt_in(pytester):
+    """Installed, the plugin loads into every pytest run: a project with its own specs/*.yaml (an
+    OpenAPI file) and one test runs green, with no item and no warning of Lockstep's."""
+    (pytester.path / "specs").mkdir()
+    (pytester.path / "specs" / "api.yaml").write_text(OPENAPI)
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
-    pytester.runpytest().assert_outcomes(passed=1)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
+    result.assert_outcomes(passed=1)
+    shown = [line for line in result.stdout.lines if not line.startswith("plugins:")]   # pytest lists it there
+    assert not [line for line in shown if "warning" in line.lower() or "lockstep" in line.lower()], shown
+
+
+def test_plugin_collects_the_same_project_once_it_opts_in(pytester):
+    """The planted counterpart: with lockstep_specs set, specs/api.yaml is collected and refused as a
+    spec, so the test above would see it if opting in were not required."""
+    (pytester.path / "specs").mkdir()
+    (pytester.path / "specs" / "api.yaml").write_text(OPENAPI)
+    pytester.makeini("[pytest]\nlockstep_specs = specs\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    assert "missing required key 'kind'" in result.stdout.str(), result.stdout.str()
+
+
+def test_a_lockstep_option_without_a_suite_says_how_to_opt_in(pytester):
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    usage_error(pytester.runpytest("--lockstep-regen"), "no Lockstep suite in this run: set lockstep_specs")
 
 
 @pytest.mark.parametrize("name,fragment", [
@@ -155,7 +180,7 @@ def test_plugin_defaults_stay_quiet_where_there_are_no_specs(pytester):
     ("brokenfactory", "its factory crashed: ModuleNotFoundError: No module named 'no_such_engine_module' (at "),
 ])
 def test_plugin_target_that_cannot_load_is_a_usage_error(scratch, monkeypatch, name, fragment):
-    scratch.makeini("[pytest]\ntestpaths = specs\n")
+    scratch.makeini("[pytest]\ntestpaths = specs\nlockstep_specs = specs\n")
     dist = scratch.path / "hostile_targets-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hostile_targets\nVersion: 1.0\n")
@@ -174,5 +199,5 @@ def test_plugin_device_without_a_gpu_is_one_usage_error(scratch):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    scratch.makeini("[pytest]\ntestpaths = specs\n")
+    scratch.makeini("[pytest]\ntestpaths = specs\nlockstep_specs = specs\n")
     usage_error(scratch.runpytest("--lockstep-device", "cuda"), "--lockstep-device: ")

@@ -9,11 +9,11 @@ import shutil
 import pytest
 import torch
 
-import kernels.moe
-from harness import pairs
-from harness.cli import main
-from harness.golden import GoldenStore
-from harness.pairs import ALL_PAIRS, Pair
+import lockstep.kernels.moe
+from lockstep.harness import pairs
+from lockstep.harness.cli import main
+from lockstep.harness.golden import GoldenStore
+from lockstep.harness.pairs import ALL_PAIRS, Pair
 from tests.conftest import COINS, REPO
 from tests.planted import module_with
 from tests.repo_specs import repo_specs
@@ -190,7 +190,8 @@ def test_pytest_collects_one_item_per_golden_folder(scratch, pytester, monkeypat
     assert main(["regen"]) == 0
     shutil.copytree(scratch / "specs", pytester.path / "specs")
     shutil.copytree(scratch / "golden", pytester.path / "golden")
-    pytester.makeini("[pytest]\ntestpaths = specs\n")
+    pytester.makeini("[pytest]\ntestpaths = specs\nlockstep_specs = specs\n")
+    monkeypatch.chdir(pytester.path)
     result = pytester.runpytest("--collect-only", "-q")
     result.stdout.fnmatch_lines(["specs/coins/c.yaml::coins/c", "specs/mxfp4/nan.yaml::mxfp4/nan[[]shared[]]",
                                  "specs/mxfp4/nan.yaml::mxfp4/nan[[]cpu-fp32-triton[]]", "*5 tests collected*"])
@@ -229,7 +230,7 @@ def truncating_bf16_casts(monkeypatch):
 
 
 def test_a_bug_of_the_bf16_policy_alone_turns_plain_check_red(capsys, monkeypatch):
-    from harness.checkpoints import checkpoint_dir
+    from lockstep.harness.checkpoints import checkpoint_dir
 
     checkpoint_dir("tiny", 0, "bf16")                       # made before the plant (it casts to bf16 itself)
     truncating_bf16_casts(monkeypatch)
@@ -242,9 +243,9 @@ def test_a_bug_of_an_interpreted_engine_kernel_alone_turns_plain_check_red(capsy
     """The grouped gate_up kernel (the engine's triton ops; also pinned by the kernels/experts-*
     specs, which plain `check` runs on the fp32-triton pair too) skips expert 0's blocks as if they
     were unused."""
-    buggy = module_with(kernels.moe, {"    if e >= 0:                                                           # program-uniform":
+    buggy = module_with(lockstep.kernels.moe, {"    if e >= 0:                                                           # program-uniform":
                                       "    if e > 0:"}, tmp_path)
-    monkeypatch.setattr(kernels.moe, "_grouped_gate_up_kernel", buggy._grouped_gate_up_kernel)
+    monkeypatch.setattr(lockstep.kernels.moe, "_grouped_gate_up_kernel", buggy._grouped_gate_up_kernel)
     report = check_json(capsys, monkeypatch, "generate/interpreter-mxfp4")
     assert report["exit_code"] == 1
     got = statuses(report)
@@ -255,11 +256,11 @@ def test_a_bug_of_an_interpreted_engine_kernel_alone_turns_plain_check_red(capsy
 def test_the_in_kernel_mxfp4_decode_without_its_nan_scale_turns_plain_check_red(capsys, monkeypatch, tmp_path):
     """The tile decode the grouped-expert and matmul kernels share, with scale 255 decoded as an
     ordinary exponent (2^128: inf for nonzero codes, 0 for code 0) instead of NaN."""
-    import kernels.matmul
+    import lockstep.kernels.matmul
 
-    buggy = module_with(kernels.matmul, {'    return tl.where(scale == 255, float("nan"), value)': "    return value"},
+    buggy = module_with(lockstep.kernels.matmul, {'    return tl.where(scale == 255, float("nan"), value)': "    return value"},
                         tmp_path)
-    monkeypatch.setattr(kernels.matmul, "_mxfp4_decode_kernel", buggy._mxfp4_decode_kernel)
+    monkeypatch.setattr(lockstep.kernels.matmul, "_mxfp4_decode_kernel", buggy._mxfp4_decode_kernel)
     report = check_json(capsys, monkeypatch, "mxfp4/scale-255-nan")
     assert report["exit_code"] == 1
     got = statuses(report)

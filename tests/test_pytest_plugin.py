@@ -16,7 +16,7 @@ def scratch(pytester, monkeypatch):
     (pytester.path / "specs/coins").mkdir(parents=True)
     for name in SPECS:
         shutil.copy(REPO / f"specs/coins/{name}.yaml", pytester.path / "specs/coins")
-    pytester.makeini("[pytest]\ntestpaths = specs\n")
+    pytester.makeini("[pytest]\ntestpaths = specs\nlockstep_specs = specs\n")
     return pytester
 
 
@@ -72,8 +72,8 @@ def test_works_under_xdist(scratch):
 TOY_ADAPTER = '''
 from pathlib import Path
 
-from harness.targets import Op, Target
-from kernels.coins import murmur_hash32_torch, verify_coins
+from lockstep.harness.targets import Op, Target
+from lockstep.kernels.coins import murmur_hash32_torch, verify_coins
 
 
 def halved_coins(seeds, seq_lens, n):        # a peer bug, on purpose
@@ -142,7 +142,7 @@ def test_target_items_are_judged_against_its_expectations(toy):
         "FAILED specs/coins/known-answers.yaml::coins/known-answers*",
     ])
     # `lockstep check --target toy` gives the same judgement
-    from harness.cli import main
+    from lockstep.harness.cli import main
     assert main(["check", "--target", "toy", "--device", "cpu"]) == 1
 
 
@@ -180,7 +180,7 @@ def test_a_yml_file_is_a_failing_item_not_skipped(scratch):
 
 
 def test_regen_refused_while_another_regen_holds_the_goldens(scratch):
-    from harness.golden import GoldenStore
+    from lockstep.harness.golden import GoldenStore
 
     with GoldenStore(scratch.path / "golden").writer_lock():
         result = scratch.runpytest("--lockstep-regen")
@@ -194,7 +194,7 @@ def test_slow_specs_are_marked_by_the_ini_list_and_still_run_by_default(scratch)
     and a plain run runs every spec; the list lives in the ini file (a spec's tags are hashed into
     its goldens). A glob naming no spec is warned about."""
     scratch.runpytest("--lockstep-regen").assert_outcomes(passed=2)
-    scratch.makeini("[pytest]\ntestpaths = specs\nlockstep_slow =\n    coins/top-*  # the costly one\n"
+    scratch.makeini("[pytest]\ntestpaths = specs\nlockstep_specs = specs\nlockstep_slow =\n    coins/top-*  # the costly one\n"
                     "    coins/no-such-spec\n")
     quick = scratch.runpytest("-m", "not slow", "-rA")
     quick.assert_outcomes(passed=1, deselected=1)
@@ -212,7 +212,7 @@ def test_the_projects_slow_list_names_only_specs_that_exist():
     import tomllib
     from fnmatch import fnmatchcase
 
-    from harness.specfile import spec_files, spec_id_for
+    from lockstep.harness.specfile import spec_files, spec_id_for
 
     ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     globs = [g.split("#")[0].strip() for g in ini["lockstep_slow"]]

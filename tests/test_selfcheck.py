@@ -10,11 +10,11 @@ import textwrap
 import pytest
 import torch
 
-from harness import compare, golden, runner, selfcheck
-from harness.cli import main
-from harness.platform import detect
-from harness.result import RunContext
-from harness.specfile import load_specs
+from lockstep.harness import compare, golden, runner, selfcheck
+from lockstep.harness.cli import main
+from lockstep.harness.platform import detect
+from lockstep.harness.result import RunContext
+from lockstep.harness.specfile import load_specs
 
 _bits = compare._bits
 
@@ -104,7 +104,8 @@ def test_the_pytest_plugin_refuses_specs_under_a_broken_comparator(pytester, mon
     shutil.copy(REPO / "specs/coins/known-answers.yaml", specs)
     shutil.copytree(REPO / "golden/shared/coins", pytester.path / "golden/shared/coins",
                     ignore=lambda d, names: [n for n in names if not n.startswith("known-answers")])
-    pytester.makeconftest("import torch\nfrom harness import compare\n_b = compare._bits\n"
+    pytester.makeini("[pytest]\nlockstep_specs = specs\n")
+    pytester.makeconftest("import torch\nfrom lockstep.harness import compare\n_b = compare._bits\n"
                           "compare._bits = lambda t: _b(t.detach().contiguous().cpu() + 0.0 "
                           "if t.dtype.is_floating_point else t)\n")
     monkeypatch.setenv("PYTHONPATH", str(REPO))        # this checkout's harness, in the subprocess too
