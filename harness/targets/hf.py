@@ -14,14 +14,27 @@ import functools
 
 import torch
 
-from harness.targets import peer
-from harness.targets.base import CPU, CUDA, NotApplicable, Op, Target
+from lockstep.harness.targets import peer
+from lockstep.harness.targets.base import CPU, CUDA, NotApplicable, Op, Target
+
+
+def load_model(path: str, dtype: torch.dtype = torch.float32):
+    """GptOssForCausalLM from a checkpoint folder, eager attention, MXFP4 experts dequantized by
+    transformers itself: with Hugging Face's `kernels` package installed, transformers would
+    otherwise fetch Triton kernels from the Hub at load time (nothing here may reach a network)."""
+    import json
+    from pathlib import Path
+
+    from transformers import GptOssForCausalLM, Mxfp4Config
+    config = json.loads((Path(path) / "config.json").read_text())
+    mxfp4 = (config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+    extra = {"quantization_config": Mxfp4Config(dequantize=True)} if mxfp4 else {}
+    return GptOssForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **extra).eval()
 
 
 @functools.lru_cache(maxsize=4)
 def _model(path: str):
-    from transformers import GptOssForCausalLM
-    return GptOssForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    return load_model(path)
 
 
 def capture(checkpoint, prompt, boundaries):

@@ -18,11 +18,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from engine.checkpoint import make_checkpoint  # noqa: E402
-from engine.generate import Request, generate  # noqa: E402
-from engine.model import GptOssModel  # noqa: E402
-from kernels.rmsnorm import rms_norm_portable as rms_norm  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
+from lockstep.engine.checkpoint import make_checkpoint  # noqa: E402
+from lockstep.engine.generate import Request, generate  # noqa: E402
+from lockstep.engine.model import GptOssModel  # noqa: E402
+from lockstep.kernels.rmsnorm import rms_norm_portable as rms_norm  # noqa: E402
+from lockstep.engine.sampling import SamplingParams  # noqa: E402
 
 from tests.engine.helpers import prefill, random_prompt  # noqa: E402
 
@@ -30,9 +30,8 @@ ATOL = RTOL = 1e-4
 
 
 def load_hf(path):
-    from transformers import GptOssForCausalLM
-    model = GptOssForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
-    return model.eval()
+    from lockstep.harness.targets.hf import load_model
+    return load_model(str(path))
 
 
 def check_against_hf(ours: GptOssModel, hf, prompt):
