@@ -34,10 +34,17 @@ def red(pin, *args) -> None:
 def pin_exit_order(CheckSession) -> None:
     """Where several apply, the exit code is the first of 2 (spec error), 1 (a failing outcome),
     4 (INCOMPARABLE), 3 (MISSING) (docs/cli.md)."""
-    def code(statuses, errors=()):
-        s = CheckSession(golden=None, strict=False, specs=[], errors=list(errors))
+    def code(statuses, errors=(), strict=False, stale=(), temps=()):
+        s = CheckSession(golden=None, strict=strict, specs=[], errors=list(errors))
         s.outcomes = [SimpleNamespace(status=st) for st in statuses]
+        s.stale, s.temps = list(stale), list(temps)
         return s.exit_code()
+
+    # --strict: a stale golden or a leftover temporary file is a failure (1), each alone; never without it
+    assert code([runner.PASS], strict=True, stale=["cpu-fp32/x"]) == 1
+    assert code([runner.MISSING], strict=True, temps=["golden/.x.tmp"]) == 1
+    assert code([runner.PASS], strict=True) == 0
+    assert code([runner.PASS], stale=["cpu-fp32/x"], temps=["golden/.x.tmp"]) == 0
 
     assert code([runner.PASS]) == 0
     assert code([runner.MISSING, runner.INCOMPARABLE, runner.MISMATCH]) == 1
