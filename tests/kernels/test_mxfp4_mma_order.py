@@ -108,6 +108,7 @@ def test_the_policy_is_compiled_prefills_only(monkeypatch):
     assert not mxfp4_dense(10 ** 6, 32, torch.float32)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled MMAs' order needs a GPU")
 def test_a_prefill_as_dense_tiles_has_the_mxfp4_bits(monkeypatch):
     """gpt-oss-20b's H = I = 2880 (gate_up's 45 whole steps; down's 8 chunks of 360: five whole

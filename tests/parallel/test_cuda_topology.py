@@ -18,6 +18,7 @@ from lockstep.engine.parallel import generate_at, transport
 
 from tests.parallel import scenarios
 
+pytestmark = pytest.mark.gpu      # every test here runs ranks on CUDA GPUs (docs/contributing.md)
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 needs_gpus = lambda n: pytest.mark.skipif(GPUS < n, reason=f"needs {n} CUDA GPU(s), found {GPUS}")  # noqa: E731
 
