@@ -251,6 +251,26 @@ def sample_with(logits: torch.Tensor, settings: RowSettings, positions: torch.Te
     return tokens
 
 
+def decision_scores(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor) -> torch.Tensor:
+    """The scores whose first maximum is `sample_with`'s token, [R, V] float64: a greedy row's
+    logits, a seeded row's masked log-probabilities plus its Gumbel noise (-inf where masked).
+    Their top-1 minus top-2 is how near the choice was to another token (a near-tie)."""
+    scores = logits.to(torch.float64).clone()
+    if settings.rows is None:
+        return scores
+    if settings.unseeded:
+        raise ValueError("decision_scores: a request without a seed has no reproducible scores")
+    V, dev = logits.shape[1], logits.device
+    z = _scaled_rows(logits, settings)
+    keep = _keep_rows(z, settings)
+    if keep is not None:
+        z = torch.where(keep, z, float("-inf"))
+    cols = SAMPLE_COLUMNS + torch.arange(V, dtype=torch.int64, device=dev)
+    noise = gumbel_noise(settings.seeds, positions.index_select(0, settings.seeded_rows), cols)
+    scores[settings.rows] = portable.log_softmax(z, dim=-1) + noise
+    return scores
+
+
 def sample_fused(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor):
     """sample_with and chosen_logprobs in one kernels.sampling launch (settings.fused set):
     -> (tokens [R] int64, logprobs [R] fp32); the filter masks, where a row has one, come from

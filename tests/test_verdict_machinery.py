@@ -172,7 +172,7 @@ def test_changed_failure_is_unjudged(tmp_path):
 
 
 def test_changed_failure_is_unjudged_planted(tmp_path):
-    planted = module_with(expectfile, {'was["observed"] == o.message and ': ""}, tmp_path)
+    planted = module_with(expectfile, {'same(was["observed"], o.message) and ': ""}, tmp_path)
     red(pin_changed_failure_is_unjudged, planted.write, tmp_path)
 
 

@@ -16,7 +16,7 @@ from lockstep.harness.commands.selection import context, golden_exists, golden_i
 from lockstep.harness.commands.session import CheckSession
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
-from lockstep.harness.targets.check import check_against_expectations, target_for
+from lockstep.harness.targets.check import check_against_expectations, target_context, target_for
 
 
 def cmd_check(args, explain: bool = False) -> int:
@@ -29,6 +29,7 @@ def cmd_check(args, explain: bool = False) -> int:
     runner.self_check()  # a comparator or loader that calls -0.0 == 0.0 would pass everything: refuse first
     target = target_for(args.target, ctx)     # lockstep: its engine, judged against the goldens below
     if not target.has_goldens:                # another implementation: against its expectations
+        ctx = target_context(target, args, ctx)
         return check_against_expectations(target, args, specs, errors, ctx, explain,
                                           Progress(len(specs), lines=args.json))
     session = CheckSession(args.golden, args.strict, specs, errors, rows=plan(args, specs, ctx))

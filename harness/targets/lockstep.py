@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, RNG_COINS, Op, Target
+from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, PROPERTIES, RNG_COINS, Op, Target
 from lockstep.harness.targets.lockstep_run import PrefixSession, draft_stages, run_ops
 
 
@@ -153,6 +153,7 @@ def load() -> Target:
         description="Lockstep's own kernels (Triton) and reference engine: the default target",
         conventions=("boundary", "sglang", "output-index"),
         rng=RNG_COINS,
+        claims=frozenset(PROPERTIES),          # D1-D4 hold for Lockstep's engine: the goldens prove them
         ops={
             "hash": Op(_hash, every, "lockstep.kernels.coins.murmur_hash32_torch"),
             "verify_coins": Op(_verify_coins, every, "lockstep.kernels.coins.verify_coins"),
