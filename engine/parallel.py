@@ -54,6 +54,7 @@ from pathlib import Path
 
 import torch
 
+from lockstep.engine import world
 from lockstep.engine.checkpoint import read_tensor
 from lockstep.engine.rank_weights import RankShare, held_bytes, load_rank
 from lockstep.engine.distributed import ParallelContext, Topology, UnsupportedTopology, invariant_sum
@@ -228,7 +229,8 @@ def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -
 def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | torch.device, timeout_s: float,
            collective_timeout_s: float, what: str, trace=None, *, held: tuple[str, str] = ("fp32", "triton")) -> list:
     """fn(ParallelContext, *args, trace) on every rank of `topology` -> rank 0's result, once every
-    rank returned the same bits. device "cpu": gloo, one process per rank; "cuda": rank r on GPU
+    rank returned the same bits. Under torchrun (engine.world) the ranks are its world's; else
+    Lockstep's launcher starts them here. device "cpu": gloo, one process per rank; "cuda": rank r on GPU
     r mod G, NCCL when every rank has its own GPU, else gloo over host copies (engine.launch.plan;
     `transport`). A CUDA topology whose ranks would not fit their GPU's free memory is refused up
     front, with the estimate (`held`: the ranks' dtype policy and backend, which set what a rank
@@ -239,12 +241,15 @@ def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | 
     from lockstep.engine.launch import launch
     topology.check(GptOssConfig.from_json_file(Path(ckpt) / "config.json"))   # before any process starts
     device = torch.device(device)
-    problem = missing_gpus(topology, device) or memory_problem(topology, ckpt, device, *held)
+    problem = (missing_gpus(topology, device) or world.world_problem(topology.world_size)
+               or memory_problem(topology, ckpt, device, *held))
     if problem:
         raise UnsupportedTopology(f"topology {topology} {problem}")
     args = args + (trace,)
     if topology.world_size == 1:
         per_rank = [fn(ParallelContext(topology, device=device), *args)]
+    elif world.joined():                 # ranks torchrun started: the same entry point, on its world
+        per_rank = world.run(_on_rank, (fn, topology, args), device.type)
     else:
         per_rank = launch(_on_rank, topology.world_size, args=(fn, topology, args), device=device.type,
                           timeout_s=timeout_s, collective_timeout_s=collective_timeout_s)
