@@ -3,7 +3,8 @@ and EP 2 / 4, as ratios to TP 1.
 
 Each topology's rank 0 is built in a fresh process (`load_rank`, GptOssModel on --device, then
 `as_rank`; no process group is needed to hold the weights): its peak host memory is the process's
-peak RSS (VmHWM) above its RSS after the imports, its device memory torch's peak allocation (CUDA only),
+peak RSS (VmHWM) above its RSS after the imports once every weight has been read (safetensors maps
+the file: a weight taken as stored is resident only once used), its device memory torch's peak allocation (CUDA only),
 and `held` is engine.rank_weights.held_bytes, what memory_problem counts. The target: a ratio of
 about 1/N plus the replicated share (norms, router, the biases; under EP also attention, the
 embedding and lm_head, which every EP group holds whole).
@@ -99,11 +100,22 @@ def measure_rank(ckpt: str, tp: int, ep: int, dtype: str, device: str, before: b
         config, weights = load_rank(ckpt, topology, 0, windows=device == "cpu")
         model = parallel.as_rank(GptOssModel(config, weights, device=device, dtype=dtype), ctx)
     del weights
+    for t in _held_tensors(model):          # every page read once: a weight still mapped from the file
+        t.view(torch.uint8).max()           # (read lazily by safetensors) counts once it is used
     peak_host = _peak_rss() - base
     dev = torch.cuda.max_memory_allocated() if device == "cuda" else None
     assert model.comm is not None
     return {"host": peak_host, "device": dev,
             "held": held_bytes(ckpt, topology, 0, dtype, windows=device == "cpu")}
+
+
+def _held_tensors(model):
+    yield from (model.embed, model.lm_head, model.norm)
+    for b in model.blocks:
+        yield from (b.attn.qkv_w, b.attn.qkv_b, b.attn.o_w, b.attn.o_b, b.attn.norm, b.attn.sinks)
+        for w in (b.mlp.gate_up_w, b.mlp.down_w):
+            yield from ((w.blocks, w.scales) if hasattr(w, "blocks") else (w,))
+        yield from (b.mlp.gate_up_b, b.mlp.down_b, b.mlp.norm, b.mlp.router_w, b.mlp.router_b)
 
 
 def _child(args) -> dict:
