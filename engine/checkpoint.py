@@ -177,31 +177,10 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, packed
     config, float_dtype = _read_config(path)
     files = _tensor_files(path)
 
-    expected = expected_tensors(config, config.is_mxfp4)
-    other_format = expected_tensors(config, not config.is_mxfp4)
-    missing = [n for n in expected if n not in files]
-    unexpected = [n for n in files if n not in expected]
-    if missing or unexpected:
-        hint = ""
-        if missing and all(n in other_format for n in unexpected) and unexpected:
-            fmt = "MXFP4" if config.is_mxfp4 else "unquantized"
-            hint = (f" (config.json says {fmt} experts, but the tensors look like the other format: "
-                    "check quantization_config)")
-        raise CheckpointError(f"checkpoint {path} does not match its config.json{hint}: "
-                              f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
-                              f"unexpected tensors {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-
     raw: dict[str, torch.Tensor] = {}
     for shard in sorted(set(files.values())):
         raw.update(_read_shard(shard))
-    for name, (shape, kind) in expected.items():
-        t, where = raw[name], files[name]
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"{where}: tensor {name}: shape {tuple(t.shape)}, but config.json implies {shape}")
-        want = torch.uint8 if kind == "uint8" else float_dtype
-        if t.dtype != want:
-            why = "MXFP4 blocks and scales are uint8" if kind == "uint8" else "config.json's torch_dtype implies it"
-            raise CheckpointError(f"{where}: tensor {name}: dtype {t.dtype}, expected {want} ({why})")
+    check_layout(path, config, float_dtype, files, {n: (tuple(t.shape), t.dtype) for n, t in raw.items()})
 
     for name, t in raw.items():
         if name.endswith("_scales"):
@@ -217,6 +196,45 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, packed
         elif not name.endswith("_scales"):
             weights[name] = t.to(dtype)
     return config, weights
+
+
+def read_tensor(path: str | Path, name: str) -> torch.Tensor:
+    """One tensor of a checkpoint folder, as stored (its shard alone is opened)."""
+    files = _tensor_files(Path(path))
+    if name not in files:
+        raise CheckpointError(f"{path}: no tensor {name}")
+    try:
+        with safe_open(files[name], framework="pt") as f:
+            return f.get_tensor(name)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{files[name]}: not a readable safetensors file ({e})") from None
+
+
+def check_layout(path: Path, config: GptOssConfig, float_dtype: torch.dtype, files: dict[str, Path],
+                 found: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+    """CheckpointError unless the tensors `found` (name -> (shape, dtype)) are exactly those
+    config.json implies, with its shapes and dtypes (floats in `float_dtype`, MXFP4 in uint8)."""
+    expected = expected_tensors(config, config.is_mxfp4)
+    other_format = expected_tensors(config, not config.is_mxfp4)
+    missing = [n for n in expected if n not in files]
+    unexpected = [n for n in files if n not in expected]
+    if missing or unexpected:
+        hint = ""
+        if missing and all(n in other_format for n in unexpected) and unexpected:
+            fmt = "MXFP4" if config.is_mxfp4 else "unquantized"
+            hint = (f" (config.json says {fmt} experts, but the tensors look like the other format: "
+                    "check quantization_config)")
+        raise CheckpointError(f"checkpoint {path} does not match its config.json{hint}: "
+                              f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+                              f"unexpected tensors {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    for name, (shape, kind) in expected.items():
+        (got_shape, got_dtype), where = found[name], files[name]
+        if tuple(got_shape) != shape:
+            raise CheckpointError(f"{where}: tensor {name}: shape {tuple(got_shape)}, but config.json implies {shape}")
+        want = torch.uint8 if kind == "uint8" else float_dtype
+        if got_dtype != want:
+            why = "MXFP4 blocks and scales are uint8" if kind == "uint8" else "config.json's torch_dtype implies it"
+            raise CheckpointError(f"{where}: tensor {name}: dtype {got_dtype}, expected {want} ({why})")
 
 
 def refuse_nan_scales(name: str, scales: torch.Tensor) -> None:

@@ -155,10 +155,11 @@ def _dense(weight) -> torch.Tensor:
     return weight.to(torch.float32)
 
 
-def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w: torch.Tensor, gate_up_b: torch.Tensor,
-                       down_w: torch.Tensor, bounds, expert_lo: int, n_local: int, alpha: float,
+def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor,
+                       down_w, bounds, expert_lo: int, n_local: int, alpha: float,
                        limit: float) -> torch.Tensor:
-    """The torch implementation for a sharded model (module docstring); dense weights only."""
+    """The torch implementation for a sharded model (module docstring); packed weights (Mxfp4Weight,
+    Mxfp4Columns) are decoded one routed expert at a time, exactly, into x's dtype."""
     T, H = x.shape
     k = top_ids.shape[1]
     bounds = list(bounds)
@@ -170,7 +171,15 @@ def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w: torch.
         if rows.numel() == 0:
             continue
         xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))           # [n, H]
-        h = linear_portable(xe, gate_up_w[e], gate_up_b[e])                                   # [n, 2I']
-        for c, p in enumerate(linear_chunks_portable(h, down_w[e], bounds, prologue=act, x_per_k=2)):   # SwiGLU per chunk
+        h = linear_portable(xe, _one_expert(gate_up_w, e, x.dtype), gate_up_b[e])            # [n, 2I']
+        down = _one_expert(down_w, e, x.dtype)
+        for c, p in enumerate(linear_chunks_portable(h, down, bounds, prologue=act, x_per_k=2)):   # SwiGLU per chunk
             parts[c].index_copy_(0, rows, p)
     return parts
+
+
+def _one_expert(weight, e: int, dtype: torch.dtype) -> torch.Tensor:
+    """Local expert e's dense [N, K] weights: a dense tensor's row, or packed ones decoded (exact)."""
+    if isinstance(weight, torch.Tensor):
+        return weight[e]
+    return weight.rows(torch.tensor([e], device=weight.blocks.device), dtype)[0]

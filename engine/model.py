@@ -71,13 +71,13 @@ from lockstep.engine.boundaries import gather_captured
 from lockstep.engine.config import GptOssConfig
 from lockstep.engine.kv_cache import KVCache
 from lockstep.engine.linear import k_chunk_bounds, tree_sum
-from lockstep.engine.mxfp4 import Mxfp4Weight
+from lockstep.engine.mxfp4 import Mxfp4Columns, Mxfp4Weight
 from lockstep.engine.ops import BACKENDS, Ops, ops_for  # noqa: F401  (BACKENDS: read by bench/e2e.py)
 from lockstep.engine.rope import rope_cos_sin, rope_frequencies
 from lockstep.engine.trace import Recorder
 from lockstep.kernels.rope import apply_rope_portable
 
-ExpertWeight = Union[torch.Tensor, Mxfp4Weight]     # dense [E, N, K], or MXFP4 packed
+ExpertWeight = Union[torch.Tensor, Mxfp4Weight, Mxfp4Columns]     # dense [E, N, K], or MXFP4 packed
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}    # dtype policy -> storage dtype
 
@@ -361,10 +361,13 @@ class GptOssModel:
 
     def _expert_weight(self, weights: dict[str, torch.Tensor], name: str) -> "ExpertWeight":
         """Experts as [E, out, in]: MXFP4 stays packed (HF already stores blocks as [E, out, in/32,
-        16]); a dense HF tensor ([E, in, out], x @ W) is transposed, in the policy's dtype."""
+        16]), and so does a rank's window of it (Mxfp4Columns, engine.rank_weights); a dense HF
+        tensor ([E, in, out], x @ W) is transposed, in the policy's dtype."""
         if name + "_blocks" in weights:
             return Mxfp4Weight(weights[name + "_blocks"].to(self.device).contiguous(),
                                weights[name + "_scales"].to(self.device).contiguous())
+        if isinstance(weights[name], Mxfp4Columns):
+            return weights[name].to(self.device)
         return weights[name].to(self.device, self.act).transpose(1, 2).contiguous()
 
     @classmethod

@@ -263,7 +263,7 @@ def main(argv=None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         try:
-            code = args.func(args)
+            code = _in_world(args)
         except ModuleNotFoundError as e:         # a third-party dependency missing: name it and its install
             missing = _missing_package(e)
             if missing is None:
@@ -288,6 +288,22 @@ def main(argv=None) -> int:
         print(f"lockstep: internal error: {located(e)}" + ("" if args.debug else "; --debug shows the traceback"),
               file=sys.stderr)
         return EXIT_MISMATCH
+
+
+def _in_world(args) -> int:
+    """args.func(args); where torchrun started this process, as a rank of its world
+    (lockstep.engine.world): rank 0 runs the command and reports, the others serve its topologies."""
+    from lockstep.engine.world import started_by_torchrun
+    if not started_by_torchrun():
+        return args.func(args)
+    from lockstep.engine import world
+    rank, _ = world.join()
+    if rank != 0:
+        return world.serve()
+    try:
+        return args.func(args)
+    finally:
+        world.finish()
 
 
 # Modules whose pip package has another name; any other third-party module is its own package's name.

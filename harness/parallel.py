@@ -40,7 +40,8 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
                waiting: Callable[[int, str], None] | None = None) -> Iterator[runner.Outcome]:
     """Yield each row's Outcome in the rows' order, from `jobs` processes (None: default_jobs());
     `waiting(i, spec id)` (1-based) is called before the i-th is awaited (the live progress line)."""
-    jobs = min(jobs or default_jobs(), len(rows))
+    from lockstep.engine.world import joined
+    jobs = 1 if joined() else min(jobs or default_jobs(), len(rows))     # torchrun's ranks serve this process
     keep_freed_memory()                       # this process's rows (serial), and the workers' parent
     if jobs <= 1:
         for i, (spec, ctx, _) in enumerate(rows, 1):

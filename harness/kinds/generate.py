@@ -267,6 +267,7 @@ def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
     be split over; the splits it cannot take are listed (with the constraint) instead of run."""
     from lockstep.engine.distributed import Topology
     from lockstep.engine.parallel import missing_gpus
+    from lockstep.engine.world import world_problem
 
     wanted = [tuple(t) for t in spec.inputs["topologies"] or []]
     skipped = []
@@ -279,7 +280,8 @@ def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
                 skipped.append(f"tp={tp} ep={ep}: " + "; ".join(problems) + " (unsupported split)")
             else:
                 wanted.append((tp, ep))
-    missing = {t: missing_gpus(Topology(*t), ctx.device) for t in wanted}   # CUDA: at least one GPU
+    missing = {t: missing_gpus(Topology(*t), ctx.device) or world_problem(t[0] * t[1])   # CUDA: a GPU;
+               for t in wanted}                                                           # torchrun: its size
     skipped += [f"tp={tp} ep={ep}: {why}" for (tp, ep), why in missing.items() if why]
     return [t for t in wanted if not missing[t]], skipped
 
