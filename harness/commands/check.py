@@ -29,7 +29,7 @@ def cmd_check(args, explain: bool = False) -> int:
     runner.self_check()  # a comparator or loader that calls -0.0 == 0.0 would pass everything: refuse first
     target = target_for(args.target, ctx)     # lockstep: its engine, judged against the goldens below
     if not target.has_goldens:                # another implementation: against its expectations
-        ctx = target_context(target, args, ctx)
+        target, ctx = target_context(target, args, ctx)
         return check_against_expectations(target, args, specs, errors, ctx, explain,
                                           Progress(len(specs), lines=args.json))
     session = CheckSession(args.golden, args.strict, specs, errors, rows=plan(args, specs, ctx))

@@ -204,6 +204,8 @@ class Target:
     refusals: tuple[type, ...] = ()                          # its engine's own clean-refusal exception types
     rng: str | None = None                                   # its seeded sampling's RNG model (RNG_MODELS)
     dtype: str = "fp32"                                      # its dtype policy: the calibrated judge's bound
+    dtypes: tuple[str, ...] = ()                             # other policies it can run, through at_dtype
+    at_dtype: Callable[[str], "Target"] | None = None        # the same target at another of its dtypes
     claims: frozenset[str] = frozenset()                     # the engine properties it promises (PROPERTIES)
     # What a check of this target is judged against: True for Lockstep's engine under a run's
     # settings (harness/targets/lockstep.py: engine(ctx)), whose results are the goldens, compared

@@ -126,17 +126,20 @@ def target_for(name: str, ctx) -> TargetInterface:
 
 
 def target_context(target: TargetInterface, args, ctx):
-    """The run context of a target: its declared dtype policy unless --dtype names the same one
-    (the calibrated judge compares it with the reference at that policy; docs/targets.md)."""
+    """(the target at the run's dtype policy, the run context): its declared policy, or the one
+    --dtype names where the target offers it (`Target.dtypes`); the calibrated judge compares it
+    with the reference at that policy (docs/targets.md)."""
     declared = getattr(target, "dtype", "fp32")
     if args.dtype is not None and args.dtype != declared:
-        raise _usage(f"--dtype {args.dtype}: {target.label} declares the {declared} policy (Target.dtype); its "
-                     f"outputs are judged at the policy it runs")
-    if ctx.platform.dtype == declared:
-        return ctx
-    args.dtype = declared
+        if args.dtype not in getattr(target, "dtypes", ()) or getattr(target, "at_dtype", None) is None:
+            raise _usage(f"--dtype {args.dtype}: {target.label} runs the {declared} policy only (Target.dtype, "
+                         f"Target.dtypes); its outputs are judged at the policy it runs")
+        target = target.at_dtype(args.dtype)
+    args.dtype = target.dtype
+    if ctx.platform.dtype == target.dtype:
+        return target, ctx
     from lockstep.harness.commands.selection import context
-    return context(args)
+    return target, context(args)
 
 
 def reproduce(args, target: TargetInterface, spec_id: str) -> str:
