@@ -250,8 +250,10 @@ def random_weights(config, device, seed=SEED):
 
 
 def dense_experts(packed):
-    """The packed experts dequantized (exactly) to bf16 in HF's dense layout [E, in, out],
-    one expert at a time so the fp32 intermediates stay small."""
+    """The packed experts dequantized (exactly) to bf16, one expert at a time so the fp32
+    intermediates stay small, stored once in the model's layout [E, out, in] and handed over as
+    HF's [E, in, out] view of it: a bf16 model's transpose back is that storage, not a copy (the
+    20b shape's experts are ~38 GB: two copies would not fit an 80 GB card)."""
     dense = {}
     for name, blocks in packed.items():
         if not name.endswith("_blocks"):
@@ -259,10 +261,10 @@ def dense_experts(packed):
         base = name[: -len("_blocks")]
         scales = packed[base + "_scales"]
         E, out_dim, groups = scales.shape
-        w = torch.empty((E, groups * mxfp4.BLOCK, out_dim), dtype=torch.bfloat16, device=blocks.device)
+        w = torch.empty((E, out_dim, groups * mxfp4.BLOCK), dtype=torch.bfloat16, device=blocks.device)
         for e in range(E):
-            w[e] = mxfp4.dequantize(blocks[e], scales[e], torch.bfloat16).t()   # [out, in] -> [in, out]
-        dense[base] = w
+            w[e] = mxfp4.dequantize(blocks[e], scales[e], torch.bfloat16)       # [out, in]
+        dense[base] = w.transpose(1, 2)                                          # HF's [E, in, out], a view
     return dense
 
 

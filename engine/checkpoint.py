@@ -166,11 +166,13 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, packed_mxfp4: bool = False
+def load_checkpoint(path: str | Path, dtype: torch.dtype | None = torch.float32, packed_mxfp4: bool = False
                     ) -> tuple[GptOssConfig, dict[str, torch.Tensor]]:
-    """-> (config, weights): HF names, unquantized expert layout, `dtype` (default fp32).
-    `packed_mxfp4`: MXFP4 experts come back as they are stored (`*_blocks`, `*_scales` uint8,
-    checked), for a model that decodes them in its kernels (engine.model)."""
+    """-> (config, weights): HF names, unquantized expert layout, `dtype` (default fp32; None: as
+    stored, for a model that converts each tensor once to its final dtype). `packed_mxfp4`: MXFP4
+    experts come back as they are stored (`*_blocks`, `*_scales` uint8, checked), for a model that
+    decodes them in its kernels (engine.model). Each stored tensor is released as it is converted,
+    so the host never holds the checkpoint twice."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json")
@@ -186,15 +188,17 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, packed
         if name.endswith("_scales"):
             refuse_nan_scales(name, t)
     weights: dict[str, torch.Tensor] = {}
-    for name, t in raw.items():
+    for name in sorted(raw, key=lambda n: n.endswith("_scales")):     # a block's scales outlive it
+        t = raw.pop(name)
         if packed_mxfp4 and (name.endswith("_blocks") or name.endswith("_scales")):
             weights[name] = t
         elif name.endswith("_blocks"):
             base = name[: -len("_blocks")]
             w = mxfp4.dequantize(t, raw[base + "_scales"], torch.float32)    # [E, out, in]
-            weights[base] = w.transpose(1, 2).contiguous().to(dtype)         # HF layout [E, in, out]
+            weights[base] = w.transpose(1, 2).contiguous().to(dtype or torch.float32)   # HF layout [E, in, out]
         elif not name.endswith("_scales"):
-            weights[name] = t.to(dtype)
+            weights[name] = t if dtype is None else t.to(dtype)
+        del t
     return config, weights
 
 

@@ -308,11 +308,13 @@ class ForwardOutput(NamedTuple):
 
 class GptOssModel:
     def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], backend: str = "torch",
-                 device: str | torch.device = "cpu", dtype: str = "fp32"):
+                 device: str | torch.device = "cpu", dtype: str = "fp32", take: bool = False):
         """`weights`: HF tensor names and layout (see engine.checkpoint), any float dtype; experts
         dense or MXFP4 (`*_blocks`, `*_scales`: kept packed). Every weight, the KV cache and every
         activation live on `device` ("cpu" or "cuda"); `dtype` is the policy (module docstring);
-        `backend` names the ops table (engine/ops.py), read here only."""
+        `backend` names the ops table (engine/ops.py), read here only. `take`: the model takes
+        ownership of `weights`, removing each tensor from the dict as it is converted, so a caller
+        that kept no other reference never holds a weight twice (the 20b shape in bf16 on 80 GB)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype policy must be one of {tuple(DTYPES)}, got {dtype!r}")
         self.config = config
@@ -326,8 +328,9 @@ class GptOssModel:
         self.comm = ONE_DEVICE              # vocab-parallel embedding and head once sharded
         inv_freq, self.mscale = rope_frequencies(config.head_dim, config.rope)
         self.inv_freq = inv_freq.to(self.device)
-        act = lambda name: weights[name].to(self.device, self.act).contiguous()         # noqa: E731
-        f32 = lambda name: weights[name].to(self.device, torch.float32).contiguous()    # noqa: E731
+        self._take = take
+        act = lambda name: self._weight(weights, name).to(self.device, self.act).contiguous()        # noqa: E731
+        f32 = lambda name: self._weight(weights, name).to(self.device, torch.float32).contiguous()   # noqa: E731
         self.embed = act("model.embed_tokens.weight")                      # [V, H]
         self.norm = f32("model.norm.weight")                               # [H]
         self.lm_head = act("lm_head.weight")                               # [V, H]
@@ -359,23 +362,26 @@ class GptOssModel:
         for block in self.blocks:
             block.attn.ops = block.mlp.ops = ops
 
+    def _weight(self, weights: dict, name: str):
+        return weights.pop(name) if self._take else weights[name]
+
     def _expert_weight(self, weights: dict[str, torch.Tensor], name: str) -> "ExpertWeight":
         """Experts as [E, out, in]: MXFP4 stays packed (HF already stores blocks as [E, out, in/32,
         16]), and so does a rank's window of it (Mxfp4Columns, engine.rank_weights); a dense HF
         tensor ([E, in, out], x @ W) is transposed, in the policy's dtype."""
         if name + "_blocks" in weights:
-            return Mxfp4Weight(weights[name + "_blocks"].to(self.device).contiguous(),
-                               weights[name + "_scales"].to(self.device).contiguous())
+            return Mxfp4Weight(self._weight(weights, name + "_blocks").to(self.device).contiguous(),
+                               self._weight(weights, name + "_scales").to(self.device).contiguous())
         if isinstance(weights[name], Mxfp4Columns):
-            return weights[name].to(self.device)
-        return weights[name].to(self.device, self.act).transpose(1, 2).contiguous()
+            return self._weight(weights, name).to(self.device)
+        return self._weight(weights, name).to(self.device, self.act).transpose(1, 2).contiguous()
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, backend: str = "torch",
                         device: str | torch.device = "cpu", dtype: str = "fp32") -> "GptOssModel":
         from lockstep.engine.checkpoint import load_checkpoint
-        config, weights = load_checkpoint(path, packed_mxfp4=True)
-        return cls(config, weights, backend=backend, device=device, dtype=dtype)
+        config, weights = load_checkpoint(path, dtype=None, packed_mxfp4=True)     # as stored: one conversion
+        return cls(config, weights, backend=backend, device=device, dtype=dtype, take=True)
 
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
         """A cache of the KV heads held here."""

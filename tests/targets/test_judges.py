@@ -151,3 +151,15 @@ def test_the_recorded_spread_holds_what_a_remeasure_finds():
         _, dtype, *pairs = line.split()
         for key, value in (pair.split("=") for pair in pairs):
             assert float(value) <= bounds.SPREAD[dtype][key], (dtype, key, value, bounds.SPREAD[dtype])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_hf_passes_the_generate_specs_it_runs_at_both_dtypes(capsys, dtype):
+    """HF eager is a real implementation that is not bitwise the reference: the honest
+    calibration case. Every generate spec it can run passes, calibrated at its dtype."""
+    pytest.importorskip("transformers")
+    code = main(["check", "--target", "hf", "--dtype", dtype, "--json", "generate/*"])
+    doc = json.loads(capsys.readouterr().out)
+    ran = [s for s in doc["specs"] if s["status"] != "n/a"]
+    assert code == 0 and len(ran) >= 3 and all(s["compare"] == "calibrated" for s in ran), doc["specs"]
