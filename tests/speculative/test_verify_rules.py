@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import lockstep.engine.speculative as spec
+from lockstep.engine import spec_draft
 from lockstep.engine.sampling import SamplingParams
 from lockstep.engine.speculative import Tree, inverse_cdf, verify_greedy, verify_rejection, verify_target_only
 from lockstep.harness.kinds.distribution import chi_square
@@ -137,7 +138,7 @@ def run_chain(seed: int, depth: int = 2, root=(4,), want: int = 2) -> tuple[int,
         tokens, qs = [seq[-1]], [None]
         for d in range(1, depth + 1):
             q = toy_dist(tuple(seq + tokens[1:]), 1, 1.0)
-            (tok, _, qt), = spec._draft_children(draft, q.log(), params, 1, True, seed, r + d, None)
+            (tok, _, qt), = spec_draft._draft_children(draft, q.log(), params, 1, True, seed, r + d, None)
             tokens.append(tok)
             qs.append(qt)
         tree = Tree(tokens, [-1] + list(range(depth)), qs)
