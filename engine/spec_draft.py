@@ -14,7 +14,7 @@ from lockstep.engine.request import SamplingParams, seed_as_int64
 from lockstep.engine.spec_tree import SpecParams, TreeBatch, _best, _each, number_tree
 from lockstep.kernels import portable
 from lockstep.kernels.coins import DRAFT_COLUMNS, gumbel_from_hash, gumbel_noise
-from lockstep.kernels.moe import top_k_lowest_index
+from lockstep.kernels.moe_router import top_k_lowest_index
 
 
 def draft_top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
