@@ -76,7 +76,7 @@ EXPERT_BLOCK_FOLLOWS_ROWS = not INTERPRET
 # with the weight decoded in registers, where Triton feeds both operands in kWidth = 4: each 64-column
 # K step runs as four 16-wide MMAs over interleaved column pairs (measured: kernels/moe_mxfp4_order.py),
 # where loaded dense tiles take 16 consecutive columns an MMA, hence the ulp differences between the
-# two (docs/benchmarks.md). BLOCK_M 16 and 32 compile to that same mma.sync layout; from 64 Triton
+# two (docs/history/benchmarks.md). BLOCK_M 16 and 32 compile to that same mma.sync layout; from 64 Triton
 # takes wgmma with both operands in shared memory (sm_90 TTGIR under Triton 3.9), a different order
 # within a step, so 64 and 128 would very likely move MXFP4 bits: 32 is the cap.
 # bench/moe.py --block-m-T marks each size whose bits differ from 16's; raising the cap puts the

@@ -34,7 +34,7 @@ def _lo_div(bounds) -> int:
 # the activations gathered alike, a chunk's last step padded with zeros as the MXFP4 kernel masks
 # it) gives the MXFP4 kernels' bits, with 64- and 128-row blocks that MXFP4's own layout cannot take
 # (MXFP4_MAX_BLOCK_M). An H200 run found the same bits for this order alone among 13 candidates
-# (docs/benchmarks.md), and tests/kernels/test_mxfp4_mma_order.py holds it compiled. Large prefills
+# (docs/history/benchmarks.md), and tests/kernels/test_mxfp4_mma_order.py holds it compiled. Large prefills
 # only: the decode into that order (mma_order_triton: the packed kernels' own tile decode, then a
 # register permute) writes a bf16 copy of the experts, 1.5 ms a 20b layer on an H200, so the packed
 # kernels stay faster for small launches. bench/mxfp4_dense.py: dense / packed 1.34x at 64 rows an

@@ -90,7 +90,7 @@ def run_spec():
 # The engine's verifier passing this spec (p-value above alpha, acceptance in 20-80% of the rounds)
 # is the spec item itself: specs/speculative/rejection-distribution.yaml runs as a pytest item
 # (`speculative/rejection-distribution[cpu-fp32]`, and cpu-bf16), the same run and check plus its
-# golden's counts, so no test here runs it a second time (docs/gate.md, "Measured by tests5").
+# golden's counts, so no test here runs it a second time (docs/history/gate.md, "Measured by tests5").
 
 
 def test_a_verifier_ignoring_q_fails_the_spec(monkeypatch):
