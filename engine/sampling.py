@@ -299,7 +299,7 @@ def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, fused: bool | No
 
 def target_distributions(logits: torch.Tensor, params: list[SamplingParams], fused: bool | None = None) -> torch.Tensor:
     """softmax(z masked by the filters) of every row of logits [R, V] fp32 (row r sampled with
-    params[r], none greedy) -> [R, V] float64: engine.speculative.target_probs for each row.
+    params[r], none greedy) -> [R, V] float64: engine.spec_accept.target_probs for each row.
     fused (default: on a GPU): kernels.sampling.distributions_triton, the same bits."""
     dev = logits.device
     settings = row_settings(params, [0] * len(params), dev)

@@ -1,4 +1,4 @@
-"""The batched speculative round (engine.speculative._round) against node-by-node re-implementations
+"""The batched speculative round (engine.spec_round._round) against node-by-node re-implementations
 of DESIGN §6 (the tests' oracles), and its host-read budget: no scalar read anywhere in a round but the one _read_round."""
 
 from __future__ import annotations
