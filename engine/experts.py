@@ -42,8 +42,8 @@ from lockstep.engine.mxfp4 import Mxfp4Weight, dequantize
 from lockstep.kernels import portable
 from lockstep.kernels.matmul import linear_chunks_portable, linear_portable
 from lockstep.kernels.moe import (clamped_swiglu_portable, clamped_swiglu_triton, expert_block_m, expert_down_partials_triton,
-                         expert_gate_up_triton, gather_columns, group_by_expert, mma_order_columns, mma_order_triton,
-                         mxfp4_dense)
+                                  expert_gate_up_triton, group_by_expert)
+from lockstep.kernels.moe_mxfp4_order import gather_columns, mma_order_columns, mma_order_triton, mxfp4_dense
 
 
 def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,

@@ -16,8 +16,8 @@ Determinism (DESIGN §2): every reduction has one order written in Lockstep's co
 backend builds everything from single IEEE operations and fixed trees (kernels/portable.py):
 linears, attention, RMSNorm, RoPE, the routing softmax and the SwiGLU's sigmoid are each kernel
 module's `_portable` reference, so each row of a batch is computed exactly as it would be alone
-(D2, D3) and on any CPU (D0). The row-parallel layers (o_proj, experts' down) are `linear_k_chunked`
-spelled out: partial products over 8 fixed K chunks (`linear_chunks_portable`) added in one fixed
+(D2, D3) and on any CPU (D0). The row-parallel layers (o_proj, experts' down) are partial
+products over 8 fixed K chunks (`linear_chunks_portable`) added in one fixed
 tree (`tree_sum`), the order engine/parallel.py keeps at every TP degree (D4). MoE computes each
 (token, slot) row with its expert's weights (engine/experts.py: gathered per row, or grouped by
 expert on the device) and adds each token's k expert outputs in slot order. Everything runs on the model's

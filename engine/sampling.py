@@ -309,7 +309,7 @@ def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, fused: bool | No
         R = logits.shape[0]
         z = torch.zeros(R, dtype=torch.int64, device=logits.device)
         # one program per row: a forced row makes only the two fp32 passes, which a split does not
-        # pay back (H200: 0.25 ms one program, 0.35-0.39 ms split at 1-8 rows; docs/benchmarks.md)
+        # pay back (H200: 0.25 ms one program, 0.35-0.39 ms split at 1-8 rows; docs/history/benchmarks.md)
         return sample_fused_triton(logits.to(torch.float32), torch.full_like(z, FORCED, dtype=torch.int32),
                                    torch.ones(R, dtype=torch.float64, device=logits.device), z, z, tokens,
                                    chunks=1)[1]
@@ -319,7 +319,7 @@ def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, fused: bool | No
 
 def target_distributions(logits: torch.Tensor, params: list[SamplingParams], fused: bool | None = None) -> torch.Tensor:
     """softmax(z masked by the filters) of every row of logits [R, V] fp32 (row r sampled with
-    params[r], none greedy) -> [R, V] float64: engine.speculative.target_probs for each row.
+    params[r], none greedy) -> [R, V] float64: engine.spec_accept.target_probs for each row.
     fused (default: on a GPU): kernels.sampling.distributions_triton, the same bits."""
     dev = logits.device
     settings = row_settings(params, [0] * len(params), dev)

@@ -28,7 +28,7 @@ ends quietly. `--help`, `list` and `validate`'s parsing import neither torch nor
 file holds only the parser and the dispatch; each command's body is a module of harness/commands/
 (imported when that command runs, with its imports at its top).
 
-Where the old functions of this file went (issue 33): harness/commands/selection.py (_load, _plan,
+Where the old functions of this file went: harness/commands/selection.py (_load, _plan,
 _context, _stale, _golden_folders, _ran_on, _check_dirs, _golden_exists), display.py (Progress,
 _columns, StatusTable), session.py (CheckSession: counts, stale goldens, temporary files, exit code,
 both reports; was the second half of cmd_check and _exit_code), check.py (cmd_check, _explain_pass),

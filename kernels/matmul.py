@@ -42,7 +42,7 @@ TILES = (16, 128, 128, 4, 1)
 #     fp32 accumulator; mma.sync (BLOCK_M 16, 32) and wgmma (64, 128) give the same bits, and so
 #     does every BLOCK_N, BLOCK_K and stage count: an H200 sweep of 44 tiles at the 20b shapes (qkv,
 #     o_proj's chunks, the router, the LM head; M = 1 and 32) found one set of bits
-#     (docs/benchmarks.md), and tests/kernels/test_matmul.py compares a row alone with the same
+#     (docs/history/benchmarks.md), and tests/kernels/test_matmul.py compares a row alone with the same
 #     row in batches that take each tile below.
 # So a row's bits are the same whatever the batch (D2) while each batch takes its fastest tile:
 #   M <= DECODE_ROWS (a decode step): 16 rows, 256 columns of K a step (fewer, longer loads: the
@@ -51,7 +51,7 @@ TILES = (16, 128, 128, 4, 1)
 #   otherwise, and fp32 always, 64 rows; BLOCK_N 64, or 32 below GPU_MIN_PROGRAMS programs per M
 #     tile (a 2880-wide layer gives 45 programs of 64 on a 132-SM H200; tl.dot needs >= 16), a
 #     program per K chunk counted (o_proj's 8 chunks: 360 programs of 64, 0.55x the time of 32's
-#     at 32 rows on an H200, docs/benchmarks.md).
+#     at 32 rows on an H200, docs/history/benchmarks.md).
 GPU_MIN_PROGRAMS = 128
 DECODE_ROWS = 16
 PREFILL_ROWS = 256
@@ -177,7 +177,7 @@ def _mxfp4_values(code, scale):
 # (t << M) + ((s - 1) << (M + 1)); t = 1 (0.5) is (s - 1) << (M + 1); t = 0 is 0. Exactly
 # `_mxfp4_values`'s answer there (tests/kernels/test_mxfp4_tile.py: every code at every scale of the
 # range), in about 12 instructions a value instead of about 40 (sm_90 SASS of the 20b gate_up K step,
-# docs/benchmarks.md). Outside the range (subnormal results, infinities, NaN blocks) the kernels keep
+# docs/history/benchmarks.md). Outside the range (subnormal results, infinities, NaN blocks) the kernels keep
 # `_mxfp4_values`. `_mxfp4_fast_ok` spells the range out (a jit function reads no Python tuple).
 MXFP4_FAST_SCALES = (2, 252)
 
