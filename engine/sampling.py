@@ -42,12 +42,14 @@ payload) is the hardware's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from lockstep.engine.request import SamplingParams, seed_as_int64  # noqa: F401  (re-exported: the request type lives in engine.request)
 from lockstep.kernels import portable
+from lockstep.kernels.case import KernelCase, rows_problems
 from lockstep.kernels.coins import SAMPLE_COLUMNS, gumbel_from_hash, gumbel_noise
 from lockstep.kernels.sampling import FORCED, GREEDY, SEEDED, distributions_triton, fused_temperature, sample_fused_triton
 
@@ -310,3 +312,50 @@ def target_distributions(logits: torch.Tensor, params: list[SamplingParams], fus
     z = _scaled_rows(logits, settings)
     keep = _keep_rows(z, settings)
     return portable.softmax(z if keep is None else torch.where(keep, z, float("-inf")), dim=-1)
+
+
+# --------------------------------------------------------------------------- the kernel spec's case
+def _sample_fused_op(logits, params, seeds, positions):
+    """The fused kernels: (tokens, chosen logprobs, target distributions; greedy rows at temperature 1)."""
+    tok, lp = sample_fused(logits, row_settings(params, seeds, logits.device), positions)
+    return tok, lp, target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params], fused=True)
+
+
+def _sample_torch(x: dict):
+    """The torch path's (tokens, chosen logprobs, target distributions; greedy rows at temperature 1)."""
+    logits, params = x["logits"], x["params"]
+    tok = sample_with(logits, row_settings(params, x["seeds"], logits.device), x["positions"], fused=False)
+    dist = target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params], fused=False)
+    return tok, chosen_logprobs(logits, tok, fused=False), dist
+
+
+def _sample_fused_inputs(inp, s, d):
+    """Rows written in the spec (logits [R, V] float32, each row's SamplingParams, seed, position)."""
+    rows, V = inp["rows"] or [{"seed": i, "position": i} for i in range(s["R"])], s["V"]
+    x = d.normal(len(rows), V, scale=3.0 * inp["scale"], dtype=torch.float32)
+    for i, row in enumerate(rows):
+        if row.get("fill") is not None:
+            x[i] = row["fill"]
+        for v, val in (row.get("logits") or {}).items():
+            x[i, int(v)] = float(val)
+    return {"logits": x, "params": [SamplingParams(**(row.get("params") or {"greedy": True})) for row in rows],
+            "seeds": [row["seed"] for row in rows],
+            "positions": torch.tensor([row["position"] for row in rows], dtype=torch.int64, device=d.device)}
+
+
+def _sampled_rows(tok, lp, dist):
+    """[rows, 2 + V] int64: the token, the chosen logprob's bits, the bits of the row's target
+    distribution. Every NaN is written as one NaN: which NaN an operation on NaNs returns (sign,
+    payload) is the hardware's and the library's choice (x86 keeps an operand's, a GPU gives its
+    own), so the contract is that a value is NaN where the torch path's is, not its NaN bits."""
+    lp, dist = (torch.where(t.isnan(), math.nan, t) for t in (lp, dist))
+    return torch.cat([tok[:, None], lp.view(torch.int32).to(torch.int64)[:, None], dist.view(torch.int64)], 1)
+
+
+CASES = (KernelCase(
+    name="sample_fused", dims=("R", "V"), inputs=_sample_fused_inputs, op=_sample_fused_op,
+    call=lambda op, x, r, offered: _sampled_rows(*op(x["logits"][r], x["params"][r], x["seeds"][r],
+                                                     x["positions"][r])),
+    reference=lambda x: _sampled_rows(*_sample_torch(x)), elements=lambda s: 8 * s["R"] * s["V"],
+    options=("rows",), problems=rows_problems,
+    note="lockstep.engine.sampling.sample_fused and the fused target distributions"),)
