@@ -56,7 +56,9 @@ from lockstep.kernels.case import Draw, KernelCase
 NAME = "kernel"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OPTIONS = ("positions", "sink", "ties", "rows", "col_base", "experts_used", "mxfp4")   # a case's `options`
-SHAPE_KEYS = sorted({d for c in every_case().values() for d in c.dims + c.optional_dims})
+_ORDER = ("M", "K", "N", "T", "Hq", "Hkv", "D", "S", "window", "H", "E", "k", "I", "R", "V")   # as reports name them
+SHAPE_KEYS = sorted({d for c in every_case().values() for d in c.dims + c.optional_dims},
+                    key=lambda d: (_ORDER.index(d) if d in _ORDER else len(_ORDER), d))
 
 INPUTS = Map({
     "kernel": Field(Str(), required=True, doc="a declared kernel case (cases())"),
