@@ -1,11 +1,11 @@
-"""Lockstep's engine under one run's settings: the operations `engine(ctx)` adds to `load()`'s.
+"""Lockstep's engine under one run's settings: every operation of the `lockstep` target, once.
 
-`lockstep check` runs every spec on Lockstep's engine as the run's context sets it up: the device,
-the kernel backend (torch or triton) and the dtype policy, plus the extra topologies of
-`--world-size`. These are the operations of that target (harness/targets/base.py documents each
-one and its features); they replace `load()`'s where the run's settings change what runs, and add
-what only Lockstep's own engine exposes (backend agreement, internals the kinds pin). A kind asks
-for them like any other operation: a peer lacks them, and the spec is n/a there with the reason.
+`run_ops(ctx)` builds them for the run's context: the device, the kernel backend (torch or
+triton), the dtype policy, plus the extra topologies of `--world-size`; `engine(ctx)` and `load()`
+(the defaults) in harness/targets/lockstep.py wrap them. harness/targets/base.py documents each
+operation and its features, those only Lockstep's engine exposes (backend agreement, its kernel
+interface, internals the kinds pin) included: a peer lacks those, and the spec is n/a there with
+the reason. One model cache (harness.checkpoints.model_at) and one draft cache (`draft`).
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def draft(ctx: RunContext, checkpoint: str, draft_dir: str, convention: str):
 
 
 def _generation_ops(ctx: RunContext) -> dict[str, Op]:
-    """load()'s generation operations on the run's model and draft: generate and
+    """The generation operations on the run's model and draft: generate (and greedy_generate) and
     speculative_generate (with the features "observer" and "topology"), the prefix cache, the
     draft's stages, and `model` itself (the reference forward of the draft and distribution kinds)."""
     from lockstep.engine.generate import generate
