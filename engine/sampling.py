@@ -64,23 +64,14 @@ def keep_mask(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.
                   order, portable.prefix_sum) is < top_p: the shortest prefix whose mass reaches top_p; ties at
                   the cut go to the lower ids. top_p = 1 keeps everything.
       min_p (>0): keep v iff p_v >= min_p * max(p).
-    The most likely id (lowest id among equals) always survives.
+    The most likely id (lowest id among equals) always survives. One row of keep_mask_rows.
     """
-    V = z.shape[-1]
-    keep_sorted = torch.ones(V, dtype=torch.bool, device=z.device)
-    probs = portable.softmax(z, dim=-1)
-    sorted_p, order = torch.sort(probs, descending=True, stable=True)
-    ranks = torch.arange(V, device=z.device)
-    if top_k > 0:
-        keep_sorted &= ranks < top_k
-    if top_p < 1.0:
-        exclusive = torch.cat([sorted_p.new_zeros(1), portable.prefix_sum(sorted_p, dim=-1)[:-1]])
-        keep_sorted &= exclusive < top_p
-    keep = torch.empty(V, dtype=torch.bool, device=z.device)
-    keep[order] = keep_sorted
-    if min_p > 0.0:
-        keep &= probs >= min_p * sorted_p[0]
-    return keep
+    dev = z.device
+
+    def on(value: float):                 # keep_mask_rows' [2, 1] form of a filter that is on
+        return torch.tensor([[value], [0.0]], dtype=torch.float64, device=dev)
+    return keep_mask_rows(z[None], torch.tensor([top_k], device=dev) if top_k > 0 else None,
+                          on(top_p) if top_p < 1.0 else None, on(min_p) if min_p > 0.0 else None)[0]
 
 
 def host_to(device: torch.device, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -116,31 +107,18 @@ def keep_mask_rows(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Ten
 
 
 def chosen_logprob(logits: torch.Tensor, token: int) -> torch.Tensor:
-    """log_softmax of the raw fp32 logits [V] at `token`, float32 0-dim."""
-    return portable.log_softmax(logits.to(torch.float32), dim=-1)[token]
+    """log_softmax of the raw fp32 logits [V] at `token`, float32 0-dim: chosen_logprobs' torch
+    path on a batch of 1."""
+    return chosen_logprobs(logits[None], torch.tensor([token], device=logits.device), fused=False)[0]
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int | None, pos: int,
            generator: torch.Generator | None = None) -> int:
-    """Pick one token from logits [V] (fp32) per the module docstring."""
-    if params.is_greedy:
-        return int(torch.argmax(logits))                      # first maximum
-    z = logits.to(torch.float64) / params.temperature
-    keep = keep_mask(z, params.top_k, params.top_p, params.min_p)
-    logp = portable.log_softmax(torch.where(keep, z, float("-inf")), dim=-1)
-    V = logits.shape[-1]
-    if seed is not None:
-        dev = logits.device
-        s = torch.tensor([seed_as_int64(seed)], dtype=torch.int64, device=dev)
-        p = torch.tensor([pos], dtype=torch.int64, device=dev)
-        cols = SAMPLE_COLUMNS + torch.arange(V, dtype=torch.int64, device=dev)
-        g = gumbel_noise(s, p, cols)[0]                        # [V] float64
-    else:
-        if generator is None:
-            raise ValueError("sample: a request without a seed needs an explicit torch.Generator")
-        h = torch.randint(0, 1 << 32, (V,), dtype=torch.int64, generator=generator)
-        g = gumbel_from_hash(h.to(logits.device))
-    return int(torch.argmax(logp + g))                       # -inf where masked; first maximum
+    """Pick one token from logits [V] (fp32) per the module docstring: sample_with's torch path on
+    a batch of 1."""
+    dev = logits.device
+    settings = row_settings([params], [seed], dev)
+    return int(sample_with(logits[None], settings, torch.tensor([pos], device=dev), generator, fused=False)[0])
 
 
 @dataclass
