@@ -21,12 +21,13 @@ temperature, no masks) at that token, in float32.
 Every softmax, log_softmax and running sum here is kernels.portable's (fixed trees and a
 fixed scan, float64 exp / log of our own), so a draw is the same on every CPU (D0).
 
-`sample_rows` does the same for a whole batch [R, V] in one launch sequence on the logits'
-device: every step above is elementwise or a reduction along the vocabulary, so row r gets
-exactly the bits `sample(logits[r], ...)` gives (tests/engine/test_sampling_rows.py). Only the
-temperature division is done per distinct temperature, with the temperature a Python float as
-in `sample`: a tensor divisor would be a different operation on some devices (CUDA multiplies
-by a scalar divisor's reciprocal).
+Each step has one batched form (`sample_with`, `chosen_logprobs`, `keep_mask_rows`), run for a
+whole batch [R, V] in one launch sequence on the logits' device; the one-row names (`sample`,
+`chosen_logprob`, `keep_mask`) are those on a batch of 1. Every step above is elementwise or a
+reduction along the vocabulary, so row r's bits never depend on its batchmates
+(tests/engine/test_sampling_rows.py). The temperature division is done per distinct temperature,
+with the temperature a Python float: a tensor divisor would be a different operation on some
+devices (CUDA multiplies by a scalar divisor's reciprocal).
 
 On a GPU, `sample_with`, `chosen_logprobs` and `target_distributions` run one launch of
 kernels.sampling's fused kernel instead (fused=None picks it by device; fused=False forces the
