@@ -233,4 +233,5 @@ CASES = (KernelCase(
     call=lambda op, x, r, offered: _partials_rows(op(x["x"][r], x["ids"][r], x["gate_up_w"], x["gate_up_b"],
                                                      x["down_w"], x["alpha"], x["limit"]), x),
     reference=_experts_reference, elements=_experts_elements, problems=_experts_problems,
-    options=("experts_used", "mxfp4"), note="lockstep.engine.experts.experts_grouped (the grouped Triton expert path)"),)
+    options=("experts_used", "mxfp4"),
+    note="lockstep.engine.experts.experts_grouped (the grouped Triton expert path)"),)

@@ -3,7 +3,7 @@
     kind: kernel
     description: …
     inputs:
-      kernel: attention        # matmul | attention | rmsnorm | rope | router_top_k | swiglu | experts | sampling
+      kernel: attention        # a declared case (below): matmul | attention | rmsnorm | rope | … | sample_fused
       shape: {T: 4, Hq: 8, Hkv: 1, D: 64, S: 576, window: 128}    # the dims the kernel needs (below)
       positions: [190, 191, 255, 519]   # attention: query positions (IntSeq; slot 0, T = count)
       dtype: fp32              # fp32 | bf16 (float inputs; sampling is always float64)
@@ -48,8 +48,8 @@ from lockstep.engine.cases import every_case
 from lockstep.harness.intseq import IntSeq, length, materialize
 from lockstep.harness.limits import MAX_KERNEL_ELEMENTS
 from lockstep.harness.result import Result
-from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str, describe as describe_value, \
-    did_you_mean
+from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str, did_you_mean
+from lockstep.harness.schema import describe as describe_value
 from lockstep.harness.targets.base import TOLERANCE, TargetInterface
 from lockstep.kernels.case import Draw, KernelCase
 
@@ -115,7 +115,7 @@ def validate(doc: dict, root=None) -> list[Problem]:
     if inp["positions"] is not None and shape.get("T") not in (None, length(inp["positions"])):
         out.append(Problem(("inputs", "shape", "T"), "T must equal the number of positions"))
     for name in OPTIONS:
-        if inp[name] not in (None, False) and name not in case.options:
+        if inp[name] is not None and inp[name] is not False and name not in case.options:   # mxfp4 defaults to False
             out.append(Problem(("inputs", name), f"only for kernel {_takers(known, 'options', name)}", at_key=True))
     for name in sorted({e for c in known.values() for e in c.expects}):
         if exp.get(name) and name not in case.expects:

@@ -94,8 +94,10 @@ def test_a_fault_planted_in_the_new_kernel_turns_its_spec_red(tiny_double, monke
 def test_the_new_kernel_s_dims_and_options_are_validated(tiny_double):
     with pytest.raises(SpecErrors, match="not a dimension of kernel double"):
         parse_spec(SPEC.replace("N: 5}", "N: 5, K: 2}"), "specs/kernels/bad.yaml", "kernels/bad")
-    with pytest.raises(SpecErrors, match="only for kernel attention"):
-        parse_spec(SPEC.replace("scale: 3.0", "scale: 3.0, sink: 1.0"), "specs/kernels/bad.yaml", "kernels/bad")
+    for option, takers in (("sink: 0.0", "attention"), ("col_base: 0", "sampling"), ("mxfp4: true", "experts")):
+        with pytest.raises(SpecErrors, match=f"only for kernel {takers}"):
+            parse_spec(SPEC.replace("scale: 3.0", f"scale: 3.0, {option}"), "specs/kernels/bad.yaml", "kernels/bad")
+    parse_spec(SPEC.replace("scale: 3.0", "scale: 3.0, mxfp4: false"), "specs/kernels/ok.yaml", "kernels/ok")
 
 
 def test_without_the_module_the_kernel_is_unknown():
