@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from lockstep.kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float
+from lockstep.kernels.case import KernelCase
 from lockstep.kernels.portable import matmul_nt
 from lockstep.kernels.portable_tl import cast_rne, sigmoid_f32
 
@@ -663,3 +664,21 @@ def mxfp4_decode_triton(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch
         _mxfp4_decode_kernel[(triton.cdiv(N, block_n), triton.cdiv(G * 32, block_k))](
             blocks.contiguous(), scales.contiguous(), out, N, G * 32, BLOCK_N=block_n, BLOCK_K=block_k)
     return out
+
+
+# --------------------------------------------------------------------------- the kernel spec's case
+def _matmul_op(x, w, b=None):
+    return linear_triton(x, w, b)
+
+
+def _matmul_inputs(inp, s, d):
+    return {"x": d.normal(s["M"], s["K"], scale=inp["scale"]), "w": d.normal(s["N"], s["K"], scale=s["K"] ** -0.5),
+            "b": d.normal(s["N"])}
+
+
+CASES = (KernelCase(
+    name="matmul", dims=("M", "K", "N"), inputs=_matmul_inputs, op=_matmul_op,
+    call=lambda op, x, r, offered: op(x["x"][r], x["w"], x["b"]),
+    reference=lambda x: linear_portable(x["x"], x["w"], x["b"]),
+    elements=lambda s: s["M"] * s["K"] + s["N"] * s["K"] + s["N"] + 2 * s["M"] * s["N"],
+    note="lockstep.kernels.matmul.linear_triton"),)

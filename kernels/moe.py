@@ -45,6 +45,7 @@ import triton.language as tl
 
 from lockstep.kernels import portable
 from lockstep.kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
+from lockstep.kernels.case import KernelCase
 from lockstep.kernels.matmul import TILES, _chunk_acc, bounds_div, bounds_tensor
 from lockstep.kernels.moe_mxfp4_order import MXFP4_STEP, _lo_div
 # The router's and the MMA order's public names, importable from here too.
@@ -484,3 +485,37 @@ def _check_expert_weight(name, weight, K: int, x: torch.Tensor, n_local: int):
     if w.shape[0] != n_local:
         raise ValueError(f"{name}: {w.shape[0]} experts, but the groups were made for {n_local}")
     return w, s, w.shape[0], w.shape[1]
+
+
+# --------------------------------------------------------------------------- the kernel specs' cases
+def _router_op(logits, k):
+    return router_top_k_triton(logits, k)
+
+
+def _swiglu_op(gate_up):
+    return clamped_swiglu_triton(gate_up)
+
+
+def _router_inputs(inp, s, d):
+    logits = d.normal(s["T"], s["E"], scale=4 * inp["scale"], dtype=torch.float32)
+    if inp["ties"]:
+        logits = logits.round().clamp(-inp["ties"], inp["ties"])
+    return {"logits": logits.to(d.dtype), "k": s["k"]}
+
+
+def _top_k_rows(w, ids):
+    return torch.cat([w.to(torch.float64), ids.to(torch.float64)], dim=1)   # [T, 2k]
+
+
+CASES = (
+    KernelCase(name="router_top_k", dims=("T", "E", "k"), inputs=_router_inputs, op=_router_op, options=("ties",),
+               call=lambda op, x, r, offered: _top_k_rows(*op(x["logits"][r], x["k"])),
+               reference=lambda x: _top_k_rows(*router_top_k_portable(x["logits"], x["k"])),
+               elements=lambda s: 2 * s["T"] * s["E"] + 4 * s["T"] * s["k"],
+               problems=lambda inp, s: [(("shape", "k"), f"k = {s['k']} exceeds E = {s['E']}")] if s["k"] > s["E"]
+               else [], note="lockstep.kernels.moe.router_top_k_triton"),
+    KernelCase(name="swiglu", dims=("M", "I"), op=_swiglu_op,
+               inputs=lambda inp, s, d: {"x": d.normal(s["M"], 2 * s["I"], scale=8 * inp["scale"])},
+               call=lambda op, x, r, offered: op(x["x"][r]), reference=lambda x: clamped_swiglu_portable(x["x"]),
+               elements=lambda s: 5 * s["M"] * s["I"], note="lockstep.kernels.moe.clamped_swiglu_triton"),
+)

@@ -72,6 +72,7 @@ settings applied, harness/targets/lockstep_run.py); the kinds that need them are
     sample_fused(logits [R, V] f32, params: list[SamplingParams], seeds: list[int], positions [R])
               -> (tokens [R], chosen logprobs [R], target distributions [R, V])
               Lockstep's own kernel interface: the kernel kind compares each with its torch reference
+              (each operation, these and attention / rmsnorm / sampling, a kernel case's `op`: kernels/case.py)
     walk_boundaries(checkpoint_dir, prompt) -> [L + 1] states [T, H]: the blocks called one at a
               time, with no capture code (the layer_ids kind checks `capture` against it)
     model(checkpoint_dir) -> the implementation's own model object (engine.model.GptOssModel):
