@@ -83,9 +83,11 @@ def _share_checkpoints(config) -> None:
     if hasattr(config, "workerinput") or os.environ.get(SHARED_ENV):
         return
     import shutil
-    import tempfile
 
-    folder = tempfile.mkdtemp(prefix="lockstep-shared-checkpoints-")
+    from lockstep.engine import lifeline
+
+    lifeline.sweep()                          # the folders of runs that were killed
+    folder = lifeline.run_folder("lockstep-shared-checkpoints")
     os.environ[SHARED_ENV] = folder
 
     def remove():

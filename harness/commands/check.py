@@ -44,11 +44,12 @@ def cmd_check(args, explain: bool = False) -> int:
 def _run_rows(session: CheckSession, store: GoldenStore, args) -> None:
     """Each planned row through the runner, its table row printed as it finishes (stderr progress
     lines instead under --json)."""
+    jobs = getattr(args, "jobs", None) or parallel.default_jobs()     # a bad $LOCKSTEP_JOBS: before any output
     table = session.table()
     progress = Progress(len(session.rows), lines=args.json)
     if session.rows and not args.json:
         print(table.header(), flush=True)
-    checked = parallel.check_rows(session.rows, store, args.strict, getattr(args, "jobs", 1), waiting=progress.show)
+    checked = parallel.check_rows(session.rows, store, args.strict, jobs, waiting=progress.show)
     for i, outcome in enumerate(checked, 1):   # in the serial order, whatever order the workers finish in
         session.add(outcome)
         progress.clear()
