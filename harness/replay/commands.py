@@ -159,12 +159,10 @@ def _config(ckpt: dict):
 
 
 def _text(path: Path, what: str) -> str:
-    try:
-        return path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    from lockstep.harness.readers import read_text
+    from lockstep.harness.replay.format import MAX_TRACE_BYTES
+
+    return read_text(path, MAX_TRACE_BYTES, what)   # bounded on the bytes read; refuses a FIFO or device
 
 
 def _request_line(d, where: str):
@@ -198,10 +196,8 @@ def _requests(args):
             if len(out) == MAX_RECORD_REQUESTS:
                 raise ValueError(f"{args.requests}:{n}: more than {MAX_RECORD_REQUESTS} requests; a recording holds "
                                  "at most that many (harness/limits.py), split the file")
-            try:
-                d = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{args.requests}:{n}: not JSON ({e})") from None
+            from lockstep.harness.readers import json_value
+            d = json_value(line, f"{args.requests}:{n}")
             out.append(_request_line(d, f"{args.requests}:{n}"))
         if not out:
             raise ValueError(f"{args.requests}: no requests")
