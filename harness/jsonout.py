@@ -10,7 +10,32 @@ Lockstep's own engine, and `expectation_problems` is empty there (the default ta
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 SCHEMA_VERSION = 1
+
+# While a --json command runs (harness.cli), sys.stdout is stderr, so that nothing but the document
+# reaches stdout (a plugin's or a target's print); `emit` writes the document to the real stdout.
+_document_out = None
+
+
+def emit(text: str) -> None:
+    """Print a --json document on the real stdout."""
+    import sys
+    print(text, file=_document_out or sys.stdout, flush=True)
+
+
+@contextmanager
+def documents_only():
+    """Within: sys.stdout is stderr; `emit` alone writes to the real stdout."""
+    import sys
+    global _document_out
+    saved, _document_out = _document_out, sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout, _document_out = _document_out, saved
 
 
 def _header(command: str) -> dict:

@@ -48,7 +48,7 @@ def read_bytes(path: str | Path, limit: int, what: str = "file") -> bytes:
     except OSError as e:
         raise ReadError(f"{path}: cannot be read ({e.strerror or e})") from None
     if len(raw) > limit:
-        raise TooLarge(f"{path}: larger than {limit} bytes: refused")
+        raise TooLarge(f"{path}: larger than {limit} bytes; refused")
     return raw
 
 

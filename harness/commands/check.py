@@ -16,6 +16,7 @@ from lockstep.harness.commands.selection import context, golden_exists, golden_i
 from lockstep.harness.commands.session import CheckSession
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
+from lockstep.harness.jsonout import emit
 from lockstep.harness.targets.check import check_against_expectations, target_for
 
 
@@ -35,7 +36,7 @@ def cmd_check(args, explain: bool = False) -> int:
     _run_rows(session, store, args)
     session.finish(stale_goldens(args, store), store.stale_temps())
     if args.json:
-        print(session.json_document(ctx))
+        emit(session.json_document(ctx))
     else:
         print(session.text_report(ctx, lambda o: _explain_pass(o, store), getattr(args, "debug", False), explain))
     return session.exit_code()

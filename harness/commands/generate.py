@@ -18,7 +18,7 @@ from lockstep.harness.commands.exits import EXIT_OK
 from lockstep.harness.commands.options import per_prompt_seeds
 from lockstep.harness.errors import UsageError
 from lockstep.harness.estimates import generate_time
-from lockstep.harness.jsonout import generate_document
+from lockstep.harness.jsonout import emit, generate_document
 from lockstep.harness.platform import detect
 
 
@@ -63,7 +63,7 @@ def cmd_generate(args) -> int:
             item["logprobs_bits"] = [f"{b & 0xFFFFFFFF:08x}" for b in res.logprobs.contiguous().view(torch.int32).tolist()]
         out.append(item)
     if args.json:
-        print(json.dumps(generate_document(checkpoint=str(args.checkpoint), checkpoint_digest=_digest(args.checkpoint),
+        emit(json.dumps(generate_document(checkpoint=str(args.checkpoint), checkpoint_digest=_digest(args.checkpoint),
                                            platform=platform.name, backend=args.backend, results=out), indent=2))
     else:
         for item in out:

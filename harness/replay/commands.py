@@ -30,6 +30,7 @@ from pathlib import Path
 
 from lockstep.harness.commands.options import bound, int_at_least, int_list, per_prompt_seeds, seeds, token_ids
 from lockstep.harness.errors import check_output_file
+from lockstep.harness.jsonout import emit
 from lockstep.harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
 from lockstep.harness.replay.format import Trace, TraceError, f32_from_bits, read_trace, write_trace
 
@@ -324,7 +325,7 @@ def cmd_replay(args) -> int:
                         threshold=args.threshold if args.threshold is not None else THRESHOLD)
     except (ValueError, OSError) as e:
         return _fail(f"{args.trace}: {e}" if not str(e).startswith(str(args.trace)) else str(e))
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.text())
+    (emit if args.json else print)(json.dumps(report.to_json(), indent=2) if args.json else report.text())
     return EXIT_OK if report.ok else EXIT_DIVERGED
 
 
@@ -346,7 +347,7 @@ def cmd_import_peer(args) -> int:
             write_trace(trace, args.out)
     except (ValueError, OSError) as e:
         return _fail(str(e))
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.text())
+    (emit if args.json else print)(json.dumps(report.to_json(), indent=2) if args.json else report.text())
     return EXIT_OK
 
 
