@@ -19,13 +19,11 @@ def _tensor(value) -> bool:
 
 def _grid(args, kwargs, value, dtype: str) -> str | None:
     """hash/gumbel(seed [n], pos [n], col [m]) -> [n, m] of `dtype`."""
-    if not _tensor(value):
-        return f"a [n, m] {dtype} tensor"
     try:
         want = (len(args[0]), len(args[2]))
     except (IndexError, TypeError):
-        return None
-    if tuple(value.shape) != want or str(value.dtype) != f"torch.{dtype}":
+        return None if _tensor(value) else f"a [n, m] {dtype} tensor"
+    if not _tensor(value) or tuple(value.shape) != want or str(value.dtype) != f"torch.{dtype}":
         return f"a {list(want)} {dtype} tensor"
     return None
 
