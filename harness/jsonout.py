@@ -19,6 +19,29 @@ SCHEMA_VERSION = 1
 _document_out = None
 
 
+def non_finite(value, path: str = ""):
+    """(path, number) of each NaN or infinity in a JSON-like value, in document order (iterative):
+    JSON has none, so whoever meets one names where it is."""
+    import math
+    todo = [(path, value)]
+    while todo:
+        at, v = todo.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            yield at, v
+        elif isinstance(v, dict):
+            todo.extend(reversed([(f"{at}.{k}" if at else str(k), x) for k, x in v.items()]))
+        elif isinstance(v, (list, tuple)):
+            todo.extend(reversed([(f"{at}[{i}]", x) for i, x in enumerate(v)]))
+
+
+def where_in_trace(record) -> str:
+    """`request R, step S` (or round) of a trace record, '' for others."""
+    if not isinstance(record, dict):
+        return ""
+    parts = [f"{k} {record[k]}" for k in ("request", "step", "round") if isinstance(record.get(k), int)]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def emit(text: str) -> None:
     """Print a --json document on the real stdout."""
     import sys

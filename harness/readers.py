@@ -25,6 +25,10 @@ class ReadError(ValueError):
     """`path[:line[:column]]: what is wrong`, one line."""
 
 
+class Unreadable(ReadError):
+    """Parsed, but refused: nested too deep, or holding a non-finite number."""
+
+
 class TooLarge(ReadError):
     """The file holds more bytes than the limit."""
 
@@ -71,12 +75,16 @@ def json_value(text: str | bytes, where: str, depth: int = MAX_JSON_NESTING):
     try:
         value = json.loads(text)
     except RecursionError:
-        raise ReadError(f"{where}: nested deeper than {depth} levels: refused") from None
+        raise Unreadable(f"{where}: nested deeper than {depth} levels: refused") from None
     except (ValueError, UnicodeDecodeError) as e:
         at = f" (line {e.lineno}, column {e.colno})" if isinstance(e, json.JSONDecodeError) and "\n" in str(text) else ""
         raise ReadError(f"{where}: not JSON{at}: {getattr(e, 'msg', None) or e}") from None
     if nesting(value) > depth:
-        raise ReadError(f"{where}: nested deeper than {depth} levels: refused")
+        raise Unreadable(f"{where}: nested deeper than {depth} levels: refused")
+    from lockstep.harness.jsonout import non_finite, where_in_trace
+    for at, number in non_finite(value):
+        raise Unreadable(f"{where}: {at or 'the value'}{where_in_trace(value)} is {number}, not a finite number "
+                        f"(JSON has no NaN or infinity): refused")
     return value
 
 

@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.harness.readers import ReadError, json_value, read_bytes
+from lockstep.harness.readers import ReadError, Unreadable, json_value, read_bytes
 
 FORMAT = "lockstep-trace"
 TRACE_VERSION = "1.0"
@@ -88,7 +88,11 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
     lines, prev = [], ""
     records = trace.records()
     records.append({"kind": "end", "records": len(records)})
-    for rec in records:
+    from lockstep.harness.jsonout import non_finite, where_in_trace
+    for n, rec in enumerate(records, 1):
+        for at, number in non_finite(rec):      # canonical JSON has no NaN: name it, not json's words
+            raise TraceError(f"{path}: record {n} ({rec.get('kind')}){where_in_trace(rec)}: {at} is {number}; a "
+                             f"trace holds finite numbers only (non-finite weights or logits?); nothing written")
         rec = {**rec, "prev": prev}
         rec["hash"] = prev = record_hash(prev, rec)
         lines.append(canonical(rec))
@@ -126,7 +130,7 @@ def read_trace(path: str | Path) -> Trace:
         try:
             rec = json_value(line, where)
         except ReadError as e:
-            if "nested deeper" in str(e):
+            if isinstance(e, Unreadable):
                 raise TraceError(str(e)) from None
             raise TraceError(f"{where}: not a JSON record (the file is cut short or edited)") from None
         if not isinstance(rec, dict) or rec.get("kind") not in KINDS:

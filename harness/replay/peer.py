@@ -36,7 +36,7 @@ FORMATS = ("vllm", "sglang", "rollouts", "hf")
 
 
 def _documents(path: Path) -> list:
-    from lockstep.harness.readers import ReadError, json_value, read_text
+    from lockstep.harness.readers import ReadError, Unreadable, json_value, read_text
     from lockstep.harness.replay.format import MAX_TRACE_BYTES
 
     try:
@@ -45,7 +45,7 @@ def _documents(path: Path) -> list:
             doc = json_value(text, str(path))
             return doc if isinstance(doc, list) else [doc]
         except ReadError as e:
-            if "nested deeper" in str(e) and "\n" in text.strip():   # one line: named by its number below
+            if isinstance(e, Unreadable) and "\n" in text.strip():   # one line: named by its number below
                 raise
         return [json_value(line, f"{path}:{n}") for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     except ReadError as e:
