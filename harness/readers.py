@@ -113,17 +113,3 @@ def jsonl_lines(path: str | Path, limit: int, what: str = "JSONL file") -> Itera
     for n, line in enumerate(read_text(path, limit, what).splitlines(), 1):
         if line.strip():
             yield n, json_value(line, f"{path}:{n}")
-
-
-def load_yaml(path: str | Path, limit: int, what: str = "YAML file") -> tuple[object, dict]:
-    """safe_load semantics within the spec files' limits (nesting, aliases, nodes, duplicate keys
-    refused) -> (value, {field path: (line, column)})."""
-    from lockstep.harness.specfile import SpecErrors, _parse_text
-
-    text = read_text(path, limit, what)
-    try:
-        return _parse_text(text, str(path))
-    except SpecErrors as e:
-        err = e.errors[0]
-        at = f":{err.line}:{err.column}" if err.line else ""
-        raise ReadError(f"{err.file}{at}: {err.path + ': ' if err.path else ''}{err.message}") from None

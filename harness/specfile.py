@@ -214,6 +214,12 @@ def _parse(text: str, file: str) -> tuple[object, dict]:
     return copy.deepcopy(hit[0]), dict(hit[1])
 
 
+def parse_yaml(text: str, file: str) -> tuple[object, dict]:
+    """Any YAML document Lockstep reads (spec files, expectations files), within the spec files'
+    limits: (value, {field path: (line, column)}); SpecErrors, located, otherwise."""
+    return _parse_text(text, file)
+
+
 def _parse_text(text: str, file: str) -> tuple[object, dict]:
     marks: dict = {}
     loader = None

@@ -36,12 +36,17 @@ def _compose(path: Path) -> tuple[object, dict]:
     """The file's value and {field path: (line, column)}: read bounded (harness/readers.py), a
     duplicate key refused where it is, as in spec files."""
     from lockstep.harness.limits import MAX_EXPECTATIONS_BYTES
-    from lockstep.harness.readers import ReadError, load_yaml
+    from lockstep.harness.readers import ReadError, read_text
+    from lockstep.harness.specfile import SpecErrors, parse_yaml
 
     try:
-        doc, marks = load_yaml(path, MAX_EXPECTATIONS_BYTES, "expectations file")
+        doc, marks = parse_yaml(read_text(path, MAX_EXPECTATIONS_BYTES, "expectations file"), str(path))
     except ReadError as e:
         raise ExpectationsError(str(e)) from None
+    except SpecErrors as e:
+        err = e.errors[0]
+        at = f":{err.line}:{err.column}" if err.line else ""
+        raise ExpectationsError(f"{err.file}{at}: {err.path + ': ' if err.path else ''}{err.message}") from None
     return ({} if doc is None else doc), marks
 
 
