@@ -6,6 +6,7 @@ what the interface does not allow. Each: its exit code and one located line, not
 import errno
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -199,3 +200,18 @@ def test_plugin_prints_stay_out_of_the_json_document(plugins, capsys):
 def test_what_a_target_returns_is_checked_with_its_name(plugins, capsys, name, words):
     code, out, err = run(capsys, "check", "--target", name, "coins/known-answers")
     assert code == 1 and words in out + err and "IndexError" not in out + err, out + err
+
+
+@pytest.mark.parametrize("pattern,words", [
+    ("linked/*", "specs/linked: a symbolic link to a folder: the specs under it are not loaded"),
+    ("real/gone", "specs/real/gone.yaml: a broken symbolic link: it cannot be read as a spec"),
+])
+def test_a_pattern_naming_only_an_unreadable_spec_says_why(tmp_path, monkeypatch, capsys, pattern, words):
+    (tmp_path / "specs" / "real").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(REPO / "specs" / "coins" / "known-answers.yaml", tmp_path / "elsewhere")
+    (tmp_path / "specs" / "linked").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "specs" / "real" / "gone.yaml").symlink_to(tmp_path / "nowhere.yaml")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "validate", pattern)
+    assert code == 2 and words in out and "no spec matches" not in err, (out, err)
