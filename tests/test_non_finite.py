@@ -50,3 +50,19 @@ def test_generate_json_prints_null_for_a_non_finite_logprob_and_names_it(capsys)
     assert "request 3, step 1: logprob is nan; null in --json" in err and "request 3, step 2: logprob is -inf" in err
     json.dumps([None], allow_nan=False)
     assert math.isnan(_finite_or_null([math.nan], 0, json_out=False)[0])      # the text output keeps the value
+
+
+def test_the_generate_schema_takes_a_null_logprob_and_nothing_else_non_numeric():
+    import jsonschema
+
+    from lockstep.harness.jsonout import generate_document
+    schema = json.loads((REPO / "docs" / "schemas" / "generate.schema.json").read_text())
+    v = jsonschema.Draft202012Validator(schema)
+    item = {"prompt": [1], "seed": None, "sampling": {"greedy": True, "temperature": 1.0, "top_k": 0,
+            "top_p": 1.0, "min_p": 0.0, "max_new_tokens": 1, "stop_token_ids": None}, "tokens": [2],
+            "finish_reason": "length", "logprobs": [None], "logprobs_bits": ["7fc00000"]}
+    doc = json.loads(json.dumps(generate_document(checkpoint="c", checkpoint_digest="sha256:" + "0" * 64, platform="cpu-fp32",
+                                                  backend="torch", results=[item]), allow_nan=False))
+    assert not [e.message for e in v.iter_errors(doc)]
+    doc["results"][0]["logprobs"] = ["NaN"]
+    assert list(v.iter_errors(doc))
