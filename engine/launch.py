@@ -45,7 +45,6 @@ import inspect
 import os
 import shutil
 import signal
-import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -55,6 +54,9 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
+from lockstep.engine import lifeline
+
+_LAUNCHER = "_LOCKSTEP_LAUNCHER_PID"     # passed to a rank beside the environment, never set in it
 # Words that mark a rank's error as a consequence (a collective lost its peer), not a cause.
 _COLLECTIVE_MARKERS = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
                        "gloo", "nccl", "distbackenderror", "connection refused", "peer")
@@ -115,6 +117,9 @@ def _rank_context():
 def _rank_main(rank: int, world_size: int, port: int, transport: str, rank_device: str, collective_timeout_s: float,
                threads: int | None, fn: Callable, args: tuple, kwargs: dict, out_dir: str, env: dict) -> None:
     out = Path(out_dir)
+    # no rank outlives the process that launched it (a killed check), nor the fork server between
+    lifeline.kill_on_parent_death()
+    lifeline.watch_parent(os.getppid(), launcher=int(env.pop(_LAUNCHER, "0")) or None)
     # the launching process's environment at the call (a forked rank starts with the server's, that
     # of the first launch), before anything reads it: the kernels, CUDA, gloo
     os.environ.clear()
@@ -205,13 +210,13 @@ def launch(fn: Callable, world_size: int, args: tuple = (), kwargs: dict | None 
         transport = transport or backend
     transport, rank_devices = plan(device, world_size, _gpu_count() if device == "cuda" else 0, transport)
     kwargs = kwargs or {}
-    out_dir = tempfile.mkdtemp(prefix="lockstep-launch-")
+    out_dir = lifeline.run_folder("lockstep-launch")
     ctx = _rank_context()
     store = _rendezvous_store(world_size, collective_timeout_s)
     port = store.port
     procs = [ctx.Process(target=_rank_main, name=f"lockstep-rank{r}", daemon=True,
                          args=(r, world_size, port, transport, rank_devices[r], collective_timeout_s, threads, fn, args,
-                               kwargs, out_dir, dict(os.environ)))
+                               kwargs, out_dir, {**os.environ, _LAUNCHER: str(os.getpid())}))
              for r in range(world_size)]
     out = Path(out_dir)
     try:

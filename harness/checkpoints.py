@@ -86,7 +86,9 @@ SHARED_ENV = "LOCKSTEP_CHECKPOINT_CACHE"
 def _cache_root() -> Path:
     global _root
     if _root is None:
-        _root = Path(tempfile.mkdtemp(prefix="lockstep-checkpoints-"))
+        from lockstep.engine import lifeline
+
+        _root = Path(lifeline.run_folder("lockstep-checkpoints"))
         atexit.register(shutil.rmtree, _root, ignore_errors=True)
     return _root
 

@@ -49,10 +49,11 @@ from pathlib import Path
 from lockstep.harness.commands.exits import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_STDOUT_CLOSED, EXIT_USAGE
 from lockstep.harness.commands.options import (bound, int_at_least, int_in, seeds as seed_list, tag, token_ids,
                                       world_sizes)
-from lockstep.harness.errors import UsageError, full_traceback, located  # noqa: F401 - UsageError: also harness.cli's
+from lockstep.harness.errors import UsageError, full_traceback, located, where, write_failure  # noqa: F401 - UsageError: also harness.cli's
 from lockstep.harness.limits import MAX_CHECKPOINT_GB, MAX_DOCTOR_INPUTS, MAX_GENERATE_SECONDS, WORLD_SIZES
 from lockstep.harness.replay.commands import add_commands as add_replay_commands
 from lockstep.harness.suite import parse_mapping
+from lockstep.harness.jsonout import documents_only
 from lockstep.harness.version import DISTRIBUTION, version
 
 
@@ -236,7 +237,7 @@ def _generate_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lockstep", description="Deterministic-replay conformance harness "
+    parser = _Parser(prog="lockstep", description="Deterministic-replay conformance harness "
                                                                   "for gpt-oss + EAGLE3 inference.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks (also accepted after the command)")
     parser.add_argument("--version", action="version", version=f"lockstep {_version()}",
@@ -250,6 +251,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that --help and --version into a closed pipe raise BrokenPipeError (argparse
+    swallows it and exits 0) so that they exit 141 as every command does."""
+
+    def _print_message(self, message, file=None):
+        if message and file is sys.stdout:
+            file.write(message)
+            file.flush()
+            return
+        super()._print_message(message, file)
+
+
 # --------------------------------------------------------------------------- entry point
 def _version() -> str:
     return f"{version()} ({DISTRIBUTION})"
@@ -259,11 +272,17 @@ def main(argv=None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(_attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
+    except BrokenPipeError:                      # --help, --version into a closed pipe: 141, as every command
+        return _stdout_closed()
     except SystemExit as e:  # argparse exits 2 on usage errors, as our contract wants, and 0 for --help
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         try:
-            code = _in_world(args)
+            if getattr(args, "json", False):   # only the document on stdout, whatever a plugin prints
+                with documents_only():
+                    code = _in_world(args)
+            else:
+                code = _in_world(args)
         except ModuleNotFoundError as e:         # a third-party dependency missing: name it and its install
             missing = _missing_package(e)
             if missing is None:
@@ -282,7 +301,14 @@ def main(argv=None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return _stdout_closed()
+    except SystemExit as e:                       # a plugin's sys.exit must not end the run as a success
+        print(f"lockstep: error: plugin or target code called sys.exit({e.code!r}) "
+              f"({where(e) or 'at an unknown place'}); the run is not complete", file=sys.stderr)
+        return EXIT_MISMATCH
     except Exception as e:  # noqa: BLE001 - the one boundary: nothing escapes as a traceback
+        if write_failure(e) is not None:         # a full or read-only disk: the user's to fix, exit 2
+            print(f"lockstep: error: cannot write {write_failure(e)}", file=sys.stderr)
+            return EXIT_USAGE
         if args.debug:
             print(full_traceback(e), file=sys.stderr)
         print(f"lockstep: internal error: {located(e)}" + ("" if args.debug else "; --debug shows the traceback"),

@@ -8,6 +8,7 @@ for a crash (its traceback only with --debug, or in pytest's own report).
 
 from __future__ import annotations
 
+import errno
 import os
 import traceback
 from pathlib import Path
@@ -23,6 +24,21 @@ class UsageError(Exception):
     def __init__(self, message: str, cause: BaseException | None = None):
         super().__init__(message)
         self.cause = cause
+
+
+# A write that failed for the place written to, not for Lockstep: the disk is full or read-only.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG}
+_WRITE_WORDS = ("No space left on device", "Read-only file system", "Disk quota exceeded", "File too large")
+
+
+def write_failure(e: BaseException) -> str | None:
+    """`path: reason` when `e` is a write refused by the file system (ENOSPC, EROFS, EDQUOT, EFBIG;
+    also as safetensors words it), else None."""
+    if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+        return f"{e.filename}: {e.strerror}" if e.filename else str(e.strerror or e)
+    text = str(e)
+    word = next((w for w in _WRITE_WORDS if w in text), None)
+    return word if word is not None and not isinstance(e, OSError) else None
 
 
 def where(e: BaseException) -> str:

@@ -111,10 +111,17 @@ class GoldenStore:
             return None
         try:
             manifest = json.loads(_read_bytes(self.paths(platform, spec_id)[1]).decode("utf-8"))
-            recorded = manifest["provenance"]["bit_dependencies"]["triton"]
-        except (CorruptGolden, OSError, ValueError, UnicodeDecodeError, KeyError, TypeError):
+        except (CorruptGolden, OSError, ValueError, UnicodeDecodeError, RecursionError):
             return None
-        if not isinstance(recorded, str) or recorded == here:
+        try:
+            recorded = manifest["provenance"]["bit_dependencies"]["triton"]
+        except (KeyError, TypeError):
+            recorded = None
+        if not isinstance(recorded, str) or not recorded:      # fail closed: no version, no comparison
+            return (f"not comparable: the golden names no Triton version (provenance.bit_dependencies.triton is "
+                    f"{'missing' if recorded is None else 'not a string: ' + repr(recorded)[:40]}), and a Triton "
+                    f"golden's bits depend on it; record it again with `lockstep regen {spec_id}`")
+        if recorded == here:
             return None
         return (f"not comparable: the golden was recorded under triton {recorded}, this machine has triton "
                 f"{here}; check under triton {recorded} (the goldens' version, see pyproject.toml), or "

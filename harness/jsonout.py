@@ -10,7 +10,55 @@ Lockstep's own engine, and `expectation_problems` is empty there (the default ta
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 SCHEMA_VERSION = 1
+
+# While a --json command runs (harness.cli), sys.stdout is stderr, so that nothing but the document
+# reaches stdout (a plugin's or a target's print); `emit` writes the document to the real stdout.
+_document_out = None
+
+
+def non_finite(value, path: str = ""):
+    """(path, number) of each NaN or infinity in a JSON-like value, in document order (iterative):
+    JSON has none, so whoever meets one names where it is."""
+    import math
+    todo = [(path, value)]
+    while todo:
+        at, v = todo.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            yield at, v
+        elif isinstance(v, dict):
+            todo.extend(reversed([(f"{at}.{k}" if at else str(k), x) for k, x in v.items()]))
+        elif isinstance(v, (list, tuple)):
+            todo.extend(reversed([(f"{at}[{i}]", x) for i, x in enumerate(v)]))
+
+
+def where_in_trace(record) -> str:
+    """`request R, step S` (or round) of a trace record, '' for others."""
+    if not isinstance(record, dict):
+        return ""
+    parts = [f"{k} {record[k]}" for k in ("request", "step", "round") if isinstance(record.get(k), int)]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def emit(text: str) -> None:
+    """Print a --json document on the real stdout."""
+    import sys
+    print(text, file=_document_out or sys.stdout, flush=True)
+
+
+@contextmanager
+def documents_only():
+    """Within: sys.stdout is stderr; `emit` alone writes to the real stdout."""
+    import sys
+    global _document_out
+    saved, _document_out = _document_out, sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout, _document_out = _document_out, saved
 
 
 def _header(command: str) -> dict:

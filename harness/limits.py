@@ -74,3 +74,10 @@ MAX_RECORD_REQUESTS = 4096
 # `lockstep doctor --inputs` above this is refused: each op holds a few float64 tensors of this many
 # inputs (4 M: about 200 MB in all); 10^12 used to end in a MemoryError.
 MAX_DOCTOR_INPUTS = 1 << 22
+
+# --------------------------------------------------------------------------- files a command reads
+# Nesting of a JSON value Lockstep reads (a trace, request or peer line, a manifest): json's decoder
+# and every walk over the result recurse; the trace format nests at most 5 levels.
+MAX_JSON_NESTING = 64
+# Bytes of an expectations file (harness/targets/expectations): the shipped ones are under 8 KB.
+MAX_EXPECTATIONS_BYTES = 1 << 20

@@ -7,8 +7,11 @@ serial run gives (the seconds aside). Workers are fresh "spawn" processes (no st
 half-initialised torch) with one torch thread each: N workers already fill N cores, and the bits
 do not depend on the thread count (DESIGN D0), and each keeps freed memory for its next
 temporaries (harness/memory.py; the serial path too). A spec that starts ranks of its own (topologies)
-can: pool workers are not daemons. The workers share one folder of synthetic checkpoints for the
+can: workers are not daemons. The workers share one folder of synthetic checkpoints for the
 run (harness/checkpoints.py, $LOCKSTEP_CHECKPOINT_CACHE), so each is made once, not once per worker.
+Each worker takes one row at a time, so a worker that dies costs that row alone (its CRASH; a new
+worker takes the next), and each ends with its parent however the parent ends (engine/lifeline.py),
+removing the run's folders on its way out; a later run removes any a SIGKILL left.
 """
 
 from __future__ import annotations
@@ -16,24 +19,40 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
-import tempfile
+import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing.connection import wait
 
+from lockstep.engine import lifeline
 from lockstep.harness import runner, suite
+from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
 from lockstep.harness.memory import keep_freed_memory
 
+JOBS_ENV = "LOCKSTEP_JOBS"
 
-def default_jobs() -> int:
-    """$LOCKSTEP_JOBS when set (the test suite sets 1: its xdist workers already fill the cores),
-    else the cores this process may run on (its affinity mask, not the machine's count)."""
-    if os.environ.get("LOCKSTEP_JOBS", "").isdigit() and int(os.environ["LOCKSTEP_JOBS"]) >= 1:
-        return int(os.environ["LOCKSTEP_JOBS"])
+
+def cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:                    # macOS, Windows: no affinity masks
         return max(1, os.cpu_count() or 1)
+
+
+def default_jobs() -> int:
+    """$LOCKSTEP_JOBS when set (the test suite sets 1: its xdist workers already fill the cores),
+    read as -j is (a whole number >= 1, else a usage error), else the cores available."""
+    text = os.environ.get(JOBS_ENV)
+    if text is None or text.strip() == "":
+        return cores()
+    try:
+        jobs = int(text)
+    except ValueError:
+        raise UsageError(f"${JOBS_ENV}={text!r}: expected a whole number, as -j takes") from None
+    if jobs < 1:
+        raise UsageError(f"${JOBS_ENV}={text!r}: must be at least 1, as -j")
+    return jobs
 
 
 def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | None,
@@ -49,21 +68,151 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
                 waiting(i, spec.id)
             yield runner.check_spec(spec, ctx, store, strict=strict)
         return
+    if jobs > cores():
+        print(f"note: -j {jobs} is more than the {cores()} cores available: {jobs} worker processes "
+              f"(each its own torch, a few hundred MB) take turns on them", file=sys.stderr)
     from lockstep.harness.checkpoints import SHARED_ENV
 
-    shared = os.environ.get(SHARED_ENV) or tempfile.mkdtemp(prefix="lockstep-shared-checkpoints-")
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_start_worker, initargs=(suite.explicit_mappings(), shared))
+    lifeline.sweep()                          # the folders of runs that were killed
+    shared = os.environ.get(SHARED_ENV) or lifeline.run_folder("lockstep-shared-checkpoints")
+    pool = _Pool(jobs, (suite.explicit_mappings(), shared))
     try:
-        futures = [pool.submit(runner.check_spec, spec, ctx, store, strict) for spec, ctx, _ in rows]
-        for i, ((spec, ctx, folder), future) in enumerate(zip(rows, futures), 1):
+        pool.start([(runner.check_spec, (spec, ctx, store, strict)) for spec, ctx, _ in rows])
+        for i, (spec, ctx, folder) in enumerate(rows, 1):
             if waiting:
                 waiting(i, spec.id)
-            yield _outcome(future, spec, folder)
+            yield _outcome(pool.result(i - 1), spec, folder)
     finally:                                  # an interrupted check leaves no worker behind
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.close()
         if shared != os.environ.get(SHARED_ENV):
             shutil.rmtree(shared, ignore_errors=True)
+
+
+class _Pool:
+    """`jobs` spawned workers, each given one task at a time over its own pipe: a worker that dies
+    loses only the task it held, and a new worker takes its place for the rest."""
+
+    def __init__(self, jobs: int, initargs: tuple):
+        self.ctx = multiprocessing.get_context("spawn")
+        self.jobs, self.initargs = jobs, initargs
+        self.workers: list[_Worker] = []
+        self.tasks: list = []
+        self.next = 0
+        self.done: dict[int, tuple[bool, object]] = {}
+
+    def start(self, tasks: list) -> None:
+        self.tasks = tasks
+        while len(self.workers) < min(self.jobs, len(tasks)):
+            self.workers.append(_Worker(self.ctx, self.initargs))
+        for w in self.workers:
+            self._feed(w)
+
+    def result(self, index: int) -> tuple[bool, object]:
+        """Task `index`'s (ok, value or the reason it has none), waiting as long as it takes."""
+        while index not in self.done:
+            self._pump()
+        return self.done.pop(index)
+
+    def _feed(self, w: _Worker) -> None:
+        if self.next < len(self.tasks):
+            w.give(self.next, self.tasks[self.next])
+            self.next += 1
+
+    def _pump(self) -> None:
+        busy = [w for w in self.workers if w.task is not None]
+        ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy])
+        for w in busy:
+            if w.conn in ready or w.proc.sentinel in ready:
+                index, ok, value = w.take()
+                self.done[index] = (ok, value)
+                if not w.proc.is_alive() and self.next < len(self.tasks):   # a new one takes its place
+                    self.workers[self.workers.index(w)] = w = _Worker(self.ctx, self.initargs)
+                self._feed(w)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+        for w in self.workers:
+            w.proc.join(timeout=5)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join(timeout=5)
+
+
+class _Worker:
+    def __init__(self, ctx, initargs: tuple):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, os.getpid(), initargs), name="lockstep-check-worker")
+        self.proc.start()
+        child.close()
+        self.task: int | None = None
+
+    def give(self, index: int, task) -> None:
+        self.task = index
+        try:
+            self.conn.send(task)
+        except (OSError, ValueError):          # a dead worker: take() reports it
+            pass
+
+    def take(self) -> tuple[int, bool, object]:
+        index, self.task = self.task, None
+        try:
+            ok, value = self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(timeout=5)
+            code = self.proc.exitcode
+            return index, False, f"the worker process checking it died ({_how(code)})"
+        return index, ok, value
+
+    def stop(self) -> None:
+        if self.task is not None:              # interrupted mid-row: nothing to wait for
+            self.proc.kill()
+            return
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+
+
+def _how(code: int | None) -> str:
+    if code is not None and code < 0:
+        import signal
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _worker_main(conn, parent: int, initargs: tuple) -> None:
+    """One worker: set up as the parent was, then run tasks one at a time until told to stop."""
+    lifeline.watch_parent(parent, on_death=lambda: _leave(parent))
+    _start_worker(*initargs)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        fn, args = task
+        try:
+            value = (True, fn(*args))
+            conn.send(value)
+        except Exception as e:  # noqa: BLE001 - an Outcome that cannot be sent back, a runner bug
+            conn.send((False, f"{type(e).__name__}: {e}"))
+
+
+def _leave(parent: int) -> None:
+    """The parent is gone: remove its run folders (the shared checkpoints; never a folder the user
+    named in $LOCKSTEP_CHECKPOINT_CACHE) and this worker's own, and end this worker's children."""
+    lifeline.remove_own_folders(parent)
+    lifeline.remove_own_folders()
+    mp_temp = multiprocessing.current_process()._config.get("tempdir")   # the fork server's socket
+    if mp_temp:
+        shutil.rmtree(mp_temp, ignore_errors=True)
+    for child in multiprocessing.active_children():
+        child.kill()
 
 
 def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
@@ -80,12 +229,11 @@ def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
     suite.map_checkpoints(mapped.items())
 
 
-def _outcome(future: Future, spec, folder: str) -> runner.Outcome:
+def _outcome(result: tuple[bool, object], spec, folder: str) -> runner.Outcome:
     """The worker's Outcome; a worker that died (a segfault, the OOM killer) is this row's CRASH,
     since a serial run would have died there too."""
-    try:
-        return future.result()
-    except Exception as e:  # noqa: BLE001 - BrokenProcessPool, or an Outcome that cannot be sent back
-        return runner.Outcome(spec, runner.CRASH, folder, messages=[
-            f"crashed: the worker process checking it failed: {type(e).__name__}: {e} "
-            f"(run `lockstep check {spec.id} -j 1` to see it in this process)"])
+    ok, value = result
+    if ok:
+        return value
+    return runner.Outcome(spec, runner.CRASH, folder, messages=[
+        f"crashed: {value} (run `lockstep check {spec.id} -j 1` to see it in this process)"])

@@ -83,9 +83,11 @@ def _share_checkpoints(config) -> None:
     if hasattr(config, "workerinput") or os.environ.get(SHARED_ENV):
         return
     import shutil
-    import tempfile
 
-    folder = tempfile.mkdtemp(prefix="lockstep-shared-checkpoints-")
+    from lockstep.engine import lifeline
+
+    lifeline.sweep()                          # the folders of runs that were killed
+    folder = lifeline.run_folder("lockstep-shared-checkpoints")
     os.environ[SHARED_ENV] = folder
 
     def remove():
@@ -171,6 +173,25 @@ def pytest_collect_file(parent, file_path: Path):
     if file_path.suffix != SPEC_SUFFIX:  # `x.yml`: an error, not silently skipped
         return StrayFile.from_parent(parent, path=file_path)
     return SpecFile.from_parent(parent, path=file_path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collect_directory(path: Path, parent):
+    """A folder of a spec suite is collected by SpecDir, which also reports what pytest's walk skips."""
+    if _suite_of(parent.config, Path(path) / "_") is None:
+        return None
+    return SpecDir.from_parent(parent, path=Path(path))
+
+
+class SpecDir(pytest.Dir):
+    """pytest's folder walk, plus each `*.yaml`/`*.yml` entry it skips because it is not a regular
+    file (a dangling link, a link to a device, a FIFO): a failing item, as the CLI reports it."""
+
+    def collect(self):
+        yield from super().collect()
+        for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
+            if entry.name.lower().endswith((".yaml", ".yml")) and not entry.is_dir() and not entry.is_file():
+                yield StrayFile.from_parent(self, path=Path(entry.path))
 
 
 class StrayFile(pytest.File):

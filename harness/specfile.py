@@ -214,6 +214,12 @@ def _parse(text: str, file: str) -> tuple[object, dict]:
     return copy.deepcopy(hit[0]), dict(hit[1])
 
 
+def parse_yaml(text: str, file: str) -> tuple[object, dict]:
+    """Any YAML document Lockstep reads (spec files, expectations files), within the spec files'
+    limits: (value, {field path: (line, column)}); SpecErrors, located, otherwise."""
+    return _parse_text(text, file)
+
+
 def _parse_text(text: str, file: str) -> tuple[object, dict]:
     marks: dict = {}
     loader = None
@@ -374,11 +380,14 @@ def _kind_rules(kind, clean: dict, root: Path | None) -> list[Problem]:
 
 def _read(file: Path, name: str) -> str:
     """The text of a spec file, refusing one larger than MAX_SPEC_BYTES before reading it whole."""
+    from lockstep.harness.readers import ReadError, TooLarge, read_bytes
+
     try:
-        with open(file, "rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)
-    except OSError as e:
-        raise SpecErrors([SpecError(name, 0, 0, "", f"cannot read spec: {e.strerror or e}")]) from None
+        raw = read_bytes(file, MAX_SPEC_BYTES, "spec file")     # refuses a FIFO or device unopened
+    except TooLarge:
+        raw = b" " * (MAX_SPEC_BYTES + 1)
+    except ReadError as e:
+        raise SpecErrors([SpecError(name, 0, 0, "", f"cannot read spec: {str(e).split(': ', 1)[-1]}")]) from None
     if len(raw) > MAX_SPEC_BYTES:
         raise SpecErrors([SpecError(name, 0, 0, "", f"larger than {MAX_SPEC_BYTES} bytes: refused (the largest "
                                                     "spec shipped is under 2 KB; generate long sequences with "

@@ -220,3 +220,16 @@ def test_the_projects_slow_list_names_only_specs_that_exist():
     assert [g for g in globs if g and not any(fnmatchcase(i, g) for i in ids)] == []
     slow = {i for i in ids if any(fnmatchcase(i, g) for g in globs if g)}
     assert slow and len(slow) * 5 < len(ids)
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda p: p.symlink_to(p.parent / "nowhere.yaml"), "a broken symbolic link: it cannot be read as a spec"),
+    (lambda p: p.symlink_to("/dev/zero"), "not a regular file: it cannot be read as a spec"),
+    (lambda p: __import__("os").mkfifo(p), "not a regular file: it cannot be read as a spec"),
+])
+def test_an_unreadable_spec_file_is_a_failing_item_as_in_the_cli(scratch, make, words):
+    scratch.runpytest("--lockstep-regen")
+    make(scratch.path / "specs/coins/odd.yaml")
+    result = scratch.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([f"*{words}*", "FAILED specs/coins/odd.yaml*"])

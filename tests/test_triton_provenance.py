@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import triton
 
 from lockstep.harness.cli import main
@@ -52,3 +53,30 @@ def test_the_recorded_triton_is_compared_as_before(tmp_path, capsys):
     golden = golden_under(tmp_path, triton.__version__)
     assert main(["check", SPEC, "--golden", str(golden), "--dtype", "fp32", "--backend", "triton"]) == EXIT_OK, \
         capsys.readouterr().out
+
+
+def golden_with_provenance(tmp_path, edit) -> Path:
+    golden = golden_under(tmp_path, triton.__version__)
+    path = golden / FOLDER / (SPEC + ".json")
+    manifest = json.loads(path.read_text())
+    edit(manifest["provenance"]["bit_dependencies"])
+    path.write_text(json.dumps(manifest))
+    return golden
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda deps: deps.pop("triton"), "is missing"),
+    (lambda deps: deps.update(triton=3.6), "not a string: 3.6"),
+    (lambda deps: deps.update(triton=None), "missing"),
+])
+def test_a_triton_golden_without_a_readable_version_fails_closed(tmp_path, capsys, edit, words):
+    golden = golden_with_provenance(tmp_path, edit)
+    assert GoldenStore(golden).other_triton(FOLDER, SPEC, triton.__version__).startswith("not comparable")
+    argv = ["check", SPEC, "--golden", str(golden), "--dtype", "fp32", "--backend", "triton", "--json"]
+    assert main(argv) == EXIT_INCOMPARABLE
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_code"] == EXIT_INCOMPARABLE and doc["specs"][0]["status"] == "incomparable"
+    assert words in " ".join(doc["specs"][0]["messages"])
+    import jsonschema
+    schema = json.loads((ROOT / "docs" / "schemas" / "check.schema.json").read_text())
+    assert not [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)]

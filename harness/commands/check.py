@@ -16,6 +16,7 @@ from lockstep.harness.commands.selection import context, golden_exists, golden_i
 from lockstep.harness.commands.session import CheckSession
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
+from lockstep.harness.jsonout import emit
 from lockstep.harness.targets.check import check_against_expectations, target_context, target_for
 
 
@@ -36,7 +37,7 @@ def cmd_check(args, explain: bool = False) -> int:
     _run_rows(session, store, args)
     session.finish(stale_goldens(args, store), store.stale_temps())
     if args.json:
-        print(session.json_document(ctx))
+        emit(session.json_document(ctx))
     else:
         print(session.text_report(ctx, lambda o: _explain_pass(o, store), getattr(args, "debug", False), explain))
     return session.exit_code()
@@ -45,11 +46,12 @@ def cmd_check(args, explain: bool = False) -> int:
 def _run_rows(session: CheckSession, store: GoldenStore, args) -> None:
     """Each planned row through the runner, its table row printed as it finishes (stderr progress
     lines instead under --json)."""
+    jobs = getattr(args, "jobs", None) or parallel.default_jobs()     # a bad $LOCKSTEP_JOBS: before any output
     table = session.table()
     progress = Progress(len(session.rows), lines=args.json)
     if session.rows and not args.json:
         print(table.header(), flush=True)
-    checked = parallel.check_rows(session.rows, store, args.strict, getattr(args, "jobs", 1), waiting=progress.show)
+    checked = parallel.check_rows(session.rows, store, args.strict, jobs, waiting=progress.show)
     for i, outcome in enumerate(checked, 1):   # in the serial order, whatever order the workers finish in
         session.add(outcome)
         progress.clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from lockstep.harness.commands.exits import EXIT_OK
 from lockstep.harness.commands.options import per_prompt_seeds
 from lockstep.harness.errors import UsageError
 from lockstep.harness.estimates import generate_time
-from lockstep.harness.jsonout import generate_document
+from lockstep.harness.jsonout import emit, generate_document
 from lockstep.harness.platform import detect
 
 
@@ -59,16 +60,29 @@ def cmd_generate(args) -> int:
                              "stop_token_ids": list(p.stop_token_ids) if p.stop_token_ids is not None else None},
                 "tokens": res.tokens, "finish_reason": res.finish_reason}
         if args.logprobs:
-            item["logprobs"] = res.logprobs.tolist()
+            item["logprobs"] = _finite_or_null(res.logprobs.tolist(), len(out), args.json)
             item["logprobs_bits"] = [f"{b & 0xFFFFFFFF:08x}" for b in res.logprobs.contiguous().view(torch.int32).tolist()]
         out.append(item)
     if args.json:
-        print(json.dumps(generate_document(checkpoint=str(args.checkpoint), checkpoint_digest=_digest(args.checkpoint),
+        emit(json.dumps(generate_document(checkpoint=str(args.checkpoint), checkpoint_digest=_digest(args.checkpoint),
                                            platform=platform.name, backend=args.backend, results=out), indent=2))
     else:
         for item in out:
             print(" ".join(map(str, item["tokens"])) + f"   ({item['finish_reason']})")
     return EXIT_OK
+
+
+def _finite_or_null(values: list[float], request: int, json_out: bool) -> list:
+    """--json: a non-finite logprob is null (JSON has no NaN; logprobs_bits keeps its bits), and
+    each is named on stderr by request and step."""
+    import math
+    if not json_out:
+        return values
+    for step, v in enumerate(values):
+        if not math.isfinite(v):
+            print(f"warning: request {request}, step {step}: logprob is {v}; null in --json "
+                  f"(logprobs_bits keeps its bits)", file=sys.stderr)
+    return [v if math.isfinite(v) else None for v in values]
 
 
 def _digest(checkpoint: Path) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lockstep.engine.checkpoint import make_checkpoint
 from lockstep.harness.commands.exits import EXIT_OK
-from lockstep.harness.errors import UsageError
+from lockstep.harness.errors import UsageError, write_failure
 from lockstep.harness.estimates import CheckpointProgress, checkpoint_size
 
 
@@ -20,5 +20,9 @@ def cmd_make_checkpoint(args) -> int:
         raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"cannot write {args.out}: {e.strerror or e}") from None
+    except Exception as e:  # noqa: BLE001 - safetensors' own error for a full or read-only disk
+        if write_failure(e) is None:
+            raise
+        raise UsageError(f"cannot write {args.out}: {write_failure(e)}") from None
     print(f"wrote {args.format} checkpoint of preset {args.preset!r} (seed {args.seed}) to {out}")
     return EXIT_OK

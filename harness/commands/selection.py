@@ -39,10 +39,11 @@ def load(args, loader=load_specs, also_ids=()) -> tuple[list, list]:
     chosen = select(specs, args.patterns, args.tag)
     all_ids = [spec_id_for(f, args.specs) for f in spec_files(args.specs)] + list(also_ids)
     for pattern in args.patterns:
-        if not any(fnmatch.fnmatchcase(i, pattern) for i in all_ids):
+        if not any(fnmatch.fnmatchcase(i, pattern) for i in all_ids) and not _names_unreadable(errors, pattern, args):
             raise UsageError(f"no spec matches {pattern!r}{_not_spec_files(args.specs, pattern)} (see `lockstep list`)")
     if args.patterns:  # report the errors of the files the patterns name, not of every file
-        errors = [e for e in errors if _matches(e.file, args)]
+        errors = [e for e in errors if _matches(e.file, args) or any(_names_unreadable([e], p, args)
+                                                                     for p in args.patterns)]
     goldens_named = [i for i in also_ids if any(fnmatch.fnmatchcase(i, p) for p in args.patterns)]
     if not chosen and not errors and not goldens_named:
         raise UsageError(_nothing_selected(args))
@@ -57,6 +58,22 @@ def _not_spec_files(specs: Path, pattern: str) -> str:
     if not near:
         return ""
     return f"; {', '.join(near[:3])}{' …' if len(near) > 3 else ''} would match but spec files end in .yaml"
+
+
+def _names_unreadable(errors, pattern: str, args) -> bool:
+    """Whether the pattern names a spec file that cannot be read (a dangling link) or a linked folder
+    the walk skips: their own errors say more than "no spec matches"."""
+    for e in errors:
+        p = Path(e.file)
+        if not (p.is_symlink() or (p.exists() and not p.is_file())):    # `x.yml` has its own hint
+            continue
+        try:
+            sid = spec_id_for(p, args.specs)
+        except ValueError:
+            continue
+        if fnmatch.fnmatchcase(sid, pattern) or fnmatch.fnmatchcase(sid + "/x", pattern.split("/")[0] + "/x"):
+            return True
+    return False
 
 
 def _matches(file: str, args) -> bool:

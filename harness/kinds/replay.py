@@ -44,30 +44,32 @@ import hashlib
 import tempfile
 from pathlib import Path
 
-from lockstep.harness.checkpoints import CHECKPOINT, DRAFT
-from lockstep.harness.intseq import materialize
-from lockstep.harness.kinds.generate import REQUEST, SAMPLING, _params, project_root
+from lockstep.harness.checkpoints import CHECKPOINT, DRAFT, checkpoint_config
+from lockstep.harness.intseq import materialize, max_value
+from lockstep.harness.kinds.generate import REQUEST, SAMPLING, _params, _validate_requests, project_root
 from lockstep.harness.kinds.generate import INPUTS as GENERATE_INPUTS
 from lockstep.harness.replay.format import TraceError, canonical, f32_bits, f32_from_bits, read_trace, write_trace
 from lockstep.harness.replay.promote import spec_document
-from lockstep.harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, replay, requests_of
+from lockstep.harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, Verdict, replay, requests_of
 from lockstep.harness.targets.base import TargetInterface
 from lockstep.harness.result import Result
-from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str
+from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Schema, Str
 from lockstep.engine.generate import Request
 
 NAME = "replay"
 STEP_FIELDS = ("logprob", "token", "margin", "experts", "logits_sha256")
 ROUND_FIELDS = ("accept_length", "draft_tokens")
 TRACE_FIELDS = ("finish_reason", "source", "checkpoint")
+MAX_ULP = 1 << 24         # float32 steps an edit may move a value: far beyond any divergence worth pinning
+MAX_ADD = 1e6             # |add| of an edit: token ids, experts and lengths are far smaller
 
 EDIT = Map({
     "field": Field(Str(choices=list(STEP_FIELDS + ROUND_FIELDS + TRACE_FIELDS)), required=True),
     "request": Field(Int(min=0)),
     "step": Field(Int(min=0)),
     "round": Field(Int(min=1)),
-    "ulp": Field(Int()),
-    "add": Field(Float()),
+    "ulp": Field(Int(min=-MAX_ULP, max=MAX_ULP)),
+    "add": Field(Float(min=-MAX_ADD, max=MAX_ADD)),
     "drop": Field(Bool(), default=False),
     "set": Field(Any_()),
 })
@@ -77,15 +79,36 @@ INPUTS = Map({
     "draft": Field(DRAFT),
     "speculative": GENERATE_INPUTS.fields["speculative"],
     "mode": Field(Str(choices=list(MODES)), default="free-run"),
-    "near_tie": Field(Float(), default=NEAR_TIE),
-    "threshold": Field(Float(), default=THRESHOLD),
+    "near_tie": Field(Float(min=0.0), default=NEAR_TIE),
+    "threshold": Field(Float(min=0.0), default=THRESHOLD),
     "edits": Field(List(EDIT, max_len=16), default=list),
     "promote": Field(Bool(), default=False),
 })
+
+
+class _Sparse(Map):
+    """A mapping whose absent keys stay absent (an expectation names only what it pins); null when
+    `nullable`. `values`: the schema of every value, for keys drawn from `fields`."""
+
+    def __init__(self, fields: dict, nullable: bool = False):
+        super().__init__(fields)
+        self.nullable = nullable
+
+    def check(self, value, path, problems):
+        if value is None and self.nullable:
+            return None
+        out = super().check(value, path, problems)
+        return {k: v for k, v in out.items() if k in value} if isinstance(out, dict) else out
+
+
+VERDICTS = [v.value for v in Verdict]
+COUNTS = _Sparse({v: Field(Int(min=0)) for v in VERDICTS})
+FIRST = _Sparse({"request": Field(Int(min=0)), "step": Field(Int(min=0)), "status": Field(Str(choices=VERDICTS)),
+                 "ulp": Field(Int())}, nullable=True)
 EXPECT = Map({
     "ok": Field(Bool()),
-    "counts": Field(Any_(), doc="steps per verdict, e.g. {bitwise: 5, bits: 1}"),
-    "first": Field(Any_(), doc="request, step, status (and optionally ulp) of the first divergence, or null"),
+    "counts": Field(COUNTS, doc="steps per verdict, e.g. {bitwise: 5, bits: 1}"),
+    "first": Field(FIRST, doc="request, step, status (and optionally ulp) of the first divergence, or null"),
     "refused": Field(Str(), doc="words the replay's refusal must contain"),
 })
 
@@ -94,15 +117,56 @@ def validate(doc: dict, root=None) -> list[Problem]:
     inp, exp, out = doc["inputs"], doc["expect"] or {}, []
     if (inp["draft"] is None) != (inp["speculative"] is None):
         out.append(Problem(("inputs",), "draft and speculative go together"))
+    out += _validate_requests(inp)
     for j, e in enumerate(inp["edits"]):
-        where, f = ("inputs", "edits", j), e["field"]
-        need = ("request", "step") if f in STEP_FIELDS else ("request", "round") if f in ROUND_FIELDS else \
-            ("request",) if f == "finish_reason" else ()
-        out += [Problem(where, f"an edit of {f} needs {k!r}") for k in need if e[k] is None]
-        if sum((e["ulp"] is not None, e["add"] is not None, e["drop"], e["set"] is not None)) != 1:
-            out.append(Problem(where, "give exactly one of ulp, add, drop, set"))
+        out += _edit_problems(e, ("inputs", "edits", j), inp)
+    config, problems = checkpoint_config(inp["checkpoint"], root, ("inputs", "checkpoint"))
+    out += problems
+    for i, req in enumerate(inp["requests"] if config is not None else []):
+        top = max_value(req["prompt"])
+        if top is not None and top >= config.vocab_size:
+            out.append(Problem(("inputs", "requests", i, "prompt"), f"token id {top} is outside the checkpoint's "
+                                                                    f"vocabulary [0, {config.vocab_size})"))
     if "refused" in exp and exp["refused"] is not None and any(exp.get(k) is not None for k in ("ok", "counts")):
         out.append(Problem(("expect",), "a refused replay has no verdicts: expect refused, or ok/counts/first"))
+    return out
+
+
+def _edit_problems(e: dict, where: tuple, inp: dict) -> list[Problem]:
+    """An edit must name a request, step and round that the spec's own requests can record, and
+    say how it moves the value in a way that field can be moved."""
+    f = e["field"]
+    need = ("request", "step") if f in STEP_FIELDS else ("request", "round") if f in ROUND_FIELDS else \
+        ("request",) if f == "finish_reason" else ()
+    out = [Problem(where, f"an edit of {f} needs {k!r}") for k in need if e[k] is None]
+    if sum((e["ulp"] is not None, e["add"] is not None, e["drop"], e["set"] is not None)) != 1:
+        out.append(Problem(where, "give exactly one of ulp, add, drop, set"))
+    if out:
+        return out
+    how = "ulp" if e["ulp"] is not None else "add" if e["add"] is not None else "drop" if e["drop"] else "set"
+    allowed = {"logprob": ("ulp", "add"), "token": ("add",), "margin": ("ulp", "add", "drop"),
+               "experts": ("add", "drop"), "logits_sha256": ("add", "drop"), "accept_length": ("add",),
+               "draft_tokens": ("add",), "finish_reason": ("set",), "source": ("set",), "checkpoint": ("add",)}[f]
+    if how not in allowed:
+        return [Problem(where + (how,), f"an edit of {f} takes {' or '.join(allowed)}, not {how}")]
+    if how == "add" and f not in ("logprob", "margin") and e["add"] != int(e["add"]):
+        out.append(Problem(where + ("add",), f"an edit of {f} adds a whole number, got {e['add']!r}"))
+    if how == "set" and not isinstance(e["set"], str):
+        out.append(Problem(where + ("set",), f"an edit of {f} sets a string, got {type(e['set']).__name__}"))
+    if "request" in need:
+        n = len(inp["requests"])
+        if e["request"] >= n:
+            return out + [Problem(where + ("request",), f"request {e['request']} is not in the spec's {n} request(s)")]
+        steps = ((inp["requests"][e["request"]]["sampling"] or {}).get("max_new_tokens")
+                 or SAMPLING.check({}, (), [])["max_new_tokens"])
+        if "step" in need and e["step"] >= steps:
+            out.append(Problem(where + ("step",), f"step {e['step']} is beyond request {e['request']}'s "
+                                                  f"max_new_tokens {steps} (steps count from 0)"))
+        if "round" in need and inp["speculative"] is None:
+            out.append(Problem(where, f"an edit of {f} needs verify rounds: the spec has no speculative decoding"))
+        elif "round" in need and e["round"] > steps:
+            out.append(Problem(where + ("round",), f"round {e['round']} is beyond request {e['request']}'s "
+                                                   f"max_new_tokens {steps} (each round commits a token)"))
     return out
 
 
@@ -126,8 +190,15 @@ def requests(spec) -> list[Request]:
 def judge(spec, trace) -> Result:
     """Edit the recorded `trace`, write it and read it back, replay it; the report is the result."""
     inp = spec.inputs
-    for e in inp["edits"]:
-        apply_edit(trace, e)
+    for j, e in enumerate(inp["edits"]):
+        try:
+            apply_edit(trace, e)
+        except IndexError:              # validate bounds edits by max_new_tokens; a stop token ends sooner
+            r = e["request"]
+            raise ValueError(f"inputs.edits[{j}]: the recording has no {e['field']} at request {r}, "
+                             f"{'round ' + str(e['round']) if e['field'] in ROUND_FIELDS else 'step ' + str(e['step'])}"
+                             f" (request {r} recorded {len(trace.steps[r])} step(s), "
+                             f"{len(trace.rounds[r]) if trace.rounds else 0} round(s))") from None
     root = str(project_root(spec))         # goldens must not depend on where the suite is checked out
     data: dict = {"refused": None, "report": None, "promoted": None}
     facts: dict = {"promote_problems": []}

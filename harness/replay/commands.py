@@ -30,6 +30,7 @@ from pathlib import Path
 
 from lockstep.harness.commands.options import bound, int_at_least, int_list, per_prompt_seeds, seeds, token_ids
 from lockstep.harness.errors import check_output_file
+from lockstep.harness.jsonout import emit
 from lockstep.harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
 from lockstep.harness.replay.format import Trace, TraceError, f32_from_bits, read_trace, write_trace
 
@@ -159,12 +160,10 @@ def _config(ckpt: dict):
 
 
 def _text(path: Path, what: str) -> str:
-    try:
-        return path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    from lockstep.harness.readers import read_text
+    from lockstep.harness.replay.format import MAX_TRACE_BYTES
+
+    return read_text(path, MAX_TRACE_BYTES, what)   # bounded on the bytes read; refuses a FIFO or device
 
 
 def _request_line(d, where: str):
@@ -198,10 +197,8 @@ def _requests(args):
             if len(out) == MAX_RECORD_REQUESTS:
                 raise ValueError(f"{args.requests}:{n}: more than {MAX_RECORD_REQUESTS} requests; a recording holds "
                                  "at most that many (harness/limits.py), split the file")
-            try:
-                d = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{args.requests}:{n}: not JSON ({e})") from None
+            from lockstep.harness.readers import json_value
+            d = json_value(line, f"{args.requests}:{n}")
             out.append(_request_line(d, f"{args.requests}:{n}"))
         if not out:
             raise ValueError(f"{args.requests}: no requests")
@@ -328,7 +325,7 @@ def cmd_replay(args) -> int:
                         threshold=args.threshold if args.threshold is not None else THRESHOLD)
     except (ValueError, OSError) as e:
         return _fail(f"{args.trace}: {e}" if not str(e).startswith(str(args.trace)) else str(e))
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.text())
+    (emit if args.json else print)(json.dumps(report.to_json(), indent=2) if args.json else report.text())
     return EXIT_OK if report.ok else EXIT_DIVERGED
 
 
@@ -350,7 +347,7 @@ def cmd_import_peer(args) -> int:
             write_trace(trace, args.out)
     except (ValueError, OSError) as e:
         return _fail(str(e))
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.text())
+    (emit if args.json else print)(json.dumps(report.to_json(), indent=2) if args.json else report.text())
     return EXIT_OK
 
 

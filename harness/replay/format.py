@@ -28,6 +28,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lockstep.harness.readers import ReadError, Unreadable, json_value, read_bytes
+
 FORMAT = "lockstep-trace"
 TRACE_VERSION = "1.0"
 MAJOR = 1
@@ -86,7 +88,11 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
     lines, prev = [], ""
     records = trace.records()
     records.append({"kind": "end", "records": len(records)})
-    for rec in records:
+    from lockstep.harness.jsonout import non_finite, where_in_trace
+    for n, rec in enumerate(records, 1):
+        for at, number in non_finite(rec):      # canonical JSON has no NaN: name it, not json's words
+            raise TraceError(f"{path}: record {n} ({rec.get('kind')}){where_in_trace(rec)}: {at} is {number}; a "
+                             f"trace holds finite numbers only (non-finite weights or logits?); nothing written")
         rec = {**rec, "prev": prev}
         rec["hash"] = prev = record_hash(prev, rec)
         lines.append(canonical(rec))
@@ -110,13 +116,9 @@ def read_trace(path: str | Path) -> Trace:
     """Read and verify a trace file; any problem is a TraceError naming the file and line."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_TRACE_BYTES:
-            raise TraceError(f"{path}: larger than {MAX_TRACE_BYTES} bytes; refused")
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such trace file") from None
-    except OSError as e:
-        raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
+        raw = read_bytes(path, MAX_TRACE_BYTES, "trace file")       # bytes read, not st_size (a device has 0)
+    except ReadError as e:
+        raise TraceError(str(e)) from None
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -126,8 +128,10 @@ def read_trace(path: str | Path) -> Trace:
     for n, line in enumerate(lines, 1):
         where = f"{path}:{n}"
         try:
-            rec = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
+            rec = json_value(line, where)
+        except ReadError as e:
+            if isinstance(e, Unreadable):
+                raise TraceError(str(e)) from None
             raise TraceError(f"{where}: not a JSON record (the file is cut short or edited)") from None
         if not isinstance(rec, dict) or rec.get("kind") not in KINDS:
             raise TraceError(f"{where}: not a trace record (kind must be one of {', '.join(KINDS)})")

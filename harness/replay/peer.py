@@ -36,23 +36,20 @@ FORMATS = ("vllm", "sglang", "rollouts", "hf")
 
 
 def _documents(path: Path) -> list:
+    from lockstep.harness.readers import ReadError, Unreadable, json_value, read_text
+    from lockstep.harness.replay.format import MAX_TRACE_BYTES
+
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
-    try:
-        doc = json.loads(text)
-        return doc if isinstance(doc, list) else [doc]
-    except ValueError:
-        pass
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                raise TraceError(f"{path}:{n}: not JSON") from None
-    return out
+        text = read_text(path, MAX_TRACE_BYTES, "peer file")
+        try:
+            doc = json_value(text, str(path))
+            return doc if isinstance(doc, list) else [doc]
+        except ReadError as e:
+            if isinstance(e, Unreadable) and "\n" in text.strip():   # one line: named by its number below
+                raise
+        return [json_value(line, f"{path}:{n}") for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    except ReadError as e:
+        raise TraceError(str(e)) from None
 
 
 def _id(token) -> int:

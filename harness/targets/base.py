@@ -227,7 +227,8 @@ class Target:
             if need not in op.features:
                 raise NotApplicable(self.missing.get(f"{name}:{need}",
                                                      f"{self.name}'s {name} does not offer {need!r}"))
-        return op.fn
+        from lockstep.harness.targets.returns import checked
+        return checked(self.name, name, op.fn)
 
     def offers(self, name: str, feature: str) -> bool:
         """Whether the target has the operation with that optional feature (a kind that can use

@@ -174,8 +174,8 @@ def check_against_expectations(target: TargetInterface, args, specs, errors, ctx
     code = 2 if errors else (1 if problems else 0)
     counts = {s: sum(o.status == s for o in outcomes) for s in (PASS, FAIL, NA)}
     if getattr(args, "json", False):
-        from lockstep.harness.jsonout import check_document
-        print(json.dumps(check_document(
+        from lockstep.harness.jsonout import check_document, emit
+        emit(json.dumps(check_document(
             target=target.label, platform=ctx.platform.name, backend=ctx.backend, exit_code=code,
             seconds=time.perf_counter() - start, summary=counts | {"spec_errors": len(errors)},
             specs=[o.to_json() | ({"reproduce": reproduce(args, target, o.spec.id)} if o.status == FAIL else {})

@@ -34,32 +34,60 @@ class ExpectationsError(ValueError):
     """A bad or inapplicable expectations file: `path:line: what`."""
 
 
-def _compose(path: Path):
+def _compose(path: Path) -> tuple[object, dict]:
+    """The file's value and {field path: (line, column)}: read bounded (harness/readers.py), a
+    duplicate key refused where it is, as in spec files."""
+    from lockstep.harness.limits import MAX_EXPECTATIONS_BYTES
+    from lockstep.harness.readers import ReadError, read_text
+    from lockstep.harness.specfile import SpecErrors, parse_yaml
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ExpectationsError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
-    try:
-        return yaml.safe_load(text) or {}, yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ExpectationsError(f"{path}:{mark.line + 1 if mark else 1}: not valid YAML: "
-                                f"{getattr(e, 'problem', None) or e}") from None
+        doc, marks = parse_yaml(read_text(path, MAX_EXPECTATIONS_BYTES, "expectations file"), str(path))
+    except ReadError as e:
+        raise ExpectationsError(str(e)) from None
+    except SpecErrors as e:
+        err = e.errors[0]
+        at = f":{err.line}:{err.column}" if err.line else ""
+        raise ExpectationsError(f"{err.file}{at}: {err.path + ': ' if err.path else ''}{err.message}") from None
+    return ({} if doc is None else doc), marks
 
 
-def _line(node, *keys) -> int:
-    """1-based line of the last of `keys` in a composed mapping (the nearest one found)."""
-    line = node.start_mark.line + 1 if node is not None else 1
-    for key in keys:
-        if not isinstance(node, yaml.MappingNode):
-            break
-        for k, v in node.value:
-            if k.value == key:
-                node, line = v, k.start_mark.line + 1
-                break
-        else:
-            break
-    return line
+def _line(marks: dict, *keys) -> int:
+    """1-based line of the last of `keys` (the nearest one found)."""
+    for n in range(len(keys), 0, -1):
+        at = marks.get(("key",) + keys[:n]) or marks.get(keys[:n])
+        if at:
+            return at[0]
+    return 1
+
+
+# Each top-level key and entry key with the type its value must have.
+_TOP = {"target": (str,), "versions": (str,), "version": (str, int, float), "failures": (object,)}          # its shape: checked in load()
+_ENTRY = {"observed": (str,), "judgement": (str,), "why": (str, type(None))}
+
+
+def _types(path: Path, marks: dict, doc: dict) -> None:
+    """Refuse an unknown key or a value of the wrong type, naming its line."""
+    for key, value in doc.items():
+        _typed(path, marks, (key,), value, _TOP)
+    failures = doc.get("failures")
+    for sid, entry in (failures.items() if isinstance(failures, dict) else ()):
+        if not isinstance(sid, str):
+            raise ExpectationsError(f"{path}:{_line(marks, 'failures', sid)}: a spec id is a string, got {sid!r}")
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                _typed(path, marks, ("failures", sid, key), value, _ENTRY)
+
+
+def _typed(path: Path, marks: dict, keys: tuple, value, allowed: dict) -> None:
+    key = keys[-1]
+    if key not in allowed:
+        raise ExpectationsError(f"{path}:{_line(marks, *keys)}: unknown key {key!r} (known: {', '.join(allowed)})")
+    if isinstance(value, bool) or not isinstance(value, allowed[key]):
+        want = " or ".join("null" if t is type(None) else {"str": "a string", "dict": "a mapping"}.get(t.__name__, "a number")
+                           for t in allowed[key])
+        raise ExpectationsError(f"{path}:{_line(marks, *keys)}: {'.'.join(map(str, keys))} must be {want}, "
+                                f"got {type(value).__name__} {value!r:.60}")
 
 
 def version_range(doc: dict):
@@ -94,6 +122,7 @@ def load(path: Path, name: str, version: str) -> dict:
     doc, root = _compose(path)
     if not isinstance(doc, dict):
         raise ExpectationsError(f"{path}:1: expected a mapping with target, versions and failures")
+    _types(path, root, doc)
     try:
         ok = applies(doc, name, version)
     except ValueError as e:
@@ -134,7 +163,7 @@ def find(name: str, version: str, own: str | None = None, explicit: Path | None 
     if exact.is_file():
         return exact
     for path in sorted(SHIPPED.glob(f"{name}-*.yaml")):
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        doc, _ = _compose(path)
         try:
             if applies(doc, name, version):
                 return path

@@ -155,7 +155,7 @@ def test_too_big_missing_unreadable_and_empty_files(tmp_path, good, monkeypatch)
     assert refusal(good) == f"{good}: larger than {size - 1} bytes; refused"
     monkeypatch.undo()
     assert refusal(tmp_path / "nope") == f"{tmp_path / 'nope'}: no such trace file"
-    assert refusal(tmp_path) == f"{tmp_path}: cannot be read (Is a directory)"
+    assert refusal(tmp_path) == f"{tmp_path}: a folder, not a regular trace file: refused"
     empty = tmp_path / "e.jsonl"
     empty.write_bytes(b"")
     assert refusal(empty) == f"{empty}: empty file, not a trace"

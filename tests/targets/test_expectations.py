@@ -50,7 +50,7 @@ def test_an_exact_version_still_works_and_another_target_is_refused(tmp_path):
     (ENTRY.replace("peer bug", "peer bugg"), r"exp.yaml:6: coins/known-answers: judgement 'peer bugg' is not one of"),
     (ENTRY.replace("    why: a reason\n", ""), r"exp.yaml:4: coins/known-answers: missing 'why'"),
     ("failures: [1, 2]\n", r"exp.yaml:3: 'failures' must map"),
-    ("failures:\n  a: [\n", r"exp.yaml:\d+: not valid YAML"),
+    ("failures:\n  a: [\n", r"exp.yaml:\d+:\d+: invalid YAML"),
 ])
 def test_a_bad_file_is_a_located_user_error(tmp_path, body, message):
     p = write(tmp_path, "target: toy\nversions: '>=1'\n", body)
