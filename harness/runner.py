@@ -177,6 +177,13 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore, strict: bool = F
     return out
 
 
+def current_for(manifest: dict, spec: Spec) -> bool:
+    """Whether a golden was recorded for this version of the spec: its spec_sha256 is the hash of
+    what a run reads (content_sha256, written since 0.3) or, for goldens recorded earlier, of the
+    whole parsed document (sha256); so an edit of the description alone leaves it current."""
+    return manifest.get("spec_sha256") in (spec.content_sha256, spec.sha256)
+
+
 def _specs_dir(spec: Spec) -> Path:
     """The spec directory a spec was loaded from (its file, one level up per part of its id)."""
     file = Path(spec.file)
@@ -202,7 +209,7 @@ def _compare(out: Outcome, result: Result, failed: list[str], store: GoldenStore
     out.diffs = diff_tensors(golden.tensors, result.tensors)
     out.data_diff = diff_data(golden.data, result.data)
     recorded_for = str(golden.manifest.get("spec_sha256"))
-    out.stale_golden = recorded_for != spec.sha256
+    out.stale_golden = not current_for(golden.manifest, spec)
     if out.diffs or out.data_diff:
         out.status = MISMATCH
         locate = getattr(kinds.KINDS[spec.kind], "locate_golden", None)
@@ -216,7 +223,7 @@ def _compare(out: Outcome, result: Result, failed: list[str], store: GoldenStore
         out.status = STALE if strict else PASS
     if out.stale_golden:
         out.warnings.append(f"golden may be stale: it was recorded for another version of this spec (spec_sha256 "
-                            f"{recorded_for[:12]}…, the spec is now {spec.sha256[:12]}…); review the spec's change "
+                            f"{recorded_for[:12]}…, the spec is now {spec.content_sha256[:12]}…); review the spec's change "
                             f"and record it again with: lockstep regen {shlex.quote(spec.id)}"
                             + ("" if strict else " (check --strict fails on this)"))
 
@@ -299,7 +306,7 @@ def regen_spec(spec: Spec, ctx: RunContext, store: GoldenStore, write: bool = Tr
     else:
         changes = diff_tensors(old.tensors, new.tensors)
         data_change = diff_data(old.data, new.data)
-        spec_edited = old.manifest.get("spec_sha256") != spec.sha256
+        spec_edited = not current_for(old.manifest, spec)
         if not changes and not data_change and not spec_edited:
             out.status = UNCHANGED
             return out
@@ -309,7 +316,7 @@ def regen_spec(spec: Spec, ctx: RunContext, store: GoldenStore, write: bool = Tr
             out.explanation.append("same bits; the spec text changed, so the manifest's spec hash is updated")
     if write:
         try:
-            store.write(platform, spec.id, new.tensors, new.data, spec.sha256, spec.kind,
+            store.write(platform, spec.id, new.tensors, new.data, spec.content_sha256, spec.kind,
                         provenance(ctx, spec, platform))
         except OSError as e:  # e.g. a folder where the golden file should be, or a read-only golden/
             out.status = REFUSED
