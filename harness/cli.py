@@ -8,6 +8,8 @@
     lockstep report   [PATTERN ...] [--target T ...] --out PATH.md
     lockstep expectations [PATTERN ...] --target T --write FILE [--versions RANGE]
     lockstep suite                                  the installed suite's folder
+    lockstep show     PATTERN ... [--pair P] [--bits] [--json]   goldens as text (--textconv FILE: git's driver)
+    lockstep diff-driver [--uninstall]              install that driver into .git/config
     (list, check and diff take --target NAME: another implementation, see harness/targets)
     lockstep make-checkpoint --preset NAME --seed S --format bf16|mxfp4 OUT
     lockstep generate --checkpoint DIR --prompt-ids 1,2,3 [...] [--json]
@@ -212,6 +214,28 @@ def _tool_parsers(sub) -> None:
     p.set_defaults(func=command("make_checkpoint", "cmd_make_checkpoint"))
 
 
+def _show_parsers(sub) -> None:
+    """Reviewing goldens: show, diff-driver."""
+    p = sub.add_parser("show", help="print goldens readably: tokens as ids, logprobs in decimal, a block a request")
+    p.add_argument("patterns", nargs="*", metavar="PATTERN", help="golden (spec) id globs, e.g. 'generate/*'")
+    p.add_argument("--pair", choices=[f"{d}/{b}" for d in ("fp32", "bf16") for b in ("torch", "triton")],
+                   help="only the golden folders of this dtype/backend pair (and shared/)")
+    p.add_argument("--bits", action="store_true", help="print each float's bits beside its decimal value")
+    p.add_argument("--full", action="store_true", help="print every value of large tensors (default: a digest a row)")
+    p.add_argument("--golden", type=Path, default=Path("golden"), help="golden directory (default: ./golden)")
+    p.add_argument("--suite", type=Path, action=_SuiteAction, metavar="DIR", help="the suite in DIR's golden/")
+    p.add_argument("--textconv", type=Path, metavar="FILE", help="print one .safetensors file as text (what the "
+                                                                 "git diff driver runs)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _debug(p)
+    p.set_defaults(func=command("show", "cmd_show"))
+    p = sub.add_parser("diff-driver", help="install the git diff driver that shows goldens' values in git diff")
+    p.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: .)")
+    p.add_argument("--uninstall", action="store_true", help="remove the driver from the repository's .git/config")
+    _debug(p)
+    p.set_defaults(func=command("show", "cmd_diff_driver"))
+
+
 def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate from a checkpoint with the reference engine")
     p.add_argument("--checkpoint", type=Path, required=True)
@@ -246,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     _target_parsers(sub)
     _tool_parsers(sub)
     _generate_parser(sub)
+    _show_parsers(sub)
     add_replay_commands(sub)      # record, replay, import-peer, promote: harness/replay/commands.py
     return parser
 

@@ -39,3 +39,7 @@ def generate_document(*, checkpoint: str, checkpoint_digest: str, platform: str,
 def report_document(matrix: dict) -> dict:
     """No lockstep_version here: the committed docs/conformance.json would change with every release."""
     return {"schema_version": SCHEMA_VERSION, "command": "report"} | matrix
+
+
+def show_document(*, goldens: list[dict]) -> dict:
+    return _header("show") | {"goldens": goldens}
