@@ -121,6 +121,11 @@ def _running(p: argparse.ArgumentParser) -> None:
                         "and require the one-device bits")
 
 
+def _jobs(p: argparse.ArgumentParser, verb: str) -> None:
+    p.add_argument("-j", "--jobs", type=int_at_least(1), default=None, metavar="N",
+                   help=f"{verb} in N worker processes, reported as a serial run (default: the cores available)")
+
+
 def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
     if many:
         p.add_argument("--target", action="append", help="a target to report (repeatable; default: those of sglang, "
@@ -153,8 +158,9 @@ def _spec_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone, or was edited "
                                                          "after they were recorded)")
-    p.add_argument("-j", "--jobs", type=int_at_least(1), default=None, metavar="N",
-                   help="check in N worker processes, reported as a serial run (default: the cores available)")
+    p.add_argument("--failed", action="store_true", help="only the rows the last check failed or found missing "
+                                                         "(within the patterns given)")
+    _jobs(p, "check")
     _target(p)
     _expectations(p)
     p.set_defaults(func=command("check", "cmd_check"))
@@ -168,6 +174,9 @@ def _spec_parsers(sub) -> None:
     _common(p)
     _running(p)
     p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    p.add_argument("--failed", action="store_true", help="only the rows the last check failed or found missing "
+                                                         "(within the patterns given)")
+    _jobs(p, "record")
     p.add_argument("--allow-ci", action="store_true", help="allow regeneration under CI (any truthy CI value)")
     p.set_defaults(func=command("regen", "cmd_regen"))
 

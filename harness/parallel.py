@@ -1,4 +1,4 @@
-"""`lockstep check -j N`: the planned rows checked in N worker processes, reported as one serial run.
+"""`lockstep check -j N` and `regen -j N`: the planned rows run in N worker processes, reported as one serial run.
 
 Each row (spec, RunContext, golden folder) is checked by `runner.check_spec` exactly as the serial
 loop does; only where it runs changes. Outcomes come back in the rows' order whatever order the
@@ -13,6 +13,7 @@ run (harness/checkpoints.py, $LOCKSTEP_CHECKPOINT_CACHE), so each is made once, 
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import shutil
@@ -40,13 +41,28 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
                waiting: Callable[[int, str], None] | None = None) -> Iterator[runner.Outcome]:
     """Yield each row's Outcome in the rows' order, from `jobs` processes (None: default_jobs());
     `waiting(i, spec id)` (1-based) is called before the i-th is awaited (the live progress line)."""
+    yield from _run_rows(rows, functools.partial(runner.check_spec, store=store, strict=strict), jobs, waiting,
+                         _dead_check)
+
+
+def regen_rows(rows: list[tuple], store: GoldenStore, write: bool, jobs: int | None,
+               waiting: Callable[[int, str], None] | None = None) -> Iterator[runner.RegenOutcome]:
+    """`lockstep regen -j N`: each row's RegenOutcome in the rows' order, as check_rows. The workers
+    write distinct goldens; the parent holds the golden folder's writer lock for all of them."""
+    yield from _run_rows(rows, functools.partial(runner.regen_spec, store=store, write=write), jobs, waiting,
+                         _dead_regen)
+
+
+def _run_rows(rows, call, jobs, waiting, dead) -> Iterator:
+    """call(spec, ctx) for each row, serially or in a pool of spawned workers; `dead(spec, folder,
+    error)` is the outcome of a row whose worker died."""
     jobs = min(jobs or default_jobs(), len(rows))
     keep_freed_memory()                       # this process's rows (serial), and the workers' parent
     if jobs <= 1:
         for i, (spec, ctx, _) in enumerate(rows, 1):
             if waiting:
                 waiting(i, spec.id)
-            yield runner.check_spec(spec, ctx, store, strict=strict)
+            yield call(spec, ctx)
         return
     from lockstep.harness.checkpoints import SHARED_ENV
 
@@ -54,12 +70,15 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_start_worker, initargs=(suite.explicit_mappings(), shared))
     try:
-        futures = [pool.submit(runner.check_spec, spec, ctx, store, strict) for spec, ctx, _ in rows]
+        futures = [pool.submit(call, spec, ctx) for spec, ctx, _ in rows]
         for i, ((spec, ctx, folder), future) in enumerate(zip(rows, futures), 1):
             if waiting:
                 waiting(i, spec.id)
-            yield _outcome(future, spec, folder)
-    finally:                                  # an interrupted check leaves no worker behind
+            try:
+                yield future.result()
+            except Exception as e:  # noqa: BLE001 - BrokenProcessPool, or an outcome that cannot be sent back
+                yield dead(spec, folder, e)
+    finally:                                  # an interrupted run leaves no worker behind
         pool.shutdown(wait=True, cancel_futures=True)
         if shared != os.environ.get(SHARED_ENV):
             shutil.rmtree(shared, ignore_errors=True)
@@ -79,12 +98,15 @@ def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
     suite.map_checkpoints(mapped.items())
 
 
-def _outcome(future: Future, spec, folder: str) -> runner.Outcome:
-    """The worker's Outcome; a worker that died (a segfault, the OOM killer) is this row's CRASH,
-    since a serial run would have died there too."""
-    try:
-        return future.result()
-    except Exception as e:  # noqa: BLE001 - BrokenProcessPool, or an Outcome that cannot be sent back
-        return runner.Outcome(spec, runner.CRASH, folder, messages=[
-            f"crashed: the worker process checking it failed: {type(e).__name__}: {e} "
-            f"(run `lockstep check {spec.id} -j 1` to see it in this process)"])
+def _dead_check(spec, folder: str, e: Exception) -> runner.Outcome:
+    """A worker that died (a segfault, the OOM killer) is this row's CRASH, since a serial run would
+    have died there too."""
+    return runner.Outcome(spec, runner.CRASH, folder, messages=[
+        f"crashed: the worker process checking it failed: {type(e).__name__}: {e} "
+        f"(run `lockstep check {spec.id} -j 1` to see it in this process)"])
+
+
+def _dead_regen(spec, folder: str, e: Exception) -> runner.RegenOutcome:
+    return runner.RegenOutcome(spec, runner.REFUSED, folder, explanation=[
+        f"the worker process recording it failed: {type(e).__name__}: {e} (run `lockstep regen {spec.id} -j 1` "
+        "to see it in this process)"])

@@ -19,6 +19,7 @@ from lockstep.harness import kinds
 from lockstep.harness.compare import TensorDiff, diff_data, diff_tensors
 from lockstep.harness.errors import full_traceback, located
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip, standard
+from lockstep.harness.moved import moved
 from lockstep.harness.pairs import runs_the_engine
 from lockstep.harness.platform import bit_dependencies, dependency_report, device_name, lockstep_revision, versions
 from lockstep.harness.result import Result, RunContext
@@ -240,6 +241,7 @@ class RegenOutcome:
     explanation: list[str] = field(default_factory=list)
     written: bool = False
     traceback: str = ""  # of a crash: shown with --debug (and by pytest)
+    moved: object = None  # harness.moved.Moved of a CHANGED golden: what a reviewer reads first
 
     def report(self, debug: bool = False) -> str:
         lines = [f"{self.status:<9} {self.spec.id} ({self.golden_platform})" + ("  [written]" if self.written else "")]
@@ -311,6 +313,7 @@ def regen_spec(spec: Spec, ctx: RunContext, store: GoldenStore, write: bool = Tr
             out.status = UNCHANGED
             return out
         out.status = CHANGED
+        out.moved = moved(old.tensors, new.tensors, changes, old.data, new.data)
         out.explanation = [d.describe() for d in changes] + ([f"data:\n{data_change}"] if data_change else [])
         if spec_edited and not changes and not data_change:
             out.explanation.append("same bits; the spec text changed, so the manifest's spec hash is updated")
