@@ -21,7 +21,8 @@ from lockstep.harness.errors import full_traceback, located
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip, standard
 from lockstep.harness.moved import moved
 from lockstep.harness.pairs import runs_the_engine
-from lockstep.harness.platform import bit_dependencies, dependency_report, device_name, lockstep_revision, versions
+from lockstep.harness.platform import (bit_dependencies, dependency_report, device_name, dirty_paths,
+                                       lockstep_revision, versions)
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.selfcheck import SelfCheckFailed, verify  # noqa: F401 - SelfCheckFailed is re-exported
 from lockstep.harness.specfile import Spec
@@ -260,6 +261,7 @@ def _topologies_checked(spec: Spec, ctx: RunContext) -> list[dict]:
 def provenance(ctx: RunContext, spec: Spec, golden_platform: str) -> dict:
     return {
         "lockstep_revision": lockstep_revision(),
+        **({"dirty_paths": dirty} if (dirty := dirty_paths()) else {}),
         **versions(),
         "device": device_name(ctx.platform),
         "platform": ctx.platform.name,
