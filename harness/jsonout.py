@@ -43,3 +43,8 @@ def report_document(matrix: dict) -> dict:
 
 def show_document(*, goldens: list[dict]) -> dict:
     return _header("show") | {"goldens": goldens}
+
+
+def replay_document(command: str, report: dict) -> dict:
+    """`replay --json` and `import-peer --json`: the report with the header (both carry `ok`)."""
+    return _header(command) | report

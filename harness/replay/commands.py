@@ -30,6 +30,7 @@ from pathlib import Path
 
 from lockstep.harness.commands.options import bound, int_at_least, int_list, per_prompt_seeds, seeds, token_ids
 from lockstep.harness.errors import check_output_file
+from lockstep.harness.jsonout import replay_document
 from lockstep.harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
 from lockstep.harness.replay.format import Trace, TraceError, f32_from_bits, read_trace, write_trace
 
@@ -61,6 +62,7 @@ def add_commands(sub) -> None:
     p.add_argument("--threshold", type=float, default=None,
                    help="another engine's trace (import-peer, record --target): the |Δlogprob| a step may "
                         "differ by (default 1e-3)")
+    _clip(p)
     p.add_argument("--no-locate", action="store_true", help="do not re-run the first divergence with ops traced")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_replay)
@@ -71,7 +73,9 @@ def add_commands(sub) -> None:
                    help="the layout of PEER (harness/replay/peer.py)")
     p.add_argument("--checkpoint", required=True, help="the checkpoint the peer ran (folder)")
     p.add_argument("--prompt-ids", type=token_ids, action="append", help="prompts, where the peer's file lacks them")
-    p.add_argument("--threshold", type=float, default=1e-3, help="|Δlogprob| above which a token counts as off")
+    p.add_argument("--threshold", type=bound, default=1e-3,
+                   help="|Δlogprob| above which a token is a divergence (exit 1; default 1e-3)")
+    _clip(p)
     p.add_argument("--out", type=Path, help="also write the imported trace here")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_import_peer)
@@ -83,6 +87,12 @@ def add_commands(sub) -> None:
     p.add_argument("--description", default=None, help="the spec's description (default: names the trace)")
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
     p.set_defaults(func=cmd_promote)
+
+
+def _clip(p) -> None:
+    p.add_argument("--clip", type=bound, default=0.2, metavar="EPS",
+                   help="another engine's trace: the importance-ratio clip range 1±EPS whose outside share is "
+                        "reported (default 0.2)")
 
 
 def _record_parser(sub) -> None:
@@ -325,10 +335,10 @@ def cmd_replay(args) -> int:
                      lambda i, k: f"{args.trace}:{lines[i, k]}")
         report = replay(trace, args.mode, overrides, near_tie=args.near_tie if args.near_tie is not None else NEAR_TIE,
                         locate_first=not args.no_locate,
-                        threshold=args.threshold if args.threshold is not None else THRESHOLD)
+                        threshold=args.threshold if args.threshold is not None else THRESHOLD, clip=args.clip)
     except (ValueError, OSError) as e:
         return _fail(f"{args.trace}: {e}" if not str(e).startswith(str(args.trace)) else str(e))
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.text())
+    print(json.dumps(replay_document("replay", report.to_json()), indent=2) if args.json else report.text())
     return EXIT_OK if report.ok else EXIT_DIVERGED
 
 
@@ -345,13 +355,13 @@ def cmd_import_peer(args) -> int:
         except OverflowError as e:
             raise _peer_value_error(e, args.peer) from None
         _check_steps(trace, _config(ckpt).vocab_size, lambda i, k: f"{args.peer}: request {i}, token {k}")
-        report = teacher_force_peer(trace, args.threshold)
+        report = teacher_force_peer(trace, args.threshold, clip=args.clip)
         if args.out:
             write_trace(trace, args.out)
     except (ValueError, OSError) as e:
         return _fail(str(e))
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.text())
-    return EXIT_OK
+    print(json.dumps(replay_document("import-peer", report.to_json()), indent=2) if args.json else report.text())
+    return EXIT_OK if report.ok else EXIT_DIVERGED
 
 
 def cmd_promote(args) -> int:

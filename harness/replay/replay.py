@@ -114,6 +114,9 @@ class ReplayReport:
                          f"p99 {st['p99']:.3g}, max {st['max']:.3g} (mean {st['mean']:.3g}); "
                          f"{100 * st['share_over_threshold']:.1f}% over {self.threshold:g}; "
                          f"{st['bitwise_equal']} of {st['tokens']} bitwise equal")
+            if st.get("rl"):
+                from lockstep.harness.replay.deltas import rl_line
+                lines.append(rl_line(st["rl"]))
         unchecked = c.get(Verdict.NOT_RECORDED.value, 0)
         if self.first is None and unchecked:
             lines.append(f"no step diverges, but {unchecked} of {len(self.verdicts)} steps were not fully checked: "
@@ -278,7 +281,7 @@ def foreign(trace: Trace) -> bool:
 
 
 def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, *, near_tie: float = NEAR_TIE,
-           locate_first: bool = True, threshold: float = THRESHOLD) -> ReplayReport:
+           locate_first: bool = True, threshold: float = THRESHOLD, clip: float = 0.2) -> ReplayReport:
     if mode not in MODES:
         raise TraceError(f"mode must be one of {MODES}, got {mode!r}")
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
@@ -316,7 +319,7 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     bad = [v for v in report.verdicts if v.status not in (Verdict.BITWISE, Verdict.NOT_RECORDED)]
     if foreign(trace):
         report.threshold = threshold
-        report.stats = _stats(trace, results, threshold)
+        report.stats = _stats(trace, results, threshold, clip)
         bad = [v for v in bad if not (v.status == Verdict.BITS and v.dlogprob <= threshold)]
         locate_first = False                       # the trace's side is another engine: nothing to re-run
     if bad:
@@ -326,18 +329,14 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     return report
 
 
-def _stats(trace: Trace, results, threshold: float) -> dict:
-    """Per-token |Δlogprob| of the replay against the trace (the steps both have), as import-peer's."""
-    from lockstep.harness.replay.peer import PeerReport
+def _stats(trace: Trace, results, threshold: float, clip: float) -> dict:
+    """Per-token comparison of the replay with the trace (the steps both have): import-peer's, shared."""
+    from lockstep.harness.replay.deltas import Deltas
 
-    rep = PeerReport(trace.manifest.get("source", "?"), threshold)
+    rep = Deltas(trace.manifest.get("source", "?"), threshold, clip)
     for steps, res in zip(trace.steps, results):
-        for k, s in enumerate(steps[:len(res.logprobs)]):
-            ours, theirs = float(res.logprobs[k]), f32_from_bits(s["logprob_bits"])
-            d = abs(ours - theirs)
-            rep.deltas.append(d if math.isfinite(d) else (0.0 if ours == theirs else math.inf))
-            rep.bitwise += f32_bits(ours) == s["logprob_bits"]
-    return rep.stats()
+        rep.add_request(steps, res.logprobs.tolist() if hasattr(res.logprobs, "tolist") else list(res.logprobs))
+    return rep.stats() | {"per_request": rep.per_request()}
 
 
 def _locate(trace, setup: Setup, requests, tokens, results, first: StepVerdict, mode: str):
