@@ -53,6 +53,9 @@ def add_commands(sub) -> None:
     p.add_argument("--mode", choices=["free-run", "teacher-forced"], default="free-run",
                    help="free-run: sample again and compare; teacher-forced: feed the trace's tokens (default free-run)")
     _run_options(p, defaults=False)
+    _device(p, "default: the trace's; Lockstep's own trace replays only on its own platform")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
+                   help="dtype policy (default: the trace's; another dtype only for another engine's trace)")
     p.add_argument("--order", type=int_list, help="the batch composition: request indices in run order, e.g. 2,0,1")
     p.add_argument("--forced-shape", choices=["decode", "prefill"], default=None,
                    help="teacher-forced: one token a step (generate), or every token in chunked forwards")
@@ -76,6 +79,18 @@ def add_commands(sub) -> None:
     p.add_argument("--threshold", type=bound, default=1e-3,
                    help="|Δlogprob| above which a token is a divergence (exit 1; default 1e-3)")
     _clip(p)
+    _device(p, "default: cuda when available, else cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="Lockstep's dtype policy for the "
+                                                                             "teacher-forced run (default fp32)")
+    p.add_argument("--peer-logprobs", choices=["raw", "temperature", "top-p"], default="raw",
+                   help="what the peer's logprobs are: raw log softmax(logits) (default), temperature-scaled, or "
+                        "temperature-scaled and top-p renormalised; compared with the same quantity here")
+    p.add_argument("--temperature", type=bound, default=1.0, help="with --peer-logprobs temperature or top-p")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --peer-logprobs top-p")
+    p.add_argument("--max-seconds", type=bound, default=MAX_GENERATE_SECONDS, metavar="S",
+                   help=f"on the CPU, refuse a run estimated above S seconds (default {MAX_GENERATE_SECONDS})")
+    p.add_argument("--max-gb", type=bound, default=MAX_RECORD_GB, metavar="GB",
+                   help=f"refuse a KV cache larger than this (default {MAX_RECORD_GB:g})")
     p.add_argument("--out", type=Path, help="also write the imported trace here")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_import_peer)
@@ -87,6 +102,16 @@ def add_commands(sub) -> None:
     p.add_argument("--description", default=None, help="the spec's description (default: names the trace)")
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
     p.set_defaults(func=cmd_promote)
+
+
+def _device(p, default: str) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help=f"where Lockstep's engine runs ({default})")
+
+
+def _device_name(device: str | None) -> str:
+    """'cpu' or 'cuda' for Setup: None is cuda when available; cuda without a GPU is refused (ValueError)."""
+    from lockstep.harness.platform import detect
+    return detect(device).device
 
 
 def _clip(p) -> None:
@@ -112,6 +137,7 @@ def _record_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int_at_least(1), default=16, help="with --prompt-ids (default 16)")
     _run_options(p)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype policy (default fp32)")
+    _device(p, "default: cuda when available, else cpu")
     p.add_argument("--draft", help="an EAGLE3 draft folder (relative to the project root): speculative decoding")
     p.add_argument("--convention", choices=["boundary", "sglang", "output-index"], default="sglang",
                    help="with --draft: which layers' hidden states the draft reads (default sglang)")
@@ -291,10 +317,11 @@ def cmd_record(args) -> int:
         if args.target is not None:
             _target_options(args)
         setup = Setup(ckpt, dtype=args.dtype, backend=args.backend, tp=args.tp, ep=args.ep, max_batch=args.max_batch,
-                      prefill_chunk=args.prefill_chunk, draft=draft, speculative=spec)
+                      prefill_chunk=args.prefill_chunk, draft=draft, speculative=spec,
+                      device=_device_name(args.device))
         requests = _requests(args)
         record_cost(_config(ckpt), [(len(r.prompt), r.params.max_new_tokens) for r in requests], args.dtype,
-                    args.max_seconds, args.max_gb)
+                    args.max_seconds, args.max_gb, device=setup.device)
         if args.target is not None:
             from lockstep.harness.replay.target_record import record_target
             trace = record_target(args.target, setup, requests)
@@ -326,7 +353,8 @@ def cmd_replay(args) -> int:
         trace = read_trace(args.trace)
         _check_manifest(trace, args.trace)
         overrides = {k: getattr(args, k) for k in ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order",
-                                                    "forced_shape")}
+                                                    "forced_shape", "dtype")}
+        overrides["device"] = _device_name(args.device) if args.device else None
         if args.checkpoint:
             overrides["checkpoint"] = _checkpoint_ref(args.checkpoint)
         check_identity(trace, replay_setup(trace, overrides))   # another checkpoint is named before its vocabulary
@@ -343,19 +371,27 @@ def cmd_replay(args) -> int:
 
 
 def cmd_import_peer(args) -> int:
+    from lockstep.harness.estimates import record_cost
     from lockstep.harness.replay.peer import import_peer, teacher_force_peer
+    from lockstep.harness.replay.processed import Processing
+    from lockstep.harness.replay.run import Setup
 
     if args.out is not None:
         check_output_file(args.out, "--out")
     try:
         _text(args.peer, "the peer file")            # named here: the importer's read would not say which file
         ckpt = _checkpoint_ref(args.checkpoint)
+        processing = Processing(args.peer_logprobs, args.temperature, args.top_p)
+        setup = Setup(ckpt, dtype=args.dtype, device=_device_name(args.device))
         try:
-            trace = import_peer(args.peer, args.peer_format, ckpt, args.prompt_ids)
+            trace = import_peer(args.peer, args.peer_format, ckpt, args.prompt_ids, setup, processing)
         except OverflowError as e:
             raise _peer_value_error(e, args.peer) from None
-        _check_steps(trace, _config(ckpt).vocab_size, lambda i, k: f"{args.peer}: request {i}, token {k}")
-        report = teacher_force_peer(trace, args.threshold, clip=args.clip)
+        config = _config(ckpt)
+        _check_steps(trace, config.vocab_size, lambda i, k: f"{args.peer}: request {i}, token {k}")
+        record_cost(config, [(len(r["prompt"]), r["tokens"]) for r in trace.requests], args.dtype, args.max_seconds,
+                    args.max_gb, verb="import-peer", runs=1, device=setup.device)
+        report = teacher_force_peer(trace, args.threshold, setup=setup, clip=args.clip)
         if args.out:
             write_trace(trace, args.out)
     except (ValueError, OSError) as e:

@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 
 from lockstep.harness.replay.deltas import CLIP, Deltas
+from lockstep.harness.replay.processed import Processing, ProcessedLog, apply
 from lockstep.harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits
 from lockstep.harness.replay.identity import checkpoint_identity, platform_identity
 from lockstep.harness.replay.run import Setup, checkpoint_folder, forced_requests, run
@@ -101,8 +102,10 @@ def _rollout(doc: dict) -> list[tuple]:
              [float(x) for x in first("logprobs", "rollout_log_probs")])]
 
 
-def import_peer(path: str | Path, fmt: str, checkpoint: dict, prompts: list[list[int]] | None = None) -> Trace:
-    """A peer's output file as a trace (source = the peer, steps = its tokens and logprobs)."""
+def import_peer(path: str | Path, fmt: str, checkpoint: dict, prompts: list[list[int]] | None = None,
+                setup: Setup | None = None, processing: Processing | None = None) -> Trace:
+    """A peer's output file as a trace (source = the peer, steps = its tokens and logprobs, and the
+    processing its logprobs went through, harness/replay/processed.py)."""
     path = Path(path)
     if fmt not in FORMATS:
         raise TraceError(f"peer format must be one of {FORMATS}, got {fmt!r}")
@@ -116,7 +119,7 @@ def import_peer(path: str | Path, fmt: str, checkpoint: dict, prompts: list[list
                              f"({type(e).__name__}: {e})") from None
     if not items:
         raise TraceError(f"{path}: no {fmt} records")
-    setup = Setup(checkpoint)
+    setup = setup or Setup(checkpoint)
     requests, steps = [], []
     for i, (prompt, ids, lps) in enumerate(items):
         if prompt is None:
@@ -138,12 +141,15 @@ def import_peer(path: str | Path, fmt: str, checkpoint: dict, prompts: list[list
                 "settings": {**setup.settings(), "mode": "generate"},
                 "platform": platform_identity(setup.dtype, setup.backend, setup.device),
                 "checkpoint": {"ref": checkpoint, **checkpoint_identity(checkpoint_folder(setup))},
-                "draft": None, "speculative": None, "requests": len(requests)}
+                "draft": None, "speculative": None, "requests": len(requests),
+                "peer_logprobs": (processing or Processing()).to_json()}
     return Trace(manifest, requests, steps, [[] for _ in requests])
 
 
 class PeerReport(Deltas):
     """import-peer's report: the shared per-token comparison (harness/replay/deltas.py) and its verdict."""
+
+    processing: str = "raw"                 # what the peer's logprobs are (harness/replay/processed.py)
 
     @property
     def ok(self) -> bool:
@@ -155,7 +161,8 @@ class PeerReport(Deltas):
         lines = [f"{self.source} run teacher-forced through lockstep: {s['tokens']} tokens, "
                  f"|Δlogprob| p50 {s['p50']:.3g}, p95 {s['p95']:.3g}, p99 {s['p99']:.3g}, max {s['max']:.3g} "
                  f"(mean {s['mean']:.3g}); {100 * s['share_over_threshold']:.1f}% over {self.threshold:g}; "
-                 f"{s['bitwise_equal']} bitwise equal"]
+                 f"{s['bitwise_equal']} bitwise equal"
+                 + ("" if self.processing == "raw" else f" ({self.processing} logprobs compared)")]
         lines += self.rl_text()
         for i, k in sorted(self.first_off.items()):
             lines.append(f"  request {i}: first departs at step {k}")
@@ -167,7 +174,7 @@ class PeerReport(Deltas):
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"source": self.source, "ok": self.ok, "stats": self.stats(), "per_request": self.per_request(),
+        return {"source": self.source, "ok": self.ok, "logprobs": self.processing, "stats": self.stats(), "per_request": self.per_request(),
                 "first_off": self.first_off, "worst": self.worst}
 
 
@@ -180,11 +187,16 @@ def teacher_force_peer(trace: Trace, threshold: float = 1e-3, setup: Setup | Non
     tokens = [[s["token"] for s in steps] for steps in trace.steps]
     reqs = [Request(prompt=r["prompt"], params=SamplingParams(greedy=True, max_new_tokens=r["tokens"])) for r in
             trace.requests]
+    processing = Processing.of(trace.manifest)
+    log = None if processing.kind == "raw" else ProcessedLog([len(r.prompt) for r in reqs], tokens, processing)
     try:
-        results = run(setup, forced_requests(reqs, tokens), None, tokens)
+        results = run(setup, forced_requests(reqs, tokens), log, tokens)
+        if log is not None:
+            apply(log, results)             # compare what the peer declared it returned
     except ValueError as e:                 # an id outside the vocabulary, a sequence past the context
         raise TraceError(f"the peer's tokens cannot run on this checkpoint: {e}") from None
     rep = PeerReport(trace.manifest["source"], threshold, clip)
+    rep.processing = processing.kind
     for steps, res in zip(trace.steps, results):
         rep.add_request(steps, res.logprobs.tolist() if hasattr(res.logprobs, "tolist") else list(res.logprobs))
     return rep

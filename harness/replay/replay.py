@@ -38,13 +38,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from lockstep.engine.request import Request
+from lockstep.harness.replay import processed
 from lockstep.harness.replay.format import Trace, TraceError, f32_bits, f32_bits_all, f32_from_bits
 from lockstep.harness.replay.identity import check_checkpoint, check_platform, platform_identity
 from lockstep.harness.replay.observe import StepLog
 from lockstep.harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
 
 MODES = ("free-run", "teacher-forced")
-OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order", "forced_shape")
+OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order", "forced_shape", "device", "dtype")
 NEAR_TIE = 1e-3           # default margin (top-1 minus top-2 logit) under which a token flip is a near-tie
 THRESHOLD = 1e-3          # another engine's trace: |Δlogprob| accepted per step (import-peer's default)
 REPLAYABLE_RNG = ("lockstep-coins-1", "none (greedy)")     # the RNG models free-run can draw again
@@ -179,7 +180,10 @@ def replay_setup(trace: Trace, overrides: dict) -> Setup:
 
 
 def check_identity(trace: Trace, setup: Setup) -> None:
-    check_platform(trace.manifest["platform"], platform_identity(setup.dtype, setup.backend, setup.device))
+    """The checkpoint must be the trace's; so must the platform, unless the trace is another
+    engine's (judged with a tolerance: Lockstep's side may run on any device and dtype)."""
+    if not foreign(trace):
+        check_platform(trace.manifest["platform"], platform_identity(setup.dtype, setup.backend, setup.device))
     check_checkpoint(trace.manifest["checkpoint"], checkpoint_folder(setup))
     if setup.draft is not None:
         check_checkpoint(trace.manifest["draft"], draft_folder(setup), "draft")
@@ -295,7 +299,8 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     setup = replay_setup(trace, overrides or {})
     check_identity(trace, setup)
     requests = requests_of(trace)
-    shown = {k: getattr(setup, k) for k in OVERRIDABLE if getattr(setup, k) is not None}
+    shown = {k: getattr(setup, k) for k in OVERRIDABLE if getattr(setup, k) is not None
+             and (k not in ("device", "dtype") or (overrides or {}).get(k) is not None)}   # those two: when given
     report = ReplayReport(mode, shown)
     tokens = [[s["token"] for s in steps] for steps in trace.steps]
     if mode == "free-run":
@@ -312,8 +317,9 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
                                                                          f"{trace.requests[i]['finish_reason']}"))
             report.verdicts += vs
     else:
-        flog = StepLog([len(r.prompt) for r in requests], logits=True)
+        flog = processed.forced_log(trace.manifest, [len(r.prompt) for r in requests], tokens)
         results = run(setup, forced_requests(requests, tokens), flog, tokens)
+        processed.apply(flog, results)      # a peer that declared processed logprobs: compare those
         for i, res in enumerate(results):
             report.verdicts += _forced_verdicts(trace, i, res, flog)
     bad = [v for v in report.verdicts if v.status not in (Verdict.BITWISE, Verdict.NOT_RECORDED)]
@@ -329,7 +335,7 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     return report
 
 
-def _stats(trace: Trace, results, threshold: float, clip: float) -> dict:
+def _stats(trace: Trace, results, threshold: float, clip: float = 0.2) -> dict:
     """Per-token comparison of the replay with the trace (the steps both have): import-peer's, shared."""
     from lockstep.harness.replay.deltas import Deltas
 

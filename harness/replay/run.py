@@ -76,7 +76,7 @@ def run(setup: Setup, requests: list[Request], log: StepLog | None = None, force
     order = setup.order or list(range(len(requests)))
     reqs = [requests[i] for i in order]
     forced_o = [forced[i] for i in order] if forced is not None else None
-    sub = StepLog([len(r.prompt) for r in reqs], logits=log.want_logits) if log is not None else engine_trace
+    sub = log.fresh([len(r.prompt) for r in reqs], order) if log is not None else engine_trace
     speculative = setup.speculative is not None and forced is None
     if forced is not None and setup.forced_shape == "prefill":
         if setup.tp * setup.ep != 1:
@@ -89,9 +89,7 @@ def run(setup: Setup, requests: list[Request], log: StepLog | None = None, force
         results = _topology(setup, reqs, sub, forced_o, speculative)
     back = {j: i for j, i in enumerate(order)}
     if log is not None:
-        log.events = {(back[j], s): v for (j, s), v in sub.events.items()}
-        log.logits = {(back[j], s): v for (j, s), v in sub.logits.items()}
-        log.experts = {(back[j], s): v for (j, s), v in sub.experts.items()}
+        log.take(sub, back)
     out = [None] * len(requests)
     for j, i in enumerate(order):
         out[i] = results[j]

@@ -288,8 +288,10 @@ def test_another_engines_trace_is_judged_within_its_threshold(engine):
     engine.results = [result([7, 8, 9], [-0.5, -1.0, -2.0])]            # step 1 off by exactly 0.25
     r = replay(t, threshold=0.25)
     assert r.first is None and r.ok and r.threshold == 0.25 and engine.located == []
+    rl, per_request = r.stats.pop("rl"), r.stats.pop("per_request")       # the RL statistics: deltas.py's tests
     assert r.stats == {"tokens": 3, "bitwise_equal": 2, "p50": 0.0, "p95": 0.25, "p99": 0.25, "max": 0.25,
                        "mean": 0.25 / 3, "share_over_threshold": 0.0, "threshold": 0.25}
+    assert rl["max_abs_delta"] == 0.25 and [q["request"] for q in per_request] == [0]
     r = replay(t, threshold=0.125)
     assert (r.first.step, r.first.status.value) == (1, "bits") and r.located is None and engine.located == []
     assert r.stats["share_over_threshold"] == pytest.approx(1 / 3)
@@ -316,8 +318,8 @@ def test_the_statistics_of_infinite_logprobs():
     ({"threshold": -1.0}, "threshold must be a finite number > 0, got -1.0"),
     ({"threshold": math.inf}, "threshold must be a finite number > 0, got inf"),
     ({"threshold": "1"}, "threshold must be a finite number > 0, got '1'"),
-    ({"overrides": {"dtype": "bf16", "seed": 1}}, "a replay may not change dtype, seed (only backend, tp, ep, "
-                                                  "max_batch, prefill_chunk, order, forced_shape)"),
+    ({"overrides": {"dtype": "bf16", "seed": 1}}, "a replay may not change seed (only backend, tp, ep, "
+                                                  "max_batch, prefill_chunk, order, forced_shape, device, dtype)"),
     ({"overrides": {"order": [0, 0]}}, "--order must list every request index 0..1 once, got [0, 0]"),
 ])
 def test_what_replay_refuses(engine, kwargs, text):
