@@ -49,8 +49,8 @@ import sys
 from pathlib import Path
 
 from lockstep.harness.commands.exits import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_STDOUT_CLOSED, EXIT_USAGE
-from lockstep.harness.commands.options import (bound, int_at_least, int_in, seeds as seed_list, tag, token_ids,
-                                      world_sizes)
+from lockstep.harness.commands.options import (Parser, bound, deprecated, int_at_least, int_in, seeds as seed_list,
+                                               tag, token_ids, world_sizes)
 from lockstep.harness.errors import UsageError, full_traceback, located  # noqa: F401 - UsageError: also harness.cli's
 from lockstep.harness.limits import MAX_CHECKPOINT_GB, MAX_DOCTOR_INPUTS, MAX_GENERATE_SECONDS, WORLD_SIZES
 from lockstep.harness.replay.commands import add_commands as add_replay_commands
@@ -167,6 +167,7 @@ def _spec_parsers(sub) -> None:
     p = sub.add_parser("diff", help="run specs and explain each against its golden")
     _common(p, patterns="+")
     _running(p)
+    _jobs(p, "run")
     _target(p)
     _expectations(p)
     p.set_defaults(func=command("check", "cmd_check", explain=True), json=False, strict=False)
@@ -213,7 +214,9 @@ def _tool_parsers(sub) -> None:
     p.set_defaults(func=command("doctor", "cmd_doctor"))
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
-    p.add_argument("--seed", type=int_in(0, 2**63, "[0, 2^63)"), default=0)
+    p.add_argument("--ckpt-seed", dest="seed", type=int_in(0, 2**63, "[0, 2^63)"), default=0,
+                   help="the weights' seed (default 0; as record's --ckpt-seed)")
+    deprecated(p, "--seed", "--ckpt-seed", "seed", type=int_in(0, 2**63, "[0, 2^63)"))
     p.add_argument("--format", choices=["bf16", "mxfp4"], default="bf16")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
     p.add_argument("--max-gb", type=bound, default=MAX_CHECKPOINT_GB, metavar="GB",
@@ -269,8 +272,8 @@ def _generate_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lockstep", description="Deterministic-replay conformance harness "
-                                                                  "for gpt-oss + EAGLE3 inference.")
+    parser = Parser(prog="lockstep", description="Deterministic-replay conformance harness for gpt-oss + EAGLE3 "
+                                                 "inference.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks (also accepted after the command)")
     parser.add_argument("--version", action="version", version=f"lockstep {_version()}",
                         help="the installed lockstep-harness version")

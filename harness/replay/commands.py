@@ -23,12 +23,14 @@ and record's cost (the KV cache it allocates and its time, harness/estimates.py)
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
 from pathlib import Path
 
-from lockstep.harness.commands.options import bound, int_at_least, int_list, per_prompt_seeds, seeds, token_ids
+from lockstep.harness.commands.options import (bound, deprecated, int_at_least, int_list, per_prompt_seeds, seeds,
+                                               token_ids)
 from lockstep.harness.errors import check_output_file
 from lockstep.harness.jsonout import replay_document
 from lockstep.harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
@@ -47,6 +49,14 @@ def _fail(msg: str) -> int:
 
 # ---------------------------------------------------------------- the parsers
 def add_commands(sub) -> None:
+    """record, replay, import-peer, promote; each takes --debug after its name, as every command does."""
+    _parsers(sub)
+    for name in ("record", "replay", "import-peer", "promote"):
+        sub.choices[name].add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                       help="show tracebacks")
+
+
+def _parsers(sub) -> None:
     _record_parser(sub)
     p = sub.add_parser("replay", help="replay a trace and judge it step by step (free-run or teacher-forced)")
     p.add_argument("trace", type=Path, metavar="TRACE", help="a trace file written by record or import-peer --out")
@@ -98,7 +108,9 @@ def add_commands(sub) -> None:
     p = sub.add_parser("promote", help="turn a trace into a generate spec (then record its golden with regen)")
     p.add_argument("trace", type=Path, metavar="TRACE", help="a trace file written by record")
     p.add_argument("spec_id", metavar="SPEC_ID", help="e.g. replay/incident-42 (written under specs/)")
-    p.add_argument("--requests", type=int_list, help="only these request indices")
+    p.add_argument("--request-indices", dest="requests", type=int_list, metavar="I[,I...]",
+                   help="only these request indices, e.g. 0,2")
+    deprecated(p, "--requests", "--request-indices", "requests", type=int_list)
     p.add_argument("--description", default=None, help="the spec's description (default: names the trace)")
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
     p.set_defaults(func=cmd_promote)
@@ -142,7 +154,9 @@ def _record_parser(sub) -> None:
     p.add_argument("--convention", choices=["boundary", "sglang", "output-index"], default="sglang",
                    help="with --draft: which layers' hidden states the draft reads (default sglang)")
     p.add_argument("--num-steps", type=int_at_least(1), default=3, help="with --draft: draft steps a round (default 3)")
-    p.add_argument("--topk", type=int_at_least(1), default=1, help="with --draft: children per tree node (default 1)")
+    p.add_argument("--draft-topk", dest="topk", type=int_at_least(1), default=1,
+                   help="with --draft: children per tree node (default 1; not sampling's top-k)")
+    deprecated(p, "--topk", "--draft-topk", "topk", type=int_at_least(1))
     p.add_argument("--draft-token-num", type=int_at_least(1), default=4,
                    help="with --draft: tree nodes verified a round (default 4)")
     p.add_argument("--verify", choices=["greedy", "target-only", "rejection"], default="target-only",
