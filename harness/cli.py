@@ -121,6 +121,10 @@ def _running(p: argparse.ArgumentParser) -> None:
                         "and require the one-device bits")
 
 
+def _json(p: argparse.ArgumentParser, more: str = "") -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output, one document on stdout" + more)
+
+
 def _jobs(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("-j", "--jobs", type=int_at_least(1), default=None, metavar="N",
                    help=f"{verb} in N worker processes, reported as a serial run (default: the cores available)")
@@ -148,14 +152,16 @@ def _spec_parsers(sub) -> None:
     p = sub.add_parser("list", help="list the specs")
     _common(p)
     _target(p)
+    _json(p)
     p.set_defaults(func=command("listing", "cmd_list"))
     p = sub.add_parser("validate", help="check spec files without running them")
     _common(p)
+    _json(p)
     p.set_defaults(func=command("listing", "cmd_validate"))
     p = sub.add_parser("check", help="run specs and compare with their goldens bit for bit (the CI gate)")
     _common(p)
     _running(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _json(p)
     p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone, or was edited "
                                                          "after they were recorded)")
     p.add_argument("--failed", action="store_true", help="only the rows the last check failed or found missing "
@@ -168,9 +174,10 @@ def _spec_parsers(sub) -> None:
     _common(p, patterns="+")
     _running(p)
     _jobs(p, "run")
+    _json(p, " (check's document)")
     _target(p)
     _expectations(p)
-    p.set_defaults(func=command("check", "cmd_check", explain=True), json=False, strict=False)
+    p.set_defaults(func=command("check", "cmd_check", explain=True), strict=False)
     p = sub.add_parser("regen", help="record goldens: two identical runs, shown, then written atomically")
     _common(p)
     _running(p)
@@ -178,6 +185,7 @@ def _spec_parsers(sub) -> None:
     p.add_argument("--failed", action="store_true", help="only the rows the last check failed or found missing "
                                                          "(within the patterns given)")
     _jobs(p, "record")
+    _json(p, " (the text report goes to stderr)")
     p.add_argument("--allow-ci", action="store_true", help="allow regeneration under CI (any truthy CI value)")
     p.set_defaults(func=command("regen", "cmd_regen"))
 
