@@ -34,7 +34,7 @@ def cmd_check(args, explain: bool = False) -> int:
     target = target_for(args.target, ctx)     # lockstep: its engine, judged against the goldens below
     if not target.has_goldens:                # another implementation: against its expectations
         return check_against_expectations(target, args, specs, errors, ctx, explain,
-                                          Progress(len(specs), lines=args.json))
+                                          Progress(len(specs), lines=True))   # its table comes at the end
     session = CheckSession(args.golden, args.strict, specs, errors,
                            rows=laststate.keep(plan(args, specs, ctx), wanted))
     _run_rows(session, store, args)
