@@ -46,6 +46,7 @@ import importlib
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 from lockstep.harness.commands.exits import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_STDOUT_CLOSED, EXIT_USAGE
@@ -306,6 +307,9 @@ def main(argv=None) -> int:
         args = parser.parse_args(_attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
     except SystemExit as e:  # argparse exits 2 on usage errors, as our contract wants, and 0 for --help
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if not args.debug:      # numpy's floating-point warnings are lockstep's to handle, never the user's to read
+        warnings.filterwarnings("ignore", category=RuntimeWarning,
+                                message=r"(overflow|underflow|invalid value|divide by zero) encountered")
     try:
         try:
             code = args.func(args)

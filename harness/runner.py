@@ -58,6 +58,13 @@ def repro_command(spec_id: str, ctx: RunContext, verb: str = "diff", specs: Path
     return shlex.join(args)
 
 
+def _pair_flags(pair: str) -> str:
+    """' --dtype D --backend B' for a pair other than the default fp32/torch: a bare `regen ID` records
+    only the pairs the spec supports here, which need not hold the one a check asked for."""
+    dtype, _, backend = pair.partition("/")
+    return "" if pair in ("", "fp32/torch") else f" --dtype {dtype} --backend {backend}"
+
+
 @dataclass
 class Outcome:
     spec: Spec
@@ -81,7 +88,7 @@ class Outcome:
         head = f"{s.id} ({s.file}:{s.line_of('kind')}) on {self.golden_platform}: {self.status.upper()}"
         lines = [head]
         if self.status == MISSING:
-            lines.append(f"  no golden yet; record one with: lockstep regen {shlex.quote(s.id)}")
+            lines.append(f"  no golden yet; record one with: lockstep regen {shlex.quote(s.id)}{_pair_flags(self.pair)}")
         for m in self.messages:
             lines += ["  " + line for line in m.splitlines()]
         if self.traceback and debug:

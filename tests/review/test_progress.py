@@ -44,3 +44,31 @@ def test_check_target_prints_a_line_per_spec_in_a_ci_log(capsys, monkeypatch):
     assert main(["check", "--target", "hf", "coins/known-answers", "layer_ids/error-count"]) in (0, 1)
     err = capsys.readouterr().err
     assert "[1/2]" in err and "[2/2]" in err
+
+
+def test_numpy_warnings_never_reach_the_terminal(capsys):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    done = subprocess.run([sys.executable, "-m", "lockstep", "doctor", "--inputs", "1024"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "Warning" not in done.stderr + done.stdout
+
+
+def test_generic_numpy_warning_is_filtered_without_debug(monkeypatch):
+    import warnings
+
+    import numpy
+
+    from lockstep.harness import cli
+
+    def noisy(args):
+        numpy.array([1.0]) / numpy.array([0.0])
+        return 0
+    monkeypatch.setattr("lockstep.harness.commands.suite.cmd_suite", noisy)
+    for argv, shown in ((["suite"], False), (["--debug", "suite"], True)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert cli.main(argv) == 0
+        assert any("divide by zero" in str(w.message) for w in seen) is shown

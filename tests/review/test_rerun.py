@@ -76,3 +76,14 @@ def test_regen_in_two_workers_matches_a_serial_regen(project, capsys, monkeypatc
     serial = golden_bytes(project)
     same = lambda d: {k: v for k, v in d.items() if k.endswith(".safetensors")}     # manifests carry a time
     assert same(parallel) == same(serial) and parallel.keys() == serial.keys()
+
+
+def test_a_missing_rows_hint_records_the_pair_it_asked_for():
+    from lockstep.harness import runner
+    from tests.repo_specs import repo_specs
+
+    spec = repo_specs()["generate/top-k"]
+    out = runner.Outcome(spec, runner.MISSING, "cpu-fp32-triton", pair="fp32/triton")
+    assert "record one with: lockstep regen generate/top-k --dtype fp32 --backend triton" in out.report()
+    out = runner.Outcome(spec, runner.MISSING, "cpu-fp32", pair="fp32/torch")
+    assert out.report().splitlines()[1].endswith("lockstep regen generate/top-k")
