@@ -380,7 +380,8 @@ def cmd_replay(args) -> int:
                         threshold=args.threshold if args.threshold is not None else THRESHOLD, clip=args.clip)
     except (ValueError, OSError) as e:
         return _fail(f"{args.trace}: {e}" if not str(e).startswith(str(args.trace)) else str(e))
-    print(json.dumps(replay_document("replay", report.to_json()), indent=2) if args.json else report.text())
+    print(json.dumps(replay_document("replay", report.command_json()), indent=2) if args.json else
+          report.command_text())
     return EXIT_OK if report.ok else EXIT_DIVERGED
 
 

@@ -39,6 +39,7 @@ from enum import Enum
 
 from lockstep.engine.request import Request
 from lockstep.harness.replay import processed
+from lockstep.harness.replay.context import replay_notes
 from lockstep.harness.replay.format import Trace, TraceError, f32_bits, f32_bits_all, f32_from_bits
 from lockstep.harness.replay.identity import check_checkpoint, check_platform, platform_identity
 from lockstep.harness.replay.observe import StepLog
@@ -89,6 +90,8 @@ class ReplayReport:
     located: object | None = None                               # harness.locate.Located
     threshold: float | None = None      # another engine's trace: the |Δlogprob| a step may differ by
     stats: dict | None = None           # and the per-token statistics of |Δlogprob|
+    notes: list[str] = field(default_factory=list)   # what the verdict cannot see (harness/replay/context.py)
+    rl: dict | None = None              # another engine's trace: {"overall": rl_stats, "per_request": [...]}
 
     @property
     def bitwise(self) -> bool:
@@ -115,9 +118,6 @@ class ReplayReport:
                          f"p99 {st['p99']:.3g}, max {st['max']:.3g} (mean {st['mean']:.3g}); "
                          f"{100 * st['share_over_threshold']:.1f}% over {self.threshold:g}; "
                          f"{st['bitwise_equal']} of {st['tokens']} bitwise equal")
-            if st.get("rl"):
-                from lockstep.harness.replay.deltas import rl_line
-                lines.append(rl_line(st["rl"]))
         unchecked = c.get(Verdict.NOT_RECORDED.value, 0)
         if self.first is None and unchecked:
             lines.append(f"no step diverges, but {unchecked} of {len(self.verdicts)} steps were not fully checked: "
@@ -139,6 +139,19 @@ class ReplayReport:
                 "first": None if self.first is None else self.first.to_json(),
                 "located": None if self.located is None else self.located.to_json(),
                 "divergent": [v.to_json() for v in self.verdicts if v.status != Verdict.BITWISE][:200]}
+
+    # to_json and text are what the `replay` spec kind stores in its goldens: they keep their shape.
+    # The command prints these, which add the RL statistics and the notes.
+    def command_json(self) -> dict:
+        doc = self.to_json()
+        if self.rl:
+            doc["stats"] = {**doc["stats"], "rl": self.rl["overall"], "per_request": self.rl["per_request"]}
+        return doc | {"notes": self.notes}
+
+    def command_text(self) -> str:
+        from lockstep.harness.replay.deltas import rl_line
+        lines = [self.text()] + ([rl_line(self.rl["overall"])] if self.rl and self.rl["overall"] else [])
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
 def ulp_distance(a_bits: str, b_bits: str) -> int:
@@ -302,6 +315,8 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     shown = {k: getattr(setup, k) for k in OVERRIDABLE if getattr(setup, k) is not None
              and (k not in ("device", "dtype") or (overrides or {}).get(k) is not None)}   # those two: when given
     report = ReplayReport(mode, shown)
+    if not foreign(trace):
+        report.notes = replay_notes(trace.manifest, setup)
     tokens = [[s["token"] for s in steps] for steps in trace.steps]
     if mode == "free-run":
         log = StepLog([len(r.prompt) for r in requests])
@@ -325,7 +340,7 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     bad = [v for v in report.verdicts if v.status not in (Verdict.BITWISE, Verdict.NOT_RECORDED)]
     if foreign(trace):
         report.threshold = threshold
-        report.stats = _stats(trace, results, threshold, clip)
+        report.stats, report.rl = _stats(trace, results, threshold, clip)
         bad = [v for v in bad if not (v.status == Verdict.BITS and v.dlogprob <= threshold)]
         locate_first = False                       # the trace's side is another engine: nothing to re-run
     if bad:
@@ -335,14 +350,17 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     return report
 
 
-def _stats(trace: Trace, results, threshold: float, clip: float = 0.2) -> dict:
-    """Per-token comparison of the replay with the trace (the steps both have): import-peer's, shared."""
+def _stats(trace: Trace, results, threshold: float, clip: float = 0.2) -> tuple[dict, dict]:
+    """Per-token comparison of the replay with the trace (the steps both have), import-peer's, shared:
+    (the |Δ| statistics, {"overall": RL statistics, "per_request": [...]})."""
     from lockstep.harness.replay.deltas import Deltas
 
     rep = Deltas(trace.manifest.get("source", "?"), threshold, clip)
     for steps, res in zip(trace.steps, results):
         rep.add_request(steps, res.logprobs.tolist() if hasattr(res.logprobs, "tolist") else list(res.logprobs))
-    return rep.stats() | {"per_request": rep.per_request()}
+    stats = rep.stats()
+    return {k: v for k, v in stats.items() if k != "rl"}, {"overall": stats.get("rl", {}),
+                                                           "per_request": rep.per_request()}
 
 
 def _locate(trace, setup: Setup, requests, tokens, results, first: StepVerdict, mode: str):
