@@ -63,6 +63,7 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,8 +251,10 @@ def random_weights(config, device, seed=SEED):
 
 
 def dense_experts(packed):
-    """The packed experts dequantized (exactly) to bf16 in HF's dense layout [E, in, out],
-    one expert at a time so the fp32 intermediates stay small."""
+    """The packed experts dequantized (exactly) to bf16, one expert at a time so the fp32
+    intermediates stay small, stored once in the model's layout [E, out, in] and handed over as
+    HF's [E, in, out] view of it: a bf16 model's transpose back is that storage, not a copy (the
+    20b shape's experts are ~38 GB: two copies would not fit an 80 GB card)."""
     dense = {}
     for name, blocks in packed.items():
         if not name.endswith("_blocks"):
@@ -259,10 +262,10 @@ def dense_experts(packed):
         base = name[: -len("_blocks")]
         scales = packed[base + "_scales"]
         E, out_dim, groups = scales.shape
-        w = torch.empty((E, groups * mxfp4.BLOCK, out_dim), dtype=torch.bfloat16, device=blocks.device)
+        w = torch.empty((E, out_dim, groups * mxfp4.BLOCK), dtype=torch.bfloat16, device=blocks.device)
         for e in range(E):
-            w[e] = mxfp4.dequantize(blocks[e], scales[e], torch.bfloat16).t()   # [out, in] -> [in, out]
-        dense[base] = w
+            w[e] = mxfp4.dequantize(blocks[e], scales[e], torch.bfloat16)       # [out, in]
+        dense[base] = w.transpose(1, 2)                                          # HF's [E, in, out], a view
     return dense
 
 
@@ -537,7 +540,26 @@ class Cells:
         return f"{(a / b if unit == 'tok/s' else b / a):.3g}×"
 
 
-def main(argv=None):
+@dataclass
+class Run:
+    """What the steps of one bench run share: the parsed settings and the figures as they come."""
+    args: argparse.Namespace
+    device: torch.device
+    config: object                      # the engine.config preset
+    preset_name: str
+    dtypes: list
+    modes: dict                         # mode -> backend
+    hf_dtype: torch.dtype
+    bandwidth: float = 0.0              # measured copy bandwidth, bytes/s
+    hf_skip: str | None = None          # why HF has no figures, or None
+    hf_figures: dict = field(default_factory=dict)
+    results: dict = field(default_factory=dict)          # (dtype, mode) -> {figure: value}; {"*": reason}
+    routed_by_batch: dict = field(default_factory=dict)  # batch -> [distinct experts per layer]
+    mapping_ok: bool = True
+
+
+def parse_args(argv) -> Run:
+    """The command line -> a Run (argparse errors exit as before)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="20b", help="20b, 120b, tiny (or any engine.config preset)")
@@ -574,11 +596,15 @@ def main(argv=None):
     modes = {}
     for m in args.modes.split(","):
         modes[m] = {"deterministic": "triton" if on_cuda else "torch"}.get(m, m)
-    config = preset(preset_name)
     hf_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.hf_dtype]
+    return Run(args, device, preset(preset_name), preset_name, dtypes, modes, hf_dtype)
 
-    # ------------------------------------------------------------------ header
+
+def print_header(run: Run, argv) -> None:
+    """The device, versions, commit and command, and the measured copy bandwidth (run.bandwidth)."""
     import triton
+    args, device, config = run.args, run.device, run.config
+    on_cuda = device.type == "cuda"
     if on_cuda:
         props = torch.cuda.get_device_properties(device)
         name = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
@@ -591,63 +617,70 @@ def main(argv=None):
         hf_version = "not installed"
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "?"
-    bandwidth = copy_bandwidth(device, (2 << 30) if on_cuda else (64 << 20))
-    print(f"# bench/e2e.py — {preset_name}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+    run.bandwidth = copy_bandwidth(device, (2 << 30) if on_cuda else (64 << 20))
+    print(f"# bench/e2e.py — {run.preset_name}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
           f"{config.num_local_experts} experts top-{config.num_experts_per_tok}, vocab {config.vocab_size}")
-    print(f"device: {name}; copy bandwidth {bandwidth / 1e9:,.0f} GB/s (read + write, measured)")
+    print(f"device: {name}; copy bandwidth {run.bandwidth / 1e9:,.0f} GB/s (read + write, measured)")
     print(f"torch {torch.__version__}, triton {triton.__version__}, transformers {hf_version}, commit {commit}")
     print(f"command: {shlex.join(['python3', *sys.argv])}" if argv is None else f"command: bench/e2e.py {shlex.join(argv)}")
-    print(f"engine compute {args.compute}; modes {', '.join(f'{m} = backend {b!r}' for m, b in modes.items())}; "
+    print(f"engine compute {args.compute}; modes {', '.join(f'{m} = backend {b!r}' for m, b in run.modes.items())}; "
           f"decode {'eager' if args.no_graph else 'through engine.graphs.DecodeGraph'}; context {args.context} tokens; "
           f"{args.repeat} timed decode steps after 2 warm-up steps; HF eager {args.hf_dtype}")
     print()
     sys.stdout.flush()
 
-    # ------------------------------------------------------------------ weights, HF
-    work = Workload(config, args, device)
-    floats, packed = random_weights(config, device)
+
+def measure_hf_side(run: Run, work, floats, packed):
+    """HF's mapping reference (fp32 logits of the first blocks) and, where the dense experts fit,
+    its timings and full-depth logits -> [reference, dense experts or None, HF logits or None, too_big]
+    (a list: measure_engine_side empties it, so the dense experts can be freed there)."""
+    device, config = run.device, run.config
     too_big = fits(device, dense_expert_bytes(config))
-    hf_skip = "n/a (--no-hf)" if args.no_hf else f"n/a ({too_big})" if too_big else None
-    reference = None                     # HF fp32 logits of the first blocks (mapping check)
-    if not args.no_hf:
+    run.hf_skip = "n/a (--no-hf)" if run.args.no_hf else f"n/a ({too_big})" if too_big else None
+    reference = None
+    if not run.args.no_hf:
         reference = attempt(lambda: mapping_reference(config, floats, packed, work.check_tokens, device))
         free_memory(device)
-    dense = dense_experts(packed) if too_big is None and ("bf16" in dtypes or hf_skip is None) else None
-    hf_figures, hf_logits = {}, None     # HF's timings; its full-depth logits of the check prompt
-    if hf_skip is None:
+    dense = dense_experts(packed) if too_big is None and ("bf16" in run.dtypes or run.hf_skip is None) else None
+    hf_logits = None
+    if run.hf_skip is None:
         def run_hf():
-            hf = hf_model(config, {**floats, **dense}, device, hf_dtype)
+            hf = hf_model(config, {**floats, **dense}, device, run.hf_dtype)
             with torch.inference_mode():
                 logits = hf_forward(hf, work.check_tokens[None])[0].float()
             return logits, measure_hf(hf, work)
 
         got = attempt(run_hf)
-        hf_skip, (hf_logits, hf_figures) = (got, (None, {})) if isinstance(got, str) else (None, got)
+        run.hf_skip, (hf_logits, run.hf_figures) = (got, (None, {})) if isinstance(got, str) else (None, got)
         free_memory(device)
-    if "bf16" not in dtypes:
+    if "bf16" not in run.dtypes:
         dense = None
+    return [reference, dense, hf_logits, too_big]
 
-    # ------------------------------------------------------------------ the engine
-    results = {}                 # (dtype, mode) -> {figure: value}; {"*": reason} if no model
-    routed_by_batch = {}         # batch -> [distinct experts per layer] (or an n/a string)
-    mapping_ok = True
-    for policy in dtypes:
+
+def measure_engine_side(run: Run, work, floats, packed, hf_side) -> None:
+    """Each (dtype, mode): the weights-mapping checks against HF, then the engine's figures
+    (run.results, run.routed_by_batch; run.mapping_ok false on a disagreement)."""
+    reference, dense, hf_logits, too_big = hf_side
+    hf_side.clear()                     # no reference left behind: the dense experts go once bf16 is done
+    args, config, device = run.args, run.config, run.device
+    for policy in run.dtypes:
         if policy == "bf16" and dense is None:
-            results.update({(policy, mode): {"*": f"n/a ({too_big})"} for mode in modes})
+            run.results.update({(policy, mode): {"*": f"n/a ({too_big})"} for mode in run.modes})
             continue
         weights = {**floats, **(dense if policy == "bf16" else packed)}
-        for mode, backend in modes.items():
+        for mode, backend in run.modes.items():
             if isinstance(reference, torch.Tensor):
                 got = attempt(lambda: mapping_check(config, weights, backend, work.check_tokens, device, reference))
                 line, ok = (got, got.startswith("n/a (not available")) if isinstance(got, str) else got
-                mapping_ok &= ok
+                run.mapping_ok &= ok
                 free_memory(device)
             else:
-                line = reference or hf_skip
+                line = reference or run.hf_skip
             print(f"weights mapped ({policy}, {mode}; first {MAPPING_LAYERS} layers, fp32 against HF fp32): {line}")
             model = attempt(lambda: engine_model(config, weights, backend, device, args.compute))
             if isinstance(model, str):
-                results[policy, mode] = {"*": model}
+                run.results[policy, mode] = {"*": model}
                 if model != line:
                     print(f"  {policy} {mode}: {model}")
                 continue
@@ -656,47 +689,54 @@ def main(argv=None):
                 tol = MAPPING_TOL if both_fp32 else None               # rounding with depth: finite only
                 got = attempt(lambda: compare_logits(engine_logits(model, work.check_tokens), hf_logits, tol))
                 line, ok = (got, False) if isinstance(got, str) else got
-                mapping_ok &= ok
+                run.mapping_ok &= ok
                 print(f"  the timed model, all {config.num_hidden_layers} layers, {args.compute} against HF eager "
                       f"{args.hf_dtype}{'' if both_fp32 else ' (for information: only non-finite logits fail)'}: {line}")
             sys.stdout.flush()
-            results[policy, mode] = measure_engine(model, work, not args.no_graph, routed_by_batch)
+            run.results[policy, mode] = measure_engine(model, work, not args.no_graph, run.routed_by_batch)
             del model
             free_memory(device)
         if policy == "bf16":
             dense = None
             free_memory(device)
-    del floats, packed
-    free_memory(device)
 
-    # ------------------------------------------------------------------ the table
-    figures = [f"decode b={B}" for B in args.batches] + ([f"prefill {args.prefill}"] if args.prefill else [])
-    figures += [f"generate b={B}" for B in args.generate_batches] if args.new_tokens else []
-    roofline, roofline_notes = {}, []                    # (policy, batch) -> tok/s
-    for B in args.batches:
-        routed = routed_by_batch.get(B)
+
+def rooflines(run: Run) -> tuple[dict, list]:
+    """(policy, batch) -> the decode roofline in tok/s, and one note per batch on how it was formed."""
+    config, roofline, notes = run.config, {}, []
+    for B in run.args.batches:
+        routed = run.routed_by_batch.get(B)
         how = "routed in a traced engine step"
         if not isinstance(routed, list):
             routed = [expected_routed(config, B)] * config.num_hidden_layers
             how = "expected under uniform top-k routing (no engine trace)"
         gb = {}
-        for policy in dtypes:
+        for policy in run.dtypes:
             nbytes = decode_weight_bytes(config, policy, B, routed)
-            roofline[policy, B] = B * bandwidth / nbytes
+            roofline[policy, B] = B * run.bandwidth / nbytes
             gb[policy] = f"{nbytes / 1e9:.3g} GB ({policy})"
-        roofline_notes.append(f"b={B}: {sum(routed) / len(routed):.3g} experts per layer ({how}); "
-                              f"weights read per step {', '.join(gb.values())}")
+        notes.append(f"b={B}: {sum(routed) / len(routed):.3g} experts per layer ({how}); "
+                     f"weights read per step {', '.join(gb.values())}")
+    return roofline, notes
+
+
+def print_table(run: Run) -> None:
+    """The figures table, its notes, the generate-vs-decode ratios and the roofline's basis."""
+    args, results = run.args, run.results
+    figures = [f"decode b={B}" for B in args.batches] + ([f"prefill {args.prefill}"] if args.prefill else [])
+    figures += [f"generate b={B}" for B in args.generate_batches] if args.new_tokens else []
+    roofline, roofline_notes = rooflines(run)
     cells = Cells()
     print()
     print("| figure | dtype | mode | ours | HF eager | ours vs HF | roofline | of roofline | deterministic vs fast |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for policy in dtypes:
+    for policy in run.dtypes:
         for fig in figures:
             unit = "s" if fig.startswith("prefill") else "tok/s"
             roof = roofline.get((policy, int(fig.split("=")[1]))) if fig.startswith("decode") else None
-            hf = hf_figures.get(fig, hf_skip or "n/a")
+            hf = run.hf_figures.get(fig, run.hf_skip or "n/a")
             det, fast = results.get((policy, "deterministic"), {}), results.get((policy, "fast"), {})
-            for mode in modes:
+            for mode in run.modes:
                 r = results.get((policy, mode), {})
                 ours = r.get(fig, r.get("*", "n/a"))
                 vs_fast = (cells.speed_ratio(det.get(fig, det.get("*", "n/a")), fast.get(fig, fast.get("*", "n/a")), unit)
@@ -718,7 +758,21 @@ def main(argv=None):
                       f"(generate {g:,.0f} tok/s end to end, decode step {d:,.0f} tok/s)")
     print(f"roofline = batch x copy bandwidth / weight bytes per step (KV cache not counted); "
           + "; ".join(roofline_notes))
-    if not mapping_ok:
+
+
+def main(argv=None):
+    """The steps in order: settings, header, HF's side, the engine's, the table. Exit 3 when the
+    engine and HF disagree on the same weights."""
+    run = parse_args(argv)
+    print_header(run, argv)
+    work = Workload(run.config, run.args, run.device)
+    floats, packed = random_weights(run.config, run.device)
+    hf_side = measure_hf_side(run, work, floats, packed)
+    measure_engine_side(run, work, floats, packed, hf_side)
+    del floats, packed, hf_side
+    free_memory(run.device)
+    print_table(run)
+    if not run.mapping_ok:
         print("WEIGHTS MAPPING CHECK FAILED: the engine and HF disagree on the same weights (see above)")
         return 3
     return 0

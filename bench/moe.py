@@ -153,7 +153,7 @@ def block_m_table(args):
     thresholds of expert_block_m (its pick is marked *); "!" marks a size whose output bits differ
     from 16's. MXFP4 stops at MXFP4_MAX_BLOCK_M ("n/a" past it): on the H200 (triton 3.6) its fast
     decode at 64 and 128 rows aborts the compiler (LLVM ERROR: Illegal shared layout) and the exact
-    decode there gives other bits than 16's (docs/benchmarks.md). In the interpreter up to 64 rows
+    decode there gives other bits than 16's (docs/history/benchmarks.md). In the interpreter up to 64 rows
     (its largest tensor)."""
     sizes = EXPERT_BLOCK_SIZES if ON_GPU else EXPERT_BLOCK_SIZES[:3]
     H, I, E, k = args.H, args.I, args.E, args.k

@@ -19,7 +19,7 @@ import torch
 from _util import graph_timed
 from lockstep.engine.experts import experts_grouped
 from lockstep.engine.linear import k_chunk_bounds
-from lockstep.kernels import moe
+from lockstep.kernels import moe_mxfp4_order as moe
 
 E, TOP_K, H, I = 32, 4, 2880, 2880
 

@@ -64,7 +64,7 @@ def main():
     ap.add_argument("--device", default=DEVICE.type, help="with --shape: cuda or cpu")
     ap.add_argument("--experts", choices=["mxfp4", "bf16"], default="bf16",
                     help="with --shape: the experts dense in bf16 (default), or packed MXFP4 (the same values; "
-                         "about 3x slower prefills, docs/benchmarks.md)")
+                         "about 3x slower prefills, docs/history/benchmarks.md)")
     ap.add_argument("--repeat", type=int, default=3, help="with --shape: timed runs of each figure (the median)")
     args = ap.parse_args()
     if args.shape:

@@ -56,6 +56,7 @@ from lockstep.engine.eagle3 import Eagle3Config, Eagle3Draft, expected_draft_ten
 from lockstep.engine.generate import Decoding, Request  # noqa: E402
 from lockstep.engine.sampling import SamplingParams  # noqa: E402
 import lockstep.engine.speculative as spec_mod  # noqa: E402
+from lockstep.engine import spec_round  # noqa: E402
 from lockstep.engine.graphs import DecodeGraph, RoundGraphs  # noqa: E402
 
 SHAPES = {"20b": "gpt-oss-20b", "120b": "gpt-oss-120b"}
@@ -118,7 +119,7 @@ class State:
 
     def __init__(self, target, draft, batch, context, spec, seed=0):
         dev = target.device
-        self.spec, self.shape = spec, spec_mod._RoundShape(spec)
+        self.spec, self.shape = spec, spec_round._RoundShape(spec)
         g = torch.Generator().manual_seed(seed)
         V = target.config.vocab_size
         self.seqs = [torch.randint(0, V, (context,), generator=g).tolist() for _ in range(batch)]
@@ -135,17 +136,17 @@ class State:
         slot = torch.arange(batch, device=dev).repeat_interleave(m)
         out = target.forward(tok, pos, slot, self.cache, capture=draft.boundaries)
         nxt = torch.tensor([t for s in self.seqs for t in s[1:m + 1]], device=dev)
-        spec_mod._draft_extend(draft, self.dkv, self.root_logits, self.root_h, slot, pos, nxt, out.captured,
+        spec_round._draft_extend(draft, self.dkv, self.root_logits, self.root_h, slot, pos, nxt, out.captured,
                                torch.arange(batch, device=dev) * m + m - 1, torch.arange(batch, device=dev), cap)
         self.context, self.batch, self.cap = context, batch, cap
 
     def round(self, target, draft):
         """One round over a fresh decoding state, so every call starts from the same committed sequences."""
         B = self.batch
-        run = spec_mod._SpecRun(target, draft, self.spec, self.shape, self.graphs, self.root_logits,
+        run = spec_round._SpecRun(target, draft, self.spec, self.shape, self.graphs, self.root_logits,
                                 self.root_h, None, self.cap, Decoding(self.requests, target.config.eos_token_id),
                                 [[] for _ in range(B)])
-        spec_mod._round(run, list(range(B)))
+        spec_round._round(run, list(range(B)))
 
 
 def measure(target, draft, batch, context, steps, repeat, device):

@@ -166,17 +166,58 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, packed_mxfp4: bool = False
+def load_checkpoint(path: str | Path, dtype: torch.dtype | None = torch.float32, packed_mxfp4: bool = False
                     ) -> tuple[GptOssConfig, dict[str, torch.Tensor]]:
-    """-> (config, weights): HF names, unquantized expert layout, `dtype` (default fp32).
-    `packed_mxfp4`: MXFP4 experts come back as they are stored (`*_blocks`, `*_scales` uint8,
-    checked), for a model that decodes them in its kernels (engine.model)."""
+    """-> (config, weights): HF names, unquantized expert layout, `dtype` (default fp32; None: as
+    stored, for a model that converts each tensor once to its final dtype). `packed_mxfp4`: MXFP4
+    experts come back as they are stored (`*_blocks`, `*_scales` uint8, checked), for a model that
+    decodes them in its kernels (engine.model). Each stored tensor is released as it is converted,
+    so the host never holds the checkpoint twice."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json")
     config, float_dtype = _read_config(path)
     files = _tensor_files(path)
 
+    raw: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(files.values())):
+        raw.update(_read_shard(shard))
+    check_layout(path, config, float_dtype, files, {n: (tuple(t.shape), t.dtype) for n, t in raw.items()})
+
+    for name, t in raw.items():
+        if name.endswith("_scales"):
+            refuse_nan_scales(name, t)
+    weights: dict[str, torch.Tensor] = {}
+    for name in sorted(raw, key=lambda n: n.endswith("_scales")):     # a block's scales outlive it
+        t = raw.pop(name)
+        if packed_mxfp4 and (name.endswith("_blocks") or name.endswith("_scales")):
+            weights[name] = t
+        elif name.endswith("_blocks"):
+            base = name[: -len("_blocks")]
+            w = mxfp4.dequantize(t, raw[base + "_scales"], torch.float32)    # [E, out, in]
+            weights[base] = w.transpose(1, 2).contiguous().to(dtype or torch.float32)   # HF layout [E, in, out]
+        elif not name.endswith("_scales"):
+            weights[name] = t if dtype is None else t.to(dtype)
+        del t
+    return config, weights
+
+
+def read_tensor(path: str | Path, name: str) -> torch.Tensor:
+    """One tensor of a checkpoint folder, as stored (its shard alone is opened)."""
+    files = _tensor_files(Path(path))
+    if name not in files:
+        raise CheckpointError(f"{path}: no tensor {name}")
+    try:
+        with safe_open(files[name], framework="pt") as f:
+            return f.get_tensor(name)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{files[name]}: not a readable safetensors file ({e})") from None
+
+
+def check_layout(path: Path, config: GptOssConfig, float_dtype: torch.dtype, files: dict[str, Path],
+                 found: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+    """CheckpointError unless the tensors `found` (name -> (shape, dtype)) are exactly those
+    config.json implies, with its shapes and dtypes (floats in `float_dtype`, MXFP4 in uint8)."""
     expected = expected_tensors(config, config.is_mxfp4)
     other_format = expected_tensors(config, not config.is_mxfp4)
     missing = [n for n in expected if n not in files]
@@ -190,33 +231,14 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, packed
         raise CheckpointError(f"checkpoint {path} does not match its config.json{hint}: "
                               f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
                               f"unexpected tensors {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-
-    raw: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(files.values())):
-        raw.update(_read_shard(shard))
     for name, (shape, kind) in expected.items():
-        t, where = raw[name], files[name]
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"{where}: tensor {name}: shape {tuple(t.shape)}, but config.json implies {shape}")
+        (got_shape, got_dtype), where = found[name], files[name]
+        if tuple(got_shape) != shape:
+            raise CheckpointError(f"{where}: tensor {name}: shape {tuple(got_shape)}, but config.json implies {shape}")
         want = torch.uint8 if kind == "uint8" else float_dtype
-        if t.dtype != want:
+        if got_dtype != want:
             why = "MXFP4 blocks and scales are uint8" if kind == "uint8" else "config.json's torch_dtype implies it"
-            raise CheckpointError(f"{where}: tensor {name}: dtype {t.dtype}, expected {want} ({why})")
-
-    for name, t in raw.items():
-        if name.endswith("_scales"):
-            refuse_nan_scales(name, t)
-    weights: dict[str, torch.Tensor] = {}
-    for name, t in raw.items():
-        if packed_mxfp4 and (name.endswith("_blocks") or name.endswith("_scales")):
-            weights[name] = t
-        elif name.endswith("_blocks"):
-            base = name[: -len("_blocks")]
-            w = mxfp4.dequantize(t, raw[base + "_scales"], torch.float32)    # [E, out, in]
-            weights[base] = w.transpose(1, 2).contiguous().to(dtype)         # HF layout [E, in, out]
-        elif not name.endswith("_scales"):
-            weights[name] = t.to(dtype)
-    return config, weights
+            raise CheckpointError(f"{where}: tensor {name}: dtype {got_dtype}, expected {want} ({why})")
 
 
 def refuse_nan_scales(name: str, scales: torch.Tensor) -> None:

@@ -101,7 +101,8 @@ class ParallelContext:
     def __init__(self, topology: Topology, rank: int | None = None, device: str | torch.device | None = None):
         self.topology = topology
         tp, ep = topology.tp, topology.ep
-        if topology.world_size == 1 and not dist.is_initialized():
+        if topology.world_size == 1 and (not dist.is_initialized() or dist.get_world_size() != 1):
+            # one device needs no process group, also inside a larger world (torchrun's: engine.world)
             self.rank, self.world_size, self.backend = 0, 1, "none"
         else:
             if not dist.is_initialized():

@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import torch
 
+from lockstep.engine.linear import k_chunk_bounds
 from lockstep.engine.mxfp4 import Mxfp4Weight, dequantize
 from lockstep.kernels import portable
+from lockstep.kernels.case import KernelCase
 from lockstep.kernels.matmul import linear_chunks_portable, linear_portable
 from lockstep.kernels.moe import (clamped_swiglu_portable, clamped_swiglu_triton, expert_block_m, expert_down_partials_triton,
-                         expert_gate_up_triton, gather_columns, group_by_expert, mma_order_columns, mma_order_triton,
-                         mxfp4_dense)
+                                  expert_gate_up_triton, group_by_expert)
+from lockstep.kernels.moe_mxfp4_order import gather_columns, mma_order_columns, mma_order_triton, mxfp4_dense
+from lockstep.kernels.mxfp4 import quantize
 
 
 def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,
@@ -155,10 +158,11 @@ def _dense(weight) -> torch.Tensor:
     return weight.to(torch.float32)
 
 
-def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w: torch.Tensor, gate_up_b: torch.Tensor,
-                       down_w: torch.Tensor, bounds, expert_lo: int, n_local: int, alpha: float,
+def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor,
+                       down_w, bounds, expert_lo: int, n_local: int, alpha: float,
                        limit: float) -> torch.Tensor:
-    """The torch implementation for a sharded model (module docstring); dense weights only."""
+    """The torch implementation for a sharded model (module docstring); packed weights (Mxfp4Weight,
+    Mxfp4Columns) are decoded one routed expert at a time, exactly, into x's dtype."""
     T, H = x.shape
     k = top_ids.shape[1]
     bounds = list(bounds)
@@ -170,7 +174,73 @@ def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w: torch.
         if rows.numel() == 0:
             continue
         xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))           # [n, H]
-        h = linear_portable(xe, gate_up_w[e], gate_up_b[e])                                   # [n, 2I']
-        for c, p in enumerate(linear_chunks_portable(h, down_w[e], bounds, prologue=act, x_per_k=2)):   # SwiGLU per chunk
+        h = linear_portable(xe, _one_expert(gate_up_w, e, x.dtype), gate_up_b[e])            # [n, 2I']
+        down = _one_expert(down_w, e, x.dtype)
+        for c, p in enumerate(linear_chunks_portable(h, down, bounds, prologue=act, x_per_k=2)):   # SwiGLU per chunk
             parts[c].index_copy_(0, rows, p)
     return parts
+
+
+def _one_expert(weight, e: int, dtype: torch.dtype) -> torch.Tensor:
+    """Local expert e's dense [N, K] weights: a dense tensor's row, or packed ones decoded (exact)."""
+    if isinstance(weight, torch.Tensor):
+        return weight[e]
+    return weight.rows(torch.tensor([e], device=weight.blocks.device), dtype)[0]
+
+
+# --------------------------------------------------------------------------- the kernel spec's case
+def _experts_op(x, ids, gate_up_w, gate_up_b, down_w, alpha, limit):
+    """The grouped Triton expert path on every expert (`experts` of the kernel kind)."""
+    return experts_grouped(x, ids, gate_up_w, gate_up_b, down_w, k_chunk_bounds(gate_up_b.shape[1] // 2), 0,
+                           gate_up_b.shape[0], alpha, limit)
+
+
+def _experts_inputs(inp, s, d):
+    """x [T, H], every token's k distinct experts, the weights (MXFP4-packed with `mxfp4`: the
+    kernels decode in their tile loads)."""
+    T, H, I, E, kk = s["T"], s["H"], s["I"], s["E"], s["k"]
+    x = d.normal(T, H, scale=inp["scale"])
+    gu_w, dn_w = d.normal(E, 2 * I, H, scale=H ** -0.5), d.normal(E, H, I, scale=I ** -0.5)
+    gu_b = d.normal(E, 2 * I, dtype=torch.float32)
+    if inp["mxfp4"]:
+        gu_w, dn_w = (tuple(t.to(x.device) for t in quantize(w.cpu())) for w in (gu_w, dn_w))
+    used = inp["experts_used"] or E
+    ids = torch.stack([torch.randperm(used, generator=d.g)[:kk] for _ in range(T)]).to(x.device)   # [T, k] distinct
+    return {"x": x, "ids": ids, "gate_up_w": gu_w, "gate_up_b": gu_b, "down_w": dn_w, "alpha": 1.702, "limit": 7.0}
+
+
+def _partials_rows(parts, x):
+    """[chunks, rows * k, H] -> [rows, k * chunks * H]: each (token, slot)'s down partials, chunk-major."""
+    rows, kk, H = parts.shape[1] // x["ids"].shape[1], x["ids"].shape[1], x["x"].shape[1]
+    return parts.view(parts.shape[0], rows, kk, H).permute(1, 2, 0, 3).reshape(rows, -1)
+
+
+def _experts_reference(x):
+    """experts_per_row (the torch ops' experts) on the spec's inputs."""
+    gu, dn = (Mxfp4Weight(*w) if isinstance(w, tuple) else w for w in (x["gate_up_w"], x["down_w"]))
+    E = x["gate_up_b"].shape[0]
+    return _partials_rows(experts_per_row(x["x"], x["ids"], gu, x["gate_up_b"], dn,
+                                          k_chunk_bounds(x["gate_up_b"].shape[1] // 2), 0, E, x["alpha"], x["limit"]), x)
+
+
+def _experts_problems(inp, s):
+    out = [(("shape", "k"), f"k = {s['k']} exceeds E = {s['E']}")] if s["k"] > s["E"] else []
+    if inp["experts_used"] is not None and not s["k"] <= inp["experts_used"] <= s["E"]:
+        out.append((("experts_used",), f"must be in [k, E] = [{s['k']}, {s['E']}]"))
+    if inp["mxfp4"] and (s["H"] % 32 or s["I"] % 32):
+        out.append((("mxfp4",), "MXFP4 blocks need H and I to be multiples of 32"))
+    return out
+
+
+def _experts_elements(s):
+    T, H, I, E, k = s["T"], s["H"], s["I"], s["E"], s["k"]
+    return 2 * T * H + 4 * E * H * I + 3 * E * I + E * H + T * E + T * k * (3 * I + 3 * H) + 2 * 8 * T * k * H
+
+
+CASES = (KernelCase(
+    name="experts", dims=("T", "H", "I", "E", "k"), inputs=_experts_inputs, op=_experts_op,
+    call=lambda op, x, r, offered: _partials_rows(op(x["x"][r], x["ids"][r], x["gate_up_w"], x["gate_up_b"],
+                                                     x["down_w"], x["alpha"], x["limit"]), x),
+    reference=_experts_reference, elements=_experts_elements, problems=_experts_problems,
+    options=("experts_used", "mxfp4"),
+    note="lockstep.engine.experts.experts_grouped (the grouped Triton expert path)"),)

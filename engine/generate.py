@@ -48,7 +48,7 @@ import torch
 from lockstep.engine.graphs import DecodeSteps, capturable, decode_steps
 from lockstep.engine.model import GptOssModel
 from lockstep.engine.request import Request, Result, SamplingParams, check_request  # noqa: F401  (the request type)
-from lockstep.engine.sampling import chosen_logprobs, host_to, row_settings, sample_and_logprobs
+from lockstep.engine.sampling import chosen_logprobs, decision_scores, host_to, row_settings, sample_and_logprobs
 
 
 # ---------------------------------------------------------------------- the decoding state
@@ -156,6 +156,53 @@ class Forced:
         return chosen, chosen_logprobs(logits, chosen)
 
 
+class Scoring(Forced):
+    """Teacher forcing that also keeps, per step, the token this engine would have chosen there
+    (`choice`) and how close that choice was (`margin`: top-1 minus top-2 of
+    engine.sampling.decision_scores): what a judge of another engine's tokens needs."""
+
+    def __init__(self, tokens: Sequence[Sequence[int]], requests: Sequence[Request]):
+        super().__init__(tokens)
+        self.requests = requests
+        self.choice: list[list[int]] = [[] for _ in tokens]
+        self.margin: list[list[float]] = [[] for _ in tokens]
+
+    def choose(self, owners, logits, positions, state: Decoding, graph=None, positions_dev=None):
+        settings = row_settings([self.requests[i].params for i in owners], [self.requests[i].seed for i in owners],
+                                logits.device)
+        top = decision_scores(logits, settings, host_to(logits.device, positions)).topk(2, dim=-1)
+        for row, i in enumerate(owners):
+            self.choice[i].append(int(top.indices[row, 0]))
+            self.margin[i].append(float(top.values[row, 0] - top.values[row, 1]))
+        return super().choose(owners, logits, positions, state)
+
+
+@dataclass
+class Scored:
+    """One request's given tokens, scored teacher-forced: their logprobs (the bits generate gives
+    for the same tokens), the engine's own choice at each step and that choice's margin."""
+    tokens: list[int]
+    logprobs: torch.Tensor            # [n] float32
+    choice: list[int]
+    margin: list[float]
+    finish_reason: str
+
+
+def score(model: GptOssModel, requests: Sequence[Request], tokens: Sequence[Sequence[int]]) -> list[Scored]:
+    """Feed each request's `tokens` back through the model (teacher forcing, D3: the logits of
+    every position are the free run's) and score them; a request stops where its tokens end, or
+    earlier where one of them is a stop id (the stop rule of generate)."""
+    import dataclasses
+
+    cut = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=max(1, len(t))))
+           for r, t in zip(requests, tokens)]
+    padded = [list(t) or [0] for t in tokens]
+    source = Scoring(padded, cut)
+    results = generate(model, cut, forced=padded, source=source)
+    return [Scored(r.tokens, r.logprobs, source.choice[i][:len(r.tokens)], source.margin[i][:len(r.tokens)],
+                   r.finish_reason) for i, r in enumerate(results)]
+
+
 # ---------------------------------------------------------------------- one run
 @dataclass
 class _Run:
@@ -183,12 +230,13 @@ class _Run:
 def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequence[int] = (),
              max_batch: int = 8, prefill_chunk: int | None = None,
              generator: torch.Generator | None = None, max_context: int | None = None,
-             forced: Sequence[Sequence[int]] | None = None, prefix_cache=None, observer=None) -> list[Result]:
+             forced: Sequence[Sequence[int]] | None = None, prefix_cache=None, observer=None,
+             source: "Forced | None" = None) -> list[Result]:
     """Run `requests` to completion; results in request order (see the module docstring).
     Hooks for harness.replay, each passed in: `forced[i]` teacher-forces request i (a Forced
     token source); `prefix_cache` (an engine.prefix_cache.PrefixCache) reuses cached
     prompt-prefix KV before the prefill; `observer` (an engine.trace.Trace) records the run."""
-    source = Forced(forced) if forced is not None else None
+    source = source or (Forced(forced) if forced is not None else None)
     _check(model, requests, capture, max_batch, prefill_chunk, max_context, source, prefix_cache)
     if not requests:
         return []

@@ -96,7 +96,7 @@ def plan(device: str, world_size: int, gpus: int, transport: str | None = None) 
 def _rank_context():
     """How ranks start. multiprocessing's fork server is one process per launching process, started
     at the first launch, that imports torch (and torch.distributed) and forks a rank per request: a
-    rank then skips torch's import, ~2 CPU s a rank (docs/gate.md, "Measured by gate4"). Where
+    rank then skips torch's import, ~2 CPU s a rank. Where
     CUDA is not available it imports the engine too (engine.parallel: the kernels, the model,
     ~0.3 CPU s a rank; tens of ranks in a check of the topology specs): on a CUDA machine that
     import would ask the driver for its devices, and a rank forked after that cannot use CUDA, so

@@ -16,8 +16,8 @@ Determinism (DESIGN §2): every reduction has one order written in Lockstep's co
 backend builds everything from single IEEE operations and fixed trees (kernels/portable.py):
 linears, attention, RMSNorm, RoPE, the routing softmax and the SwiGLU's sigmoid are each kernel
 module's `_portable` reference, so each row of a batch is computed exactly as it would be alone
-(D2, D3) and on any CPU (D0). The row-parallel layers (o_proj, experts' down) are `linear_k_chunked`
-spelled out: partial products over 8 fixed K chunks (`linear_chunks_portable`) added in one fixed
+(D2, D3) and on any CPU (D0). The row-parallel layers (o_proj, experts' down) are partial
+products over 8 fixed K chunks (`linear_chunks_portable`) added in one fixed
 tree (`tree_sum`), the order engine/parallel.py keeps at every TP degree (D4). MoE computes each
 (token, slot) row with its expert's weights (engine/experts.py: gathered per row, or grouped by
 expert on the device) and adds each token's k expert outputs in slot order. Everything runs on the model's
@@ -71,13 +71,13 @@ from lockstep.engine.boundaries import gather_captured
 from lockstep.engine.config import GptOssConfig
 from lockstep.engine.kv_cache import KVCache
 from lockstep.engine.linear import k_chunk_bounds, tree_sum
-from lockstep.engine.mxfp4 import Mxfp4Weight
+from lockstep.engine.mxfp4 import Mxfp4Columns, Mxfp4Weight
 from lockstep.engine.ops import BACKENDS, Ops, ops_for  # noqa: F401  (BACKENDS: read by bench/e2e.py)
 from lockstep.engine.rope import rope_cos_sin, rope_frequencies
 from lockstep.engine.trace import Recorder
 from lockstep.kernels.rope import apply_rope_portable
 
-ExpertWeight = Union[torch.Tensor, Mxfp4Weight]     # dense [E, N, K], or MXFP4 packed
+ExpertWeight = Union[torch.Tensor, Mxfp4Weight, Mxfp4Columns]     # dense [E, N, K], or MXFP4 packed
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}    # dtype policy -> storage dtype
 
@@ -308,11 +308,13 @@ class ForwardOutput(NamedTuple):
 
 class GptOssModel:
     def __init__(self, config: GptOssConfig, weights: dict[str, torch.Tensor], backend: str = "torch",
-                 device: str | torch.device = "cpu", dtype: str = "fp32"):
+                 device: str | torch.device = "cpu", dtype: str = "fp32", take: bool = False):
         """`weights`: HF tensor names and layout (see engine.checkpoint), any float dtype; experts
         dense or MXFP4 (`*_blocks`, `*_scales`: kept packed). Every weight, the KV cache and every
         activation live on `device` ("cpu" or "cuda"); `dtype` is the policy (module docstring);
-        `backend` names the ops table (engine/ops.py), read here only."""
+        `backend` names the ops table (engine/ops.py), read here only. `take`: the model takes
+        ownership of `weights`, removing each tensor from the dict as it is converted, so a caller
+        that kept no other reference never holds a weight twice (the 20b shape in bf16 on 80 GB)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype policy must be one of {tuple(DTYPES)}, got {dtype!r}")
         self.config = config
@@ -326,8 +328,9 @@ class GptOssModel:
         self.comm = ONE_DEVICE              # vocab-parallel embedding and head once sharded
         inv_freq, self.mscale = rope_frequencies(config.head_dim, config.rope)
         self.inv_freq = inv_freq.to(self.device)
-        act = lambda name: weights[name].to(self.device, self.act).contiguous()         # noqa: E731
-        f32 = lambda name: weights[name].to(self.device, torch.float32).contiguous()    # noqa: E731
+        self._take = take
+        act = lambda name: self._weight(weights, name).to(self.device, self.act).contiguous()        # noqa: E731
+        f32 = lambda name: self._weight(weights, name).to(self.device, torch.float32).contiguous()   # noqa: E731
         self.embed = act("model.embed_tokens.weight")                      # [V, H]
         self.norm = f32("model.norm.weight")                               # [H]
         self.lm_head = act("lm_head.weight")                               # [V, H]
@@ -359,20 +362,26 @@ class GptOssModel:
         for block in self.blocks:
             block.attn.ops = block.mlp.ops = ops
 
+    def _weight(self, weights: dict, name: str):
+        return weights.pop(name) if self._take else weights[name]
+
     def _expert_weight(self, weights: dict[str, torch.Tensor], name: str) -> "ExpertWeight":
         """Experts as [E, out, in]: MXFP4 stays packed (HF already stores blocks as [E, out, in/32,
-        16]); a dense HF tensor ([E, in, out], x @ W) is transposed, in the policy's dtype."""
+        16]), and so does a rank's window of it (Mxfp4Columns, engine.rank_weights); a dense HF
+        tensor ([E, in, out], x @ W) is transposed, in the policy's dtype."""
         if name + "_blocks" in weights:
-            return Mxfp4Weight(weights[name + "_blocks"].to(self.device).contiguous(),
-                               weights[name + "_scales"].to(self.device).contiguous())
-        return weights[name].to(self.device, self.act).transpose(1, 2).contiguous()
+            return Mxfp4Weight(self._weight(weights, name + "_blocks").to(self.device).contiguous(),
+                               self._weight(weights, name + "_scales").to(self.device).contiguous())
+        if isinstance(weights[name], Mxfp4Columns):
+            return self._weight(weights, name).to(self.device)
+        return self._weight(weights, name).to(self.device, self.act).transpose(1, 2).contiguous()
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, backend: str = "torch",
                         device: str | torch.device = "cpu", dtype: str = "fp32") -> "GptOssModel":
         from lockstep.engine.checkpoint import load_checkpoint
-        config, weights = load_checkpoint(path, packed_mxfp4=True)
-        return cls(config, weights, backend=backend, device=device, dtype=dtype)
+        config, weights = load_checkpoint(path, dtype=None, packed_mxfp4=True)     # as stored: one conversion
+        return cls(config, weights, backend=backend, device=device, dtype=dtype, take=True)
 
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
         """A cache of the KV heads held here."""

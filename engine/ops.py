@@ -29,7 +29,7 @@ from lockstep.engine.experts import experts_grouped, experts_one_device, experts
 from lockstep.kernels import portable
 from lockstep.kernels.attention import attention_portable, attention_triton
 from lockstep.kernels.matmul import linear_chunks_portable, linear_chunks_triton, linear_fast, linear_portable, linear_triton
-from lockstep.kernels.moe import router_top_k_fast, router_top_k_portable, router_top_k_triton
+from lockstep.kernels.moe_router import router_top_k_fast, router_top_k_portable, router_top_k_triton
 from lockstep.kernels.residual import moe_residual_triton, row_parallel_residual_triton
 from lockstep.kernels.rmsnorm import rms_norm_fast, rms_norm_portable, rms_norm_triton
 from lockstep.kernels.rope import rope_qkv_cache_triton

@@ -41,8 +41,10 @@ Unsupported splits raise UnsupportedTopology up front, naming each violated cons
 
 The experts are engine/experts.py's contract given this rank's experts and K chunks: on the
 torch ops the per-expert loop, which reads the routed expert ids on the host (to skip non-local
-experts); on the Triton ops the grouped kernels, which read nothing. Sharded experts are dense
-(MXFP4 experts are decoded, exactly, when the model is sharded).
+experts) and decodes packed experts one at a time; on the Triton ops the grouped kernels, which
+read nothing. `from_checkpoint` (what the launched ranks call) builds a rank from the bytes it
+holds alone (engine.rank_weights: its slices, MXFP4 kept packed, replicated parts whole);
+`shard` of a one-device model decodes MXFP4 experts (exactly). Both give the same bits.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ from pathlib import Path
 
 import torch
 
-from lockstep.engine.checkpoint import load_checkpoint
+from lockstep.engine import world
+from lockstep.engine.checkpoint import read_tensor
+from lockstep.engine.rank_weights import RankShare, held_bytes, load_rank
 from lockstep.engine.distributed import ParallelContext, Topology, UnsupportedTopology, invariant_sum
 from lockstep.engine.linear import K_CHUNKS, k_chunk_bounds
 from lockstep.engine.model import ONE_DEVICE, GptOssModel
@@ -147,47 +151,53 @@ def shard(model: GptOssModel, ctx: ParallelContext) -> GptOssModel:
     ops = sharded_ops(model.ops)
     if model.comm is not ONE_DEVICE:
         raise ValueError("shard: the model is already sharded")
-    tp, tr, ep, er, dev = ctx.tp, ctx.tp_rank, ctx.ep, ctx.ep_rank, ctx.device
+    share, dev = RankShare.of(config, ctx.topology, ctx.rank), ctx.device
 
     def part(t: torch.Tensor, rows=None, cols=None) -> torch.Tensor:
         t = t if rows is None else t[rows[0]:rows[1]]
         t = t if cols is None else t[:, cols[0]:cols[1]]
         return t.contiguous().to(dev)
 
-    V, D = config.vocab_size, config.head_dim
-    vr = (tr * V // tp, (tr + 1) * V // tp)
-    model.embed, model.lm_head, model.norm = part(model.embed, vr), part(model.lm_head, vr), part(model.norm)
-    hq, hkv = config.num_attention_heads // tp, config.num_key_value_heads // tp
-    qr, kvr = (tr * hq * D, (tr + 1) * hq * D), (tr * hkv * D, (tr + 1) * hkv * D)
-    q_dim, kv_dim = config.q_dim, config.kv_dim
-    o_lo, o_hi, o_bounds = local_chunks(q_dim, tp, tr)
-    assert (o_lo, o_hi) == qr
-    i_lo, i_hi, down_bounds = local_chunks(config.intermediate_size, tp, tr)
-    n_local = config.num_local_experts // ep
-    er_range = (er * n_local, (er + 1) * n_local)
-    comm = RankCollectives(ctx, V // tp)
+    model.embed, model.lm_head, model.norm = part(model.embed, share.vocab), part(model.lm_head, share.vocab), \
+        part(model.norm)
+    q_dim, kv_dim, kvr = config.q_dim, config.kv_dim, share.kv_rows
+    (i_lo, i_hi), er = share.inter, share.experts
     for block in model.blocks:
         a, m = block.attn, block.mlp
         # q, k, v rows stacked as on one device: this rank's query heads, then its KV heads of k, of v
         rows = [(q_dim + kv_dim * j + kvr[0], q_dim + kv_dim * j + kvr[1]) for j in (0, 1)]
-        a.qkv_w = torch.cat([part(a.qkv_w, r) for r in (qr, *rows)])              # [(Hq + 2 Hkv)/tp * D, H]
-        a.qkv_b = torch.cat([part(a.qkv_b, r) for r in (qr, *rows)])
-        a.o_w, a.o_b, a.norm = part(a.o_w, cols=qr), part(a.o_b), part(a.norm)     # [H, Hq/tp * D]
-        a.sinks = part(a.sinks, (tr * hq, (tr + 1) * hq))
-        a.q_heads, a.kv_heads, a.o_bounds = hq, hkv, o_bounds
+        a.qkv_w = torch.cat([part(a.qkv_w, r) for r in (share.q_rows, *rows)])    # [(Hq + 2 Hkv)/tp * D, H]
+        a.qkv_b = torch.cat([part(a.qkv_b, r) for r in (share.q_rows, *rows)])
+        a.o_w, a.o_b, a.norm = part(a.o_w, cols=share.q_rows), part(a.o_b), part(a.norm)   # [H, Hq/tp * D]
+        a.sinks = part(a.sinks, share.heads)
         # experts [E, out, in]: this EP group's experts, this rank's intermediate range
-        m.gate_up_w = part(_dense(m.gate_up_w, model.act)[er_range[0]:er_range[1], 2 * i_lo:2 * i_hi])  # [E/ep, 2I/tp, H]
-        m.gate_up_b = part(m.gate_up_b[er_range[0]:er_range[1], 2 * i_lo:2 * i_hi])
-        m.down_w = part(_dense(m.down_w, model.act)[er_range[0]:er_range[1], :, i_lo:i_hi])             # [E/ep, H, I/tp]
-        m.down_b, m.norm = part(m.down_b), part(m.norm)                                                # [E, H]: all experts
+        m.gate_up_w = part(_dense(m.gate_up_w, model.act)[er[0]:er[1], 2 * i_lo:2 * i_hi])  # [E/ep, 2I/tp, H]
+        m.gate_up_b = part(m.gate_up_b[er[0]:er[1], 2 * i_lo:2 * i_hi])
+        m.down_w = part(_dense(m.down_w, model.act)[er[0]:er[1], :, i_lo:i_hi])             # [E/ep, H, I/tp]
+        m.down_b, m.norm = part(m.down_b), part(m.norm)                                    # [E, H]: all experts
         m.router_w, m.router_b = part(m.router_w), part(m.router_b)
-        m.down_bounds, m.expert_lo, m.n_local = down_bounds, er_range[0], n_local
+    return as_rank(model, ctx, ops)
+
+
+def as_rank(model: GptOssModel, ctx: ParallelContext, ops: Ops | None = None) -> GptOssModel:
+    """A model that holds rank ctx's share of every weight (sliced by `shard`, or read as such by
+    engine.rank_weights) made that rank, in place: its heads, K chunks and experts named, the
+    collectives and the sharded ops swapped in."""
+    config = model.config
+    share = RankShare.of(config, ctx.topology, ctx.rank)
+    hq, hkv = config.num_attention_heads // ctx.tp, config.num_key_value_heads // ctx.tp
+    o_bounds = local_chunks(config.q_dim, ctx.tp, ctx.tp_rank)[2]
+    comm = RankCollectives(ctx, config.vocab_size // ctx.tp)
+    for block in model.blocks:
+        a, m = block.attn, block.mlp
+        a.q_heads, a.kv_heads, a.o_bounds = hq, hkv, o_bounds
+        m.down_bounds, m.expert_lo, m.n_local = list(share.down_bounds), share.experts[0], share.experts[1] - share.experts[0]
         a.comm = m.comm = comm
     model.comm = comm
-    model.use_ops(ops)
+    model.use_ops(ops or sharded_ops(model.ops))
     model.local_config = config.replace(num_attention_heads=hq, num_key_value_heads=hkv)
-    model.device = torch.device(dev)
-    model.inv_freq = model.inv_freq.to(dev)
+    model.device = torch.device(ctx.device)
+    model.inv_freq = model.inv_freq.to(ctx.device)
     return model
 
 
@@ -200,9 +210,13 @@ def _dense(weight, dtype: torch.dtype) -> torch.Tensor:
 
 def from_checkpoint(path: str | Path, ctx: ParallelContext, backend: str = "torch",
                     dtype: str = "fp32") -> GptOssModel:
-    """shard(GptOssModel(checkpoint at `path`, built on the CPU), ctx)."""
-    config, weights = load_checkpoint(path)
-    return shard(GptOssModel(config, weights, backend=backend, dtype=dtype), ctx)
+    """Rank ctx's model of the checkpoint at `path`, built from the bytes it holds alone
+    (engine.rank_weights: its slices, MXFP4 kept packed, replicated parts whole) straight on
+    ctx.device: the bits of shard(one-device model, ctx)."""
+    config, weights = load_rank(path, ctx.topology, ctx.rank, windows=backend == "torch")
+    model = GptOssModel(config, weights, backend=backend, device=ctx.device, dtype=dtype)
+    del weights
+    return as_rank(model, ctx)
 
 
 def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -> torch.Tensor:
@@ -213,24 +227,29 @@ def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -
 
 # ---------------------------------------------------------------- one call for a runner
 def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | torch.device, timeout_s: float,
-           collective_timeout_s: float, what: str, trace=None) -> list:
+           collective_timeout_s: float, what: str, trace=None, *, held: tuple[str, str] = ("fp32", "triton")) -> list:
     """fn(ParallelContext, *args, trace) on every rank of `topology` -> rank 0's result, once every
-    rank returned the same bits. device "cpu": gloo, one process per rank; "cuda": rank r on GPU
+    rank returned the same bits. Under torchrun (engine.world) the ranks are its world's; else
+    Lockstep's launcher starts them here. device "cpu": gloo, one process per rank; "cuda": rank r on GPU
     r mod G, NCCL when every rank has its own GPU, else gloo over host copies (engine.launch.plan;
     `transport`). A CUDA topology whose ranks would not fit their GPU's free memory is refused up
-    front, with the estimate. World size 1 runs in this process, no process group.
+    front, with the estimate (`held`: the ranks' dtype policy and backend, which set what a rank
+    holds; memory_problem). World size 1 runs in this process, no process group.
     `trace` (engine.trace.Trace or None): each rank's model records into a copy of it, and rank 0's
     records come back into it (fn returns (results, trace) then)."""
     from lockstep.engine.config import GptOssConfig
     from lockstep.engine.launch import launch
     topology.check(GptOssConfig.from_json_file(Path(ckpt) / "config.json"))   # before any process starts
     device = torch.device(device)
-    problem = missing_gpus(topology, device) or memory_problem(topology, ckpt, device)
+    problem = (missing_gpus(topology, device) or world.world_problem(topology.world_size)
+               or memory_problem(topology, ckpt, device, *held))
     if problem:
         raise UnsupportedTopology(f"topology {topology} {problem}")
     args = args + (trace,)
     if topology.world_size == 1:
         per_rank = [fn(ParallelContext(topology, device=device), *args)]
+    elif world.joined():                 # ranks torchrun started: the same entry point, on its world
+        per_rank = world.run(_on_rank, (fn, topology, args), device.type)
     else:
         per_rank = launch(_on_rank, topology.world_size, args=(fn, topology, args), device=device.type,
                           timeout_s=timeout_s, collective_timeout_s=collective_timeout_s)
@@ -270,15 +289,11 @@ def transport(topology: Topology, device: str | torch.device) -> str:
 RANK_OVERHEAD_BYTES = 1 << 30
 
 
-def rank_weight_bytes(ckpt: str | Path, world_size: int) -> int:
-    """An upper estimate of one rank's weight bytes on its GPU: the checkpoint's safetensors bytes
-    as dense fp32 (MXFP4 experts are decoded when sharded: 4.25 bits -> 32, at most 8x; bf16 -> 2x),
-    1/world_size of it plus a quarter for the replicated parts (router, norms, biases)."""
-    import json
-    folder = Path(ckpt)
-    disk = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
-    quantized = "quantization_config" in json.loads((folder / "config.json").read_text())
-    return int(disk * (8 if quantized else 2) * 1.25 / world_size)
+def rank_weight_bytes(ckpt: str | Path, topology: Topology, dtype: str = "fp32", backend: str = "torch") -> int:
+    """The weight bytes the largest rank of `topology` holds on its device: its slices of the
+    checkpoint, MXFP4 experts packed, replicated parts whole, matmul weights in the dtype policy's
+    storage dtype (engine.rank_weights.held_bytes, from the files' headers alone)."""
+    return max(held_bytes(ckpt, topology, r, dtype, windows=backend == "torch") for r in range(topology.world_size))
 
 
 def fit_problem(ranks_on_gpu: dict[int, int], per_rank_bytes: int, free_bytes: dict[int, int]) -> str | None:
@@ -294,7 +309,8 @@ def fit_problem(ranks_on_gpu: dict[int, int], per_rank_bytes: int, free_bytes: d
     return None
 
 
-def memory_problem(topology: Topology, ckpt: str | Path, device: str | torch.device) -> str | None:
+def memory_problem(topology: Topology, ckpt: str | Path, device: str | torch.device, dtype: str = "fp32",
+                   backend: str = "torch") -> str | None:
     """fit_problem for `topology`'s ranks on this machine's GPUs (None on the CPU and at world size 1)."""
     if torch.device(device).type != "cuda" or topology.world_size == 1:
         return None
@@ -305,7 +321,7 @@ def memory_problem(topology: Topology, ckpt: str | Path, device: str | torch.dev
         g = torch.device(d).index
         on_gpu[g] = on_gpu.get(g, 0) + 1
     free = {g: torch.cuda.mem_get_info(g)[0] for g in on_gpu}
-    return fit_problem(on_gpu, rank_weight_bytes(ckpt, topology.world_size), free)
+    return fit_problem(on_gpu, rank_weight_bytes(ckpt, topology, dtype, backend), free)
 
 
 def _on_rank(fn, topology: Topology, args: tuple):
@@ -332,7 +348,7 @@ def generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, backend: str = 
     copy of): an unseeded stream would differ from rank to rank."""
     topology = Topology(tp, ep)
     return run_at(_generate_rank, ckpt, topology, (str(ckpt), list(requests), backend, generate_kwargs, dtype), device,
-                  timeout_s, collective_timeout_s, f"generate_at({topology})", trace)
+                  timeout_s, collective_timeout_s, f"generate_at({topology})", trace, held=(dtype, backend))
 
 
 def _result_bits(r) -> tuple:
@@ -362,13 +378,22 @@ def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, con
     holds only a vocab shard: it gets the checkpoint's full table (the one-device model's values)."""
     from lockstep.engine.eagle3 import load_draft
     from lockstep.engine.speculative import speculative_generate
-    config, weights = load_checkpoint(ckpt)
-    target = shard(GptOssModel(config, weights, backend=backend, dtype=dtype), ctx)
-    drafter = load_draft(draft, target, convention=convention, backend=backend,
-                         target_embed=weights["model.embed_tokens.weight"])
-    del weights                                 # from here on only this rank's shard and the draft
+    target = from_checkpoint(ckpt, ctx, backend=backend, dtype=dtype)
+    embed = None if _draft_has_embed(draft) else read_tensor(ckpt, "model.embed_tokens.weight").to(torch.float32)
+    drafter = load_draft(draft, target, convention=convention, backend=backend, target_embed=embed)
+    del embed                                   # from here on only this rank's shard and the draft
     results = speculative_generate(target, drafter, requests, spec, observer=trace)
     return results if trace is None else (results, trace)
+
+
+def _draft_has_embed(draft: str | Path) -> bool:
+    """Whether the draft checkpoint holds its own embed_tokens (else it reads the target's)."""
+    from safetensors import safe_open
+    for file in sorted(Path(draft).glob("*.safetensors")):
+        with safe_open(file, framework="pt") as f:
+            if "embed_tokens.weight" in f.keys():
+                return True
+    return False
 
 
 def speculative_generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, draft: str | Path, convention: str,
@@ -388,4 +413,5 @@ def speculative_generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, dra
     topology = Topology(tp, ep)
     return run_at(_speculative_rank, ckpt, topology,
                   (str(ckpt), list(requests), str(draft), convention, spec, backend, dtype),
-                  device, timeout_s, collective_timeout_s, f"speculative_generate_at({topology})", trace)
+                  device, timeout_s, collective_timeout_s, f"speculative_generate_at({topology})", trace,
+                  held=(dtype, backend))

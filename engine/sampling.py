@@ -21,12 +21,13 @@ temperature, no masks) at that token, in float32.
 Every softmax, log_softmax and running sum here is kernels.portable's (fixed trees and a
 fixed scan, float64 exp / log of our own), so a draw is the same on every CPU (D0).
 
-`sample_rows` does the same for a whole batch [R, V] in one launch sequence on the logits'
-device: every step above is elementwise or a reduction along the vocabulary, so row r gets
-exactly the bits `sample(logits[r], ...)` gives (tests/engine/test_sampling_rows.py). Only the
-temperature division is done per distinct temperature, with the temperature a Python float as
-in `sample`: a tensor divisor would be a different operation on some devices (CUDA multiplies
-by a scalar divisor's reciprocal).
+Each step has one batched form (`sample_with`, `chosen_logprobs`, `keep_mask_rows`), run for a
+whole batch [R, V] in one launch sequence on the logits' device; the one-row names (`sample`,
+`chosen_logprob`, `keep_mask`) are those on a batch of 1. Every step above is elementwise or a
+reduction along the vocabulary, so row r's bits never depend on its batchmates
+(tests/engine/test_sampling_rows.py). The temperature division is done per distinct temperature,
+with the temperature a Python float: a tensor divisor would be a different operation on some
+devices (CUDA multiplies by a scalar divisor's reciprocal).
 
 On a GPU, `sample_with`, `chosen_logprobs` and `target_distributions` run one launch of
 kernels.sampling's fused kernel instead (fused=None picks it by device; fused=False forces the
@@ -42,12 +43,14 @@ payload) is the hardware's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from lockstep.engine.request import SamplingParams, seed_as_int64  # noqa: F401  (re-exported: the request type lives in engine.request)
 from lockstep.kernels import portable
+from lockstep.kernels.case import KernelCase, rows_problems
 from lockstep.kernels.coins import SAMPLE_COLUMNS, gumbel_from_hash, gumbel_noise
 from lockstep.kernels.sampling import FORCED, GREEDY, SEEDED, distributions_triton, fused_temperature, sample_fused_triton
 
@@ -62,23 +65,14 @@ def keep_mask(z: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.
                   order, portable.prefix_sum) is < top_p: the shortest prefix whose mass reaches top_p; ties at
                   the cut go to the lower ids. top_p = 1 keeps everything.
       min_p (>0): keep v iff p_v >= min_p * max(p).
-    The most likely id (lowest id among equals) always survives.
+    The most likely id (lowest id among equals) always survives. One row of keep_mask_rows.
     """
-    V = z.shape[-1]
-    keep_sorted = torch.ones(V, dtype=torch.bool, device=z.device)
-    probs = portable.softmax(z, dim=-1)
-    sorted_p, order = torch.sort(probs, descending=True, stable=True)
-    ranks = torch.arange(V, device=z.device)
-    if top_k > 0:
-        keep_sorted &= ranks < top_k
-    if top_p < 1.0:
-        exclusive = torch.cat([sorted_p.new_zeros(1), portable.prefix_sum(sorted_p, dim=-1)[:-1]])
-        keep_sorted &= exclusive < top_p
-    keep = torch.empty(V, dtype=torch.bool, device=z.device)
-    keep[order] = keep_sorted
-    if min_p > 0.0:
-        keep &= probs >= min_p * sorted_p[0]
-    return keep
+    dev = z.device
+
+    def on(value: float):                 # keep_mask_rows' [2, 1] form of a filter that is on
+        return torch.tensor([[value], [0.0]], dtype=torch.float64, device=dev)
+    return keep_mask_rows(z[None], torch.tensor([top_k], device=dev) if top_k > 0 else None,
+                          on(top_p) if top_p < 1.0 else None, on(min_p) if min_p > 0.0 else None)[0]
 
 
 def host_to(device: torch.device, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -114,31 +108,18 @@ def keep_mask_rows(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Ten
 
 
 def chosen_logprob(logits: torch.Tensor, token: int) -> torch.Tensor:
-    """log_softmax of the raw fp32 logits [V] at `token`, float32 0-dim."""
-    return portable.log_softmax(logits.to(torch.float32), dim=-1)[token]
+    """log_softmax of the raw fp32 logits [V] at `token`, float32 0-dim: chosen_logprobs' torch
+    path on a batch of 1."""
+    return chosen_logprobs(logits[None], torch.tensor([token], device=logits.device), fused=False)[0]
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int | None, pos: int,
            generator: torch.Generator | None = None) -> int:
-    """Pick one token from logits [V] (fp32) per the module docstring."""
-    if params.is_greedy:
-        return int(torch.argmax(logits))                      # first maximum
-    z = logits.to(torch.float64) / params.temperature
-    keep = keep_mask(z, params.top_k, params.top_p, params.min_p)
-    logp = portable.log_softmax(torch.where(keep, z, float("-inf")), dim=-1)
-    V = logits.shape[-1]
-    if seed is not None:
-        dev = logits.device
-        s = torch.tensor([seed_as_int64(seed)], dtype=torch.int64, device=dev)
-        p = torch.tensor([pos], dtype=torch.int64, device=dev)
-        cols = SAMPLE_COLUMNS + torch.arange(V, dtype=torch.int64, device=dev)
-        g = gumbel_noise(s, p, cols)[0]                        # [V] float64
-    else:
-        if generator is None:
-            raise ValueError("sample: a request without a seed needs an explicit torch.Generator")
-        h = torch.randint(0, 1 << 32, (V,), dtype=torch.int64, generator=generator)
-        g = gumbel_from_hash(h.to(logits.device))
-    return int(torch.argmax(logp + g))                       # -inf where masked; first maximum
+    """Pick one token from logits [V] (fp32) per the module docstring: sample_with's torch path on
+    a batch of 1."""
+    dev = logits.device
+    settings = row_settings([params], [seed], dev)
+    return int(sample_with(logits[None], settings, torch.tensor([pos], device=dev), generator, fused=False)[0])
 
 
 @dataclass
@@ -251,6 +232,26 @@ def sample_with(logits: torch.Tensor, settings: RowSettings, positions: torch.Te
     return tokens
 
 
+def decision_scores(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor) -> torch.Tensor:
+    """The scores whose first maximum is `sample_with`'s token, [R, V] float64: a greedy row's
+    logits, a seeded row's masked log-probabilities plus its Gumbel noise (-inf where masked).
+    Their top-1 minus top-2 is how near the choice was to another token (a near-tie)."""
+    scores = logits.to(torch.float64).clone()
+    if settings.rows is None:
+        return scores
+    if settings.unseeded:
+        raise ValueError("decision_scores: a request without a seed has no reproducible scores")
+    V, dev = logits.shape[1], logits.device
+    z = _scaled_rows(logits, settings)
+    keep = _keep_rows(z, settings)
+    if keep is not None:
+        z = torch.where(keep, z, float("-inf"))
+    cols = SAMPLE_COLUMNS + torch.arange(V, dtype=torch.int64, device=dev)
+    noise = gumbel_noise(settings.seeds, positions.index_select(0, settings.seeded_rows), cols)
+    scores[settings.rows] = portable.log_softmax(z, dim=-1) + noise
+    return scores
+
+
 def sample_fused(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor):
     """sample_with and chosen_logprobs in one kernels.sampling launch (settings.fused set):
     -> (tokens [R] int64, logprobs [R] fp32); the filter masks, where a row has one, come from
@@ -289,7 +290,7 @@ def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, fused: bool | No
         R = logits.shape[0]
         z = torch.zeros(R, dtype=torch.int64, device=logits.device)
         # one program per row: a forced row makes only the two fp32 passes, which a split does not
-        # pay back (H200: 0.25 ms one program, 0.35-0.39 ms split at 1-8 rows; docs/benchmarks.md)
+        # pay back (H200: 0.25 ms one program, 0.35-0.39 ms split at 1-8 rows; docs/history/benchmarks.md)
         return sample_fused_triton(logits.to(torch.float32), torch.full_like(z, FORCED, dtype=torch.int32),
                                    torch.ones(R, dtype=torch.float64, device=logits.device), z, z, tokens,
                                    chunks=1)[1]
@@ -299,7 +300,7 @@ def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, fused: bool | No
 
 def target_distributions(logits: torch.Tensor, params: list[SamplingParams], fused: bool | None = None) -> torch.Tensor:
     """softmax(z masked by the filters) of every row of logits [R, V] fp32 (row r sampled with
-    params[r], none greedy) -> [R, V] float64: engine.speculative.target_probs for each row.
+    params[r], none greedy) -> [R, V] float64: engine.spec_accept.target_probs for each row.
     fused (default: on a GPU): kernels.sampling.distributions_triton, the same bits."""
     dev = logits.device
     settings = row_settings(params, [0] * len(params), dev)
@@ -310,3 +311,50 @@ def target_distributions(logits: torch.Tensor, params: list[SamplingParams], fus
     z = _scaled_rows(logits, settings)
     keep = _keep_rows(z, settings)
     return portable.softmax(z if keep is None else torch.where(keep, z, float("-inf")), dim=-1)
+
+
+# --------------------------------------------------------------------------- the kernel spec's case
+def _sample_fused_op(logits, params, seeds, positions):
+    """The fused kernels: (tokens, chosen logprobs, target distributions; greedy rows at temperature 1)."""
+    tok, lp = sample_fused(logits, row_settings(params, seeds, logits.device), positions)
+    return tok, lp, target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params], fused=True)
+
+
+def _sample_torch(x: dict):
+    """The torch path's (tokens, chosen logprobs, target distributions; greedy rows at temperature 1)."""
+    logits, params = x["logits"], x["params"]
+    tok = sample_with(logits, row_settings(params, x["seeds"], logits.device), x["positions"], fused=False)
+    dist = target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params], fused=False)
+    return tok, chosen_logprobs(logits, tok, fused=False), dist
+
+
+def _sample_fused_inputs(inp, s, d):
+    """Rows written in the spec (logits [R, V] float32, each row's SamplingParams, seed, position)."""
+    rows, V = inp["rows"] or [{"seed": i, "position": i} for i in range(s["R"])], s["V"]
+    x = d.normal(len(rows), V, scale=3.0 * inp["scale"], dtype=torch.float32)
+    for i, row in enumerate(rows):
+        if row.get("fill") is not None:
+            x[i] = row["fill"]
+        for v, val in (row.get("logits") or {}).items():
+            x[i, int(v)] = float(val)
+    return {"logits": x, "params": [SamplingParams(**(row.get("params") or {"greedy": True})) for row in rows],
+            "seeds": [row["seed"] for row in rows],
+            "positions": torch.tensor([row["position"] for row in rows], dtype=torch.int64, device=d.device)}
+
+
+def _sampled_rows(tok, lp, dist):
+    """[rows, 2 + V] int64: the token, the chosen logprob's bits, the bits of the row's target
+    distribution. Every NaN is written as one NaN: which NaN an operation on NaNs returns (sign,
+    payload) is the hardware's and the library's choice (x86 keeps an operand's, a GPU gives its
+    own), so the contract is that a value is NaN where the torch path's is, not its NaN bits."""
+    lp, dist = (torch.where(t.isnan(), math.nan, t) for t in (lp, dist))
+    return torch.cat([tok[:, None], lp.view(torch.int32).to(torch.int64)[:, None], dist.view(torch.int64)], 1)
+
+
+CASES = (KernelCase(
+    name="sample_fused", dims=("R", "V"), inputs=_sample_fused_inputs, op=_sample_fused_op,
+    call=lambda op, x, r, offered: _sampled_rows(*op(x["logits"][r], x["params"][r], x["seeds"][r],
+                                                     x["positions"][r])),
+    reference=lambda x: _sampled_rows(*_sample_torch(x)), elements=lambda s: 8 * s["R"] * s["V"],
+    options=("rows",), problems=rows_problems,
+    note="lockstep.engine.sampling.sample_fused and the fused target distributions"),)

@@ -30,7 +30,7 @@ ends quietly. `--help`, `list` and `validate`'s parsing import neither torch nor
 file holds only the parser and the dispatch; each command's body is a module of harness/commands/
 (imported when that command runs, with its imports at its top).
 
-Where the old functions of this file went (issue 33): harness/commands/selection.py (_load, _plan,
+Where the old functions of this file went: harness/commands/selection.py (_load, _plan,
 _context, _stale, _golden_folders, _ran_on, _check_dirs, _golden_exists), display.py (Progress,
 _columns, StatusTable), session.py (CheckSession: counts, stale goldens, temporary files, exit code,
 both reports; was the second half of cmd_check and _exit_code), check.py (cmd_check, _explain_pass),
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
                                 message=r"(overflow|underflow|invalid value|divide by zero) encountered")
     try:
         try:
-            code = args.func(args)
+            code = _in_world(args)
         except ModuleNotFoundError as e:         # a third-party dependency missing: name it and its install
             missing = _missing_package(e)
             if missing is None:
@@ -337,6 +337,22 @@ def main(argv=None) -> int:
         print(f"lockstep: internal error: {located(e)}" + ("" if args.debug else "; --debug shows the traceback"),
               file=sys.stderr)
         return EXIT_MISMATCH
+
+
+def _in_world(args) -> int:
+    """args.func(args); where torchrun started this process, as a rank of its world
+    (lockstep.engine.world): rank 0 runs the command and reports, the others serve its topologies."""
+    from lockstep.engine.world import started_by_torchrun
+    if not started_by_torchrun():
+        return args.func(args)
+    from lockstep.engine import world
+    rank, _ = world.join()
+    if rank != 0:
+        return world.serve()
+    try:
+        return args.func(args)
+    finally:
+        world.finish()
 
 
 # Modules whose pip package has another name; any other third-party module is its own package's name.

@@ -43,7 +43,7 @@ class OpRecorder(TorchDispatchMode):
     The digest is MD5's, cut to 64 bits as the trail keeps it: it tells two CPUs' outputs apart,
     which no adversary chooses, so a cryptographic hash buys nothing here, and under qemu (every
     SIMD instruction of OpenSSL's SHA-256 emulated) SHA-256 cost ~5 s of each emulated CPU's
-    fingerprint for its ~220 MB of outputs, MD5 (scalar) ~1 s (docs/gate.md, "Measured by gate7")."""
+    fingerprint for its ~220 MB of outputs, MD5 (scalar) ~1 s."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:

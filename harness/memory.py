@@ -6,7 +6,7 @@ hands it back on free, and trims the top of its heap above the trim threshold, s
 temporary of that size faults in every 4 KB page again: on the development VM
 `generate/long-prompt-window` took 911,000 minor faults and 2.9 s of system time for 21 s of
 user time. With these thresholds a freed block stays in the heap and is reused: 108,000 faults,
-0.6 s of system time (docs/gate.md, "Measured by check5"). Where memory lives never changes what
+0.6 s of system time. Where memory lives never changes what
 is computed, so no bit depends on this. Where the C library has no mallopt (macOS) it does nothing.
 """
 

@@ -56,7 +56,8 @@ def regen_rows(rows: list[tuple], store: GoldenStore, write: bool, jobs: int | N
 def _run_rows(rows, call, jobs, waiting, dead) -> Iterator:
     """call(spec, ctx) for each row, serially or in a pool of spawned workers; `dead(spec, folder,
     error)` is the outcome of a row whose worker died."""
-    jobs = min(jobs or default_jobs(), len(rows))
+    from lockstep.engine.world import joined
+    jobs = 1 if joined() else min(jobs or default_jobs(), len(rows))     # torchrun's ranks serve this process
     keep_freed_memory()                       # this process's rows (serial), and the workers' parent
     if jobs <= 1:
         for i, (spec, ctx, _) in enumerate(rows, 1):

@@ -44,8 +44,8 @@ def pytest_configure(config):
     if name and name != "lockstep":
         if config.getoption("--lockstep-regen"):
             raise pytest.UsageError("--lockstep-regen records Lockstep's own goldens: it takes no --lockstep-target")
-        config.stash[_TARGET] = _load_target(name, _expectations_option(config))
-        expected = config.stash[_TARGET][1]
+        target, expected = _load_target(name, _expectations_option(config))
+        config.stash[_TARGET] = (_at_dtype(target, config.getoption("--lockstep-dtype")), expected)
         # as `lockstep check --target`: an expectation of a spec in none of the spec directories is
         # warned about, not fatal (it may belong to a spec directory this run does not include)
         ids = {spec_id_for(f, d) for d, _ in _suites(config) if d.is_dir() for f in spec_files(d)}
@@ -246,9 +246,20 @@ def _pairs(config, golden: Path) -> tuple:
     return known[golden]
 
 
+def _at_dtype(target, dtype: str | None):
+    """The target at --lockstep-dtype, as `check --target --dtype` (harness/targets/check.py)."""
+    declared = getattr(target, "dtype", "fp32")
+    if dtype is None or dtype == declared:
+        return target
+    if dtype not in getattr(target, "dtypes", ()) or getattr(target, "at_dtype", None) is None:
+        raise pytest.UsageError(f"--lockstep-dtype {dtype}: {target.label} runs the {declared} policy only")
+    return target.at_dtype(dtype)
+
+
 def _target_context(config) -> RunContext:
     opt = config.getoption
-    return RunContext(detect(opt("--lockstep-device"), opt("--lockstep-dtype") or "fp32"),
+    dtype = getattr(config.stash[_TARGET][0], "dtype", "fp32") if _TARGET in config.stash else None
+    return RunContext(detect(opt("--lockstep-device"), dtype or opt("--lockstep-dtype") or "fp32"),
                       opt("--lockstep-backend") or "torch")
 
 
@@ -306,6 +317,8 @@ class SpecItem(pytest.Item):
         target, expected = self.config.stash[_TARGET]
         out = run_on_target(self.spec, self._context(), target, store)
         self.user_properties += [("lockstep_target", target.label), ("lockstep_status", out.status)]
+        if out.status == FAIL:          # the cause, structured as in `check --json`: the first line leads
+            self.user_properties += [("lockstep_cause", out.message), ("lockstep_notes", "\n".join(out.notes))]
         want = expected.get(self.spec.id)
         problem = verdict(out, want)
         if problem:

@@ -196,7 +196,7 @@ def _check_scalars(root) -> None:
 
 # Parsed YAML by the file's text, per process: a test process loads the repository's specs again
 # for each in-process CLI call, and parsing (pure Python YAML) is most of loading (~0.6 s for the
-# 192 specs; docs/gate.md, "Sixth session"). What is cached is a pure function of the text (the
+# repository's specs). What is cached is a pure function of the text (the
 # limits are constants); each hit is a deep copy, so no caller shares or edits the cached values;
 # errors are not cached (they are raised afresh, naming the file).
 _PARSED: dict[str, tuple[object, dict]] = {}

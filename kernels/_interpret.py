@@ -1,4 +1,4 @@
-"""Triton's interpreter without its per-call re-patching (the gate's cost, docs/gate.md).
+"""Triton's interpreter without its per-call re-patching, installed process-wide (docs/DESIGN.md §1).
 
 In the interpreter (TRITON_INTERPRET=1) a kernel launch patches `triton.language` once (every
 builtin replaced by its numpy implementation, `range`, `reduce`, ... by interpreter versions)
@@ -19,7 +19,7 @@ not yet patched, a helper called outside any launch) patches exactly as Triton d
 operations a kernel runs, and so its bits, are the same (tests/kernels/test_interpret_patch.py
 runs kernels both ways and compares the bytes).
 
-Second, the type objects of every interpreted operation (issue 38, check5). Each `tl` operation
+Second, the type objects of every interpreted operation. Each `tl` operation
 of a kernel builds a `tl.tensor` and usually a `tl.block_type` for its result, and Triton's
 constructors re-derive the same things from the shape every time: `tl.tensor` a `constexpr` per
 dimension, their `tl.tuple` and its `tuple_type`; `tl.block_type` the unwrapped shape, its
@@ -34,7 +34,7 @@ Triton's constructor. Three pure lookups of every operation are answered directl
 (tests/kernels/test_interpret_patch.py compares six kernels' bytes with `triton_as_shipped`, which
 puts back everything install() replaced).
 
-Third, the operands of a binary operation (issue 38, ninth session): for two tensors of plain
+Third, the operands of a binary operation: for two tensors of plain
 dtypes, whether Triton's casts to the computation type are no-ops is a function of the two dtypes
 and the flags, so it is decided once per pair (`_install_operand_checks`); a dtype equals itself
 without comparing names; and the launch's stand-in for each builtin sets `_semantic` in its own

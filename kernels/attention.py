@@ -91,7 +91,9 @@ from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTER
 import triton
 import triton.language as tl
 
+from lockstep.kernels import portable
 from lockstep.kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
+from lockstep.kernels.case import KernelCase
 from lockstep.kernels.portable import exp, tree_sum
 from lockstep.kernels.portable_tl import cast_rne, exp_f32
 
@@ -547,3 +549,53 @@ def _check(q, k_cache, v_cache, slots, positions, sinks, window):
         raise ValueError(f"attention: window must be an int >= 0, got {window!r}")
     return (q.contiguous(), k_cache.contiguous(), v_cache.contiguous(), slots.contiguous(),
             positions.contiguous(), sinks.contiguous())
+
+
+# --------------------------------------------------------------------------- the kernel spec's case
+def _attention_op(q, k, v, positions, sinks, window, scale):
+    """The target operation: one sequence's keys and values [S, Hkv, D] (slot 0 of a cache)."""
+    kc, vc = k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous()
+    slots = torch.zeros(q.shape[0], dtype=torch.int64, device=q.device)
+    return attention_triton(q, kc, vc, slots, positions, sinks, window, scale)
+
+
+def _attention_inputs(inp, s, d):
+    """q [T, Hq, D], k and v [S, Hkv, D], positions [T] (the spec's, else drawn), sinks [Hq]."""
+    Hq, Hkv, D, S = s["Hq"], s["Hkv"], s["D"], s["S"]
+    pos = inp["positions"] if inp["positions"] is not None else torch.randint(0, S, (s["T"],), generator=d.g)
+    kc, vc = d.normal(1, Hkv, S, D), d.normal(1, Hkv, S, D)
+    q = d.normal(pos.shape[0], Hq, D, scale=inp["scale"])
+    sinks = (torch.full((Hq,), inp["sink"]) if inp["sink"] is not None else portable.normal((Hq,), d.g)).to(d.device)
+    return {"q": q, "k": kc[0].transpose(0, 1), "v": vc[0].transpose(0, 1), "positions": pos.to(d.device),
+            "sinks": sinks, "window": s["window"], "scale": D ** -0.5}
+
+
+def _attention_reference(x):
+    q, kc, vc = x["q"], x["k"].transpose(0, 1)[None], x["v"].transpose(0, 1)[None]
+    return attention_portable(q, kc, vc, torch.zeros(q.shape[0], dtype=torch.int64, device=q.device),
+                              x["positions"], x["sinks"], x["window"], x["scale"])
+
+
+def _attention_problems(inp, s):
+    out = []
+    if s["Hq"] % s["Hkv"]:
+        out.append((("shape",), f"Hq = {s['Hq']} is not a multiple of Hkv = {s['Hkv']}"))
+    if s["S"] % KV_TILE:
+        out.append((("shape", "S"), f"S = {s['S']} is not a multiple of {KV_TILE} (the torch reference's tile; "
+                                    f"a KV cache's capacity always is)"))
+    return out
+
+
+def _attention_elements(s):
+    """The reference gathers every query's keys and values: 2 T Hkv S D."""
+    T, Hq, Hkv, D, S = s["T"], s["Hq"], s["Hkv"], s["D"], s["S"]
+    return 2 * T * Hq * D + 2 * Hkv * S * D + 2 * T * Hkv * S * D + 2 * T * Hq * S
+
+
+CASES = (KernelCase(
+    name="attention", dims=("Hq", "Hkv", "D", "S", "window"), optional_dims=("T",), inputs=_attention_inputs,
+    op=_attention_op, interface=True, options=("positions", "sink"), expects=("prefill_decode",),
+    call=lambda op, x, r, offered: op(x["q"][r], x["k"], x["v"], x["positions"][r], x["sinks"], x["window"],
+                                      x["scale"]),
+    reference=_attention_reference, elements=_attention_elements, problems=_attention_problems,
+    note="lockstep.kernels.attention.attention_triton"),)

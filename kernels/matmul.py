@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from lockstep.kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float
+from lockstep.kernels.case import KernelCase
 from lockstep.kernels.portable import matmul_nt
 from lockstep.kernels.portable_tl import cast_rne, sigmoid_f32
 
@@ -42,7 +43,7 @@ TILES = (16, 128, 128, 4, 1)
 #     fp32 accumulator; mma.sync (BLOCK_M 16, 32) and wgmma (64, 128) give the same bits, and so
 #     does every BLOCK_N, BLOCK_K and stage count: an H200 sweep of 44 tiles at the 20b shapes (qkv,
 #     o_proj's chunks, the router, the LM head; M = 1 and 32) found one set of bits
-#     (docs/benchmarks.md), and tests/kernels/test_matmul.py compares a row alone with the same
+#     (docs/history/benchmarks.md), and tests/kernels/test_matmul.py compares a row alone with the same
 #     row in batches that take each tile below.
 # So a row's bits are the same whatever the batch (D2) while each batch takes its fastest tile:
 #   M <= DECODE_ROWS (a decode step): 16 rows, 256 columns of K a step (fewer, longer loads: the
@@ -51,7 +52,7 @@ TILES = (16, 128, 128, 4, 1)
 #   otherwise, and fp32 always, 64 rows; BLOCK_N 64, or 32 below GPU_MIN_PROGRAMS programs per M
 #     tile (a 2880-wide layer gives 45 programs of 64 on a 132-SM H200; tl.dot needs >= 16), a
 #     program per K chunk counted (o_proj's 8 chunks: 360 programs of 64, 0.55x the time of 32's
-#     at 32 rows on an H200, docs/benchmarks.md).
+#     at 32 rows on an H200, docs/history/benchmarks.md).
 GPU_MIN_PROGRAMS = 128
 DECODE_ROWS = 16
 PREFILL_ROWS = 256
@@ -177,7 +178,7 @@ def _mxfp4_values(code, scale):
 # (t << M) + ((s - 1) << (M + 1)); t = 1 (0.5) is (s - 1) << (M + 1); t = 0 is 0. Exactly
 # `_mxfp4_values`'s answer there (tests/kernels/test_mxfp4_tile.py: every code at every scale of the
 # range), in about 12 instructions a value instead of about 40 (sm_90 SASS of the 20b gate_up K step,
-# docs/benchmarks.md). Outside the range (subnormal results, infinities, NaN blocks) the kernels keep
+# docs/history/benchmarks.md). Outside the range (subnormal results, infinities, NaN blocks) the kernels keep
 # `_mxfp4_values`. `_mxfp4_fast_ok` spells the range out (a jit function reads no Python tuple).
 MXFP4_FAST_SCALES = (2, 252)
 
@@ -663,3 +664,21 @@ def mxfp4_decode_triton(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch
         _mxfp4_decode_kernel[(triton.cdiv(N, block_n), triton.cdiv(G * 32, block_k))](
             blocks.contiguous(), scales.contiguous(), out, N, G * 32, BLOCK_N=block_n, BLOCK_K=block_k)
     return out
+
+
+# --------------------------------------------------------------------------- the kernel spec's case
+def _matmul_op(x, w, b=None):
+    return linear_triton(x, w, b)
+
+
+def _matmul_inputs(inp, s, d):
+    return {"x": d.normal(s["M"], s["K"], scale=inp["scale"]), "w": d.normal(s["N"], s["K"], scale=s["K"] ** -0.5),
+            "b": d.normal(s["N"])}
+
+
+CASES = (KernelCase(
+    name="matmul", dims=("M", "K", "N"), inputs=_matmul_inputs, op=_matmul_op,
+    call=lambda op, x, r, offered: op(x["x"][r], x["w"], x["b"]),
+    reference=lambda x: linear_portable(x["x"], x["w"], x["b"]),
+    elements=lambda s: s["M"] * s["K"] + s["N"] * s["K"] + s["N"] + 2 * s["M"] * s["N"],
+    note="lockstep.kernels.matmul.linear_triton"),)

@@ -1,9 +1,7 @@
-"""gpt-oss mixture of experts (DESIGN §7, §8 expert parallelism): Triton kernels, each `_triton`
-beside its bit-exact `_portable` reference (the callers pick one; nothing here dispatches).
+"""gpt-oss mixture of experts (DESIGN §7, §8 expert parallelism): the experts' Triton kernels, each `_triton`
+beside its bit-exact `_portable` reference (the callers pick one; nothing here dispatches). The
+router is kernels/moe_router.py, the MXFP4 experts' MMA order kernels/moe_mxfp4_order.py.
 
-    router_top_k_triton / _portable(logits [T, E], k)  -> routing [T, k] fp32, ids [T, k] int64
-        top-k of the raw router logits, equal logits ranked by the lower expert id; softmax
-        over the k selected logits only. Slot 0 holds the largest logit.
     clamped_swiglu_triton / _portable(gate_up [R, 2I]) -> [R, I]
         gate = x[..., ::2] <= limit, up = x[..., 1::2] in [-limit, limit] (interleaved),
         gate * sigmoid(alpha * gate) * (up + 1)
@@ -25,9 +23,8 @@ Grouped experts (the engine's MoE on the Triton backend; one launch per op, no h
         bias); with prologue_swiglu = (alpha, limit), a = clamped_swiglu(h) computed in the load.
     weight: dense [E_l, N, K] (fp32 or bf16) or MXFP4 (blocks [E_l, N, K/32, 16] u8, scales
         [E_l, N, K/32] u8), decoded inside the kernel exactly as engine/mxfp4.py `dequantize`.
-    mma_order_triton / _portable(MXFP4 weight, bounds) -> [E_l, N, KP], with mma_order_columns(bounds)
-        and gather_columns(x, cols): a large MXFP4 prefill (mxfp4_dense) as dense tiles over the
-        weights decoded into the MXFP4 kernels' MMA order, with their bits (the section below).
+    a large MXFP4 prefill (mxfp4_dense) runs as dense tiles over the weights decoded into the
+        MXFP4 kernels' MMA order, with their bits (kernels/moe_mxfp4_order.py).
 
 A grouped program computes a [block_m, BLOCK_N] tile of one expert's rows with the tile loop of
 kernels/matmul.py `_chunk_acc`: every element reduced over its chunk (gate_up: all of K) from 0,
@@ -41,8 +38,6 @@ per-expert path the engine used before.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
@@ -50,29 +45,46 @@ import triton.language as tl
 
 from lockstep.kernels import portable
 from lockstep.kernels._common import INTERPRET, PORTABLE_MATH, USE_DOT, check_float, next_pow2
-from lockstep.kernels.matmul import TILES, _chunk_acc, _load_w_tile, _mxfp4_fast_ok, bounds_div, bounds_tensor
-from lockstep.kernels.mxfp4 import dequantize
-from lockstep.kernels.portable_tl import cast_rne, exp64, exp_f32, sigmoid_f32
+from lockstep.kernels.case import KernelCase
+from lockstep.kernels.matmul import TILES, _chunk_acc, bounds_div, bounds_tensor
+from lockstep.kernels.moe_mxfp4_order import MXFP4_STEP, _lo_div
+# The router's and the MMA order's public names, importable from here too.
+from lockstep.kernels.moe_mxfp4_order import (MXFP4_DENSE_MIN_ROWS, gather_columns,  # noqa: F401
+                                              mma_order_columns, mma_order_portable, mma_order_triton, mxfp4_dense)
+from lockstep.kernels.moe_router import (router_top_k_fast, router_top_k_portable,  # noqa: F401
+                                         router_top_k_triton, routing_weights, top_k_lowest_index)
+from lockstep.kernels.portable_tl import cast_rne, sigmoid_f32
+
 
 BLOCK_H = 1024
+
+
 # Rows per block of a grouped expert launch (group_by_expert pads every expert to whole blocks):
 # one of EXPERT_BLOCK_SIZES, picked by expert_block_m from the launch's shape. EXPERT_BLOCK_M is
 # the decode size, tl.dot's smallest M, so a decode step wastes little.
 EXPERT_BLOCK_M = 16
+
+
 EXPERT_BLOCK_SIZES = (16, 32, 64, 128)
+
+
 # Compiled only: the interpreter's tile product [BLOCK_M, BLOCK_N, BLOCK_K] = [128, 128, 128] is
 # past Triton's largest tensor (2^20 elements), and numpy gains nothing from fewer weight reads.
 EXPERT_BLOCK_FOLLOWS_ROWS = not INTERPRET
+
+
 # The largest block MXFP4 packed weights take. Their recorded bits are those of sm_90's mma.sync
 # with the weight decoded in registers, where Triton feeds both operands in kWidth = 4: each 64-column
-# K step runs as four 16-wide MMAs over interleaved column pairs (measured: "MXFP4 prefill as dense
-# tiles" below), where loaded dense tiles take 16 consecutive columns an MMA, hence the ulp
-# differences between the two (docs/benchmarks.md). BLOCK_M 16 and 32 compile to that same mma.sync layout;
-# from 64 Triton takes wgmma with both operands in shared memory (sm_90 TTGIR under Triton 3.9),
-# a different order within a step, so 64 and 128 would very likely move MXFP4 bits: 32 is the cap.
+# K step runs as four 16-wide MMAs over interleaved column pairs (measured: kernels/moe_mxfp4_order.py),
+# where loaded dense tiles take 16 consecutive columns an MMA, hence the ulp differences between the
+# two (docs/history/benchmarks.md). BLOCK_M 16 and 32 compile to that same mma.sync layout; from 64 Triton
+# takes wgmma with both operands in shared memory (sm_90 TTGIR under Triton 3.9), a different order
+# within a step, so 64 and 128 would very likely move MXFP4 bits: 32 is the cap.
 # bench/moe.py --block-m-T marks each size whose bits differ from 16's; raising the cap puts the
 # new sizes under tests/kernels/test_grouped_block_m.py (16: MXFP4 keeps 16 rows a block).
 MXFP4_MAX_BLOCK_M = 32
+
+
 # GPU tiles (BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped expert kernels (dense bf16,
 # fp16 and fp32: fp32 always takes 16-row blocks), by kernel and rows per block: the fastest with
 # bench/expert_tiles.py on an H200 at 20b shapes, decode (1 and 32 tokens) for 16 rows and 256, 512
@@ -85,12 +97,15 @@ EXPERT_GPU_TILES = {("gate_up", 16): (64, 128, 4, 3), ("down", 16): (64, 128, 4,
                     ("gate_up", 32): (256, 64, 8, 4), ("down", 32): (256, 64, 8, 3),
                     ("gate_up", 64): (128, 64, 8, 4), ("down", 64): (64, 64, 4, 3),
                     ("gate_up", 128): (256, 64, 8, 4), ("down", 128): (256, 64, 8, 3)}
+
+
 # MXFP4 packed weights, by kernel and rows per block (bench/expert_tiles.py --dtype mxfp4 on an H200,
 # the same bits for every candidate): gate_up steps 64 columns of K, not 128 (0.70x, 0.68x and 0.77x
 # of the 128-step time at 1, 32 and 2048 tokens: the decode in registers is the step's cost); down
 # takes 128 columns of N in the 32-row blocks of a prefill (0.80x at 2048 tokens), 64 in a decode's.
 MXFP4_GPU_TILES = {("gate_up", 16): (64, 64, 4, 3), ("gate_up", 32): (64, 64, 4, 3),
                    ("down", 16): (64, 64, 4, 3), ("down", 32): (128, 64, 4, 3)}
+assert all(bk == MXFP4_STEP for _, bk, _, _ in MXFP4_GPU_TILES.values())   # the order is a 64-column step's
 
 
 def expert_block_m(rows: int, n_local: int, dtype: torch.dtype, mxfp4: bool = False) -> int:
@@ -129,55 +144,6 @@ def expert_tiles(kernel: str, N: int, K: int, dtype: torch.dtype, mxfp4: bool = 
     if mxfp4:
         return MXFP4_GPU_TILES[kernel, min(block_m, MXFP4_MAX_BLOCK_M)]
     return EXPERT_GPU_TILES[kernel, block_m]
-
-
-# The down projection's K chunks: one program per (chunk, N tile, block), the default, or
-# (expert_down_partials_triton(..., chunk_loop=True)) one program per (N tile, block) that computes
-# the chunks in turn. The same bits either way. (One program walking all the chunks in one K loop,
-# the accumulator reset at each chunk's start, also gave the same bits on an H200 but took 1.7-2.4x
-# the time of a program per chunk at 1, 32 and 2048 tokens, bf16 and MXFP4: not kept.)
-
-
-# --------------------------------------------------------------------------- kernels
-@triton.jit
-def _halves_sum(x, N: tl.constexpr):
-    """lockstep.kernels.portable.tree_sum of x [N] (N a power of two, at most 16): x[i] + x[i + N/2], level
-    by level (a zero-padded tail folds onto the head exactly as tree_sum folds it)."""
-    if N >= 16:
-        x = tl.sum(tl.reshape(x, (2, 8)), axis=0)
-    if N >= 8:
-        x = tl.sum(tl.reshape(x, (2, 4)), axis=0)
-    if N >= 4:
-        x = tl.sum(tl.reshape(x, (2, 2)), axis=0)
-    if N >= 2:
-        x = tl.sum(tl.reshape(x, (2, 1)), axis=0)
-    return tl.sum(x, axis=0)
-
-
-@triton.jit
-def _router_top_k_kernel(logit_ptr, w_ptr, id_ptr, E, K_TOP: tl.constexpr,
-                         E_PAD: tl.constexpr, K_PAD: tl.constexpr, PORTABLE: tl.constexpr,
-                         PORTABLE_SOFTMAX: tl.constexpr = False):
-    t = tl.program_id(0).to(tl.int64)
-    e = tl.arange(0, E_PAD)
-    vals = tl.load(logit_ptr + t * E + e, mask=e < E, other=float("-inf")).to(tl.float32)
-    taken = e >= E                                       # padding can never be picked
-    kk = tl.arange(0, K_PAD)
-    top = tl.full((K_PAD,), float("-inf"), tl.float32)
-    for i in tl.static_range(K_TOP):
-        cand = tl.where(taken, float("-inf"), vals)
-        m = tl.max(cand, axis=0)
-        idx = tl.min(tl.where((~taken) & (cand == m), e, E_PAD), axis=0)   # lowest id on ties
-        tl.store(id_ptr + t * K_TOP + i, idx.to(tl.int64))
-        top = tl.where(kk == i, m, top)
-        taken = taken | (e == idx)
-    if PORTABLE_SOFTMAX:        # kernels.portable.softmax, op for op: float64 exp, the fixed tree, IEEE /
-        p = exp64(top - tl.max(top, axis=0)).to(tl.float32)         # padded slots: exp(-inf) = 0
-        p = tl.div_rn(p, _halves_sum(p, K_PAD))
-    else:
-        p = exp_f32(top - tl.max(top, axis=0), PORTABLE)            # padded slots: exp(-inf) = 0
-        p = p / tl.sum(p, axis=0)
-    tl.store(w_ptr + t * K_TOP + kk, p, mask=kk < K_TOP)
 
 
 @triton.jit
@@ -254,24 +220,6 @@ def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_
                              SWIGLU, MXFP4, USE_DOT, PORTABLE, BLOCK_M, BLOCK_N, BLOCK_K, LO_DIV % 32 == 0,
                              FAST_DECODE)   # [BM, BN]
             tl.store(y_ptr + (c * R + rows[:, None]) * N + rn[None, :], acc, mask=r_ok[:, None] & n_ok[None, :])
-
-
-# --------------------------------------------------------------------------- triton wrappers
-def router_top_k_triton(logits: torch.Tensor, k: int, portable_softmax: bool = False
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """portable_softmax: the routing weights are kernels.portable.softmax of the k logits, bit for
-    bit (the engine's contract on every backend); else the kernel's own exp and sum (k <= 16)."""
-    logits = _check_logits(logits, k)
-    if portable_softmax and k > 16:
-        raise ValueError(f"router_top_k: the portable softmax takes k <= 16, got {k}")
-    T, E = logits.shape
-    w = torch.empty((T, k), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((T, k), dtype=torch.int64, device=logits.device)
-    if T:
-        _router_top_k_kernel[(T,)](logits, w, ids, E, K_TOP=k, E_PAD=next_pow2(E), K_PAD=next_pow2(k),
-                                   PORTABLE=PORTABLE_MATH, PORTABLE_SOFTMAX=portable_softmax, num_warps=4,
-                                   enable_fp_fusion=False)
-    return w, ids
 
 
 def clamped_swiglu_triton(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
@@ -409,6 +357,11 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
     return h
 
 
+# The down projection's K chunks: one program per (chunk, N tile, block), the default, or
+# (expert_down_partials_triton(..., chunk_loop=True)) one program per (N tile, block) that computes
+# the chunks in turn. The same bits either way. (One program walking all the chunks in one K loop,
+# the accumulator reset at each chunk's start, also gave the same bits on an H200 but took 1.7-2.4x
+# the time of a program per chunk at 1, 32 and 2048 tokens, bf16 and MXFP4: not kept.)
 def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
                                 prologue_swiglu: tuple[float, float] | None = None,
                                 chunk_loop: bool = False, fast_decode: bool = True,
@@ -455,181 +408,6 @@ def down_hints(bounds, mxfp4: bool) -> dict:
     return {"LO_DIV": div, "HI_DIV": div}
 
 
-def _lo_div(bounds) -> int:
-    """The largest power of two up to 32 dividing every chunk's first column (host ints: no sync):
-    the MXFP4 launches' hint (their last column unhinted, as their bits were recorded on the H200;
-    the dense launches take kernels.matmul bounds_div, both ends)."""
-    return bounds_div([(lo,) for lo, _ in bounds])
-
-
-# --------------------------------------------------------------------------- MXFP4 prefill as dense tiles
-# The compiled MXFP4 kernels reduce each 64-column K step (BLOCK_K of every MXFP4_GPU_TILES entry)
-# as four 16-wide MMAs, the i-th over the column pairs (2j, 2j + 1) with j % 4 == i: the order in
-# which Triton's sm_90 mma.sync takes a tile decoded in registers (dot operands of kWidth 4). Dense
-# bf16 tiles take their columns in memory order, 16 at a time, and whatever their rows per block
-# (mma.sync or wgmma) or BLOCK_K, so a dense launch over the weights decoded into that order (and
-# the activations gathered alike, a chunk's last step padded with zeros as the MXFP4 kernel masks
-# it) gives the MXFP4 kernels' bits, with 64- and 128-row blocks that MXFP4's own layout cannot take
-# (MXFP4_MAX_BLOCK_M). An H200 run found the same bits for this order alone among 13 candidates
-# (docs/benchmarks.md), and tests/kernels/test_mxfp4_mma_order.py holds it compiled. Large prefills
-# only: the decode into that order (mma_order_triton: the packed kernels' own tile decode, then a
-# register permute) writes a bf16 copy of the experts, 1.5 ms a 20b layer on an H200, so the packed
-# kernels stay faster for small launches. bench/mxfp4_dense.py: dense / packed 1.34x at 64 rows an
-# expert, 0.88x at 128, 0.59x at 256 (a 2048-token prefill): MXFP4_DENSE_MIN_ROWS = 128.
-MXFP4_STEP = 64
-MXFP4_DENSE_MIN_ROWS = 128
-assert all(bk == MXFP4_STEP for _, bk, _, _ in MXFP4_GPU_TILES.values())   # the order is a 64-column step's
-
-
-def mxfp4_dense(rows: int, n_local: int, dtype: torch.dtype) -> bool:
-    """Whether a grouped MXFP4 launch of `rows` rows over n_local experts runs as dense tiles over
-    its weights decoded in MMA order: compiled only (the interpreter's tile sums are elementwise, in
-    column order), 16-bit activations, MXFP4_DENSE_MIN_ROWS rows an expert. Shapes alone decide."""
-    return not INTERPRET and dtype != torch.float32 and rows // max(n_local, 1) >= MXFP4_DENSE_MIN_ROWS
-
-
-def _mma_position(c):
-    """Column c of a 64-column step -> its position in MMA order: c = 8q + 2i + b (pair j = 4q + i,
-    b its half) goes to MMA i, after the q earlier pairs: 16i + 2q + b."""
-    q, r = divmod(c, 8)
-    return 16 * (r // 2) + 2 * q + r % 2
-
-
-def mma_order_columns(bounds, K: int, device) -> tuple[torch.Tensor, tuple[tuple[int, int], ...]]:
-    """bounds: C column ranges of K -> (cols [KP] int64, padded bounds): for each chunk, its
-    MXFP4_STEP-column steps from its first column, each step's columns in the MMA order above;
-    cols[p] is the weight column at position p, K where a chunk's last step is past its end (a zero
-    column); the padded bounds are the chunks' ranges of positions. Kept per (bounds, K, device):
-    every layer asks the same (the tensor is shared; nothing writes it)."""
-    return _mma_order_columns(_check_bounds(bounds, K), int(K), torch.device(device))[:2]
-
-
-@lru_cache(maxsize=64)
-def _mma_order_columns(bounds, K, device):
-    """-> (cols, padded bounds, steps [S, 2] int32: each step's first column and its chunk's end)."""
-    order = sorted(range(MXFP4_STEP), key=_mma_position)                 # position -> column
-    cols, padded, steps = [], [], []
-    for lo, hi in bounds:
-        start = len(cols)
-        for j0 in range(lo, hi, MXFP4_STEP):
-            cols += [j0 + c if j0 + c < hi else K for c in order]
-            steps.append((j0, hi))
-        padded.append((start, len(cols)))
-    return (torch.tensor(cols, dtype=torch.int64, device=device), tuple(padded),
-            torch.tensor(steps, dtype=torch.int32, device=device).reshape(-1, 2))
-
-
-def _check_bounds(bounds, K) -> tuple[tuple[int, int], ...]:
-    """Host ints (a prefill's launch, never a captured step): each chunk a nonempty range in [0, K]."""
-    bounds = tuple((int(lo), int(hi)) for lo, hi in bounds)
-    bad = [(lo, hi) for lo, hi in bounds if not 0 <= lo < hi <= K]
-    if bad:
-        raise ValueError(f"mma_order: chunks must be nonempty column ranges within [0, {K}], got {bad[:3]}")
-    return bounds
-
-
-def gather_columns(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """x [..., K], cols from mma_order_columns -> [..., KP]: x's columns at those positions, 0 where
-    cols is K."""
-    return torch.cat([x, x.new_zeros(x.shape[:-1] + (1,))], dim=-1).index_select(-1, cols)
-
-
-@triton.jit
-def _mma_order_kernel(w_ptr, s_ptr, steps_ptr, out_ptr, N, K, KP, BLOCK_N: tl.constexpr, DIV: tl.constexpr):
-    # program (step, N tile, expert): the step's 64 columns j0 + c (c < 64; +0 from the chunk's end
-    # hi on) of rows rn, decoded as the packed kernels decode a tile (`_load_w_tile`, the fast path
-    # where `_mxfp4_fast_ok` allows), then moved into MMA order (c = 8q + 2i + b -> 16i + 2q + b, a
-    # register permute) and stored as 64 contiguous positions. blocks [E, N, K/32, 16] u8, scales
-    # [E, N, K/32], out [E, N, KP]. DIV: a power of two dividing every j0 (vector byte loads).
-    s = tl.program_id(0)
-    rn = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BN]
-    e = tl.program_id(2).to(tl.int64)
-    n_ok = rn < N
-    j0 = tl.load(steps_ptr + 2 * s)
-    if DIV > 1:
-        j0 = tl.multiple_of(j0, DIV)
-    hi = tl.load(steps_ptr + 2 * s + 1)
-    width = tl.minimum(hi - j0, 64)
-    if _mxfp4_fast_ok(s_ptr, e * N + rn, n_ok, K, j0, width, BLOCK_N):
-        w = _load_w_tile(w_ptr, s_ptr, e, rn, n_ok, j0, hi, N, K, True, out_ptr.dtype.element_ty, BLOCK_N, 64,
-                         True, False, False)                                # [BN, 64] column order
-    else:
-        w = _load_w_tile(w_ptr, s_ptr, e, rn, n_ok, j0, hi, N, K, True, out_ptr.dtype.element_ty, BLOCK_N, 64)
-    w = tl.reshape(tl.permute(tl.reshape(w, (BLOCK_N, 8, 4, 2)), (0, 2, 1, 3)), (BLOCK_N, 64))   # MMA order
-    p = s * 64 + tl.arange(0, 64)
-    tl.store(out_ptr + (e * N + rn)[:, None] * KP + p[None, :], w, mask=n_ok[:, None])
-
-
-def mma_order_triton(weight, bounds, dtype: torch.dtype) -> torch.Tensor:
-    """MXFP4 weight (blocks [E, N, K/32, 16], scales [E, N, K/32]) and its K chunks -> [E, N, KP] in
-    dtype: position p holds the decoded column mma_order_columns(bounds)[0][p] (exact in fp32 and
-    bf16), +0 where that is K (a chunk's last step past its end). One launch, a program per
-    (64-column step, N tile, expert)."""
-    blocks, scales = _check_mma_order(weight, dtype)
-    E, N, K = blocks.shape[0], blocks.shape[1], 32 * blocks.shape[2]
-    bounds = _check_bounds(bounds, K)
-    _, _, steps = _mma_order_columns(bounds, K, blocks.device)
-    out = torch.empty((E, N, MXFP4_STEP * steps.shape[0]), dtype=dtype, device=blocks.device)
-    if out.numel() == 0:
-        return out
-    bn = 64 if not INTERPRET else 16
-    div = _lo_div(bounds)                                                   # steps are lo + 64 s
-    _mma_order_kernel[(steps.shape[0], triton.cdiv(N, bn), E)](blocks.contiguous(), scales.contiguous(), steps, out,
-                                                               N, K, out.shape[2], BLOCK_N=bn, DIV=div)
-    return out
-
-
-def _check_mma_order(weight, dtype):
-    """-> (blocks, scales), or ValueError naming what does not fit."""
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"mma_order: MXFP4 decodes to float32 or bfloat16, got {dtype}")
-    if not (isinstance(weight, tuple) and len(weight) == 2
-            and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in weight)):
-        raise ValueError("mma_order: the weight must be an MXFP4 (blocks, scales) pair of uint8 tensors")
-    blocks, scales = weight
-    if blocks.dim() != 4 or blocks.shape[-1] != 16 or scales.shape != blocks.shape[:3] or scales.device != blocks.device:
-        raise ValueError(f"mma_order: MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not fit "
-                         f"[E, N, K/32, 16] and [E, N, K/32] on one device")
-    return blocks, scales
-
-
-def mma_order_portable(weight, bounds, dtype: torch.dtype) -> torch.Tensor:
-    """mma_order_triton with kernels/mxfp4.py's `dequantize` and mma_order_columns' gather: the
-    reference the tests hold it to."""
-    blocks, scales = _check_mma_order(weight, dtype)
-    cols, _ = mma_order_columns(bounds, 32 * blocks.shape[2], blocks.device)
-    return gather_columns(dequantize(blocks, scales, dtype), cols)             # [E, N, KP]
-
-
-# --------------------------------------------------------------------------- torch references
-def top_k_lowest_index(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k along the last dim; equal values rank by lower index. -> (values, ids) [..., k]."""
-    values, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
-    return values[..., :k], ids[..., :k]
-
-
-def routing_weights(top_logits: torch.Tensor) -> torch.Tensor:
-    """top_logits [T, k] fp32 -> softmax over the k selected logits, [T, k] (portable exp, fixed tree)."""
-    return portable.softmax(top_logits, dim=-1)
-
-
-def router_top_k_portable(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The bit-exact reference (the same bits on every machine): logits [T, E] -> (routing [T, k]
-    fp32, ids [T, k]): the top k (ties to the lower id) and kernels.portable.softmax over them
-    (torch.softmax is not portable). The torch ops table's `route`; router_top_k_triton with
-    portable_softmax=True gives its bits, and the router kernel specs compare against it."""
-    _check_k(logits, k)
-    top_logits, top_ids = top_k_lowest_index(logits.to(torch.float32), k)
-    return routing_weights(top_logits), top_ids
-
-
-def router_top_k_fast(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Values only: torch.topk and torch.softmax (no tie rule, no invariance promise). The fast
-    ops table's route (bench/e2e.py); no spec uses it."""
-    top_logits, top_ids = torch.topk(logits, k, dim=-1)
-    return torch.softmax(top_logits, dim=-1), top_ids
-
-
 def clamped_swiglu_portable(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
     """The bit-exact reference: gate_up [..., 2I], interleaved (gate = even columns, up = odd) ->
     [..., I] in gate_up's dtype: (gate * sigmoid(alpha * gate)) * (up + 1) in fp32, the sigmoid
@@ -643,18 +421,6 @@ def clamped_swiglu_portable(gate_up: torch.Tensor, alpha: float = 1.702, limit: 
     up = x[..., 1::2].clamp(min=-limit, max=limit)
     y = torch.mul(torch.mul(gate, portable.sigmoid(torch.mul(gate, alpha))), torch.add(up, 1.0))
     return y.to(gate_up.dtype)
-
-
-# --------------------------------------------------------------------------- public API
-def _check_logits(logits, k):
-    _check_k(logits, k)
-    return logits.contiguous()
-
-
-def _check_k(logits, k):
-    check_float("logits", logits, 2)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= logits.shape[1]:
-        raise ValueError(f"router_top_k: k must be an int in [1, {logits.shape[1]}], got {k!r}")
 
 
 def _check_gate_up(gate_up):
@@ -719,3 +485,37 @@ def _check_expert_weight(name, weight, K: int, x: torch.Tensor, n_local: int):
     if w.shape[0] != n_local:
         raise ValueError(f"{name}: {w.shape[0]} experts, but the groups were made for {n_local}")
     return w, s, w.shape[0], w.shape[1]
+
+
+# --------------------------------------------------------------------------- the kernel specs' cases
+def _router_op(logits, k):
+    return router_top_k_triton(logits, k)
+
+
+def _swiglu_op(gate_up):
+    return clamped_swiglu_triton(gate_up)
+
+
+def _router_inputs(inp, s, d):
+    logits = d.normal(s["T"], s["E"], scale=4 * inp["scale"], dtype=torch.float32)
+    if inp["ties"]:
+        logits = logits.round().clamp(-inp["ties"], inp["ties"])
+    return {"logits": logits.to(d.dtype), "k": s["k"]}
+
+
+def _top_k_rows(w, ids):
+    return torch.cat([w.to(torch.float64), ids.to(torch.float64)], dim=1)   # [T, 2k]
+
+
+CASES = (
+    KernelCase(name="router_top_k", dims=("T", "E", "k"), inputs=_router_inputs, op=_router_op, options=("ties",),
+               call=lambda op, x, r, offered: _top_k_rows(*op(x["logits"][r], x["k"])),
+               reference=lambda x: _top_k_rows(*router_top_k_portable(x["logits"], x["k"])),
+               elements=lambda s: 2 * s["T"] * s["E"] + 4 * s["T"] * s["k"],
+               problems=lambda inp, s: [(("shape", "k"), f"k = {s['k']} exceeds E = {s['E']}")] if s["k"] > s["E"]
+               else [], note="lockstep.kernels.moe.router_top_k_triton"),
+    KernelCase(name="swiglu", dims=("M", "I"), op=_swiglu_op,
+               inputs=lambda inp, s, d: {"x": d.normal(s["M"], 2 * s["I"], scale=8 * inp["scale"])},
+               call=lambda op, x, r, offered: op(x["x"][r]), reference=lambda x: clamped_swiglu_portable(x["x"]),
+               elements=lambda s: 5 * s["M"] * s["I"], note="lockstep.kernels.moe.clamped_swiglu_triton"),
+)

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from lockstep.kernels._common import check_float
+from lockstep.kernels.case import KernelCase
 from lockstep.kernels.portable import sqrt, tree_sum
 from lockstep.kernels.portable_tl import cast_rne
 
@@ -76,3 +77,16 @@ def _check(x, weight):
     if weight.shape[0] != x.shape[1] or weight.device != x.device:
         raise ValueError(f"rms_norm: weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}")
     return x.contiguous(), weight.contiguous()
+
+
+# --------------------------------------------------------------------------- the kernel spec's case
+def _rmsnorm_op(x, w, eps):
+    return rms_norm_triton(x, w, eps)
+
+
+CASES = (KernelCase(
+    name="rmsnorm", dims=("M", "N"), op=_rmsnorm_op, interface=True,
+    inputs=lambda inp, s, d: {"x": d.normal(s["M"], s["N"], scale=inp["scale"]), "weight": d.normal(s["N"])},
+    call=lambda op, x, r, offered: op(x["x"][r], x["weight"], 1e-5),
+    reference=lambda x: rms_norm_portable(x["x"], x["weight"], 1e-5, out_dtype=x["x"].dtype),
+    elements=lambda s: 3 * s["M"] * s["N"] + s["N"], note="lockstep.kernels.rmsnorm.rms_norm_triton"),)

@@ -16,9 +16,10 @@ from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTER
 import triton
 import triton.language as tl
 
-from lockstep.kernels.portable_tl import cast_rne
-
+from lockstep.kernels import portable
 from lockstep.kernels._common import check_float, next_pow2
+from lockstep.kernels.case import KernelCase
+from lockstep.kernels.portable_tl import cast_rne
 
 
 @triton.jit
@@ -128,3 +129,25 @@ def _check(x, cos, sin):
         if t.shape != (T, D // 2):
             raise ValueError(f"apply_rope: {name} must be [{T}, {D // 2}], got {tuple(t.shape)}")
     return x.contiguous(), cos.contiguous(), sin.contiguous()
+
+
+# --------------------------------------------------------------------------- the kernel spec's case
+def _rope_op(x, cos, sin):
+    return apply_rope_triton(x, cos, sin)
+
+
+def _rope_inputs(inp, s, d):
+    x, ang = d.normal(s["T"], s["H"], s["D"], scale=inp["scale"]), d.normal(s["T"], s["D"] // 2, scale=100.0,
+                                                                          dtype=torch.float32)
+    sin, cos = portable.sincos64(ang)
+    return {"x": x, "cos": cos.to(torch.float32) * 1.3466, "sin": sin.to(torch.float32) * 1.3466}
+
+
+CASES = (KernelCase(
+    name="rope", dims=("T", "H", "D"), inputs=_rope_inputs, op=_rope_op,
+    call=lambda op, x, r, offered: op(x["x"][r], x["cos"][r], x["sin"][r]),
+    # the model's call: fp32, rounded once
+    reference=lambda x: apply_rope_portable(x["x"].to(torch.float32), x["cos"], x["sin"]).to(x["x"].dtype),
+    elements=lambda s: 3 * s["T"] * s["H"] * s["D"] + s["T"] * s["D"],
+    problems=lambda inp, s: [(("shape", "D"), "D must be even")] if s["D"] % 2 else [],
+    note="lockstep.kernels.rope.apply_rope_triton"),)

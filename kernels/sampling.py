@@ -20,7 +20,9 @@ from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTER
 import triton
 import triton.language as tl
 
+from lockstep.kernels import portable
 from lockstep.kernels._common import PORTABLE_MATH
+from lockstep.kernels.case import KernelCase, rows_problems
 from lockstep.kernels.coins import SAMPLE_COLUMNS, _fmix, _mix, gumbel_noise
 from lockstep.kernels.portable_tl import _c, exp64, log64, log_f64
 
@@ -509,3 +511,36 @@ def distributions_triton(logits: torch.Tensor, temps: torch.Tensor, keep: torch.
         _distribution_kernel[(R,)](x, keep, keep_idx, temps, out, V, **_tree_shape(V),
                                    RECIP=logits.device.type == "cuda", num_warps=8, enable_fp_fusion=False)
     return out
+
+
+# --------------------------------------------------------------------------- the kernel spec's case
+def _sampling_op(logp, seeds, positions, col_base=None):
+    return gumbel_argmax_triton(logp, seeds, positions, SAMPLE_COLUMNS if col_base is None else col_base)
+
+
+def _sampling_inputs(inp, s, d):
+    z = d.normal(s["R"], s["V"], scale=2 * inp["scale"], dtype=torch.float64)
+    seeds = torch.randint(-(1 << 62), 1 << 62, (s["R"],), generator=d.g).to(d.device)
+    pos = torch.randint(0, 1 << 20, (s["R"],), generator=d.g).to(d.device)
+    if inp.get("rows") is not None:                               # written keys (and logits)
+        seeds = torch.tensor([row["seed"] for row in inp["rows"]], dtype=torch.int64, device=d.device)
+        pos = torch.tensor([row["position"] for row in inp["rows"]], dtype=torch.int64, device=d.device)
+        for i, row in enumerate(inp["rows"]):
+            if row["logits"] is not None:
+                z[i] = float("-inf")
+                for v, x in row["logits"].items():
+                    z[i, int(v)] = float(x)
+    base = SAMPLE_COLUMNS if inp.get("col_base") is None else inp["col_base"]
+    return {"logp": portable.log_softmax(z, -1), "seeds": seeds, "positions": pos, "col_base": base}
+
+
+def _sampling_call(op, x, r, offered):
+    kw = {"col_base": x["col_base"]} if "col_base" in offered else {}
+    return op(x["logp"][r], x["seeds"][r], x["positions"][r], **kw)
+
+
+CASES = (KernelCase(
+    name="sampling", dims=("R", "V"), inputs=_sampling_inputs, op=_sampling_op, call=_sampling_call,
+    reference=lambda x: gumbel_argmax_torch(x["logp"], x["seeds"], x["positions"], x["col_base"]),
+    elements=lambda s: 3 * s["R"] * s["V"], options=("rows", "col_base"), features=("col_base",),
+    problems=rows_problems, interface=True, note="lockstep.kernels.sampling.gumbel_argmax_triton"),)

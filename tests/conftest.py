@@ -14,6 +14,19 @@ pytest_plugins = ["pytester"]
 # tests/test_parallel_check.py passes -j itself.
 os.environ.setdefault("LOCKSTEP_JOBS", "1")
 
+def pytest_collection_modifyitems(config, items):
+    """The `gpu` group (pyproject.toml's markers) needs a CUDA GPU: without one each of its tests
+    is skipped, saying why, so `pytest -m gpu` on a CPU machine ends cleanly (docs/contributing.md)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu group: needs a CUDA GPU, torch sees none")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 # A minimal valid coins spec, for tests that write spec files of their own.
 COINS = """\
 kind: coins

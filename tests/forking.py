@@ -1,7 +1,7 @@
 """Many short child processes for one module import: a server that imports the modules once, then
 forks a child per script. For tests that kill a process at varied moments (tests/test_golden.py,
 tests/test_hostile_goldens.py): each fresh `python -c` paid ~2 CPU s and ~3 s of wall importing
-torch and the harness before it reached the moments the test aims at (docs/gate.md, "Measured by
+torch and the harness before it reached the moments the test aims at (docs/history/gate.md, "Measured by
 tests5").
 
     with Forker(["torch", "lockstep.harness.golden"]) as forker:

@@ -83,6 +83,7 @@ def module_with(module, replacements: dict[str, str], tmp_path):
     must occur exactly once, so a plant that no longer matches the source fails loudly."""
     import importlib.util
     import inspect
+    import sys
 
     src = inspect.getsource(module)
     for old, new in replacements.items():
@@ -92,5 +93,6 @@ def module_with(module, replacements: dict[str, str], tmp_path):
     path.write_text(src, encoding="utf-8")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     planted = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = planted          # a dataclass in the copy looks its module up by name
     spec.loader.exec_module(planted)
     return planted

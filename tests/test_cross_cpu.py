@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #              and offset) a fingerprint run translated 250 blocks on Haswell that it did not on
 #              EPYC-Rome and 155 the other way, in glibc's loader and string functions, OpenBLAS,
 #              libc10, libtorch_cpu and OpenSSL, where two Haswell runs differ in none
-#              (docs/gate.md, "Measured by cross6");
+#              (docs/history/gate.md, "Measured by cross6");
 #   Nehalem    SSE4.2 only, no AVX: torch's DEFAULT (scalar and SSE) kernels, every library's SSE path.
 CPU_MODELS = ("EPYC-Rome", "Haswell", "Nehalem")
 TIMEOUT = 900

@@ -9,7 +9,7 @@ from lockstep.harness import cli
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The reference pages README.md points at; the command-line reference is docs/cli.md and docs/replay.md.
 REFERENCE = [ROOT / "docs" / name for name in ("cli.md", "replay.md", "specs.md", "targets.md", "goldens.md",
-                                               "lockstep.engine.md")]
+                                               "engine.md")]
 
 
 def test_version(capsys):

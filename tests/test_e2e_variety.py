@@ -24,6 +24,9 @@ import torch
 import lockstep.engine.boundaries
 import lockstep.engine.eagle3
 import lockstep.engine.model
+import lockstep.engine.sampling
+import lockstep.engine.spec_accept
+import lockstep.engine.spec_tree
 import lockstep.engine.speculative
 from lockstep.engine.boundaries import LayerIdError
 from lockstep.engine.eagle3 import load_draft, make_draft_checkpoint
@@ -90,14 +93,14 @@ def test_a_draft_with_different_ids_in_both_places_does_not_load(tmp_path):
 def filters_before_temperature(logits, params):
     """target_probs with the filters on the untempered distribution, then the temperature."""
     z1 = logits.to(torch.float64)
-    keep = lockstep.engine.speculative.keep_mask(z1, params.top_k, params.top_p, params.min_p)
+    keep = lockstep.engine.sampling.keep_mask(z1, params.top_k, params.top_p, params.min_p)
     return portable.softmax(torch.where(keep, z1 / params.temperature, float("-inf")), dim=-1)
 
 
 def not_renormalised(logits, params):
     """target_probs masked but not renormalised: the kept ids keep their unfiltered mass."""
     z = logits.to(torch.float64) / params.temperature
-    keep = lockstep.engine.speculative.keep_mask(z, params.top_k, params.top_p, params.min_p)
+    keep = lockstep.engine.sampling.keep_mask(z, params.top_k, params.top_p, params.min_p)
     return torch.where(keep, portable.softmax(z, dim=-1), 0.0)
 
 
@@ -115,8 +118,10 @@ def test_verify_distribution_after_filters(specs, monkeypatch, planted, red, gre
 
 # --------------------------------------------------------------------------- deep and wide trees
 def test_siblings_in_descending_order(specs, monkeypatch):
-    real = lockstep.engine.speculative._children                  # the sibling order the round tries
-    monkeypatch.setattr(lockstep.engine.speculative, "_children", lambda parents, k: real(parents, k).flip(2))
+    real = lockstep.engine.spec_tree._children                    # the sibling order the round tries
+    flipped = lambda parents, k: real(parents, k).flip(2)         # noqa: E731
+    monkeypatch.setattr(lockstep.engine.spec_tree, "_children", flipped)      # the round's layout
+    monkeypatch.setattr(lockstep.engine.spec_accept, "_children", flipped)    # one tree (verify_*)
     assert "accepted the node path [0, 2, 7]" in specs.red(TREE_SPEC)
 
 
@@ -151,8 +156,8 @@ def power_of_two_softmax(top_logits, backend="torch"):
 
 
 def test_router_top_k_not_a_power_of_two(engine_specs, monkeypatch):
-    import lockstep.kernels.moe
-    monkeypatch.setattr(lockstep.kernels.moe, "routing_weights", power_of_two_softmax)   # the torch ops' route
+    import lockstep.kernels.moe_router
+    monkeypatch.setattr(lockstep.kernels.moe_router, "routing_weights", power_of_two_softmax)   # the torch ops' route
     assert "tensor 'logprobs_0'" in engine_specs.red("generate/router-top3")
     engine_specs.green("generate/greedy-tiny-bf16")       # top-2 of 4: the same bits
 

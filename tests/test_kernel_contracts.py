@@ -38,6 +38,7 @@ import lockstep.kernels.attention
 import lockstep.kernels.coins
 import lockstep.kernels.matmul
 import lockstep.kernels.moe
+import lockstep.kernels.moe_router
 import lockstep.kernels.rmsnorm
 import lockstep.kernels.sampling
 from lockstep.kernels.attention import KV_TILE
@@ -215,14 +216,14 @@ def test_engine_router_top_k_ties(engine_specs, kernel_specs, monkeypatch, bug):
     """The top-k the torch backend runs in every MoE layer: generate/router-ties sees it, and so does
     the router's kernel spec, whose reference is that same function (one torch definition per op:
     the spec pins what the torch ops run)."""
-    monkeypatch.setattr(lockstep.kernels.moe, "top_k_lowest_index", bug)    # the torch ops' route calls it
+    monkeypatch.setattr(lockstep.kernels.moe_router, "top_k_lowest_index", bug)    # the torch ops' route calls it
     engine_specs.red("generate/router-ties")
     assert "kernel router_top_k" in kernel_specs.red("kernels/router-top4-ties")
 
 
 def test_triton_router_ties(kernel_specs, plant):
     """The kernel the engine's triton backend runs for its router top-k."""
-    plant(lockstep.kernels.moe, {"idx = tl.min(tl.where((~taken) & (cand == m), e, E_PAD), axis=0)   # lowest id on ties":
+    plant(lockstep.kernels.moe_router, {"idx = tl.min(tl.where((~taken) & (cand == m), e, E_PAD), axis=0)   # lowest id on ties":
                         "idx = tl.max(tl.where((~taken) & (cand == m), e, -1), axis=0)"}, "_router_top_k_kernel")
     assert "kernel router_top_k" in kernel_specs.red("kernels/router-top4-ties")
 

@@ -168,3 +168,19 @@ def test_the_plugin_under_the_oldest_and_newest_pytest(version, tmp_path_factory
     (ours / "pytest.ini").write_text("[pytest]\nlockstep_specs = specs\n")
     out = run([py, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:benchmark"], cwd=ours, env=env)
     assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_ci_example_installs_from_what_the_repository_provides(venv, tmp_path):
+    """The example engine's package installs beside the wheel's Lockstep with nothing from an index
+    (it names no dependency Lockstep does not provide), and its target registers."""
+    example = tmp_path / "myengine"
+    import shutil
+    shutil.copytree(ROOT / "docs/ci-example/myengine", example)
+    built = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "w",
+                 example], cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    (whl,) = (tmp_path / "w").glob("myengine-*.whl")
+    done = run([venv, "-m", "pip", "install", "-q", "--no-index", whl], cwd=tmp_path)     # resolves its deps
+    assert done.returncode == 0, done.stderr
+    listed = run([venv.parent / "lockstep", "list", "--suite", ROOT, "--target", "myengine", "coins/*"], cwd=tmp_path)
+    assert listed.returncode == 0 and "# myengine-1.0.0" in listed.stdout, listed.stdout + listed.stderr

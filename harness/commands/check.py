@@ -17,7 +17,7 @@ from lockstep.harness.commands.selection import context, golden_exists, golden_i
 from lockstep.harness.commands.session import CheckSession
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
-from lockstep.harness.targets.check import check_against_expectations, target_for
+from lockstep.harness.targets.check import check_against_expectations, target_context, target_for
 
 
 def cmd_check(args, explain: bool = False) -> int:
@@ -33,6 +33,7 @@ def cmd_check(args, explain: bool = False) -> int:
     runner.self_check()  # a comparator or loader that calls -0.0 == 0.0 would pass everything: refuse first
     target = target_for(args.target, ctx)     # lockstep: its engine, judged against the goldens below
     if not target.has_goldens:                # another implementation: against its expectations
+        target, ctx = target_context(target, args, ctx)
         return check_against_expectations(target, args, specs, errors, ctx, explain,
                                           Progress(len(specs), lines=True))   # its table comes at the end
     session = CheckSession(args.golden, args.strict, specs, errors,

@@ -1,5 +1,5 @@
 """What the spec commands print while they run: per-spec progress on stderr, `list`'s aligned
-columns and `check`'s status table. Moved from harness/cli.py (issue 33)."""
+columns and `check`'s status table."""
 
 from __future__ import annotations
 

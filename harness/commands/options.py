@@ -1,8 +1,7 @@
 """Argument types shared by the subcommands: each refuses a bad value as a usage error naming it.
 
 One definition per flag's meaning, so `--seed S[,S...]`, `--prompt-ids` and the bounds mean the
-same thing in every command that takes them (issue 39: `record --seed 3,4` was refused while
-`generate --seed 3,4` worked)."""
+same thing in every command that takes them (`record --seed 3,4` as `generate --seed 3,4`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Which specs a command runs, and under which (dtype, backend) pairs: the selection every spec
-command shares (list, validate, check, diff, regen, report, expectations). Moved from harness/cli.py
-(issue 33): `_load` is `load`, `_plan` is `plan`, `_context` is `context`, `_stale` is `stale_goldens`.
+command shares (list, validate, check, diff, regen, report, expectations): `load`, `plan`,
+`context`, `stale_goldens`.
 
 A pattern must name a spec file; a selection of nothing is a usage error, never a pass."""
 

@@ -46,7 +46,7 @@ class CheckSession:
 
     def exit_code(self) -> int:
         """2 a spec error, 1 a failing outcome (or, with --strict, a stale golden or temporary file),
-        3 a missing golden, 0 otherwise: the lowest-numbered failure wins in the order 2, 1, 3."""
+        3 a missing golden, 0 otherwise: in the order 2, 1, 4 (INCOMPARABLE), 3."""
         if self.errors:
             return EXIT_USAGE
         if (self.strict and (self.stale or self.temps)) or any(o.status in runner.FAILING for o in self.outcomes):

@@ -52,7 +52,7 @@ from lockstep.harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT
 from lockstep.harness.locate import Located, RequestBits, first_divergence, locate
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
-from lockstep.harness.targets.base import TOLERANCE, NotApplicable, TargetInterface
+from lockstep.harness.targets.base import CALIBRATED, TOLERANCE, NotApplicable, TargetInterface
 from lockstep.engine.request import Request, Result as Generation, SamplingParams
 
 NAME = "generate"
@@ -267,6 +267,7 @@ def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
     be split over; the splits it cannot take are listed (with the constraint) instead of run."""
     from lockstep.engine.distributed import Topology
     from lockstep.engine.parallel import missing_gpus
+    from lockstep.engine.world import world_problem
 
     wanted = [tuple(t) for t in spec.inputs["topologies"] or []]
     skipped = []
@@ -279,7 +280,8 @@ def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
                 skipped.append(f"tp={tp} ep={ep}: " + "; ".join(problems) + " (unsupported split)")
             else:
                 wanted.append((tp, ep))
-    missing = {t: missing_gpus(Topology(*t), ctx.device) for t in wanted}   # CUDA: at least one GPU
+    missing = {t: missing_gpus(Topology(*t), ctx.device) or world_problem(t[0] * t[1])   # CUDA: a GPU;
+               for t in wanted}                                                           # torchrun: its size
     skipped += [f"tp={tp} ep={ep}: {why}" for (tp, ep), why in missing.items() if why]
     return [t for t in wanted if not missing[t]], skipped
 
@@ -315,26 +317,77 @@ def run(spec, ctx, target: TargetInterface) -> Result:
     results = spec_run.results(requests)
     tensors, data = _outputs(results, speculative=inp["draft"] is not None)
     reference = [_bytes(r) for r in results]
-    variants = []
-    if exp.get("reproducible"):
-        variants.append(_Variant("a second run", own))
-    if exp.get("batch_invariant"):
-        variants += [_Variant("each request alone", own, "alone"), _Variant("reversed order", own, "reversed")]
-    for chunk in exp.get("prefill_chunks") or []:
-        variants.append(_Variant(f"prefill chunks of {chunk}", lambda reqs, trace, c=chunk: own(reqs, trace, c)))
-    if plain is not None:
-        variants.append(_Variant("plain (non-speculative) generate", plain, aligned=False))
+    variants, lacking = _variants(spec, target, own, plain)
     topologies, notes = _topology_variants(spec, ctx, target, own)
     variants += topologies
     located = target.offers(_OP[inp["draft"] is not None], "observer")
-    differing, where = {}, []
+    differing, first, where = {}, {}, []
     for v in variants:
         got = v.results(requests)
         differing[v.name] = [i for i, r in enumerate(got) if not _same(_bytes(r), reference[i])]
-        if differing[v.name] and located:
-            where.append(_locate(spec_run, v, requests, results, got))
-    return Result(tensors=tensors, data=data, facts={"variants_differing": differing}, notes=notes,
-                  located=[x for x in where if x is not None])
+        if differing[v.name]:
+            first[v.name] = _first(spec_run, v, requests, results, got)
+            if located:
+                where.append(_locate(spec_run, v, requests, results, got))
+    facts = {"variants_differing": differing, "variants_first": first, "variants_na": lacking,
+             "variant_property": {v.name: _property(v.name) for v in variants} | {n: _property(n) for n in lacking}}
+    return Result(tensors=tensors, data=data, facts=facts, notes=notes, located=[x for x in where if x is not None])
+
+
+# The engine property each variant tests (DESIGN §2, §11): a target claims the ones it promises.
+PROPERTIES = {"a second run": "run-to-run", "each request alone": "batch", "reversed order": "batch",
+              "prefill chunks of": "prefill", "plain (non-speculative) generate": "speculative-greedy",
+              "topology": "topology"}
+
+
+def _property(variant: str) -> str:
+    return next(p for prefix, p in PROPERTIES.items() if variant.startswith(prefix))
+
+
+def _variants(spec, target: TargetInterface, own, plain) -> tuple[list, dict]:
+    """(the variants the spec asks for that the target can run, {variant: why n/a} for the rest):
+    a variant needing a feature the target's operation lacks is n/a alone, not the whole spec."""
+    exp, op = spec.expect, _OP[spec.inputs["draft"] is not None]
+    several = len(spec.inputs["requests"]) > 1
+    wanted = []
+    if exp.get("reproducible"):
+        wanted.append((_Variant("a second run", own), ()))
+    if exp.get("batch_invariant"):
+        wanted += [(_Variant("each request alone", own, "alone"), ()),
+                   (_Variant("reversed order", own, "reversed"), ("batch",) if several else ())]
+    for chunk in exp.get("prefill_chunks") or []:
+        wanted.append((_Variant(f"prefill chunks of {chunk}", lambda reqs, trace, c=chunk: own(reqs, trace, c)),
+                       ("prefill_chunk",)))
+    if plain is not None:
+        wanted.append((_Variant("plain (non-speculative) generate", plain, aligned=False), ()))
+    variants, lacking = [], {}
+    for v, needs in wanted:
+        missing = [n for n in needs if not target.offers(op, n)]
+        if missing:
+            lacking[v.name] = target.missing.get(f"{op}:{missing[0]}", f"{target.name}'s {op} does not offer "
+                                                                       f"{missing[0]!r}")
+        else:
+            variants.append(v)
+    return variants, lacking
+
+
+def _first(own: _Variant, other: _Variant, requests, results, got) -> str:
+    """Where `other` first parts from the spec's run: request, step and the two tokens or bits."""
+    lens, sides = [len(r.prompt) for r in requests], (own.name, other.name)
+    d = first_divergence([RequestBits.of(r, n) for r, n in zip(results, lens)],
+                         [RequestBits.of(r, n) for r, n in zip(got, lens)], sides)
+    if d is None:
+        return ""
+    a, b = list(results[d.request].tokens), list(got[d.request].tokens)
+    j = d.token
+    shown = f"token {a[j] if j < len(a) else 'none'} vs {b[j] if j < len(b) else 'none'}" if "tokens" in d.what else \
+        f"logprob {_lp(results[d.request], j)} vs {_lp(got[d.request], j)}" if "logprob bits" in d.what else ""
+    return f"request {d.request} {d.step_name()}: {', '.join(d.what)} differ" + (f" ({shown})" if shown else "")
+
+
+def _lp(result, j: int) -> str:
+    lp = torch.as_tensor(result.logprobs, dtype=torch.float32)
+    return f"{float(lp[j]):.9g} (0x{lp[j:j + 1].view(torch.int32).item() & 0xFFFFFFFF:08x})" if j < len(lp) else "none"
 
 
 _OP = {False: "generate", True: "speculative_generate"}      # with a draft: speculative
@@ -377,10 +430,9 @@ def _plain_call(spec, t: TargetInterface, device: str, sampled: bool):
     chunking); NotApplicable otherwise."""
     inp, exp = spec.inputs, spec.expect
     schedule = inp["schedule"] or {}
-    chunked = schedule.get("prefill_chunk") is not None or bool(exp.get("prefill_chunks"))
+    chunked = schedule.get("prefill_chunk") is not None
     needs = tuple(n for n, on in (("sampling", sampled), ("capture", bool(inp["capture"])),
-                                  ("prefill_chunk", chunked),
-                                  ("batch", bool(exp.get("batch_invariant")) and len(inp["requests"]) > 1)) if on)
+                                  ("prefill_chunk", chunked)) if on)
     ckpt = target_dir(inp["checkpoint"], project_root(spec))
     if "generate" not in t.ops and "greedy_generate" in t.ops and not needs:
         greedy = t.op("greedy_generate", device)
@@ -414,8 +466,7 @@ def _speculative_call(spec, t: TargetInterface, device: str, sampled: bool):
     inp, exp = spec.inputs, spec.expect
     sp = inp["speculative"]
     mode = sp["verify"] if sampled else "greedy"     # greedy requests are verified greedily (DESIGN §6)
-    needs = (mode,) + (("tree",) if sp["topk"] > 1 else ()) + (("sampling",) if sampled else ()) + \
-        (("batch",) if exp.get("batch_invariant") and len(inp["requests"]) > 1 else ())
+    needs = (mode,) + (("tree",) if sp["topk"] > 1 else ()) + (("sampling",) if sampled else ())
     op = t.op("speculative_generate", device, needs)
     batched = t.offers("speculative_generate", "batch")
     root = project_root(spec)
@@ -445,12 +496,20 @@ def _generate_plan(spec, t: TargetInterface, device: str):
 
 def applicability(spec, target: TargetInterface, device: str) -> str:
     _generate_plan(spec, target, device)
-    return TOLERANCE
+    return _how(spec)
 
 
 def compared(spec, ctx, result: Result) -> tuple[str, str]:
-    """Tokens and accept lengths exactly, logprobs and captured states within the cross bound."""
-    return TOLERANCE, golden_platform(spec, ctx)
+    """Calibrated (harness/targets/agreement.py): tokens free-running to the first divergence
+    beyond a near-tie, logprobs teacher-forced within the dtype's bound; the golden platform is
+    the reference's at the run's dtype (its captured states are compared to it). Speculative specs
+    (whose tokens follow the verify rule, not a per-step draw): tokens exactly, the rest within the
+    cross bound."""
+    return _how(spec), golden_platform(spec, ctx)
+
+
+def _how(spec) -> str:
+    return CALIBRATED if spec.inputs["draft"] is None else TOLERANCE
 
 
 def _locate(own: _Variant, other: _Variant, requests, results, got) -> Located | None:

@@ -14,7 +14,7 @@ A request file has one JSON object a line: {"prompt": [ids], "seed": 7, "samplin
 (replay; another engine's trace: every step within --threshold) or written, 1 a divergence, 2 a bad
 trace, bad input or a target that cannot run here (one located line, never a traceback).
 
-Every input is checked at this edge before any work (issue 39): the output path of record and
+Every input is checked at this edge before any work: the output path of record and
 import-peer, each request line (an object, a prompt of token ids), the files' encoding, a trace's
 manifest and that it has something to replay, the numbers a peer gives as logprobs (NaN, > 0 and
 values beyond float32 are not log-probabilities), token ids against the checkpoint's vocabulary,

@@ -72,6 +72,7 @@ settings applied, harness/targets/lockstep_run.py); the kinds that need them are
     sample_fused(logits [R, V] f32, params: list[SamplingParams], seeds: list[int], positions [R])
               -> (tokens [R], chosen logprobs [R], target distributions [R, V])
               Lockstep's own kernel interface: the kernel kind compares each with its torch reference
+              (each operation, these and attention / rmsnorm / sampling, a kernel case's `op`: kernels/case.py)
     walk_boundaries(checkpoint_dir, prompt) -> [L + 1] states [T, H]: the blocks called one at a
               time, with no capture code (the layer_ids kind checks `capture` against it)
     model(checkpoint_dir) -> the implementation's own model object (engine.model.GptOssModel):
@@ -127,7 +128,16 @@ from lockstep.engine.request import Request, Result  # noqa: F401  (the request 
 
 CPU, INTERPRETER, CUDA = "cpu", "cpu-interpreter", "cuda"
 # How a spec's result on a target is compared (a kind's `compared`; the HOW column of `check --target`).
-BITWISE, TOLERANCE, CHI_SQUARE = "bitwise", "tolerance", "chi-square"
+BITWISE, TOLERANCE, CHI_SQUARE, CALIBRATED = "bitwise", "tolerance", "chi-square", "calibrated"
+# Properties of an engine judged against its own bits (DESIGN §11): a claimed one that breaks fails,
+# an unclaimed one is reported as observed. An engine's deterministic or batch-invariant mode
+# claims run-to-run, batch and prefill; a plain engine perhaps run-to-run alone.
+PROPERTIES = {"run-to-run": "D1: the same run twice gives the same bits",
+              "batch": "D2: a request alone, inside batches of other sizes, or in another order gives the same bits",
+              "prefill": "D3: chunked and whole prefill, prefill and decode give the same bits",
+              "prefix-cache": "D3: a prefix-cache hit gives the cold run's bits",
+              "speculative-greedy": "greedy speculative decoding gives plain greedy decoding's tokens and bits",
+              "topology": "D4: a topology's run gives one device's bits"}
 RNG_COINS = "lockstep-coins-1"
 RNG_MODELS = {RNG_COINS: "DESIGN §5's coin contract (murmur3(seed, position, column) Gumbel-max)",
               "stateless": "stateless: a draw depends only on the request's seed and the token position",
@@ -170,6 +180,8 @@ class TargetInterface(Protocol):
     expectations: str | None
     refusals: tuple[type, ...]
     rng: str | None
+    dtype: str
+    claims: frozenset[str]
     has_goldens: bool
 
     def op(self, name: str, device: str = CPU, needs: tuple[str, ...] = (), why: str | None = None) -> Callable: ...
@@ -192,6 +204,10 @@ class Target:
     expectations: str | None = None                          # a plugin's own expectations file
     refusals: tuple[type, ...] = ()                          # its engine's own clean-refusal exception types
     rng: str | None = None                                   # its seeded sampling's RNG model (RNG_MODELS)
+    dtype: str = "fp32"                                      # its dtype policy: the calibrated judge's bound
+    dtypes: tuple[str, ...] = ()                             # other policies it can run, through at_dtype
+    at_dtype: Callable[[str], "Target"] | None = None        # the same target at another of its dtypes
+    claims: frozenset[str] = frozenset()                     # the engine properties it promises (PROPERTIES)
     # What a check of this target is judged against: True for Lockstep's engine under a run's
     # settings (harness/targets/lockstep.py: engine(ctx)), whose results are the goldens, compared
     # bit for bit by harness/runner.py; False (every adapter) for the target's expectations file.

@@ -39,6 +39,7 @@ from lockstep.harness.errors import UsageError, located
 from lockstep.harness.golden import GoldenStore
 from lockstep.harness.targets import expectations_path, get
 from lockstep.harness.targets.base import NotApplicable, Target, TargetInterface, UpstreamChanged
+from lockstep.harness.targets.expectfile import same
 from lockstep.harness.targets.lockstep import engine
 from lockstep.harness.targets.judge import FAIL, NA, PASS, run_on_target
 
@@ -69,7 +70,7 @@ def verdict(outcome, want: dict | None) -> str | None:
     o = outcome
     if o.status == FAIL and want is None:
         return f"NEW FAILURE {o.spec.id}: {o.message}"
-    if o.status == FAIL and o.message != want["observed"]:
+    if o.status == FAIL and not same(want["observed"], o.message):
         return f"FAILS DIFFERENTLY {o.spec.id}: {o.message}\n    expected: {want['observed']}"
     if o.status != FAIL and want is not None:
         what = "now passes" if o.status == PASS else f"is now n/a ({o.message})"
@@ -126,6 +127,35 @@ def target_for(name: str, ctx) -> TargetInterface:
     return engine(ctx) if name == "lockstep" else load_target(name)
 
 
+def target_context(target: TargetInterface, args, ctx):
+    """(the target at the run's dtype policy, the run context): its declared policy, or the one
+    --dtype names where the target offers it (`Target.dtypes`); the calibrated judge compares it
+    with the reference at that policy (docs/targets.md)."""
+    declared = getattr(target, "dtype", "fp32")
+    if args.dtype is not None and args.dtype != declared:
+        if args.dtype not in getattr(target, "dtypes", ()) or getattr(target, "at_dtype", None) is None:
+            raise _usage(f"--dtype {args.dtype}: {target.label} runs the {declared} policy only (Target.dtype, "
+                         f"Target.dtypes); its outputs are judged at the policy it runs")
+        target = target.at_dtype(args.dtype)
+    args.dtype = target.dtype
+    if ctx.platform.dtype == target.dtype:
+        return target, ctx
+    from lockstep.harness.commands.selection import context
+    return target, context(args)
+
+
+def reproduce(args, target: TargetInterface, spec_id: str) -> str:
+    """A command that reruns one spec on the target from any folder: absolute suite paths, the
+    target and its dtype policy."""
+    import shlex
+
+    parts = ["lockstep", "check", "--specs", str(Path(args.specs).resolve()), "--golden",
+             str(Path(args.golden).resolve()), "--target", args.target, "--dtype", getattr(target, "dtype", "fp32")]
+    if getattr(args, "expectations", None) is not None:
+        parts += ["--expectations", str(Path(args.expectations).resolve())]
+    return " ".join(shlex.quote(p) for p in parts + [spec_id])
+
+
 def check_against_expectations(target: TargetInterface, args, specs, errors, ctx, explain=False,
                                progress=None) -> int:
     """`check --target NAME`'s judgement and report for a target other than Lockstep's engine: each
@@ -150,7 +180,8 @@ def check_against_expectations(target: TargetInterface, args, specs, errors, ctx
         print(json.dumps(check_document(
             target=target.label, platform=ctx.platform.name, backend=ctx.backend, exit_code=code,
             seconds=time.perf_counter() - start, summary=counts | {"spec_errors": len(errors)},
-            specs=[o.to_json() for o in outcomes], spec_errors=[str(e) for e in errors],
+            specs=[o.to_json() | ({"reproduce": reproduce(args, target, o.spec.id)} if o.status == FAIL else {})
+                   for o in outcomes], spec_errors=[str(e) for e in errors],
             expectation_problems=problems,
             expectations_file=_shown(expectations_path(target, getattr(args, "expectations", None)))), indent=2))
         return code
@@ -166,9 +197,12 @@ def check_against_expectations(target: TargetInterface, args, specs, errors, ctx
                   + (f" (expected: {why['judgement']}: {why['why']})" if why else ""))
             for m in (o.messages if o.status == FAIL else [o.message]):
                 print("  " + m.replace("\n", "\n  "))
-            if o.traceback:
-                print("  " + (o.traceback.replace("\n", "\n  ") if getattr(args, "debug", False)
-                              else f"reproduce: lockstep diff {o.spec.id} --target {args.target} --debug"))
+            for n in (o.notes if explain or o.status == FAIL else []):
+                print("  note: " + n)
+            if o.traceback and getattr(args, "debug", False):
+                print("  " + o.traceback.replace("\n", "\n  "))
+            if o.status == FAIL:
+                print("  reproduce: " + reproduce(args, target, o.spec.id) + (" --debug" if o.traceback else ""))
     if problems:
         print(f"\n{target.label}: results differ from "
               f"{_shown(expectations_path(target, getattr(args, 'expectations', None))) or 'its expectations (none)'}:")

@@ -20,6 +20,8 @@ Which file a run uses: the one given explicitly (`--expectations FILE`, the pyte
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import yaml
@@ -141,19 +143,39 @@ def find(name: str, version: str, own: str | None = None, explicit: Path | None 
     return None
 
 
+# A failure's first line is its cause (judge, class, request, step) and, after DETAIL, its numbers.
+# Two failures are the same when their causes are, with every float masked: an engine that is not
+# bitwise run to run keeps matching its expectations (DESIGN §11).
+DETAIL = " — "
+_FLOAT = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+(?=[eE][-+]?\d))(?:[eE][-+]?\d+)?|\b(?:nan|inf)\b")
+
+
+def signature(text: str) -> str:
+    """What an expectation is matched by: the cause before DETAIL, floats masked (ids, indices,
+    requests and steps are kept: they are the location)."""
+    return _FLOAT.sub("…", str(text).split(DETAIL)[0]).strip()
+
+
+def same(observed: str, message: str) -> bool:
+    return signature(observed) == signature(message)
+
+
 def write(path: Path, name: str, version: str, versions: str | None, outcomes, previous: dict) -> int:
-    """Write the observed failures of `outcomes` as an expectations file for review: each new or
-    changed failure is `unjudged`; one that fails as `previous` recorded keeps its judgement and
-    why. Returns how many entries are unjudged. Written atomically (a temp file, then renamed)."""
+    """Write the observed failures of `outcomes` into an expectations file for review, merged with
+    `previous`: entries of specs this run did not include are kept as they were; each new or
+    changed failure is `unjudged`; one that fails as `previous` recorded (`same`) keeps its
+    judgement and why. Returns how many entries are unjudged. Written atomically."""
     import os
     import tempfile
 
-    failures, unjudged = {}, 0
+    ran = {o.spec.id for o in outcomes}
+    failures = {sid: dict(e) for sid, e in previous.items() if sid not in ran}
+    unjudged = sum(e["judgement"] == "unjudged" for e in failures.values())
     for o in outcomes:
         if o.status != "fail":
             continue
         was = previous.get(o.spec.id)
-        if was and was["observed"] == o.message and was["judgement"] != "unjudged":
+        if was and same(was["observed"], o.message) and was["judgement"] != "unjudged":
             failures[o.spec.id] = {"observed": o.message, "judgement": was["judgement"], "why": was["why"]}
         else:
             failures[o.spec.id] = {"observed": o.message, "judgement": "unjudged", "why": ""}

@@ -26,19 +26,24 @@ def load_model(path: str, dtype: torch.dtype = torch.float32):
     from pathlib import Path
 
     from transformers import GptOssForCausalLM, Mxfp4Config
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()        # its "Loading weights" bars would fill every check's log
     config = json.loads((Path(path) / "config.json").read_text())
     mxfp4 = (config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
     extra = {"quantization_config": Mxfp4Config(dequantize=True)} if mxfp4 else {}
     return GptOssForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **extra).eval()
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 @functools.lru_cache(maxsize=4)
-def _model(path: str):
-    return load_model(path)
+def _model(path: str, dtype: str = "fp32"):
+    return load_model(path, DTYPES[dtype])
 
 
-def capture(checkpoint, prompt, boundaries):
-    model = _model(str(checkpoint))
+def capture(checkpoint, prompt, boundaries, dtype="fp32"):
+    model = _model(str(checkpoint), dtype)
     L = model.config.num_hidden_layers
     last = {}
     hook = model.model.layers[L - 1].register_forward_hook(
@@ -52,8 +57,8 @@ def capture(checkpoint, prompt, boundaries):
     return torch.cat(states, dim=-1).to(torch.float32)
 
 
-def greedy_generate(checkpoint, prompt, max_new_tokens, stop_ids):
-    model = _model(str(checkpoint))
+def greedy_generate(checkpoint, prompt, max_new_tokens, stop_ids, dtype="fp32"):
+    model = _model(str(checkpoint), dtype)
     eos = list(stop_ids) if stop_ids is not None else list(model.generation_config.eos_token_id or [])
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
@@ -65,15 +70,17 @@ def greedy_generate(checkpoint, prompt, max_new_tokens, stop_ids):
     return tokens, logprobs, reason
 
 
-def load() -> Target:
+def load(dtype: str = "fp32") -> Target:
     version = peer.installed_version("transformers")
     if version is None:
         raise NotApplicable("transformers is not installed (pip install -e '.[test]')")
+    at = functools.partial
     return Target(
-        name="hf", version=version,
-        description="HF transformers GptOssForCausalLM (fp32, eager): whole-model capture and greedy generation",
-        ops={"capture": Op(capture, (CPU, CUDA), "output_hidden_states (+ a hook for boundary L)"),
-             "greedy_generate": Op(greedy_generate, (CPU, CUDA), "GptOssForCausalLM.generate(do_sample=False)")},
+        name="hf", version=version, dtype=dtype, dtypes=tuple(DTYPES), at_dtype=lambda d: load(d),
+        description=f"HF transformers GptOssForCausalLM ({dtype}, eager): whole-model capture and greedy generation",
+        ops={"capture": Op(at(capture, dtype=dtype), (CPU, CUDA), "output_hidden_states (+ a hook for boundary L)"),
+             "greedy_generate": Op(at(greedy_generate, dtype=dtype), (CPU, CUDA),
+                                   "GptOssForCausalLM.generate(do_sample=False)")},
         missing={op: "HF transformers has no such operation (no seeded coins, EAGLE3 verify or Triton kernels)"
                  for op in ("eagle3_layers", "hash", "verify_coins", "gumbel", "verify_greedy", "verify_target_only",
                             "verify_rejection", "attention", "rmsnorm", "sampling")} | {

@@ -17,6 +17,7 @@ Anything a target cannot run is `n/a` with the reason, never skipped or passed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -30,8 +31,8 @@ from lockstep.harness.errors import full_traceback, where
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.specfile import Spec
-from lockstep.harness.targets.base import (BITWISE, CHI_SQUARE, TOLERANCE, NotApplicable, Target,  # noqa: F401
-                                  UpstreamChanged)
+from lockstep.harness.targets.base import (BITWISE, CALIBRATED, CHI_SQUARE, PROPERTIES, TOLERANCE,  # noqa: F401
+                                           NotApplicable, Target, UpstreamChanged)
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 # Two implementations of one whole model in fp32 sum in different orders: |a - b| <= ATOL + RTOL |b|
@@ -52,11 +53,12 @@ class TargetOutcome:
     messages: list[str] = field(default_factory=list)
     seconds: float = 0.0
     traceback: str = ""              # of a crash: shown with --debug (and in pytest's report)
+    notes: list[str] = field(default_factory=list)   # observations that never fail: unclaimed properties, near-ties
 
     def to_json(self) -> dict:
         return {"id": self.spec.id, "kind": self.spec.kind, "target": self.target, "status": self.status,
                 "compare": self.compare, "message": self.message, "messages": list(self.messages),
-                "seconds": round(self.seconds, 3)}
+                "notes": list(self.notes), "seconds": round(self.seconds, 3)}
 
 
 # --------------------------------------------------------------------------- refusals judged by their facts
@@ -76,16 +78,45 @@ def _missing_facts(fragments: list[str], message: str) -> list:
     return [f for f in error_facts(fragments) if (f not in message if isinstance(f, str) else f not in named)]
 
 
-def check_on_target(spec, result: Result) -> list[str]:
+def check_on_target(spec, result: Result, claims: frozenset[str] = frozenset(PROPERTIES)) -> list[str]:
     """The kind's checks, except that an expected refusal is judged by its facts, not its wording
-    (the kind's `refusal(result)`: the refusal's message, or None when the run did not refuse)."""
+    (the kind's `refusal(result)`: the refusal's message, or None when the run did not refuse),
+    and that a property the target does not claim is observed, not judged (`observed`)."""
     kind = kinds.KINDS[spec.kind]
     error = spec.expect.get("error") if isinstance(spec.expect, dict) else None
     message = kind.refusal(result) if error and hasattr(kind, "refusal") else None
     if message is not None:
         missing = _missing_facts(error, message)
         return [f"the refusal does not name {missing}: {message}"] if missing else []
-    return list(kind.check(spec, result))
+    judged, _ = properties(result, claims)
+    return judged + list(kind.check(spec, _claimed_only(result, claims)))
+
+
+def properties(result: Result, claims: frozenset[str]) -> tuple[list[str], list[str]]:
+    """(failures of claimed properties, observations of unclaimed ones and of variants the target
+    cannot run), each led by the property and its first divergence (request, step, what differs)."""
+    facts = result.facts if isinstance(result.facts, dict) else {}
+    prop, first = facts.get("variant_property", {}), facts.get("variants_first", {})
+    judged, observed = [], []
+    for name, differing in facts.get("variants_differing", {}).items():
+        if not differing:
+            continue
+        p = prop.get(name, name)
+        line = f"{p}: {name}: {first.get(name) or f'requests {differing} differ'}; requests {differing} differ"
+        (judged if p in claims else observed).append(
+            ("property (claimed) " if p in claims else "property (not claimed, observed) ") + line)
+    observed += [f"property {prop.get(n, n)}: {n}: n/a ({why})" for n, why in facts.get("variants_na", {}).items()]
+    return judged, observed
+
+
+def _claimed_only(result: Result, claims) -> Result:
+    """The result with only claimed-property variants left for the kind's own check (which
+    would fail on any differing variant): properties() reported them all already."""
+    facts = result.facts if isinstance(result.facts, dict) else {}
+    if "variant_property" not in facts:
+        return result
+    kept = {n: [] for n in facts.get("variants_differing", {})}
+    return dataclasses.replace(result, facts={**facts, "variants_differing": kept})
 
 
 def compared(spec: Spec, ctx: RunContext, result: Result) -> tuple[str, str | None]:
@@ -133,7 +164,15 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
             result = kinds.KINDS[spec.kind].run(spec, ctx, target)
         result.data = json_roundtrip(result.data)
         out.compare, platform = compared(spec, ctx, result)
-        fails = check_on_target(spec, result)
+        claims = frozenset(getattr(target, "claims", frozenset()))
+        judged, out.notes = properties(result, claims)
+        out.notes += list(result.notes or [])
+        fails = check_on_target(spec, result, claims)[len(judged):]
+        if out.compare == CALIBRATED:               # the exact judge's failures lead, then the calibrated
+            with torch.inference_mode():
+                agreed, notes = _agreement(spec, ctx, result)
+            fails, out.notes = agreed + fails, out.notes + notes
+        fails = judged + fails
         if platform is not None:
             try:
                 golden = store.load(platform, spec.id)
@@ -141,6 +180,9 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
                 golden, fails = None, fails + [f"corrupt golden: {e}"]
             if golden is None:
                 fails.append(f"no golden on {platform} to compare with (record it with lockstep regen {spec.id})")
+            elif out.compare == CALIBRATED:     # tokens and logprobs judged above; the rest as before
+                rest = {k: v for k, v in golden.tensors.items() if not k.startswith(("tokens_", "logprobs_"))}
+                fails += _tolerance_diff(rest, {k: v for k, v in result.tensors.items() if k in rest})
             elif out.compare == BITWISE:
                 fails += [d.describe() for d in diff_tensors(golden.tensors, result.tensors)]
                 dd = diff_data(golden.data, result.data)
@@ -163,6 +205,30 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
         out.message = out.messages[0].splitlines()[0][:300]
     out.seconds = time.perf_counter() - start
     return out
+
+
+class _Generation:
+    """A target's generation read back from a result's tensors (tokens_i, logprobs_i)."""
+
+    def __init__(self, tensors: dict, i: int):
+        self.tokens = tensors[f"tokens_{i}"].tolist()
+        self.logprobs = tensors[f"logprobs_{i}"]
+
+
+def _agreement(spec: Spec, ctx: RunContext, result: Result) -> tuple[list[str], list[str]]:
+    """The calibrated judge (harness/targets/agreement.py) on a generate spec's run: against
+    Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens."""
+    from lockstep.harness.checkpoints import model_for
+    from lockstep.harness.kinds.generate import _requests, project_root
+    from lockstep.harness.targets import agreement
+    from lockstep.harness.targets.bounds import bound
+
+    requests = _requests(spec)
+    reference = model_for(spec.inputs["checkpoint"], "torch", project_root(spec), str(ctx.device),
+                          ctx.platform.dtype)
+    results = [_Generation(result.tensors, i) for i in range(len(requests))]
+    fails, notes, _ = agreement.judge(spec, requests, results, reference, bound(ctx.platform.dtype))
+    return fails, notes
 
 
 def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]:

@@ -1,11 +1,11 @@
-"""Lockstep's engine under one run's settings: the operations `engine(ctx)` adds to `load()`'s.
+"""Lockstep's engine under one run's settings: every operation of the `lockstep` target, once.
 
-`lockstep check` runs every spec on Lockstep's engine as the run's context sets it up: the device,
-the kernel backend (torch or triton) and the dtype policy, plus the extra topologies of
-`--world-size`. These are the operations of that target (harness/targets/base.py documents each
-one and its features); they replace `load()`'s where the run's settings change what runs, and add
-what only Lockstep's own engine exposes (backend agreement, internals the kinds pin). A kind asks
-for them like any other operation: a peer lacks them, and the spec is n/a there with the reason.
+`run_ops(ctx)` builds them for the run's context: the device, the kernel backend (torch or
+triton), the dtype policy, plus the extra topologies of `--world-size`; `engine(ctx)` and `load()`
+(the defaults) in harness/targets/lockstep.py wrap them. harness/targets/base.py documents each
+operation and its features, those only Lockstep's engine exposes (backend agreement, its kernel
+interface, internals the kinds pin) included: a peer lacks those, and the spec is n/a there with
+the reason. One model cache (harness.checkpoints.model_at) and one draft cache (`draft`).
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def draft(ctx: RunContext, checkpoint: str, draft_dir: str, convention: str):
 
 
 def _generation_ops(ctx: RunContext) -> dict[str, Op]:
-    """load()'s generation operations on the run's model and draft: generate and
+    """The generation operations on the run's model and draft: generate (and greedy_generate) and
     speculative_generate (with the features "observer" and "topology"), the prefix cache, the
     draft's stages, and `model` itself (the reference forward of the draft and distribution kinds)."""
     from lockstep.engine.generate import generate
@@ -175,6 +175,13 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
             return generate_at(checkpoint, tp, ep, list(requests), backend=ctx.backend, device=ctx.device,
                                dtype=ctx.platform.dtype, trace=observer, **kw)
         return generate(model(ctx, checkpoint), list(requests), observer=observer, **kw)
+
+    def greedy(checkpoint, prompt, max_new_tokens, stop_ids):
+        from lockstep.engine.request import Request, SamplingParams
+        params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens,
+                                stop_token_ids=tuple(stop_ids) if stop_ids is not None else None)
+        r = generate(model(ctx, checkpoint), [Request(prompt=list(prompt), params=params)])[0]
+        return r.tokens, r.logprobs, r.finish_reason
 
     def drafted(checkpoint, draft_dir, convention):
         return draft(ctx, str(checkpoint), str(draft_dir), convention)
@@ -197,6 +204,7 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
     run = frozenset({"sampling", "batch", "observer", "topology"})
     return {"generate": Op(generate_, EVERY, "lockstep.engine.generate.generate under the run's settings",
                            run | {"capture", "prefill_chunk"}),
+            "greedy_generate": Op(greedy, EVERY, "lockstep.engine.generate.generate (greedy, one request)"),
             "prefix_cache": Op(lambda checkpoint, block: PrefixSession(model(ctx, checkpoint), block), EVERY,
                                "lockstep.engine.prefix_cache.PrefixCache through engine.generate.generate",
                                frozenset({"sampling", "prefill_chunk"})),
@@ -207,34 +215,47 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
                         "lockstep.engine.model.GptOssModel under the run's settings (its internals, for reference forwards)")}
 
 
-# --------------------------------------------------------------------------- Lockstep's own kernel interface
+# --------------------------------------------------------------------------- kernels
 def _kernel_ops() -> dict[str, Op]:
-    """Each Triton kernel the kernel kind pins beyond load()'s attention, rmsnorm and sampling (the
-    kind holds their torch references)."""
-    from lockstep.engine.experts import experts_grouped
-    from lockstep.engine.linear import k_chunk_bounds
-    from lockstep.engine.sampling import row_settings, sample_fused, target_distributions
-    from lockstep.engine.sampling import SamplingParams
-    import lockstep.kernels.matmul as matmul
-    import lockstep.kernels.moe as moe
-    import lockstep.kernels.rope as rope
+    """Each declared kernel case's operation (engine/cases.py): attention, rmsnorm and sampling of
+    the documented interface, and Lockstep's own kernel interface (the kernel kind holds the
+    torch references)."""
+    from lockstep.engine.cases import every_case
 
-    def experts(x, ids, gate_up_w, gate_up_b, down_w, alpha, limit):
-        return experts_grouped(x, ids, gate_up_w, gate_up_b, down_w, k_chunk_bounds(gate_up_b.shape[1] // 2), 0,
-                               gate_up_b.shape[0], alpha, limit)
+    return {c.name: Op(c.op, (INTERPRETER, CUDA), c.note, frozenset(c.features)) for c in every_case().values()}
 
-    def sample(logits, params, seeds, positions):
-        tok, lp = sample_fused(logits, row_settings(params, seeds, logits.device), positions)
-        dist = target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params], fused=True)
-        return tok, lp, dist
 
-    kernels = (INTERPRETER, CUDA)
-    return {"matmul": Op(matmul.linear_triton, kernels, "lockstep.kernels.matmul.linear_triton"),
-            "rope": Op(rope.apply_rope_triton, kernels, "lockstep.kernels.rope.apply_rope_triton"),
-            "router_top_k": Op(moe.router_top_k_triton, kernels, "lockstep.kernels.moe.router_top_k_triton"),
-            "swiglu": Op(moe.clamped_swiglu_triton, kernels, "lockstep.kernels.moe.clamped_swiglu_triton"),
-            "experts": Op(experts, kernels, "lockstep.engine.experts.experts_grouped (the grouped Triton expert path)"),
-            "sample_fused": Op(sample, kernels, "lockstep.engine.sampling.sample_fused and the fused target distributions")}
+# --------------------------------------------------------------------------- checkpoints, layer ids, verify
+def _eagle3_layers(draft_config, convention, num_layers, fc_in, hidden, name, direct_ids=False):
+    from lockstep.engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
+
+    if fc_in % hidden:
+        raise LayerIdError(f"{name}: the draft's fc input width {fc_in} is not a multiple of the target hidden "
+                           f"size {hidden}")
+    ids = aux_layer_ids_from_draft_config(draft_config)
+    return resolve_boundaries(ids, convention, num_layers, fc_in // hidden, name)
+
+
+def _load_checkpoint(path):
+    from lockstep.engine.checkpoint import load_checkpoint
+    load_checkpoint(path)
+
+
+def _verify(name):
+    def call(*args):
+        import lockstep.engine.speculative as speculative
+        return getattr(speculative, name)(*args)
+    return call
+
+
+def _engine_ops() -> dict[str, Op]:
+    """The operations no run setting changes: layer ids, checkpoint refusals, verify decisions."""
+    ops = {"eagle3_layers": Op(_eagle3_layers, EVERY, "lockstep.engine.boundaries.resolve_boundaries"),
+           "load_checkpoint": Op(_load_checkpoint, EVERY, "lockstep.engine.checkpoint.load_checkpoint")}
+    for rule in ("greedy", "target_only", "rejection"):
+        ops[f"verify_{rule}"] = Op(_verify(f"verify_{rule}"), EVERY, f"lockstep.engine.speculative.verify_{rule} (the "
+                                   f"round's _accept_{rule} on one tree)")
+    return ops
 
 
 # --------------------------------------------------------------------------- internals the kinds pin
@@ -281,4 +302,4 @@ def _internal_ops(ctx: RunContext) -> dict[str, Op]:
 def run_ops(ctx: RunContext) -> dict[str, Op]:
     """Every operation Lockstep's engine takes from the run's settings (see the module docstring)."""
     return {**_coin_ops(ctx.device), **_mxfp4_ops(ctx), **_forward_ops(ctx), **_generation_ops(ctx),
-            **_kernel_ops(), **_internal_ops(ctx)}
+            **_engine_ops(), **_kernel_ops(), **_internal_ops(ctx)}

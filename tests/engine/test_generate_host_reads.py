@@ -67,6 +67,7 @@ def test_one_host_read_per_forward(monkeypatch, tiny_ckpts, n):
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA sync debug mode needs a GPU")
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_gpu_decode_syncs_once_per_step(tiny_ckpts, backend):

@@ -23,8 +23,8 @@ def _prefilled(model, prompts):
     return cache
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.skipif(
-    DEVICE.type != "cuda", reason="on the CPU a DecodeGraph is the eager forward: the torch case covers it"))])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=(pytest.mark.gpu, pytest.mark.skipif(
+    DEVICE.type != "cuda", reason="on the CPU a DecodeGraph is the eager forward: the torch case covers it")))])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_decode_graph_equals_eager_steps(tiny_ckpts, backend, dtype):
     config, weights = load_checkpoint(tiny_ckpts["mxfp4"], packed_mxfp4=True)
@@ -77,8 +77,8 @@ def test_static_graph_reads_its_buffers_not_the_callers_tensors():
         assert seen[-1] is step.buffers[0] and seen[-1] is not x
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.skipif(
-    DEVICE.type != "cuda", reason="on the CPU a StaticGraph is the eager forward: the torch case covers it"))])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=(pytest.mark.gpu, pytest.mark.skipif(
+    DEVICE.type != "cuda", reason="on the CPU a StaticGraph is the eager forward: the torch case covers it")))])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_forward_graph_with_captured_states_equals_eager_verify_calls(tiny_ckpts, backend, dtype):
     """A verify-shaped call (W consecutive positions per slot, boundary states captured) through
@@ -104,6 +104,7 @@ def test_forward_graph_with_captured_states_equals_eager_verify_calls(tiny_ckpts
     assert (step.graph is not None) == (DEVICE.type == "cuda")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="the capture (and its refusal) happens on a GPU only")
 def test_a_step_that_reads_the_host_is_refused_by_the_capture_and_runs_eagerly():
     """A step with a host read inside cannot be captured: the StaticGraph says why (`failed`),

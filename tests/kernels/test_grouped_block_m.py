@@ -175,6 +175,7 @@ def test_every_block_size_gives_the_same_bits(kind, fast, dtype):
     _check_every_size(kind, fast, dtype, T=33, k=2, E=4, H=160, I=96, seed=7, rows=(33, 32, 0, 1))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels at the 20b shapes need a GPU")
 @pytest.mark.parametrize("kind, fast", [("dense", True), ("mxfp4", True), ("mxfp4", False)],
                          ids=["dense", "mxfp4-fast", "mxfp4-exact"])

@@ -10,7 +10,7 @@ import torch
 
 from lockstep.engine.experts import experts_grouped
 from lockstep.engine.linear import k_chunk_bounds
-from lockstep.kernels import moe
+from lockstep.kernels import moe, moe_mxfp4_order
 from lockstep.kernels.moe import (MXFP4_STEP, clamped_swiglu_triton, expert_down_partials_triton, expert_gate_up_triton,
                          gather_columns, group_by_expert, mma_order_columns, mma_order_portable, mma_order_triton,
                          mxfp4_dense)
@@ -101,13 +101,14 @@ def test_bad_input_is_refused_by_name():
 
 def test_the_policy_is_compiled_prefills_only(monkeypatch):
     assert not mxfp4_dense(10 ** 6, 32, BF16) or DEVICE.type == "cuda"
-    monkeypatch.setattr(moe, "INTERPRET", False)
-    edge = moe.MXFP4_DENSE_MIN_ROWS * 32                                # rows of 32 experts
+    monkeypatch.setattr(moe_mxfp4_order, "INTERPRET", False)
+    edge = moe_mxfp4_order.MXFP4_DENSE_MIN_ROWS * 32                                # rows of 32 experts
     assert mxfp4_dense(edge, 32, BF16) and mxfp4_dense(16384 * 4, 32, BF16)     # a replay's forward
     assert not mxfp4_dense(edge - 1, 32, BF16) and not mxfp4_dense(32 * 4, 32, BF16)   # decode
     assert not mxfp4_dense(10 ** 6, 32, torch.float32)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled MMAs' order needs a GPU")
 def test_a_prefill_as_dense_tiles_has_the_mxfp4_bits(monkeypatch):
     """gpt-oss-20b's H = I = 2880 (gate_up's 45 whole steps; down's 8 chunks of 360: five whole
@@ -115,7 +116,7 @@ def test_a_prefill_as_dense_tiles_has_the_mxfp4_bits(monkeypatch):
     (300 rows an expert, which mxfp4_dense takes with the threshold at 128: in 128-row blocks), edge
     scales planted: the engine's partials equal the MXFP4 kernels' in 16-row blocks, bit for bit.
     The threshold is speed only; the shape keeps the GPU run short."""
-    monkeypatch.setattr(moe, "MXFP4_DENSE_MIN_ROWS", 128)
+    monkeypatch.setattr(moe_mxfp4_order, "MXFP4_DENSE_MIN_ROWS", 128)
     E, H, I, k, T = 8, 2880, 2880, 4, 600
     weights = _weights("mxfp4", E, H, I, BF16, seed=51)
     x, ids = tokens(T, H, k, E, BF16, seed=52)

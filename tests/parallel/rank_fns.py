@@ -10,15 +10,20 @@ import torch.distributed as dist
 
 
 def gather_ranks(tag: str) -> dict:
-    t = torch.tensor([dist.get_rank()])
+    """Every rank's number, all-gathered on the device the group's backend moves (NCCL: the GPU)."""
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([dist.get_rank()], device=device)
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return {"tag": tag, "rank": dist.get_rank(), "world": dist.get_world_size(),
-            "env": (os.environ["MASTER_ADDR"], os.environ["RANK"]), "all": torch.cat(out).tolist()}
+            "env": (os.environ["MASTER_ADDR"], os.environ["RANK"]), "all": torch.cat(out).cpu().tolist()}
 
 
 def one_raises_one_hangs() -> dict:
-    """Rank 1 raises before the collective, rank 2 never reaches it."""
+    """Rank 1 raises before the collective, rank 2 never reaches it. A barrier first: every rank
+    has joined the group before rank 1 exits (else a rank still connecting, as a slower CUDA rank
+    may be, fails with a connection error to rank 1 instead of reaching its hang)."""
+    dist.barrier()
     if dist.get_rank() == 1:
         raise ValueError("rank 1 fails on purpose")
     if dist.get_rank() == 2:

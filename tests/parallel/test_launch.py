@@ -108,9 +108,11 @@ def test_a_rank_takes_the_callers_environment_at_the_call_and_none_of_its_patche
     `_rank_context`): each must still see the launching process's environment as it is at the call,
     as a spawned rank would, and import the code afresh (tests/planted.py relies on it)."""
     from lockstep.engine import launch as launch_mod
-    launch(rank_fns.gather_ranks, 1, args=("the server is started",), timeout_s=120)
+    # device "cpu": the rank function gathers CPU tensors, which NCCL (launch's default on a CUDA
+    # machine with a GPU per rank) cannot move
+    launch(rank_fns.gather_ranks, 1, args=("the server is started",), device="cpu", timeout_s=120)
     monkeypatch.setattr(launch_mod, "_COLLECTIVE_MARKERS", ("patched",))
     for value in ("one", "two"):
         monkeypatch.setenv("LOCKSTEP_LAUNCH_PROBE", value)
-        res = launch(rank_fns.environment_and_patch, 2, args=("LOCKSTEP_LAUNCH_PROBE",), timeout_s=120)
+        res = launch(rank_fns.environment_and_patch, 2, args=("LOCKSTEP_LAUNCH_PROBE",), device="cpu", timeout_s=120)
         assert res == [(value, "timed out")] * 2, value

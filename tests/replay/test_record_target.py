@@ -21,7 +21,9 @@ CKPT = "models/tiny-target"
 ADAPTER = '''
 import torch
 from lockstep.harness.targets import Op, Result, Target
-from lockstep.harness.targets.lockstep import _generate
+from lockstep.harness.targets.lockstep import load
+
+_generate = load().ops["generate"].fn
 
 def _shifted(checkpoint, requests, **kw):
     out = _generate(checkpoint, requests, **kw)

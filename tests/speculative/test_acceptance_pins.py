@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import lockstep.engine.speculative as spec
+from lockstep.engine import spec_accept, spec_round, spec_tree
 from lockstep.engine.request import Request, SamplingParams, seed_as_int64
 from lockstep.engine.speculative import (SpecParams, Tree, TreeBatch, inverse_cdf_rows, target_probs, verify_greedy,
                                 verify_rejection, verify_target_only)
@@ -40,13 +40,13 @@ def coins(*values):
 
 # ---------------------------------------------------------------------- the host tree as a batch of one
 def test_one_tree_gives_tokens_children_and_the_deepest_path():
-    tokens, children, W = spec._one_tree(TREE)
+    tokens, children, W = spec_accept._one_tree(TREE)
     assert tokens.tolist() == [[4, 3, 1, 0, 2, 4]]
     assert children.tolist() == [[[1, 2], [3, 4], [5, -1], [-1, -1], [-1, -1], [-1, -1]]]
     assert W == 3                                            # 0 -> 1 -> 3: three nodes
-    tokens, children, W = spec._one_tree(Tree([5, 6, 8, 9], [-1, 0, 1, 2]))   # a chain
+    tokens, children, W = spec_accept._one_tree(Tree([5, 6, 8, 9], [-1, 0, 1, 2]))   # a chain
     assert (tokens.tolist(), children.tolist(), W) == ([[5, 6, 8, 9]], [[[1], [2], [3], [-1]]], 4)
-    tokens, children, W = spec._one_tree(ROOT)
+    tokens, children, W = spec_accept._one_tree(ROOT)
     assert (tokens.tolist(), children.tolist(), W) == ([[1]], [[[-1]]], 1)
 
 
@@ -82,7 +82,7 @@ def test_layout_of_two_trees_in_full():
     paths [0, 2] and [0, 1, 3]); tree B: the chain 0 -> 1 -> 2 -> 3 (one path). Rows past a leaf
     and paths past the last leaf are padding: node 0, not valid. A node's row is in the first path
     holding it, at its depth: (request * P + path) * W + depth."""
-    lay = spec._layout(torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2]]), 3, 4, 2)
+    lay = spec_tree._layout(torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2]]), 3, 4, 2)
     T, F = True, False
     assert lay.path_nodes.tolist() == [[[0, 2, 0, 0], [0, 1, 3, 0], [0, 0, 0, 0]],
                                        [[0, 1, 2, 3], [0, 0, 0, 0], [0, 0, 0, 0]]]
@@ -113,13 +113,13 @@ def test_target_only_running_sum_is_float64_whatever_p_arrives_in():
     """p (float32 here) .5 and 3 * 2^-26: in float32 .5 + 3 * 2^-26 rounds up to .5 + 2^-24, the
     coin; in float64 the sum stays below it, so the second child is rejected too."""
     tokens = torch.tensor([[2, 0, 1]])
-    children = spec._children(torch.tensor([[-1, 0, 0]]), 2)
+    children = spec_tree._children(torch.tensor([[-1, 0, 0]]), 2)
     p = torch.zeros(1, 3, 4, dtype=torch.float32)
     p[0, 0, 0], p[0, 0, 1] = 0.5, 3 * 2.0 ** -26
     u = torch.tensor([[0.5 + 2.0 ** -24, 0.0, 0.0]], dtype=torch.float32)
-    assert spec._accept_target_only(tokens, children, p, u, 1.0, 1.0).tolist() == [[-1, -1, -1]]
+    assert spec_accept._accept_target_only(tokens, children, p, u, 1.0, 1.0).tolist() == [[-1, -1, -1]]
     u[0, 0] = 0.5                                            # a coin of .5 accepts the first child (p .5)
-    assert spec._accept_target_only(tokens, children, p, u, 1.0, 1.0).tolist() == [[1, -1, -1]]
+    assert spec_accept._accept_target_only(tokens, children, p, u, 1.0, 1.0).tolist() == [[1, -1, -1]]
 
 
 # ---------------------------------------------------------------------- rejection's comparison
@@ -127,12 +127,12 @@ def test_rejection_keeps_a_child_only_when_coin_times_q_is_below_p():
     """A chain 0 -> 1 -> 2. Node 1 (token 2): coin .5 * q 0.5 = .25, not below p .25: rejected.
     Node 2 (token 3): .5 * .4 = .2 < .3: kept. Node 2 has no child: -1 (exactly)."""
     tokens = torch.tensor([[4, 2, 3]])
-    children = spec._children(torch.tensor([[-1, 0, 1]]), 1)
+    children = spec_tree._children(torch.tensor([[-1, 0, 1]]), 1)
     p = torch.zeros(1, 3, 5, dtype=f64)
     q = torch.zeros(1, 3, 5, dtype=f64)
     p[0, 0, 2], q[0, 1, 2] = 0.25, 0.5
     p[0, 1, 3], q[0, 2, 3] = 0.3, 0.4
-    assert spec._accept_rejection(tokens, children, p, q, coins(0.5, 0.5, 0.5)[None]).tolist() == [[-1, 2, -1]]
+    assert spec_accept._accept_rejection(tokens, children, p, q, coins(0.5, 0.5, 0.5)[None]).tolist() == [[-1, 2, -1]]
 
 
 # ---------------------------------------------------------------------- drafting's selection and numbering
@@ -146,18 +146,18 @@ def test_best_keeps_the_earlier_of_equal_scores_among_many():
     unless asked for a stable sort."""
     scores = torch.tensor([[-float(i % 3) for i in range(40)], [-float(i * 7 % 4) for i in range(40)]], dtype=f64)
     for k in (1, 5, 20, 39):
-        assert spec._best(scores, k).tolist() == [by_hand_best(row, k) for row in scores.tolist()], k
+        assert spec_tree._best(scores, k).tolist() == [by_hand_best(row, k) for row in scores.tolist()], k
 
 
 def test_number_tree_numbers_the_chosen_candidates_and_their_parents():
     """Candidates (creation order) c0 (root's, -.1), c1 (root's, -.3), c2 (c0's, -.2), c3 (c1's, -.5).
     N = 3 keeps c0 and c2: node 1 = c0 (parent the root), node 2 = c2 (parent node 1)."""
-    tokens, parents, order = spec.number_tree(
+    tokens, parents, order = spec_tree.number_tree(
         torch.tensor([40]), torch.tensor([[11, 12, 13, 14]]), torch.tensor([[-1, -1, 0, 1]]),
         torch.tensor([[-0.1, -0.3, -0.2, -0.5]], dtype=f64), 3)
     assert (tokens.tolist(), parents.tolist(), order.tolist()) == ([[40, 11, 13]], [[-1, 0, 1]], [[0, 2]])
     # N = 4 keeps c0, c1, c2: node 3 = c2 keeps parent node 1 (c0), node 2 = c1 hangs from the root
-    tokens, parents, order = spec.number_tree(
+    tokens, parents, order = spec_tree.number_tree(
         torch.tensor([40]), torch.tensor([[11, 12, 13, 14]]), torch.tensor([[-1, -1, 0, 1]]),
         torch.tensor([[-0.1, -0.3, -0.2, -0.5]], dtype=f64), 4)
     assert (tokens.tolist(), parents.tolist(), order.tolist()) == ([[40, 11, 12, 13]], [[-1, 0, 0, 1]], [[0, 1, 2]])
@@ -165,7 +165,7 @@ def test_number_tree_numbers_the_chosen_candidates_and_their_parents():
 
 def test_number_tree_with_more_requests_than_candidates():
     """Three requests of two candidates each (a chain of two): each its own tree."""
-    tokens, parents, order = spec.number_tree(
+    tokens, parents, order = spec_tree.number_tree(
         torch.tensor([30, 31, 32]), torch.tensor([[1, 2], [3, 4], [5, 6]]),
         torch.tensor([[-1, 0], [-1, -1], [-1, 0]]),
         torch.tensor([[-0.5, -0.7], [-0.9, -0.1], [-0.2, -0.2]], dtype=f64), 3)
@@ -180,19 +180,19 @@ def test_final_draw_weights_per_row_with_the_fallback_to_p():
     all of p, so nothing is left and the full p comes back (in that row only); row 1 loses its
     child's token; row 2 ended on the child, a leaf: its full p."""
     tokens = torch.tensor([[0, 1]] * 3)
-    children = spec._children(torch.tensor([[-1, 0]] * 3), 1)
+    children = spec_tree._children(torch.tensor([[-1, 0]] * 3), 1)
     p = torch.tensor([[[0.0, 1.0, 0.0], [0.3, 0.3, 0.4]],
                       [[0.2, 0.5, 0.3], [0.3, 0.3, 0.4]],
                       [[0.2, 0.5, 0.3], [0.1, 0.2, 0.7]]], dtype=f64)
     last = torch.tensor([0, 0, 1])
-    w = spec._final_draw_weights(p, tokens, children, last, None)
+    w = spec_accept._final_draw_weights(p, tokens, children, last, None)
     assert w.tolist() == [[0.0, 1.0, 0.0], [0.2, 0.0, 0.3], [0.1, 0.2, 0.7]]
     # rejection: max(p - q of the child, 0); row 0's q equals p there: nothing left, the full p
     q = torch.zeros(3, 2, 3, dtype=f64)
     q[0, 1] = torch.tensor([0.0, 1.0, 0.0], dtype=f64)
     q[1, 1] = torch.tensor([0.5, 0.5, 0.0], dtype=f64)
     q[2, 1] = torch.tensor([0.5, 0.5, 0.0], dtype=f64)
-    w = spec._final_draw_weights(p, tokens, children, last, q)
+    w = spec_accept._final_draw_weights(p, tokens, children, last, q)
     assert w.tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.3], [0.1, 0.2, 0.7]]
 
 
@@ -249,8 +249,8 @@ def test_accept_step_decides_every_request_by_its_own_rule_and_coins():
                               state=SimpleNamespace(length=lambda i: lengths[i]),
                               generator=torch.Generator().manual_seed(trial))
         rin = SimpleNamespace(active=active, greedy=[requests[i].params.is_greedy for i in active])
-        ver = SimpleNamespace(tokens=tokens, lay=SimpleNamespace(children=spec._children(par_t, K)), node_logits=logits)
-        acc = spec._accept_step(run, rin, TreeBatch(tokens, par_t, q), ver)
+        ver = SimpleNamespace(tokens=tokens, lay=SimpleNamespace(children=spec_tree._children(par_t, K)), node_logits=logits)
+        acc = spec_round._accept_step(run, rin, TreeBatch(tokens, par_t, q), ver)
 
         draws = torch.Generator().manual_seed(trial)
         assert acc.sampled == [0, 2]
@@ -294,7 +294,7 @@ def test_the_acceptance_makes_no_tensor_on_the_default_device(mode):
     parents = torch.tensor([[-1, 0, 1, 2], [-1, 0, 1, 2]] if mode == "rejection" else [[-1, 0, 0, 1], [-1, 0, 1, 2]],
                            device=m)
     K = 1 if mode == "rejection" else 2
-    lay = spec._layout(parents, 3, 4, K)
+    lay = spec_tree._layout(parents, 3, 4, K)
     assert {t.device.type for t in (lay.path_nodes, lay.valid, lay.node_row, lay.node_path, lay.children)} == {m}
     tokens, logits = torch.zeros(2, 4, dtype=torch.int64, device=m), torch.zeros(2, 4, 6, device=m)
     q = torch.zeros(2, 4, 6, dtype=f64, device=m) if mode == "rejection" else None
@@ -303,14 +303,14 @@ def test_the_acceptance_makes_no_tensor_on_the_default_device(mode):
                           spec=SpecParams(num_steps=3, topk=K, draft_token_num=4, verify=mode),
                           state=SimpleNamespace(length=lambda i: 5), generator=torch.Generator().manual_seed(0))
     rin = SimpleNamespace(active=[1, 0], greedy=[False, False])          # unseeded, then seeded
-    acc = spec._accept_step(run, rin, TreeBatch(tokens, parents, q), SimpleNamespace(tokens=tokens, lay=lay,
+    acc = spec_round._accept_step(run, rin, TreeBatch(tokens, parents, q), SimpleNamespace(tokens=tokens, lay=lay,
                                                                                     node_logits=logits))
     assert {t.device.type for t in (acc.acc_nodes, acc.last, acc.ints, acc.weights, acc.final_coins)} == {m}
     assert acc.ints.shape == (2, 2 + 2 * 4) and acc.weights.shape == (2, 6)
-    choice = spec._accept_greedy(tokens, lay.children, torch.zeros(2, 4, dtype=torch.int64, device=m))
-    nodes, count = spec._walk(choice, 4)
+    choice = spec_accept._accept_greedy(tokens, lay.children, torch.zeros(2, 4, dtype=torch.int64, device=m))
+    nodes, count = spec_accept._walk(choice, 4)
     assert (nodes.device.type, count.device.type) == (m, m)
-    tokens, parents, order = spec.number_tree(torch.zeros(2, dtype=torch.int64, device=m),
+    tokens, parents, order = spec_tree.number_tree(torch.zeros(2, dtype=torch.int64, device=m),
                                               torch.zeros(2, 5, dtype=torch.int64, device=m),
                                               torch.tensor([[-1, -1, 0, 0, 1]] * 2, device=m),
                                               torch.zeros(2, 5, dtype=f64, device=m), 4)

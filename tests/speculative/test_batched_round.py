@@ -1,4 +1,4 @@
-"""The batched speculative round (engine.speculative._round) against node-by-node re-implementations
+"""The batched speculative round (engine.spec_round._round) against node-by-node re-implementations
 of DESIGN §6 (the tests' oracles), and its host-read budget: no scalar read anywhere in a round but the one _read_round."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lockstep.engine.speculative as spec_mod
+from lockstep.engine import spec_accept, spec_round, spec_tree
 from lockstep.engine.generate import Request
 from lockstep.engine.sampling import SamplingParams, chosen_logprob
 from lockstep.engine.speculative import (SpecParams, Tree, inverse_cdf, inverse_cdf_rows, speculative_generate,
@@ -47,19 +48,19 @@ def batched(trees, mode, argmax=None, p=None, q=None, coins=None, fin=None, ts=1
     R, N = len(trees), len(trees[0].tokens)
     K, W = max(len(t.children(i)) for t in trees for i in range(N)), N
     tokens = torch.tensor([t.tokens for t in trees])
-    lay = spec_mod._layout(torch.tensor([t.parents for t in trees]), N - 1, W, max(K, 1))
+    lay = spec_tree._layout(torch.tensor([t.parents for t in trees]), N - 1, W, max(K, 1))
     if mode == "greedy":
-        choice = spec_mod._accept_greedy(tokens, lay.children, argmax)
+        choice = spec_accept._accept_greedy(tokens, lay.children, argmax)
     elif mode == "target-only":
-        choice = spec_mod._accept_target_only(tokens, lay.children, p, coins, ts, ta)
+        choice = spec_accept._accept_target_only(tokens, lay.children, p, coins, ts, ta)
     else:
-        choice = spec_mod._accept_rejection(tokens, lay.children, p, q, coins)
-    nodes, count = spec_mod._walk(choice, W)
+        choice = spec_accept._accept_rejection(tokens, lay.children, p, q, coins)
+    nodes, count = spec_accept._walk(choice, W)
     last = nodes[:, -1]
     if mode == "greedy":
         final = argmax.gather(1, last[:, None])[:, 0].tolist()
     else:
-        weights = spec_mod._final_draw_weights(p, tokens, lay.children, last, q if mode == "rejection" else None)
+        weights = spec_accept._final_draw_weights(p, tokens, lay.children, last, q if mode == "rejection" else None)
         final = inverse_cdf_rows(weights, fin)
     return [(nodes[a, :count[a]].tolist(), final[a]) for a in range(R)]
 
@@ -114,7 +115,7 @@ def test_layout_paths_are_the_tree_paths():
     for _ in range(20):
         N = rng.randrange(2, 9)
         trees = [random_tree(rng, N, 3, rng.randrange(1, N)) for _ in range(3)]
-        lay = spec_mod._layout(torch.tensor([t.parents for t in trees]), N - 1, N, 3)
+        lay = spec_tree._layout(torch.tensor([t.parents for t in trees]), N - 1, N, 3)
         for a, t in enumerate(trees):
             paths = [[n for n, ok in zip(lay.path_nodes[a, j].tolist(), lay.valid[a, j].tolist()) if ok]
                      for j in range(N - 1)]
@@ -135,7 +136,7 @@ def test_inverse_cdf_rows_and_logprobs_match_the_row_functions():
         inverse_cdf_rows(w[:1], torch.tensor([1.0]))
     logits = torch.randn(5, 300, generator=g) * 4
     toks = torch.randint(0, 300, (5,), generator=g)
-    got = spec_mod._chosen_logprobs(logits, toks)
+    got = spec_accept._chosen_logprobs(logits, toks)
     assert all(got[i].view(torch.int32) == chosen_logprob(logits[i], int(toks[i])).view(torch.int32)
                for i in range(5))
 
@@ -167,7 +168,7 @@ class CountReads(TorchDispatchMode):
 def reads_per_round(monkeypatch, target, draft, reqs, sp):
     mode = CountReads()
     per_round, tolist = [], []
-    real_round, real_read, real_tolist = spec_mod._round, spec_mod._read_round, torch.Tensor.tolist
+    real_round, real_read, real_tolist = spec_mod._round, spec_round._read_round, torch.Tensor.tolist
 
     def counted_tolist(t):
         if mode.on:
@@ -191,7 +192,7 @@ def reads_per_round(monkeypatch, target, draft, reqs, sp):
 
     reads = [0]
     monkeypatch.setattr(spec_mod, "_round", round_spy)
-    monkeypatch.setattr(spec_mod, "_read_round", read_spy)
+    monkeypatch.setattr(spec_round, "_read_round", read_spy)
     monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
     with mode:
         speculative_generate(target, draft, reqs, sp)
@@ -219,14 +220,14 @@ def test_a_round_reads_the_host_once_whatever_the_batch(pair, monkeypatch, sp, r
 def test_the_count_sees_a_planted_read(fitted, monkeypatch):
     """The counter is not blind: one int() of a device value inside the round shows up."""
     target, draft = fitted
-    real = spec_mod._walk
+    real = spec_accept._walk
 
     def walk_and_peek(choice, W):
         nodes, count = real(choice, W)
         int(count[0])
         return nodes, count
 
-    monkeypatch.setattr(spec_mod, "_walk", walk_and_peek)
+    monkeypatch.setattr(spec_accept, "_walk", walk_and_peek)
     req = Request(training_prompts(1)[0], SamplingParams(greedy=True, max_new_tokens=4))
     rounds = reads_per_round(monkeypatch, target, draft, [req], SpecParams(verify="greedy"))
     assert rounds and all(reads == ["_local_scalar_dense.default"] for reads, _, _ in rounds), rounds

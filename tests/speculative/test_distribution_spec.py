@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import lockstep.engine.speculative as speculative
+from lockstep.engine import spec_accept, spec_round
 from lockstep.harness.kinds import distribution
 from lockstep.engine.sampling import SamplingParams
 from lockstep.harness.checkpoints import model_for
@@ -90,17 +90,18 @@ def run_spec():
 # The engine's verifier passing this spec (p-value above alpha, acceptance in 20-80% of the rounds)
 # is the spec item itself: specs/speculative/rejection-distribution.yaml runs as a pytest item
 # (`speculative/rejection-distribution[cpu-fp32]`, and cpu-bf16), the same run and check plus its
-# golden's counts, so no test here runs it a second time (docs/gate.md, "Measured by tests5").
+# golden's counts, so no test here runs it a second time (docs/history/gate.md, "Measured by tests5").
 
 
 def test_a_verifier_ignoring_q_fails_the_spec(monkeypatch):
-    # planted in the acceptance the batched round runs (engine.speculative._accept_rejection): u < p(x)
+    # planted in the acceptance the batched round runs (engine.spec_round's _accept_rejection): u < p(x)
     def ignoring_q(tokens, children, p, q, coins):
         kid = children[:, :, 0].clamp(min=0)
         x = tokens.gather(1, kid)
         px = p.gather(2, x[:, :, None])[:, :, 0]
         return torch.where((children[:, :, 0] >= 0) & (coins.to(torch.float64) < px), kid, -1)
-    monkeypatch.setattr(speculative, "_accept_rejection", ignoring_q)
+    monkeypatch.setattr(spec_round, "_accept_rejection", ignoring_q)       # the round's
+    monkeypatch.setattr(spec_accept, "_accept_rejection", ignoring_q)      # verify_rejection's
     spec, result, fails = run_spec()
     d = result.data
     print(f"biased verifier: X² = {d['statistic']:.2f}, df = {d['df']}, p = {d['p_value']:.4g}, "

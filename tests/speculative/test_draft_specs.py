@@ -4,7 +4,7 @@ is put back by monkeypatching and the specs named beside it must turn red, the o
 import pytest
 import torch
 
-import lockstep.engine.speculative
+import lockstep.engine.spec_draft
 from lockstep.engine.eagle3 import Eagle3Draft
 from lockstep.kernels.rmsnorm import rms_norm_portable as rms_norm
 from tests.planted import Planted
@@ -64,7 +64,7 @@ def higher_index_first(logits, k, backend="torch"):
 
 
 def test_the_draft_top_k_with_ties_to_the_higher_id_turns_the_ties_spec_red(planted, monkeypatch):
-    monkeypatch.setattr(lockstep.engine.speculative, "top_k_lowest_index", higher_index_first)
+    monkeypatch.setattr(lockstep.engine.spec_draft, "top_k_lowest_index", higher_index_first)
     report = planted.red("draft/top-k-ties")
     assert "the draft's top-4 is [200, 41, 40, 9], the 4 largest logits with equal logits by the lower draft id " \
            "are [3, 9, 40, 41]" in report, report

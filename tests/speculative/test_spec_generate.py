@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-import lockstep.engine.speculative as spec_mod
+from lockstep.engine import spec_accept, spec_round
 import lockstep.kernels.coins as coins_mod
 from lockstep.engine.eagle3 import load_draft
 from lockstep.engine.generate import Request, generate
@@ -89,7 +89,7 @@ def test_coins_are_verify_coins_at_the_committed_length(fitted, monkeypatch):
     target, draft = fitted
     calls, used = [], []
     finals = []
-    real_coins, real_verify, real_read = spec_mod.verify_coins, spec_mod._accept_target_only, spec_mod._read_round
+    real_coins, real_verify, real_read = spec_accept.verify_coins, spec_round._accept_target_only, spec_round._read_round
 
     def coins_spy(seeds, seq_lens, n):
         out = real_coins(seeds, seq_lens, n)
@@ -104,9 +104,9 @@ def test_coins_are_verify_coins_at_the_committed_length(fitted, monkeypatch):
         finals.append(float(final_coins[0]))
         return real_read(ints, weights, final_coins)
 
-    monkeypatch.setattr(spec_mod, "verify_coins", coins_spy)
-    monkeypatch.setattr(spec_mod, "_accept_target_only", verify_spy)
-    monkeypatch.setattr(spec_mod, "_read_round", read_spy)
+    monkeypatch.setattr(spec_accept, "verify_coins", coins_spy)
+    monkeypatch.setattr(spec_round, "_accept_target_only", verify_spy)
+    monkeypatch.setattr(spec_round, "_read_round", read_spy)
     req = Request(TRAIN[5], SamplingParams(temperature=0.5, max_new_tokens=8), seed=77)
     res = speculative_generate(target, draft, [req], TREE)[0]
     n, expect = len(req.prompt) + 1, []
@@ -127,7 +127,7 @@ def test_unseeded_requests_use_the_explicit_generator(fitted, monkeypatch):
     a = speculative_generate(target, draft, [req], TREE, generator=torch.Generator().manual_seed(3))[0]
     b = speculative_generate(target, draft, [req], TREE, generator=torch.Generator().manual_seed(3))[0]
     assert bits(a) == bits(b)
-    monkeypatch.setattr(spec_mod, "verify_coins", lambda *a: pytest.fail("unseeded requests must not hash"))
+    monkeypatch.setattr(spec_accept, "verify_coins", lambda *a: pytest.fail("unseeded requests must not hash"))
     speculative_generate(target, draft, [req], TREE, generator=torch.Generator().manual_seed(4))
 
 

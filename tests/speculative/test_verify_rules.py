@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import lockstep.engine.speculative as spec
+from lockstep.engine import spec_draft
 from lockstep.engine.sampling import SamplingParams
 from lockstep.engine.speculative import Tree, inverse_cdf, verify_greedy, verify_rejection, verify_target_only
 from lockstep.harness.kinds.distribution import chi_square
@@ -137,7 +138,7 @@ def run_chain(seed: int, depth: int = 2, root=(4,), want: int = 2) -> tuple[int,
         tokens, qs = [seq[-1]], [None]
         for d in range(1, depth + 1):
             q = toy_dist(tuple(seq + tokens[1:]), 1, 1.0)
-            (tok, _, qt), = spec._draft_children(draft, q.log(), params, 1, True, seed, r + d, None)
+            (tok, _, qt), = spec_draft._draft_children(draft, q.log(), params, 1, True, seed, r + d, None)
             tokens.append(tok)
             qs.append(qt)
         tree = Tree(tokens, [-1] + list(range(depth)), qs)
@@ -153,7 +154,7 @@ def chi_square_p(samples, root=(4,)) -> float:
     the distribution kind's pooling (harness.kinds.distribution.chi_square): cells expected fewer
     than 5 times are pooled. Unpooled, the law's smallest cells (3e-5) are expected 0.1 times at
     3000 seeds, and the chi-square approximation gave the exact verifier a false alarm rate of
-    8e-3 where alpha says 1e-3 (docs/gate.md, "Measured by tests5")."""
+    8e-3 where alpha says 1e-3 (docs/history/gate.md, "Measured by tests5")."""
     counts = torch.zeros(V, V, dtype=torch.int64)
     for a, b in samples:
         counts[a, b] += 1
@@ -166,7 +167,7 @@ def chi_square_p(samples, root=(4,)) -> float:
 # rejected at a rate of ~1.3e-3, and the planted verifiers' laws are far enough from the target's
 # that a random set of 1500 seeds misses them with probability ~1e-38 (u < p(x), ignoring q:
 # noncentrality 363) and ~1e-12 (correction drawn from p: 167); at 3000 seeds the run cost twice
-# as much for misses already below 1e-12. The laws and rates: docs/gate.md, "Measured by tests5".
+# as much for misses already below 1e-12. The laws and rates: docs/history/gate.md, "Measured by tests5".
 TRIALS = 1500
 ALPHA = 1e-3
 MIN_EXPECTED = 5

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import lockstep.engine.speculative as speculative
+from lockstep.engine import spec_accept
 import lockstep.kernels.coins
 from lockstep.engine.speculative import inverse_cdf
 from lockstep.harness.kinds import verify
@@ -119,7 +120,7 @@ def test_inverse_cdf_at_or_above_the_coin_is_caught(monkeypatch):
         hit = (cs >= coins.to(torch.float64)[:, None] * cs[:, -1:]) & (w > 0)
         return torch.where(hit, torch.arange(w.shape[1]), w.shape[1]).amin(dim=1).tolist()
 
-    monkeypatch.setattr(speculative, "inverse_cdf_rows", at_or_above)
+    monkeypatch.setattr(spec_accept, "inverse_cdf_rows", at_or_above)
     assert set(red(T + "equality")) == {T + "equality"}
 
 

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Which modules are due a mutation run: those changed since their last recorded run (or never run).
+
+    python3 scripts/mutation_due.py                 # the modules due, each with its [tool.mutmut] lines
+    python3 scripts/mutation_due.py --record harness/compare.py   # after recording its row in docs/contributing.md
+
+The modules that decide a verdict or a bit, and the test selection that pins each, are SELECTION
+below (the table "The selection per module" in docs/contributing.md says the same). The last
+recorded run of each is a line "module commit" in scripts/mutation_runs.txt; a module is due when
+`git diff COMMIT HEAD -- module` is not empty, or it has no line. --record writes HEAD for a module
+(commit the file with the table row it goes with)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "scripts" / "mutation_runs.txt"
+
+# module (mutmut's source_paths) -> the test selection (pytest_add_cli_args_test_selection)
+SELECTION = {
+    "harness/compare.py": ["tests/test_compare.py"],
+    "harness/golden.py": ["tests/test_golden.py", "tests/test_hostile_goldens.py", "tests/test_triton_provenance.py"],
+    "harness/pairs.py": ["tests/test_pairs.py"],
+    "harness/commands/session.py": ["tests/test_verdict_machinery.py"],
+    "harness/commands/selection.py": ["tests/test_cli.py"],
+    "harness/runner.py": ["tests/test_verdict_machinery.py", "tests/test_selfcheck.py"],
+    "harness/parallel.py": ["tests/test_verdict_machinery.py", "tests/test_parallel_check.py"],
+    "harness/targets/judge.py": ["tests/targets/"],
+    "harness/targets/expectfile.py": ["tests/test_verdict_machinery.py", "tests/test_hostile_targets.py"],
+    "harness/kinds/primitive.py": ["tests/test_primitive_rules.py", "tests/test_primitive_nan_sides.py"],
+    "harness/replay/replay.py": ["tests/replay/test_verdicts.py", "tests/replay/test_verdict_rules.py",
+                                "tests/replay/test_locate_inputs.py", "tests/replay/test_identity_and_inputs.py"],
+    "harness/replay/identity.py": ["tests/replay/test_trace_identity.py", "tests/replay/test_identity_and_inputs.py"],
+    "harness/replay/format.py": ["tests/replay/test_trace_refusals.py", "tests/replay/test_trace_format.py"],
+    "engine/speculative.py": ["tests/speculative/test_acceptance_pins.py", "tests/speculative/test_inverse_cdf_rows.py",
+                              "tests/speculative/test_batched_round.py", "tests/speculative/test_verify_rules.py"],
+    "engine/sampling.py": ["tests/engine/test_sampling_rows.py", "tests/engine/test_token_sampling.py",
+                           "tests/engine/test_engine_seams.py"],
+    "engine/prefix_cache.py": ["tests/engine/test_prefix_cache_blocks.py", "tests/engine/test_engine_seams.py"],
+    "engine/launch.py": ["tests/parallel/test_launch.py", "tests/parallel/test_launch_environment.py"],
+    "kernels/portable.py": ["tests/test_portable.py", "tests/test_portable_reductions.py"],
+}
+
+
+def recorded() -> dict[str, str]:
+    if not RUNS.is_file():
+        return {}
+    pairs = (line.split() for line in RUNS.read_text().splitlines() if line.strip() and not line.startswith("#"))
+    return {module: commit for module, commit in pairs}
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def due() -> list[tuple[str, str]]:
+    """(module, why) of every module in SELECTION that changed since its recorded run."""
+    runs, out = recorded(), []
+    for module in SELECTION:
+        commit = runs.get(module)
+        if commit is None:
+            out.append((module, "never recorded"))
+        elif git("diff", "--name-only", commit, "HEAD", "--", module):
+            out.append((module, f"changed since {commit[:10]}"))
+    return out
+
+
+def record(module: str) -> None:
+    if module not in SELECTION:
+        sys.exit(f"{module}: not in SELECTION (scripts/mutation_due.py)")
+    runs = recorded() | {module: git("rev-parse", "HEAD")}
+    RUNS.write_text("# module, the commit of its last recorded mutation run (scripts/mutation_due.py)\n" +
+                    "".join(f"{m} {c}\n" for m, c in sorted(runs.items())))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--record", metavar="MODULE", help="write HEAD as MODULE's last recorded run")
+    args = p.parse_args()
+    if args.record:
+        record(args.record)
+        return
+    for module, why in due():
+        print(f"{module}  ({why})\n  source_paths = [\"{module}\"]\n"
+              f"  pytest_add_cli_args_test_selection = {SELECTION[module]!r}".replace("'", '"'))
+
+
+if __name__ == "__main__":
+    main()

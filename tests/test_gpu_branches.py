@@ -1,0 +1,92 @@
+"""The `gpu` group: branches only a compiled run on a CUDA GPU reaches, that no CPU test does
+(docs/contributing.md, "GPU-only branches", lists every one and where it is pinned). Each test
+here is marked `gpu`; without a CUDA GPU tests/conftest.py skips the group, saying so. The device
+run is `python3 -m pytest -m gpu -q -p no:randomly` (and `python3 -m lockstep check --device cuda`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.gpu
+
+
+def test_compiled_kernels_and_their_dot_paths_match_the_cuda_goldens(monkeypatch, capsys):
+    """kernels/*: `if not INTERPRET` / USE_DOT / PTX_E2M1 / _gpu_tiles / the MXFP4 dense path are
+    what compiled kernels run; their bits are pinned by the cuda-* goldens of the kernel specs."""
+    from lockstep.harness.cli import main
+
+    monkeypatch.chdir(REPO)
+    code = main(["check", "--device", "cuda", "kernels/*", "mxfp4/*", "primitives/*", "coins/*"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-4000:]
+
+
+def test_host_to_pins_and_copies_without_changing_values():
+    """engine/sampling.py host_to: the pinned, non-blocking copy is CUDA's only."""
+    from lockstep.engine.sampling import host_to
+
+    got = host_to(torch.device("cuda"), [[1.5, -0.0], [2.0, 3.0]], torch.float64)
+    assert got.device.type == "cuda"
+    torch.cuda.synchronize()
+    assert torch.equal(got.cpu().view(torch.int64),
+                       torch.tensor([[1.5, -0.0], [2.0, 3.0]], dtype=torch.float64).view(torch.int64))
+
+
+def test_inverse_cdf_of_a_cuda_row_is_the_cpu_rows_draw():
+    """engine/speculative.py inverse_cdf moves a CUDA row to the CPU before drawing (the mutants
+    that drop the move are refused only here)."""
+    from lockstep.engine.speculative import inverse_cdf
+
+    w = torch.tensor([0.0, 0.25, 0.5, 0.25], dtype=torch.float64)
+    for coin in (0.0, 0.2, 0.5, 0.75, 0.9999):
+        assert inverse_cdf(w.cuda(), coin) == inverse_cdf(w, coin), coin
+
+
+def test_bit_dependencies_of_a_cuda_golden_name_the_gpu_stack():
+    """harness/platform.py: a cuda-* golden records the GPU, torch, CUDA, driver and Triton."""
+    from lockstep.harness.platform import bit_dependencies
+
+    deps = bit_dependencies("cuda-sm90-bf16")
+    assert set(deps) == {"gpu", "torch", "cuda", "driver", "triton"} and deps["driver"] != "unknown", deps
+    assert bit_dependencies("cuda-sm90-fp32-triton") == deps
+
+
+def test_fused_sampling_is_the_cuda_path():
+    """engine/sampling.py use_fused, kernels/sampling.py RECIP: the fused kernel (reciprocal
+    temperature) is what a GPU samples with; the CPU keeps the torch path."""
+    from lockstep.engine.sampling import use_fused
+
+    assert use_fused("cuda") and use_fused(torch.device("cuda", 0)) and not use_fused("cpu")
+
+
+def test_round_graphs_are_kept_per_target_and_shape_and_reset():
+    """engine/graphs.py round_graphs / decode_steps: on a GPU the last ones are reused (zeroed)
+    for the same draft and shape, rebuilt for another shape."""
+    from lockstep.engine.eagle3 import load_draft
+    from lockstep.engine.graphs import decode_steps, round_graphs
+    from lockstep.engine.model import GptOssModel
+
+    target = GptOssModel.from_checkpoint(REPO / "models/tiny-target", device="cuda")
+    draft = load_draft(REPO / "models/tiny-eagle3", target, convention="sglang")
+    first = round_graphs(target, draft, 2, 2, 64, 8)
+    first.cache.k_all.fill_(1.0)
+    again = round_graphs(target, draft, 2, 2, 64, 8)
+    assert again is first and not again.cache.k_all.any()
+    assert round_graphs(target, draft, 3, 2, 64, 8) is not first
+    d1 = decode_steps(target, 2, 64)
+    assert decode_steps(target, 2, 64) is d1 and decode_steps(target, 4, 64) is not d1
+
+
+def test_launch_under_cuda_places_rank_r_on_gpu_r_mod_g():
+    """engine/launch.py under CUDA: a rank is bound to its GPU (set_device) before its group starts."""
+    from lockstep.engine.launch import launch
+    from tests.parallel import rank_fns
+
+    gpus = torch.cuda.device_count()
+    res = launch(rank_fns.placement, 2, device="cuda", timeout_s=300)
+    want = "nccl" if gpus >= 2 else "gloo-host"
+    assert [r[1] for r in res] == [want, want]
+    assert [r[0] for r in res] == [f"cuda:{r % gpus}" for r in range(2)]
