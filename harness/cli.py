@@ -8,6 +8,8 @@
     lockstep report   [PATTERN ...] [--target T ...] --out PATH.md
     lockstep expectations [PATTERN ...] --target T --write FILE [--versions RANGE]
     lockstep suite                                  the installed suite's folder
+    lockstep show     PATTERN ... [--pair P] [--bits] [--json]   goldens as text (--textconv FILE: git's driver)
+    lockstep diff-driver [--uninstall]              install that driver into .git/config
     (list, check and diff take --target NAME: another implementation, see harness/targets)
     lockstep make-checkpoint --preset NAME --seed S --format bf16|mxfp4 OUT
     lockstep generate --checkpoint DIR --prompt-ids 1,2,3 [...] [--json]
@@ -44,11 +46,12 @@ import importlib
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 from lockstep.harness.commands.exits import EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_STDOUT_CLOSED, EXIT_USAGE
-from lockstep.harness.commands.options import (bound, int_at_least, int_in, seeds as seed_list, tag, token_ids,
-                                      world_sizes)
+from lockstep.harness.commands.options import (Parser, bound, deprecated, int_at_least, int_in, seeds as seed_list,
+                                               tag, token_ids, world_sizes)
 from lockstep.harness.errors import UsageError, full_traceback, located, where, write_failure  # noqa: F401 - UsageError: also harness.cli's
 from lockstep.harness.limits import MAX_CHECKPOINT_GB, MAX_DOCTOR_INPUTS, MAX_GENERATE_SECONDS, WORLD_SIZES
 from lockstep.harness.replay.commands import add_commands as add_replay_commands
@@ -120,6 +123,15 @@ def _running(p: argparse.ArgumentParser) -> None:
                         "and require the one-device bits")
 
 
+def _json(p: argparse.ArgumentParser, more: str = "") -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output, one document on stdout" + more)
+
+
+def _jobs(p: argparse.ArgumentParser, verb: str) -> None:
+    p.add_argument("-j", "--jobs", type=int_at_least(1), default=None, metavar="N",
+                   help=f"{verb} in N worker processes, reported as a serial run (default: the cores available)")
+
+
 def _target(p: argparse.ArgumentParser, many: bool = False) -> None:
     if many:
         p.add_argument("--target", action="append", help="a target to report (repeatable; default: those of sglang, "
@@ -142,31 +154,40 @@ def _spec_parsers(sub) -> None:
     p = sub.add_parser("list", help="list the specs")
     _common(p)
     _target(p)
+    _json(p)
     p.set_defaults(func=command("listing", "cmd_list"))
     p = sub.add_parser("validate", help="check spec files without running them")
     _common(p)
+    _json(p)
     p.set_defaults(func=command("listing", "cmd_validate"))
     p = sub.add_parser("check", help="run specs and compare with their goldens bit for bit (the CI gate)")
     _common(p)
     _running(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _json(p)
     p.add_argument("--strict", action="store_true", help="fail on stale goldens (whose spec is gone, or was edited "
                                                          "after they were recorded)")
-    p.add_argument("-j", "--jobs", type=int_at_least(1), default=None, metavar="N",
-                   help="check in N worker processes, reported as a serial run (default: the cores available)")
+    p.add_argument("--failed", action="store_true", help="only the rows the last check failed or found missing "
+                                                         "(within the patterns given)")
+    _jobs(p, "check")
     _target(p)
     _expectations(p)
     p.set_defaults(func=command("check", "cmd_check"))
     p = sub.add_parser("diff", help="run specs and explain each against its golden")
     _common(p, patterns="+")
     _running(p)
+    _jobs(p, "run")
+    _json(p, " (check's document)")
     _target(p)
     _expectations(p)
-    p.set_defaults(func=command("check", "cmd_check", explain=True), json=False, strict=False)
+    p.set_defaults(func=command("check", "cmd_check", explain=True), strict=False)
     p = sub.add_parser("regen", help="record goldens: two identical runs, shown, then written atomically")
     _common(p)
     _running(p)
     p.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    p.add_argument("--failed", action="store_true", help="only the rows the last check failed or found missing "
+                                                         "(within the patterns given)")
+    _jobs(p, "record")
+    _json(p, " (the text report goes to stderr)")
     p.add_argument("--allow-ci", action="store_true", help="allow regeneration under CI (any truthy CI value)")
     p.set_defaults(func=command("regen", "cmd_regen"))
 
@@ -203,7 +224,9 @@ def _tool_parsers(sub) -> None:
     p.set_defaults(func=command("doctor", "cmd_doctor"))
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
     p.add_argument("--preset", required=True, help="engine preset, e.g. tiny, small, tiny-d36")
-    p.add_argument("--seed", type=int_in(0, 2**63, "[0, 2^63)"), default=0)
+    p.add_argument("--ckpt-seed", dest="seed", type=int_in(0, 2**63, "[0, 2^63)"), default=0,
+                   help="the weights' seed (default 0; as record's --ckpt-seed)")
+    deprecated(p, "--seed", "--ckpt-seed", "seed", type=int_in(0, 2**63, "[0, 2^63)"))
     p.add_argument("--format", choices=["bf16", "mxfp4"], default="bf16")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
     p.add_argument("--max-gb", type=bound, default=MAX_CHECKPOINT_GB, metavar="GB",
@@ -211,6 +234,28 @@ def _tool_parsers(sub) -> None:
     p.add_argument("out", type=Path, metavar="OUT")
     _debug(p)
     p.set_defaults(func=command("make_checkpoint", "cmd_make_checkpoint"))
+
+
+def _show_parsers(sub) -> None:
+    """Reviewing goldens: show, diff-driver."""
+    p = sub.add_parser("show", help="print goldens readably: tokens as ids, logprobs in decimal, a block a request")
+    p.add_argument("patterns", nargs="*", metavar="PATTERN", help="golden (spec) id globs, e.g. 'generate/*'")
+    p.add_argument("--pair", choices=[f"{d}/{b}" for d in ("fp32", "bf16") for b in ("torch", "triton")],
+                   help="only the golden folders of this dtype/backend pair (and shared/)")
+    p.add_argument("--bits", action="store_true", help="print each float's bits beside its decimal value")
+    p.add_argument("--full", action="store_true", help="print every value of large tensors (default: a digest a row)")
+    p.add_argument("--golden", type=Path, default=Path("golden"), help="golden directory (default: ./golden)")
+    p.add_argument("--suite", type=Path, action=_SuiteAction, metavar="DIR", help="the suite in DIR's golden/")
+    p.add_argument("--textconv", type=Path, metavar="FILE", help="print one .safetensors file as text (what the "
+                                                                 "git diff driver runs)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _debug(p)
+    p.set_defaults(func=command("show", "cmd_show"))
+    p = sub.add_parser("diff-driver", help="install the git diff driver that shows goldens' values in git diff")
+    p.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: .)")
+    p.add_argument("--uninstall", action="store_true", help="remove the driver from the repository's .git/config")
+    _debug(p)
+    p.set_defaults(func=command("show", "cmd_diff_driver"))
 
 
 def _generate_parser(sub) -> None:
@@ -247,12 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
     _target_parsers(sub)
     _tool_parsers(sub)
     _generate_parser(sub)
+    _show_parsers(sub)
     add_replay_commands(sub)      # record, replay, import-peer, promote: harness/replay/commands.py
     return parser
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, except that --help and --version into a closed pipe raise BrokenPipeError (argparse
+class _Parser(Parser):
+    """Parser (one error line, one prefix), except that --help and --version into a closed pipe raise BrokenPipeError (argparse
     swallows it and exits 0) so that they exit 141 as every command does."""
 
     def _print_message(self, message, file=None):
@@ -276,6 +322,9 @@ def main(argv=None) -> int:
         return _stdout_closed()
     except SystemExit as e:  # argparse exits 2 on usage errors, as our contract wants, and 0 for --help
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if not args.debug:      # numpy's floating-point warnings are lockstep's to handle, never the user's to read
+        warnings.filterwarnings("ignore", category=RuntimeWarning,
+                                message=r"(overflow|underflow|invalid value|divide by zero) encountered")
     try:
         try:
             if getattr(args, "json", False):   # only the document on stdout, whatever a plugin prints

@@ -128,21 +128,25 @@ def generate_time(args, config, device) -> None:
         print(f"generate: about {seconds:.0f} s on the CPU ({what}; a rough estimate)", file=sys.stderr, flush=True)
 
 
-def record_cost(config, lengths: list[tuple[int, int]], dtype: str, max_seconds: float, max_gb: float) -> None:
-    """`record`'s up-front check: the KV cache it allocates (refused above --max-gb) and, on the CPU,
-    its time (two runs: the recording and its teacher-forced check; refused above --max-seconds).
+def record_cost(config, lengths: list[tuple[int, int]], dtype: str, max_seconds: float, max_gb: float,
+                verb: str = "record", runs: int = 2, device: str = "cpu") -> None:
+    """`record`'s (and `import-peer`'s) up-front check: the KV cache it allocates (refused above
+    --max-gb) and, on the CPU, its time (`runs` runs: record's recording and its teacher-forced
+    check, import-peer's one teacher-forced run; refused above --max-seconds; no estimate on a GPU).
     10^6 requests used to run for minutes before a 32 GB allocation failed as an internal error."""
     longest = max(p + n for p, n in lengths)
     size = kv_cache_bytes(config, len(lengths), longest, dtype)
     what = f"{len(lengths)} request(s) of up to {longest} tokens, {config.num_hidden_layers} blocks"
     if size > max_gb * 1e9:
-        raise UsageError(f"record would allocate a {size / 1e9:.3g} GB KV cache ({what}), above --max-gb "
-                         f"{max_gb:g}; pass --max-gb {math.ceil(size / 1e9)} to run it, or record fewer or "
+        raise UsageError(f"{verb} would allocate a {size / 1e9:.3g} GB KV cache ({what}), above --max-gb "
+                         f"{max_gb:g}; pass --max-gb {math.ceil(size / 1e9)} to run it, or use fewer or "
                          "shorter requests")
-    seconds = 2 * requests_seconds(config, lengths)
+    if device != "cpu":
+        return
+    seconds = runs * requests_seconds(config, lengths)
     if seconds > max_seconds:
-        raise UsageError(f"record would take about {seconds:.0f} s on the CPU ({what}; a rough estimate), above "
+        raise UsageError(f"{verb} would take about {seconds:.0f} s on the CPU ({what}; a rough estimate), above "
                          f"--max-seconds {max_seconds:g}; pass --max-seconds {math.ceil(seconds * 1.5)} to run it, "
-                         "or record fewer or shorter requests")
+                         "or use fewer or shorter requests (or --device cuda on a GPU machine)")
     if seconds > 10:
-        print(f"record: about {seconds:.0f} s on the CPU ({what}; a rough estimate)", file=sys.stderr, flush=True)
+        print(f"{verb}: about {seconds:.0f} s on the CPU ({what}; a rough estimate)", file=sys.stderr, flush=True)

@@ -87,3 +87,27 @@ def generate_document(*, checkpoint: str, checkpoint_digest: str, platform: str,
 def report_document(matrix: dict) -> dict:
     """No lockstep_version here: the committed docs/conformance.json would change with every release."""
     return {"schema_version": SCHEMA_VERSION, "command": "report"} | matrix
+
+
+def show_document(*, goldens: list[dict]) -> dict:
+    return _header("show") | {"goldens": goldens}
+
+
+def replay_document(command: str, report: dict) -> dict:
+    """`replay --json` and `import-peer --json`: the report with the header (both carry `ok`)."""
+    return _header(command) | report
+
+
+def list_document(*, specs: list[dict], spec_errors: list[str]) -> dict:
+    return _header("list") | {"specs": specs, "spec_errors": list(spec_errors)}
+
+
+def validate_document(*, valid: list[str], invalid_files: int, spec_errors: list[str]) -> dict:
+    return _header("validate") | {"valid": valid, "invalid_files": invalid_files, "spec_errors": list(spec_errors)}
+
+
+def regen_document(*, dry_run: bool, exit_code: int, summary: dict, goldens: list[dict], spec_errors: list[str],
+                   stale_goldens: list[str], removed_temps: list[str]) -> dict:
+    return _header("regen") | {"dry_run": dry_run, "exit_code": exit_code, "summary": summary, "goldens": goldens,
+                               "spec_errors": list(spec_errors), "stale_goldens": list(stale_goldens),
+                               "removed_temps": list(removed_temps)}

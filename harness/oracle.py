@@ -93,7 +93,8 @@ def round_to_f32(x: np.ndarray) -> np.ndarray:
     half = np.int64(1) << (safe_d - 1)
     q = q + ((r > half) | ((r == half) & ((q & 1) == 1)))
     q = np.where(d > 62, 0, q)
-    v = np.ldexp(q.astype(np.float64), lsb)                         # exact: q < 2^25
+    with np.errstate(over="ignore"):                                # inf past float64: mapped to inf below
+        v = np.ldexp(q.astype(np.float64), lsb)                     # exact: q < 2^25
     v = np.where(v >= 2.0 ** 128, np.inf, v)
     v = np.where(sign, -v, v)
     v = np.where(E == 0x7FF, x, v)                                  # inf and NaN pass through

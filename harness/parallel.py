@@ -1,4 +1,4 @@
-"""`lockstep check -j N`: the planned rows checked in N worker processes, reported as one serial run.
+"""`lockstep check -j N` and `regen -j N`: the planned rows run in N worker processes, reported as one serial run.
 
 Each row (spec, RunContext, golden folder) is checked by `runner.check_spec` exactly as the serial
 loop does; only where it runs changes. Outcomes come back in the rows' order whatever order the
@@ -16,6 +16,7 @@ removing the run's folders on its way out; a later run removes any a SIGKILL lef
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import shutil
@@ -59,6 +60,21 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
                waiting: Callable[[int, str], None] | None = None) -> Iterator[runner.Outcome]:
     """Yield each row's Outcome in the rows' order, from `jobs` processes (None: default_jobs());
     `waiting(i, spec id)` (1-based) is called before the i-th is awaited (the live progress line)."""
+    yield from _run_rows(rows, functools.partial(runner.check_spec, store=store, strict=strict), jobs, waiting,
+                         _dead_check)
+
+
+def regen_rows(rows: list[tuple], store: GoldenStore, write: bool, jobs: int | None,
+               waiting: Callable[[int, str], None] | None = None) -> Iterator[runner.RegenOutcome]:
+    """`lockstep regen -j N`: each row's RegenOutcome in the rows' order, as check_rows. The workers
+    write distinct goldens; the parent holds the golden folder's writer lock for all of them."""
+    yield from _run_rows(rows, functools.partial(runner.regen_spec, store=store, write=write), jobs, waiting,
+                         _dead_regen)
+
+
+def _run_rows(rows, call, jobs, waiting, dead) -> Iterator:
+    """call(spec, ctx) for each row, serially or in a pool of spawned workers; `dead(spec, folder,
+    error)` is the outcome of a row whose worker died."""
     from lockstep.engine.world import joined
     jobs = 1 if joined() else min(jobs or default_jobs(), len(rows))     # torchrun's ranks serve this process
     keep_freed_memory()                       # this process's rows (serial), and the workers' parent
@@ -66,7 +82,7 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
         for i, (spec, ctx, _) in enumerate(rows, 1):
             if waiting:
                 waiting(i, spec.id)
-            yield runner.check_spec(spec, ctx, store, strict=strict)
+            yield call(spec, ctx)
         return
     if jobs > cores():
         print(f"note: -j {jobs} is more than the {cores()} cores available: {jobs} worker processes "
@@ -77,12 +93,13 @@ def check_rows(rows: list[tuple], store: GoldenStore, strict: bool, jobs: int | 
     shared = os.environ.get(SHARED_ENV) or lifeline.run_folder("lockstep-shared-checkpoints")
     pool = _Pool(jobs, (suite.explicit_mappings(), shared))
     try:
-        pool.start([(runner.check_spec, (spec, ctx, store, strict)) for spec, ctx, _ in rows])
+        pool.start([(call, (spec, ctx)) for spec, ctx, _ in rows])
         for i, (spec, ctx, folder) in enumerate(rows, 1):
             if waiting:
                 waiting(i, spec.id)
-            yield _outcome(pool.result(i - 1), spec, folder)
-    finally:                                  # an interrupted check leaves no worker behind
+            ok, value = pool.result(i - 1)
+            yield value if ok else dead(spec, folder, value)
+    finally:                                  # an interrupted run leaves no worker behind
         pool.close()
         if shared != os.environ.get(SHARED_ENV):
             shutil.rmtree(shared, ignore_errors=True)
@@ -229,11 +246,14 @@ def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
     suite.map_checkpoints(mapped.items())
 
 
-def _outcome(result: tuple[bool, object], spec, folder: str) -> runner.Outcome:
-    """The worker's Outcome; a worker that died (a segfault, the OOM killer) is this row's CRASH,
-    since a serial run would have died there too."""
-    ok, value = result
-    if ok:
-        return value
+def _dead_check(spec, folder: str, why) -> runner.Outcome:
+    """A worker that died (a segfault, the OOM killer) is this row's CRASH, since a serial run would
+    have died there too."""
     return runner.Outcome(spec, runner.CRASH, folder, messages=[
-        f"crashed: {value} (run `lockstep check {spec.id} -j 1` to see it in this process)"])
+        f"crashed: {why} (run `lockstep check {spec.id} -j 1` to see it in this process)"])
+
+
+def _dead_regen(spec, folder: str, why) -> runner.RegenOutcome:
+    return runner.RegenOutcome(spec, runner.REFUSED, folder, explanation=[
+        f"the worker process recording it failed: {why} (run `lockstep regen {spec.id} -j 1` to see it in this "
+        "process)"])

@@ -68,18 +68,38 @@ def device_name(p: Platform) -> str:
     return f"cuda: {torch.cuda.get_device_name()}"
 
 
-@lru_cache(maxsize=1)
+# The folders and files of the checkout that a run reads: dirt elsewhere (docs, tests, goldens,
+# the spec files, whose hash a golden records itself) cannot have changed the bits it records.
+READ_BY_A_RUN = ("lockstep/", "kernels/", "engine/", "harness/", "models/", "pyproject.toml")
+MAX_DIRTY_LISTED = 20
+
+
 def lockstep_revision() -> str:
-    """The git revision of the lockstep checkout, with '+dirty' for uncommitted changes."""
+    """The git revision of the lockstep checkout, with '+dirty' when a file a run reads
+    (READ_BY_A_RUN) has uncommitted changes; `dirty_paths` names them."""
+    rev, dirty = _revision_and_dirt()
+    return rev + ("+dirty" if dirty else "")
+
+
+def dirty_paths() -> list[str]:
+    """The uncommitted files among those a run reads (at most MAX_DIRTY_LISTED, then a count)."""
+    dirty = _revision_and_dirt()[1]
+    more = len(dirty) - MAX_DIRTY_LISTED
+    return dirty[:MAX_DIRTY_LISTED] + ([f"… {more} more"] if more > 0 else [])
+
+
+@lru_cache(maxsize=1)
+def _revision_and_dirt() -> tuple[str, list[str]]:
     root = Path(__file__).resolve().parent.parent
     try:
         rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (rev or "unknown") + ("+dirty" if dirty else "")
+        return "unknown", []
+    paths = [p for line in status.splitlines() if len(line) > 3 for p in line[3:].split(" -> ")]
+    return rev or "unknown", sorted({p.strip('"') for p in paths if p.strip('"').startswith(READ_BY_A_RUN)})
 
 
 def versions() -> dict:

@@ -19,8 +19,10 @@ from lockstep.harness import kinds
 from lockstep.harness.compare import TensorDiff, diff_data, diff_tensors
 from lockstep.harness.errors import full_traceback, located
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip, standard
+from lockstep.harness.moved import moved
 from lockstep.harness.pairs import runs_the_engine
-from lockstep.harness.platform import bit_dependencies, dependency_report, device_name, lockstep_revision, versions
+from lockstep.harness.platform import (bit_dependencies, dependency_report, device_name, dirty_paths,
+                                       lockstep_revision, versions)
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.selfcheck import SelfCheckFailed, verify  # noqa: F401 - SelfCheckFailed is re-exported
 from lockstep.harness.specfile import Spec
@@ -56,6 +58,13 @@ def repro_command(spec_id: str, ctx: RunContext, verb: str = "diff", specs: Path
     return shlex.join(args)
 
 
+def _pair_flags(pair: str) -> str:
+    """' --dtype D --backend B' for a pair other than the default fp32/torch: a bare `regen ID` records
+    only the pairs the spec supports here, which need not hold the one a check asked for."""
+    dtype, _, backend = pair.partition("/")
+    return "" if pair in ("", "fp32/torch") else f" --dtype {dtype} --backend {backend}"
+
+
 @dataclass
 class Outcome:
     spec: Spec
@@ -79,7 +88,7 @@ class Outcome:
         head = f"{s.id} ({s.file}:{s.line_of('kind')}) on {self.golden_platform}: {self.status.upper()}"
         lines = [head]
         if self.status == MISSING:
-            lines.append(f"  no golden yet; record one with: lockstep regen {shlex.quote(s.id)}")
+            lines.append(f"  no golden yet; record one with: lockstep regen {shlex.quote(s.id)}{_pair_flags(self.pair)}")
         for m in self.messages:
             lines += ["  " + line for line in m.splitlines()]
         if self.traceback and debug:
@@ -177,6 +186,13 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore, strict: bool = F
     return out
 
 
+def current_for(manifest: dict, spec: Spec) -> bool:
+    """Whether a golden was recorded for this version of the spec: its spec_sha256 is the hash of
+    what a run reads (content_sha256, written since 0.3) or, for goldens recorded earlier, of the
+    whole parsed document (sha256); so an edit of the description alone leaves it current."""
+    return manifest.get("spec_sha256") in (spec.content_sha256, spec.sha256)
+
+
 def _specs_dir(spec: Spec) -> Path:
     """The spec directory a spec was loaded from (its file, one level up per part of its id)."""
     file = Path(spec.file)
@@ -202,7 +218,7 @@ def _compare(out: Outcome, result: Result, failed: list[str], store: GoldenStore
     out.diffs = diff_tensors(golden.tensors, result.tensors)
     out.data_diff = diff_data(golden.data, result.data)
     recorded_for = str(golden.manifest.get("spec_sha256"))
-    out.stale_golden = recorded_for != spec.sha256
+    out.stale_golden = not current_for(golden.manifest, spec)
     if out.diffs or out.data_diff:
         out.status = MISMATCH
         locate = getattr(kinds.KINDS[spec.kind], "locate_golden", None)
@@ -216,7 +232,7 @@ def _compare(out: Outcome, result: Result, failed: list[str], store: GoldenStore
         out.status = STALE if strict else PASS
     if out.stale_golden:
         out.warnings.append(f"golden may be stale: it was recorded for another version of this spec (spec_sha256 "
-                            f"{recorded_for[:12]}…, the spec is now {spec.sha256[:12]}…); review the spec's change "
+                            f"{recorded_for[:12]}…, the spec is now {spec.content_sha256[:12]}…); review the spec's change "
                             f"and record it again with: lockstep regen {shlex.quote(spec.id)}"
                             + ("" if strict else " (check --strict fails on this)"))
 
@@ -233,6 +249,7 @@ class RegenOutcome:
     explanation: list[str] = field(default_factory=list)
     written: bool = False
     traceback: str = ""  # of a crash: shown with --debug (and by pytest)
+    moved: object = None  # harness.moved.Moved of a CHANGED golden: what a reviewer reads first
 
     def report(self, debug: bool = False) -> str:
         lines = [f"{self.status:<9} {self.spec.id} ({self.golden_platform})" + ("  [written]" if self.written else "")]
@@ -251,6 +268,7 @@ def _topologies_checked(spec: Spec, ctx: RunContext) -> list[dict]:
 def provenance(ctx: RunContext, spec: Spec, golden_platform: str) -> dict:
     return {
         "lockstep_revision": lockstep_revision(),
+        **({"dirty_paths": dirty} if (dirty := dirty_paths()) else {}),
         **versions(),
         "device": device_name(ctx.platform),
         "platform": ctx.platform.name,
@@ -299,17 +317,18 @@ def regen_spec(spec: Spec, ctx: RunContext, store: GoldenStore, write: bool = Tr
     else:
         changes = diff_tensors(old.tensors, new.tensors)
         data_change = diff_data(old.data, new.data)
-        spec_edited = old.manifest.get("spec_sha256") != spec.sha256
+        spec_edited = not current_for(old.manifest, spec)
         if not changes and not data_change and not spec_edited:
             out.status = UNCHANGED
             return out
         out.status = CHANGED
+        out.moved = moved(old.tensors, new.tensors, changes, old.data, new.data)
         out.explanation = [d.describe() for d in changes] + ([f"data:\n{data_change}"] if data_change else [])
         if spec_edited and not changes and not data_change:
             out.explanation.append("same bits; the spec text changed, so the manifest's spec hash is updated")
     if write:
         try:
-            store.write(platform, spec.id, new.tensors, new.data, spec.sha256, spec.kind,
+            store.write(platform, spec.id, new.tensors, new.data, spec.content_sha256, spec.kind,
                         provenance(ctx, spec, platform))
         except OSError as e:  # e.g. a folder where the golden file should be, or a read-only golden/
             out.status = REFUSED

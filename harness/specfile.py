@@ -63,7 +63,8 @@ class Spec:
     inputs: dict
     expect: dict
     extra: dict  # the kind's own top-level fields
-    sha256: str  # of the canonical JSON of the parsed document
+    sha256: str  # of the canonical JSON of the parsed document (what goldens recorded before 0.3 store)
+    content_sha256: str = ""  # the same, less what no run reads (RUN_IGNORES): what new goldens store
     lines: dict = field(default_factory=dict, compare=False, repr=False)  # field path → line
 
     def line_of(self, *path) -> int:
@@ -359,11 +360,21 @@ def parse_spec(text: str, file: str, spec_id: str, root: Path | None = None) -> 
     if problems:
         raise SpecErrors(_located(problems, marks, file))
     extra = {k: clean[k] for k in getattr(kind, "EXTRA_FIELDS", {})}
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     lines = {path: mark[0] for path, mark in marks.items() if not (path and path[0] == "key")}
     return Spec(id=spec_id, file=Path(file), kind=kind_name, description=clean["description"],
                 tags=tuple(clean["tags"]), inputs=clean["inputs"], expect=clean["expect"] or {},
-                extra=extra, sha256=hashlib.sha256(canonical.encode()).hexdigest(), lines=lines)
+                extra=extra, sha256=document_sha256(data), content_sha256=document_sha256(data, RUN_IGNORES),
+                lines=lines)
+
+
+# The fields no run reads: an edit to them alone leaves every golden of the spec current.
+RUN_IGNORES = ("description",)
+
+
+def document_sha256(data: dict, ignoring: tuple = ()) -> str:
+    """sha256 of the parsed document's canonical JSON, less the top-level keys `ignoring`."""
+    kept = {k: v for k, v in data.items() if k not in ignoring}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
 def _kind_rules(kind, clean: dict, root: Path | None) -> list[Problem]:

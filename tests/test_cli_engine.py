@@ -62,8 +62,9 @@ def test_generate_refuses_silent_fallbacks_and_takes_a_seed_per_prompt(tmp_path,
     base = ["generate", "--checkpoint", str(ck), "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--max-new-tokens", "4"]
     assert main(base + ["--temperature", "0.8"]) == 2                      # would be greedy: refused
     assert "--temperature without --seed" in capsys.readouterr().err
-    assert main(base + ["--logprobs"]) == 2                                # nowhere to print them
-    assert "--json" in capsys.readouterr().err
+    assert main(base + ["--logprobs"]) == 0                                # printed, one line a token
+    text = capsys.readouterr().out
+    assert text.count("  step ") == 8 and "logprob -" in text and "(0x" in text
     assert main(base + ["--seed", "1,2,3"]) == 2                           # 3 seeds, 2 prompts
     capsys.readouterr()
     assert main(base + ["--seed", "11,12", "--json"]) == 0

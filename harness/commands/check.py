@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from lockstep.harness import parallel, runner
+from lockstep.harness.commands import laststate
 from lockstep.harness.commands.display import Progress
 from lockstep.harness.commands.selection import context, golden_exists, golden_ids, load, plan, stale_goldens
 from lockstep.harness.commands.session import CheckSession
@@ -24,6 +25,9 @@ def cmd_check(args, explain: bool = False) -> int:
     if getattr(args, "expectations", None) is not None and args.target == "lockstep":
         raise UsageError("--expectations goes with --target (Lockstep's own engine has no expected failures)")
     store = GoldenStore(args.golden)
+    wanted = laststate.narrow(args)             # --failed: the last check's failing rows only
+    if wanted == set():
+        return laststate.nothing_failed(args)
     specs, errors = load(args, also_ids=golden_ids(store) if args.strict else ())
     golden_exists(args)
     ctx = context(args)
@@ -32,10 +36,12 @@ def cmd_check(args, explain: bool = False) -> int:
     if not target.has_goldens:                # another implementation: against its expectations
         target, ctx = target_context(target, args, ctx)
         return check_against_expectations(target, args, specs, errors, ctx, explain,
-                                          Progress(len(specs), lines=args.json))
-    session = CheckSession(args.golden, args.strict, specs, errors, rows=plan(args, specs, ctx))
+                                          Progress(len(specs), lines=True))   # its table comes at the end
+    session = CheckSession(args.golden, args.strict, specs, errors,
+                           rows=laststate.keep(plan(args, specs, ctx), wanted))
     _run_rows(session, store, args)
     session.finish(stale_goldens(args, store), store.stale_temps())
+    laststate.record(args.golden, session.outcomes)
     if args.json:
         emit(session.json_document(ctx))
     else:

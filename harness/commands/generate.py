@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy
 import torch
 
 from lockstep.engine.checkpoint import CheckpointError, checkpoint_digest
@@ -25,14 +26,12 @@ from lockstep.harness.platform import detect
 
 def _generate_settings(args) -> tuple[list, dict]:
     """Per-prompt seeds and the sampling settings, refusing silent fallbacks: a sampling setting
-    without --seed (generation would be greedy), --logprobs without --json (nowhere to print them)."""
+    without --seed (generation would be greedy)."""
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     given = [f"--{k.replace('_', '-')}" for k, v in sampling.items() if v is not None]
     if args.seed is None and given:
         raise UsageError(f"{', '.join(given)} without --seed: generation without a seed is greedy; pass --seed S "
                          "(one, or one per --prompt-ids) to sample")
-    if args.logprobs and not args.json:
-        raise UsageError("--logprobs is printed only in --json output; add --json")
     defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
     return per_prompt_seeds(args.seed, len(args.prompt_ids)), {k: defaults[k] if v is None else v
                                                                for k, v in sampling.items()}
@@ -69,6 +68,9 @@ def cmd_generate(args) -> int:
     else:
         for item in out:
             print(" ".join(map(str, item["tokens"])) + f"   ({item['finish_reason']})")
+            if args.logprobs:                  # one line a token: its id, logprob and float32 bits
+                for k, (tok, lp, bits) in enumerate(zip(item["tokens"], item["logprobs"], item["logprobs_bits"])):
+                    print(f"  step {k}: token {tok}  logprob {numpy.float32(lp)} (0x{bits})")
     return EXIT_OK
 
 

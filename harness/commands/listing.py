@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from lockstep.harness.commands.display import columns
 from lockstep.harness.commands.exits import EXIT_OK, EXIT_USAGE
 from lockstep.harness.commands.selection import load
+from lockstep.harness.jsonout import list_document, validate_document
 from lockstep.harness.specfile import load_headers
 
 
@@ -18,6 +20,11 @@ def cmd_list(args) -> int:
         specs, errors = load(args)
         return cmd_list_target(args, specs) or (EXIT_USAGE if errors else EXIT_OK)
     specs, errors = load(args, loader=load_headers)
+    if getattr(args, "json", False):
+        print(json.dumps(list_document(specs=[{"id": s.id, "kind": s.kind, "tags": list(s.tags), "description":
+                                               s.description, "file": str(s.file)} for s in specs],
+                                       spec_errors=[str(e) for e in errors]), indent=2))
+        return EXIT_USAGE if errors else EXIT_OK
     if specs:
         rows = [[s.id, s.kind, ",".join(s.tags) or "-", s.description.splitlines()[0][:80]] for s in specs]
         print("\n".join(columns(rows)))
@@ -28,8 +35,12 @@ def cmd_list(args) -> int:
 
 def cmd_validate(args) -> int:
     specs, errors = load(args)
+    bad = len({e.file for e in errors})
+    if getattr(args, "json", False):
+        print(json.dumps(validate_document(valid=[s.id for s in specs], invalid_files=bad,
+                                           spec_errors=[str(e) for e in errors]), indent=2))
+        return EXIT_USAGE if errors else EXIT_OK
     for e in errors:
         print(e)
-    bad = len({e.file for e in errors})
     print(f"{len(specs)} spec(s) valid, {bad} invalid")
     return EXIT_USAGE if errors else EXIT_OK

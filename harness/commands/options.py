@@ -105,3 +105,36 @@ def per_prompt_seeds(given: list[int] | None, prompts: int, flag: str = "--promp
         raise UsageError(f"--seed gives {len(values)} seeds for {prompts} prompts: give one (every prompt) or one "
                          f"per {flag}")
     return values * prompts if len(values) == 1 else list(values)
+
+
+class Deprecated(argparse.Action):
+    """An old spelling kept for one version: it stores into the new option's dest and says, on
+    stderr, which spelling replaces it (CHANGELOG lists them)."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kw):
+        self.new = new
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import sys
+        print(f"lockstep: warning: {option_string} is deprecated, use {self.new} (the old spelling goes in the "
+              "next version)", file=sys.stderr)
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+def deprecated(p: argparse.ArgumentParser, old: str, new: str, dest: str, **kw) -> None:
+    """Register `old` as a deprecated alias of option `new` (same dest, hidden from --help)."""
+    p.add_argument(old, dest=dest, action=Deprecated, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                   **kw)
+
+
+class Parser(argparse.ArgumentParser):
+    """Every usage error as one line with the one prefix, `lockstep: error:` (argparse's own dumps
+    the usage first, with the subcommand's name in the prefix), and exit 2."""
+
+    def error(self, message: str):
+        import sys
+        cmd = self.prog.removeprefix("lockstep").strip()
+        hint = f" (see `lockstep {cmd} --help`)" if cmd else " (see `lockstep --help`)"
+        print(f"lockstep: error: {message}{hint}", file=sys.stderr)
+        raise SystemExit(2)

@@ -23,14 +23,16 @@ and record's cost (the KV cache it allocates and its time, harness/estimates.py)
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
 from pathlib import Path
 
-from lockstep.harness.commands.options import bound, int_at_least, int_list, per_prompt_seeds, seeds, token_ids
+from lockstep.harness.commands.options import (bound, deprecated, int_at_least, int_list, per_prompt_seeds, seeds,
+                                               token_ids)
 from lockstep.harness.errors import check_output_file
-from lockstep.harness.jsonout import emit
+from lockstep.harness.jsonout import emit, replay_document
 from lockstep.harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
 from lockstep.harness.replay.format import Trace, TraceError, f32_from_bits, read_trace, write_trace
 
@@ -47,12 +49,23 @@ def _fail(msg: str) -> int:
 
 # ---------------------------------------------------------------- the parsers
 def add_commands(sub) -> None:
+    """record, replay, import-peer, promote; each takes --debug after its name, as every command does."""
+    _parsers(sub)
+    for name in ("record", "replay", "import-peer", "promote"):
+        sub.choices[name].add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                       help="show tracebacks")
+
+
+def _parsers(sub) -> None:
     _record_parser(sub)
     p = sub.add_parser("replay", help="replay a trace and judge it step by step (free-run or teacher-forced)")
     p.add_argument("trace", type=Path, metavar="TRACE", help="a trace file written by record or import-peer --out")
     p.add_argument("--mode", choices=["free-run", "teacher-forced"], default="free-run",
                    help="free-run: sample again and compare; teacher-forced: feed the trace's tokens (default free-run)")
     _run_options(p, defaults=False)
+    _device(p, "default: the trace's; Lockstep's own trace replays only on its own platform")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
+                   help="dtype policy (default: the trace's; another dtype only for another engine's trace)")
     p.add_argument("--order", type=int_list, help="the batch composition: request indices in run order, e.g. 2,0,1")
     p.add_argument("--forced-shape", choices=["decode", "prefill"], default=None,
                    help="teacher-forced: one token a step (generate), or every token in chunked forwards")
@@ -62,6 +75,7 @@ def add_commands(sub) -> None:
     p.add_argument("--threshold", type=float, default=None,
                    help="another engine's trace (import-peer, record --target): the |Δlogprob| a step may "
                         "differ by (default 1e-3)")
+    _clip(p)
     p.add_argument("--no-locate", action="store_true", help="do not re-run the first divergence with ops traced")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_replay)
@@ -72,7 +86,21 @@ def add_commands(sub) -> None:
                    help="the layout of PEER (harness/replay/peer.py)")
     p.add_argument("--checkpoint", required=True, help="the checkpoint the peer ran (folder)")
     p.add_argument("--prompt-ids", type=token_ids, action="append", help="prompts, where the peer's file lacks them")
-    p.add_argument("--threshold", type=float, default=1e-3, help="|Δlogprob| above which a token counts as off")
+    p.add_argument("--threshold", type=bound, default=1e-3,
+                   help="|Δlogprob| above which a token is a divergence (exit 1; default 1e-3)")
+    _clip(p)
+    _device(p, "default: cuda when available, else cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="Lockstep's dtype policy for the "
+                                                                             "teacher-forced run (default fp32)")
+    p.add_argument("--peer-logprobs", choices=["raw", "temperature", "top-p"], default="raw",
+                   help="what the peer's logprobs are: raw log softmax(logits) (default), temperature-scaled, or "
+                        "temperature-scaled and top-p renormalised; compared with the same quantity here")
+    p.add_argument("--temperature", type=bound, default=1.0, help="with --peer-logprobs temperature or top-p")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --peer-logprobs top-p")
+    p.add_argument("--max-seconds", type=bound, default=MAX_GENERATE_SECONDS, metavar="S",
+                   help=f"on the CPU, refuse a run estimated above S seconds (default {MAX_GENERATE_SECONDS})")
+    p.add_argument("--max-gb", type=bound, default=MAX_RECORD_GB, metavar="GB",
+                   help=f"refuse a KV cache larger than this (default {MAX_RECORD_GB:g})")
     p.add_argument("--out", type=Path, help="also write the imported trace here")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_import_peer)
@@ -80,10 +108,28 @@ def add_commands(sub) -> None:
     p = sub.add_parser("promote", help="turn a trace into a generate spec (then record its golden with regen)")
     p.add_argument("trace", type=Path, metavar="TRACE", help="a trace file written by record")
     p.add_argument("spec_id", metavar="SPEC_ID", help="e.g. replay/incident-42 (written under specs/)")
-    p.add_argument("--requests", type=int_list, help="only these request indices")
+    p.add_argument("--request-indices", dest="requests", type=int_list, metavar="I[,I...]",
+                   help="only these request indices, e.g. 0,2")
+    deprecated(p, "--requests", "--request-indices", "requests", type=int_list)
     p.add_argument("--description", default=None, help="the spec's description (default: names the trace)")
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
     p.set_defaults(func=cmd_promote)
+
+
+def _device(p, default: str) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help=f"where Lockstep's engine runs ({default})")
+
+
+def _device_name(device: str | None) -> str:
+    """'cpu' or 'cuda' for Setup: None is cuda when available; cuda without a GPU is refused (ValueError)."""
+    from lockstep.harness.platform import detect
+    return detect(device).device
+
+
+def _clip(p) -> None:
+    p.add_argument("--clip", type=bound, default=0.2, metavar="EPS",
+                   help="another engine's trace: the importance-ratio clip range 1±EPS whose outside share is "
+                        "reported (default 0.2)")
 
 
 def _record_parser(sub) -> None:
@@ -103,11 +149,14 @@ def _record_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int_at_least(1), default=16, help="with --prompt-ids (default 16)")
     _run_options(p)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype policy (default fp32)")
+    _device(p, "default: cuda when available, else cpu")
     p.add_argument("--draft", help="an EAGLE3 draft folder (relative to the project root): speculative decoding")
     p.add_argument("--convention", choices=["boundary", "sglang", "output-index"], default="sglang",
                    help="with --draft: which layers' hidden states the draft reads (default sglang)")
     p.add_argument("--num-steps", type=int_at_least(1), default=3, help="with --draft: draft steps a round (default 3)")
-    p.add_argument("--topk", type=int_at_least(1), default=1, help="with --draft: children per tree node (default 1)")
+    p.add_argument("--draft-topk", dest="topk", type=int_at_least(1), default=1,
+                   help="with --draft: children per tree node (default 1; not sampling's top-k)")
+    deprecated(p, "--topk", "--draft-topk", "topk", type=int_at_least(1))
     p.add_argument("--draft-token-num", type=int_at_least(1), default=4,
                    help="with --draft: tree nodes verified a round (default 4)")
     p.add_argument("--verify", choices=["greedy", "target-only", "rejection"], default="target-only",
@@ -278,10 +327,11 @@ def cmd_record(args) -> int:
         if args.target is not None:
             _target_options(args)
         setup = Setup(ckpt, dtype=args.dtype, backend=args.backend, tp=args.tp, ep=args.ep, max_batch=args.max_batch,
-                      prefill_chunk=args.prefill_chunk, draft=draft, speculative=spec)
+                      prefill_chunk=args.prefill_chunk, draft=draft, speculative=spec,
+                      device=_device_name(args.device))
         requests = _requests(args)
         record_cost(_config(ckpt), [(len(r.prompt), r.params.max_new_tokens) for r in requests], args.dtype,
-                    args.max_seconds, args.max_gb)
+                    args.max_seconds, args.max_gb, device=setup.device)
         if args.target is not None:
             from lockstep.harness.replay.target_record import record_target
             trace = record_target(args.target, setup, requests)
@@ -313,7 +363,8 @@ def cmd_replay(args) -> int:
         trace = read_trace(args.trace)
         _check_manifest(trace, args.trace)
         overrides = {k: getattr(args, k) for k in ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order",
-                                                    "forced_shape")}
+                                                    "forced_shape", "dtype")}
+        overrides["device"] = _device_name(args.device) if args.device else None
         if args.checkpoint:
             overrides["checkpoint"] = _checkpoint_ref(args.checkpoint)
         check_identity(trace, replay_setup(trace, overrides))   # another checkpoint is named before its vocabulary
@@ -322,33 +373,43 @@ def cmd_replay(args) -> int:
                      lambda i, k: f"{args.trace}:{lines[i, k]}")
         report = replay(trace, args.mode, overrides, near_tie=args.near_tie if args.near_tie is not None else NEAR_TIE,
                         locate_first=not args.no_locate,
-                        threshold=args.threshold if args.threshold is not None else THRESHOLD)
+                        threshold=args.threshold if args.threshold is not None else THRESHOLD, clip=args.clip)
     except (ValueError, OSError) as e:
         return _fail(f"{args.trace}: {e}" if not str(e).startswith(str(args.trace)) else str(e))
-    (emit if args.json else print)(json.dumps(report.to_json(), indent=2) if args.json else report.text())
+    (emit if args.json else print)(json.dumps(replay_document("replay", report.command_json()), indent=2) if args.json
+                                   else report.command_text())
     return EXIT_OK if report.ok else EXIT_DIVERGED
 
 
 def cmd_import_peer(args) -> int:
+    from lockstep.harness.estimates import record_cost
     from lockstep.harness.replay.peer import import_peer, teacher_force_peer
+    from lockstep.harness.replay.processed import Processing
+    from lockstep.harness.replay.run import Setup
 
     if args.out is not None:
         check_output_file(args.out, "--out")
     try:
         _text(args.peer, "the peer file")            # named here: the importer's read would not say which file
         ckpt = _checkpoint_ref(args.checkpoint)
+        processing = Processing(args.peer_logprobs, args.temperature, args.top_p)
+        setup = Setup(ckpt, dtype=args.dtype, device=_device_name(args.device))
         try:
-            trace = import_peer(args.peer, args.peer_format, ckpt, args.prompt_ids)
+            trace = import_peer(args.peer, args.peer_format, ckpt, args.prompt_ids, setup, processing)
         except OverflowError as e:
             raise _peer_value_error(e, args.peer) from None
-        _check_steps(trace, _config(ckpt).vocab_size, lambda i, k: f"{args.peer}: request {i}, token {k}")
-        report = teacher_force_peer(trace, args.threshold)
+        config = _config(ckpt)
+        _check_steps(trace, config.vocab_size, lambda i, k: f"{args.peer}: request {i}, token {k}")
+        record_cost(config, [(len(r["prompt"]), r["tokens"]) for r in trace.requests], args.dtype, args.max_seconds,
+                    args.max_gb, verb="import-peer", runs=1, device=setup.device)
+        report = teacher_force_peer(trace, args.threshold, setup=setup, clip=args.clip)
         if args.out:
             write_trace(trace, args.out)
     except (ValueError, OSError) as e:
         return _fail(str(e))
-    (emit if args.json else print)(json.dumps(report.to_json(), indent=2) if args.json else report.text())
-    return EXIT_OK
+    (emit if args.json else print)(json.dumps(replay_document("import-peer", report.to_json()), indent=2) if args.json
+                                   else report.text())
+    return EXIT_OK if report.ok else EXIT_DIVERGED
 
 
 def cmd_promote(args) -> int:

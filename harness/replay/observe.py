@@ -46,6 +46,16 @@ class StepLog(Trace):
         self.experts: dict[tuple[int, int], dict[int, list[int]]] = {}   # -> {layer: expert ids}
         self._labels: list[tuple[int, int]] = []                 # this forward's (request, step) per row
 
+    def fresh(self, prompt_lens: Sequence[int], order: list[int]) -> "StepLog":
+        """An empty log of the same kind for the requests in run `order` (harness.replay.run)."""
+        return StepLog(prompt_lens, logits=self.want_logits)
+
+    def take(self, sub: "StepLog", back: dict[int, int]) -> None:
+        """`sub`'s records, their run-order request indices mapped back through `back`."""
+        self.events = {(back[j], s): v for (j, s), v in sub.events.items()}
+        self.logits = {(back[j], s): v for (j, s), v in sub.logits.items()}
+        self.experts = {(back[j], s): v for (j, s), v in sub.experts.items()}
+
     def event(self, request: int, step: int, name: str, value) -> None:
         v = torch.as_tensor(value).detach().cpu().reshape(-1)
         if name == "sampling.logprob":

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from lockstep.harness.replay.deltas import CLIP, Deltas
+from lockstep.harness.replay.processed import Processing, ProcessedLog, apply
 from lockstep.harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits
 from lockstep.harness.replay.identity import checkpoint_identity, platform_identity
 from lockstep.harness.replay.run import Setup, checkpoint_folder, forced_requests, run
@@ -98,8 +99,10 @@ def _rollout(doc: dict) -> list[tuple]:
              [float(x) for x in first("logprobs", "rollout_log_probs")])]
 
 
-def import_peer(path: str | Path, fmt: str, checkpoint: dict, prompts: list[list[int]] | None = None) -> Trace:
-    """A peer's output file as a trace (source = the peer, steps = its tokens and logprobs)."""
+def import_peer(path: str | Path, fmt: str, checkpoint: dict, prompts: list[list[int]] | None = None,
+                setup: Setup | None = None, processing: Processing | None = None) -> Trace:
+    """A peer's output file as a trace (source = the peer, steps = its tokens and logprobs, and the
+    processing its logprobs went through, harness/replay/processed.py)."""
     path = Path(path)
     if fmt not in FORMATS:
         raise TraceError(f"peer format must be one of {FORMATS}, got {fmt!r}")
@@ -113,7 +116,7 @@ def import_peer(path: str | Path, fmt: str, checkpoint: dict, prompts: list[list
                              f"({type(e).__name__}: {e})") from None
     if not items:
         raise TraceError(f"{path}: no {fmt} records")
-    setup = Setup(checkpoint)
+    setup = setup or Setup(checkpoint)
     requests, steps = [], []
     for i, (prompt, ids, lps) in enumerate(items):
         if prompt is None:
@@ -135,72 +138,62 @@ def import_peer(path: str | Path, fmt: str, checkpoint: dict, prompts: list[list
                 "settings": {**setup.settings(), "mode": "generate"},
                 "platform": platform_identity(setup.dtype, setup.backend, setup.device),
                 "checkpoint": {"ref": checkpoint, **checkpoint_identity(checkpoint_folder(setup))},
-                "draft": None, "speculative": None, "requests": len(requests)}
+                "draft": None, "speculative": None, "requests": len(requests),
+                "peer_logprobs": (processing or Processing()).to_json()}
     return Trace(manifest, requests, steps, [[] for _ in requests])
 
 
-@dataclass
-class PeerReport:
-    source: str
-    threshold: float
-    deltas: list[float] = field(default_factory=list)
-    tokens: int = 0
-    worst: list[dict] = field(default_factory=list)            # the largest |Δ| tokens, largest first
-    first_off: dict[int, int] = field(default_factory=dict)    # request -> first step over the threshold
-    bitwise: int = 0
+class PeerReport(Deltas):
+    """import-peer's report: the shared per-token comparison (harness/replay/deltas.py) and its verdict."""
 
-    def stats(self) -> dict:
-        d = sorted(self.deltas)
-        if not d:
-            return {}
+    processing: str = "raw"                 # what the peer's logprobs are (harness/replay/processed.py)
 
-        def q(p):                                   # nearest-rank quantile
-            return d[min(len(d) - 1, max(0, math.ceil(p * len(d)) - 1))]
-        return {"tokens": len(d), "bitwise_equal": self.bitwise, "p50": q(0.5), "p95": q(0.95), "p99": q(0.99),
-                "max": d[-1], "mean": sum(d) / len(d), "share_over_threshold": sum(x > self.threshold for x in d) / len(d),
-                "threshold": self.threshold}
+    @property
+    def ok(self) -> bool:
+        """No token over the threshold: the same verdict replay gives the imported trace."""
+        return not self.first_off
 
     def text(self) -> str:
         s = self.stats()
         lines = [f"{self.source} run teacher-forced through lockstep: {s['tokens']} tokens, "
                  f"|Δlogprob| p50 {s['p50']:.3g}, p95 {s['p95']:.3g}, p99 {s['p99']:.3g}, max {s['max']:.3g} "
                  f"(mean {s['mean']:.3g}); {100 * s['share_over_threshold']:.1f}% over {self.threshold:g}; "
-                 f"{s['bitwise_equal']} bitwise equal"]
+                 f"{s['bitwise_equal']} bitwise equal"
+                 + ("" if self.processing == "raw" else f" ({self.processing} logprobs compared)")]
+        lines += self.rl_text()
         for i, k in sorted(self.first_off.items()):
             lines.append(f"  request {i}: first departs at step {k}")
         for w in self.worst[:5]:
             lines.append(f"  worst: request {w['request']} step {w['step']} token {w['token']}: peer {w['peer']:.6g}, "
                          f"lockstep {w['lockstep']:.6g} (|Δ| {w['delta']:.3g})")
+        lines.append("ok: every token within the threshold" if self.ok else
+                     f"DIVERGED: {len(self.first_off)} request(s) have a token over |Δlogprob| {self.threshold:g}")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"source": self.source, "stats": self.stats(), "first_off": self.first_off, "worst": self.worst[:20]}
+        return {"source": self.source, "ok": self.ok, "logprobs": self.processing, "stats": self.stats(), "per_request": self.per_request(),
+                "first_off": self.first_off, "worst": self.worst}
 
 
-def teacher_force_peer(trace: Trace, threshold: float = 1e-3, setup: Setup | None = None) -> PeerReport:
-    """Feed the peer's tokens through Lockstep's engine; per-token |Δlogprob| against the peer's."""
+def teacher_force_peer(trace: Trace, threshold: float = 1e-3, setup: Setup | None = None,
+                       clip: float = CLIP) -> PeerReport:
+    """Feed the peer's tokens through Lockstep's engine; per-token comparison against the peer's."""
     if not threshold > 0:
         raise TraceError(f"threshold must be > 0, got {threshold}")
     setup = setup or Setup(trace.manifest["checkpoint"]["ref"])
     tokens = [[s["token"] for s in steps] for steps in trace.steps]
     reqs = [Request(prompt=r["prompt"], params=SamplingParams(greedy=True, max_new_tokens=r["tokens"])) for r in
             trace.requests]
+    processing = Processing.of(trace.manifest)
+    log = None if processing.kind == "raw" else ProcessedLog([len(r.prompt) for r in reqs], tokens, processing)
     try:
-        results = run(setup, forced_requests(reqs, tokens), None, tokens)
+        results = run(setup, forced_requests(reqs, tokens), log, tokens)
+        if log is not None:
+            apply(log, results)             # compare what the peer declared it returned
     except ValueError as e:                 # an id outside the vocabulary, a sequence past the context
         raise TraceError(f"the peer's tokens cannot run on this checkpoint: {e}") from None
-    rep = PeerReport(trace.manifest["source"], threshold)
-    for i, (steps, res) in enumerate(zip(trace.steps, results)):
-        for k, s in enumerate(steps):
-            ours = float(res.logprobs[k])
-            peer = s["logprob"] if s["logprob"] is not None else float("-inf")
-            delta = abs(ours - peer) if math.isfinite(peer) else math.inf
-            rep.deltas.append(delta)
-            rep.bitwise += f32_bits(ours) == s["logprob_bits"]
-            if delta > threshold and i not in rep.first_off:
-                rep.first_off[i] = k
-            rep.worst.append({"request": i, "step": k, "token": s["token"], "peer": peer, "lockstep": ours,
-                              "delta": delta})
-    rep.worst.sort(key=lambda w: -w["delta"])
-    rep.worst = rep.worst[:20]
+    rep = PeerReport(trace.manifest["source"], threshold, clip)
+    rep.processing = processing.kind
+    for steps, res in zip(trace.steps, results):
+        rep.add_request(steps, res.logprobs.tolist() if hasattr(res.logprobs, "tolist") else list(res.logprobs))
     return rep

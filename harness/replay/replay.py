@@ -38,13 +38,15 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from lockstep.engine.request import Request
+from lockstep.harness.replay import processed
+from lockstep.harness.replay.context import replay_notes
 from lockstep.harness.replay.format import Trace, TraceError, f32_bits, f32_bits_all, f32_from_bits
 from lockstep.harness.replay.identity import check_checkpoint, check_platform, platform_identity
 from lockstep.harness.replay.observe import StepLog
 from lockstep.harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
 
 MODES = ("free-run", "teacher-forced")
-OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order", "forced_shape")
+OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order", "forced_shape", "device", "dtype")
 NEAR_TIE = 1e-3           # default margin (top-1 minus top-2 logit) under which a token flip is a near-tie
 THRESHOLD = 1e-3          # another engine's trace: |Δlogprob| accepted per step (import-peer's default)
 REPLAYABLE_RNG = ("lockstep-coins-1", "none (greedy)")     # the RNG models free-run can draw again
@@ -88,6 +90,8 @@ class ReplayReport:
     located: object | None = None                               # harness.locate.Located
     threshold: float | None = None      # another engine's trace: the |Δlogprob| a step may differ by
     stats: dict | None = None           # and the per-token statistics of |Δlogprob|
+    notes: list[str] = field(default_factory=list)   # what the verdict cannot see (harness/replay/context.py)
+    rl: dict | None = None              # another engine's trace: {"overall": rl_stats, "per_request": [...]}
 
     @property
     def bitwise(self) -> bool:
@@ -136,6 +140,19 @@ class ReplayReport:
                 "located": None if self.located is None else self.located.to_json(),
                 "divergent": [v.to_json() for v in self.verdicts if v.status != Verdict.BITWISE][:200]}
 
+    # to_json and text are what the `replay` spec kind stores in its goldens: they keep their shape.
+    # The command prints these, which add the RL statistics and the notes.
+    def command_json(self) -> dict:
+        doc = self.to_json()
+        if self.rl:
+            doc["stats"] = {**doc["stats"], "rl": self.rl["overall"], "per_request": self.rl["per_request"]}
+        return doc | {"notes": self.notes}
+
+    def command_text(self) -> str:
+        from lockstep.harness.replay.deltas import rl_line
+        lines = [self.text()] + ([rl_line(self.rl["overall"])] if self.rl and self.rl["overall"] else [])
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
 
 def ulp_distance(a_bits: str, b_bits: str) -> int:
     """How many float32 values lie between two (hex bits): -0.0 and +0.0 are one value (0 apart),
@@ -176,7 +193,10 @@ def replay_setup(trace: Trace, overrides: dict) -> Setup:
 
 
 def check_identity(trace: Trace, setup: Setup) -> None:
-    check_platform(trace.manifest["platform"], platform_identity(setup.dtype, setup.backend, setup.device))
+    """The checkpoint must be the trace's; so must the platform, unless the trace is another
+    engine's (judged with a tolerance: Lockstep's side may run on any device and dtype)."""
+    if not foreign(trace):
+        check_platform(trace.manifest["platform"], platform_identity(setup.dtype, setup.backend, setup.device))
     check_checkpoint(trace.manifest["checkpoint"], checkpoint_folder(setup))
     if setup.draft is not None:
         check_checkpoint(trace.manifest["draft"], draft_folder(setup), "draft")
@@ -278,7 +298,7 @@ def foreign(trace: Trace) -> bool:
 
 
 def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, *, near_tie: float = NEAR_TIE,
-           locate_first: bool = True, threshold: float = THRESHOLD) -> ReplayReport:
+           locate_first: bool = True, threshold: float = THRESHOLD, clip: float = 0.2) -> ReplayReport:
     if mode not in MODES:
         raise TraceError(f"mode must be one of {MODES}, got {mode!r}")
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
@@ -292,8 +312,11 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     setup = replay_setup(trace, overrides or {})
     check_identity(trace, setup)
     requests = requests_of(trace)
-    shown = {k: getattr(setup, k) for k in OVERRIDABLE if getattr(setup, k) is not None}
+    shown = {k: getattr(setup, k) for k in OVERRIDABLE if getattr(setup, k) is not None
+             and (k not in ("device", "dtype") or (overrides or {}).get(k) is not None)}   # those two: when given
     report = ReplayReport(mode, shown)
+    if not foreign(trace):
+        report.notes = replay_notes(trace.manifest, setup)
     tokens = [[s["token"] for s in steps] for steps in trace.steps]
     if mode == "free-run":
         log = StepLog([len(r.prompt) for r in requests])
@@ -309,14 +332,15 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
                                                                          f"{trace.requests[i]['finish_reason']}"))
             report.verdicts += vs
     else:
-        flog = StepLog([len(r.prompt) for r in requests], logits=True)
+        flog = processed.forced_log(trace.manifest, [len(r.prompt) for r in requests], tokens)
         results = run(setup, forced_requests(requests, tokens), flog, tokens)
+        processed.apply(flog, results)      # a peer that declared processed logprobs: compare those
         for i, res in enumerate(results):
             report.verdicts += _forced_verdicts(trace, i, res, flog)
     bad = [v for v in report.verdicts if v.status not in (Verdict.BITWISE, Verdict.NOT_RECORDED)]
     if foreign(trace):
         report.threshold = threshold
-        report.stats = _stats(trace, results, threshold)
+        report.stats, report.rl = _stats(trace, results, threshold, clip)
         bad = [v for v in bad if not (v.status == Verdict.BITS and v.dlogprob <= threshold)]
         locate_first = False                       # the trace's side is another engine: nothing to re-run
     if bad:
@@ -326,18 +350,17 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     return report
 
 
-def _stats(trace: Trace, results, threshold: float) -> dict:
-    """Per-token |Δlogprob| of the replay against the trace (the steps both have), as import-peer's."""
-    from lockstep.harness.replay.peer import PeerReport
+def _stats(trace: Trace, results, threshold: float, clip: float = 0.2) -> tuple[dict, dict]:
+    """Per-token comparison of the replay with the trace (the steps both have), import-peer's, shared:
+    (the |Δ| statistics, {"overall": RL statistics, "per_request": [...]})."""
+    from lockstep.harness.replay.deltas import Deltas
 
-    rep = PeerReport(trace.manifest.get("source", "?"), threshold)
+    rep = Deltas(trace.manifest.get("source", "?"), threshold, clip)
     for steps, res in zip(trace.steps, results):
-        for k, s in enumerate(steps[:len(res.logprobs)]):
-            ours, theirs = float(res.logprobs[k]), f32_from_bits(s["logprob_bits"])
-            d = abs(ours - theirs)
-            rep.deltas.append(d if math.isfinite(d) else (0.0 if ours == theirs else math.inf))
-            rep.bitwise += f32_bits(ours) == s["logprob_bits"]
-    return rep.stats()
+        rep.add_request(steps, res.logprobs.tolist() if hasattr(res.logprobs, "tolist") else list(res.logprobs))
+    stats = rep.stats()
+    return {k: v for k, v in stats.items() if k != "rl"}, {"overall": stats.get("rl", {}),
+                                                           "per_request": rep.per_request()}
 
 
 def _locate(trace, setup: Setup, requests, tokens, results, first: StepVerdict, mode: str):

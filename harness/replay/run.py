@@ -16,6 +16,7 @@ from pathlib import Path
 from lockstep.engine.generate import observing
 from lockstep.engine.request import Request, Result, SamplingParams
 from lockstep.engine.sampling import chosen_logprobs as engine_chosen_logprobs
+from lockstep.harness.heartbeat import Heartbeat
 from lockstep.harness.replay.observe import StepLog
 
 ROOT = Path(__file__).resolve().parent.parent.parent        # the project root (holds specs/, models/)
@@ -76,26 +77,32 @@ def run(setup: Setup, requests: list[Request], log: StepLog | None = None, force
     order = setup.order or list(range(len(requests)))
     reqs = [requests[i] for i in order]
     forced_o = [forced[i] for i in order] if forced is not None else None
-    sub = StepLog([len(r.prompt) for r in reqs], logits=log.want_logits) if log is not None else engine_trace
+    sub = log.fresh([len(r.prompt) for r in reqs], order) if log is not None else engine_trace
     speculative = setup.speculative is not None and forced is None
-    if forced is not None and setup.forced_shape == "prefill":
-        if setup.tp * setup.ep != 1:
-            raise ValueError("prefill-shaped teacher forcing runs on one device (tp = ep = 1)")
-        results = teacher_force_prefill(target_model(setup), reqs, forced_o, setup.prefill_chunk or 256,
-                                        setup.max_batch, sub)
-    elif setup.tp * setup.ep == 1:
-        results = _one_device(setup, reqs, sub, forced_o, speculative)
-    else:
-        results = _topology(setup, reqs, sub, forced_o, speculative)
+    total = sum(map(len, forced_o)) if forced_o is not None else sum(r.params.max_new_tokens for r in reqs)
+    label = f"{'teacher-forced run' if forced is not None else 'run'} of {len(reqs)} request(s) on {setup.device}"
+    with Heartbeat(label, None if speculative else total,
+                   (lambda: len(sub.events)) if isinstance(sub, StepLog) else None):
+        results = _dispatch(setup, reqs, sub, forced_o, forced, speculative)
     back = {j: i for j, i in enumerate(order)}
     if log is not None:
-        log.events = {(back[j], s): v for (j, s), v in sub.events.items()}
-        log.logits = {(back[j], s): v for (j, s), v in sub.logits.items()}
-        log.experts = {(back[j], s): v for (j, s), v in sub.experts.items()}
+        log.take(sub, back)
     out = [None] * len(requests)
     for j, i in enumerate(order):
         out[i] = results[j]
     return out
+
+
+def _dispatch(setup: Setup, reqs, sub, forced_o, forced, speculative: bool):
+    """The run on one device, a topology, or prefill-shaped teacher forcing."""
+    if forced is not None and setup.forced_shape == "prefill":
+        if setup.tp * setup.ep != 1:
+            raise ValueError("prefill-shaped teacher forcing runs on one device (tp = ep = 1)")
+        return teacher_force_prefill(target_model(setup), reqs, forced_o, setup.prefill_chunk or 256,
+                                     setup.max_batch, sub)
+    if setup.tp * setup.ep == 1:
+        return _one_device(setup, reqs, sub, forced_o, speculative)
+    return _topology(setup, reqs, sub, forced_o, speculative)
 
 
 def _generate_kwargs(setup: Setup, forced) -> dict:

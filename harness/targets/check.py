@@ -113,6 +113,8 @@ def run_target(specs, ctx, target: Target, store: GoldenStore, progress=None):
         if progress:
             progress.show(i, spec.id)
         outcomes.append(run_on_target(spec, ctx, target, store))
+        if progress:                        # a CI log's line per spec (progress.lines: stderr not a terminal)
+            progress.finished(i, f"{outcomes[-1].status:<7} {spec.id}")
     if progress:
         progress.clear()
     return outcomes

@@ -17,7 +17,7 @@ def test_record_and_replay_speculative_tree_from_the_cli(tmp_path, capsys, monke
                     json.dumps({"prompt": [3, 5, 7], "sampling": {"greedy": True, "max_new_tokens": 4}}) + "\n")
     out = tmp_path / "tree.jsonl"
     assert main(["record", str(out), "--checkpoint", "models/tiny-target", "--requests", str(reqs),
-                 "--draft", "models/tiny-eagle3", "--topk", "2", "--num-steps", "2", "--draft-token-num", "4"]) == 0
+                 "--draft", "models/tiny-eagle3", "--draft-topk", "2", "--num-steps", "2", "--draft-token-num", "4"]) == 0
     assert "recorded 2 requests" in capsys.readouterr().out
     t = read_trace(out)
     assert t.manifest["checkpoint"]["ref"] == {"path": "models/tiny-target"} and t.rounds[0]

@@ -290,6 +290,7 @@ def test_another_engines_trace_is_judged_within_its_threshold(engine):
     assert r.first is None and r.ok and r.threshold == 0.25 and engine.located == []
     assert r.stats == {"tokens": 3, "bitwise_equal": 2, "p50": 0.0, "p95": 0.25, "p99": 0.25, "max": 0.25,
                        "mean": 0.25 / 3, "share_over_threshold": 0.0, "threshold": 0.25}
+    assert r.rl["overall"]["max_abs_delta"] == 0.25 and [q["request"] for q in r.rl["per_request"]] == [0]
     r = replay(t, threshold=0.125)
     assert (r.first.step, r.first.status.value) == (1, "bits") and r.located is None and engine.located == []
     assert r.stats["share_over_threshold"] == pytest.approx(1 / 3)
@@ -301,11 +302,11 @@ def test_another_engines_trace_is_judged_within_its_threshold(engine):
 def test_the_statistics_of_infinite_logprobs():
     t = trace_of([steps([7, 8, 9], [-math.inf, -math.inf, -1.0])], source="target:peer")
     res = [result([7, 8, 9], [-math.inf, -1.0, -math.inf])]
-    st = rp._stats(t, res, 1e-3)
+    st = rp._stats(t, res, 1e-3)[0]
     assert (st["tokens"], st["bitwise_equal"], st["p50"], st["max"]) == (3, 1, math.inf, math.inf)
-    assert rp._stats(t, [result([7], [-math.inf])], 1e-3)["tokens"] == 1      # only the steps both have
+    assert rp._stats(t, [result([7], [-math.inf])], 1e-3)[0]["tokens"] == 1      # only the steps both have
     t = trace_of([steps([7, 8], [-math.inf, -1.0])], source="target:peer")
-    st = rp._stats(t, [result([7, 8], [-math.inf, -1.25])], 1e-3)       # -inf on both sides: 0 apart
+    st = rp._stats(t, [result([7, 8], [-math.inf, -1.25])], 1e-3)[0]    # -inf on both sides: 0 apart
     assert (st["p50"], st["max"], st["mean"], st["bitwise_equal"]) == (0.0, 0.25, 0.125, 1)
 
 
@@ -316,8 +317,8 @@ def test_the_statistics_of_infinite_logprobs():
     ({"threshold": -1.0}, "threshold must be a finite number > 0, got -1.0"),
     ({"threshold": math.inf}, "threshold must be a finite number > 0, got inf"),
     ({"threshold": "1"}, "threshold must be a finite number > 0, got '1'"),
-    ({"overrides": {"dtype": "bf16", "seed": 1}}, "a replay may not change dtype, seed (only backend, tp, ep, "
-                                                  "max_batch, prefill_chunk, order, forced_shape)"),
+    ({"overrides": {"dtype": "bf16", "seed": 1}}, "a replay may not change seed (only backend, tp, ep, "
+                                                  "max_batch, prefill_chunk, order, forced_shape, device, dtype)"),
     ({"overrides": {"order": [0, 0]}}, "--order must list every request index 0..1 once, got [0, 0]"),
 ])
 def test_what_replay_refuses(engine, kwargs, text):

@@ -1,0 +1,74 @@
+"""Long commands show progress: a plain line every $LOCKSTEP_PROGRESS_SECONDS in a CI log (none
+for a run shorter than that), and per-spec lines for check --target and report."""
+
+import io
+import time
+
+from lockstep.harness.cli import main
+from lockstep.harness.heartbeat import Heartbeat
+
+
+def test_a_heartbeat_prints_plain_lines_off_a_terminal(monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_PROGRESS_SECONDS", "0.05")
+    out = io.StringIO()
+    counter = iter(range(1000))
+    with Heartbeat("run of 2 request(s) on cpu", 40, lambda: next(counter), stream=out) as hb:
+        time.sleep(0.3)
+    lines = out.getvalue().splitlines()
+    assert hb.lines >= 2 and lines[0].startswith("lockstep: run of 2 request(s) on cpu: 0/40 steps,")
+    assert "\r" not in out.getvalue()
+
+
+def test_a_short_run_prints_nothing(monkeypatch):
+    monkeypatch.delenv("LOCKSTEP_PROGRESS_SECONDS", raising=False)
+    out = io.StringIO()
+    with Heartbeat("run", stream=out):
+        pass
+    assert out.getvalue() == ""
+
+
+def test_record_and_replay_say_where_they_are_in_a_ci_log(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_PROGRESS_SECONDS", "0.01")
+    trace = tmp_path / "t.jsonl"
+    assert main(["record", str(trace), "--checkpoint", "models/tiny-target", "--prompt-ids", "1,2,3",
+                 "--max-new-tokens", "6", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "lockstep: run of 1 request(s) on cpu:" in err and "lockstep: teacher-forced run of 1 request(s)" in err
+    assert main(["replay", str(trace)]) == 0
+    assert "lockstep: run of 1 request(s) on cpu:" in capsys.readouterr().err
+
+
+def test_check_target_prints_a_line_per_spec_in_a_ci_log(capsys, monkeypatch):
+    from tests.conftest import REPO
+    monkeypatch.chdir(REPO)
+    assert main(["check", "--target", "hf", "coins/known-answers", "layer_ids/error-count"]) in (0, 1)
+    err = capsys.readouterr().err
+    assert "[1/2]" in err and "[2/2]" in err
+
+
+def test_numpy_warnings_never_reach_the_terminal(capsys):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    done = subprocess.run([sys.executable, "-m", "lockstep", "doctor", "--inputs", "1024"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "Warning" not in done.stderr + done.stdout
+
+
+def test_generic_numpy_warning_is_filtered_without_debug(monkeypatch):
+    import warnings
+
+    import numpy
+
+    from lockstep.harness import cli
+
+    def noisy(args):
+        numpy.array([1.0]) / numpy.array([0.0])
+        return 0
+    monkeypatch.setattr("lockstep.harness.commands.suite.cmd_suite", noisy)
+    for argv, shown in ((["suite"], False), (["--debug", "suite"], True)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert cli.main(argv) == 0
+        assert any("divide by zero" in str(w.message) for w in seen) is shown
