@@ -8,7 +8,7 @@ import sys
 from lockstep.harness.commands.display import columns
 from lockstep.harness.commands.exits import EXIT_OK, EXIT_USAGE
 from lockstep.harness.commands.selection import load
-from lockstep.harness.jsonout import list_document, validate_document
+from lockstep.harness.jsonout import emit, list_document, validate_document
 from lockstep.harness.specfile import load_headers
 
 
@@ -21,7 +21,7 @@ def cmd_list(args) -> int:
         return cmd_list_target(args, specs) or (EXIT_USAGE if errors else EXIT_OK)
     specs, errors = load(args, loader=load_headers)
     if getattr(args, "json", False):
-        print(json.dumps(list_document(specs=[{"id": s.id, "kind": s.kind, "tags": list(s.tags), "description":
+        emit(json.dumps(list_document(specs=[{"id": s.id, "kind": s.kind, "tags": list(s.tags), "description":
                                                s.description, "file": str(s.file)} for s in specs],
                                        spec_errors=[str(e) for e in errors]), indent=2))
         return EXIT_USAGE if errors else EXIT_OK
@@ -37,7 +37,7 @@ def cmd_validate(args) -> int:
     specs, errors = load(args)
     bad = len({e.file for e in errors})
     if getattr(args, "json", False):
-        print(json.dumps(validate_document(valid=[s.id for s in specs], invalid_files=bad,
+        emit(json.dumps(validate_document(valid=[s.id for s in specs], invalid_files=bad,
                                            spec_errors=[str(e) for e in errors]), indent=2))
         return EXIT_USAGE if errors else EXIT_OK
     for e in errors:

@@ -14,7 +14,7 @@ from lockstep.harness.commands.exits import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE
 from lockstep.harness.commands.selection import context, golden_folders, load, plan, ran_on, stale_goldens
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenLocked, GoldenStore
-from lockstep.harness.jsonout import regen_document
+from lockstep.harness.jsonout import emit, regen_document
 
 
 def cmd_regen(args) -> int:
@@ -81,7 +81,7 @@ def _regen(args, specs, errors, ctx, store, wanted=None, temps=()) -> int:
           file=stream)
     code = EXIT_USAGE if errors else EXIT_MISMATCH if counts[runner.REFUSED] else EXIT_OK
     if getattr(args, "json", False):
-        print(json.dumps(regen_document(dry_run=args.dry_run, exit_code=code, summary=counts,
+        emit(json.dumps(regen_document(dry_run=args.dry_run, exit_code=code, summary=counts,
                                         goldens=[_golden_json(o) for o in outcomes], spec_errors=[str(e) for e in errors],
                                         stale_goldens=stale, removed_temps=list(temps)), indent=2))
     return code

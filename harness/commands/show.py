@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lockstep.harness.commands.exits import EXIT_OK
 from lockstep.harness.errors import UsageError
-from lockstep.harness.jsonout import show_document
+from lockstep.harness.jsonout import emit, show_document
 
 DRIVER = "lockstep-golden"
 ATTRIBUTES_LINE = f"*.safetensors diff={DRIVER}"
@@ -63,7 +63,8 @@ def cmd_show(args) -> int:
         docs.append({"spec": spec_id, "platform": platform, "file": where, "manifest": {
             k: v for k, v in golden.manifest.items() if k not in ("data", "tensors")},
             "data": golden.data, "tensors": {n: tensor_json(t) for n, t in sorted(golden.tensors.items())}})
-    print(json.dumps(show_document(goldens=docs), indent=2) if args.json else "\n\n".join(texts))
+    (emit if args.json else print)(json.dumps(show_document(goldens=docs), indent=2) if args.json
+                                   else "\n\n".join(texts))
     return EXIT_OK
 
 
