@@ -216,7 +216,7 @@ def launch(fn: Callable, world_size: int, args: tuple = (), kwargs: dict | None 
     port = store.port
     procs = [ctx.Process(target=_rank_main, name=f"lockstep-rank{r}", daemon=True,
                          args=(r, world_size, port, transport, rank_devices[r], collective_timeout_s, threads, fn, args,
-                               kwargs, out_dir, {**os.environ, _LAUNCHER: str(os.getpid())}))
+                               kwargs, out_dir, _caller_environment()))
              for r in range(world_size)]
     out = Path(out_dir)
     try:
@@ -290,3 +290,11 @@ def _failure(world_size: int, state: dict[int, str], procs, out: Path, why: str)
     lines = [f"launch(world_size={world_size}) failed ({why}): {head}"]
     lines += [f"  rank {r}: {detail[r]}" for r in range(world_size)]
     return RankFailure("\n".join(lines), {r: detail[r].splitlines()[0] for r in range(world_size)})
+
+
+def _caller_environment() -> dict:
+    """The launching process's environment as it is at the call (a rank takes it, never the fork
+    server's of when it started), marked with the launcher's pid (the ranks' lifeline)."""
+    env = dict(os.environ)
+    env[_LAUNCHER] = str(os.getpid())
+    return env

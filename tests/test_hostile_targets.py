@@ -152,7 +152,9 @@ def test_plugin_stays_out_of_a_project_that_did_not_opt_in(pytester):
     (pytester.path / "specs").mkdir()
     (pytester.path / "specs" / "api.yaml").write_text(OPENAPI)
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
+    # -W error for every deprecation (pytest's own removals included); -p no:benchmark: pytest-benchmark
+    # warns that xdist is active whenever this suite runs under -n
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:benchmark", "-W", "error::DeprecationWarning")
     result.assert_outcomes(passed=1)
     shown = [line for line in result.stdout.lines if not line.startswith("plugins:")]   # pytest lists it there
     assert not [line for line in shown if "warning" in line.lower() or "lockstep" in line.lower()], shown

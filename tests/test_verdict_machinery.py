@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from concurrent.futures import Future
 from types import SimpleNamespace
 
 import numpy
@@ -97,32 +96,40 @@ def test_regen_compares_data_planted(monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------- check -j: the workers' mappings
 class _InlinePool:
-    """A ProcessPoolExecutor stand-in: its "worker" starts from no mappings (a fresh spawn) and
-    runs the initializer; what the worker then maps is recorded, and each row gets a PASS."""
+    """A harness.parallel._Pool stand-in: its "worker" starts from no mappings (a fresh spawn) and
+    runs the worker's set-up with the pool's initargs; what the worker then maps is recorded, and
+    each row gets a PASS."""
     seen: dict | None = None
 
-    def __init__(self, max_workers, mp_context, initializer, initargs):
+    def __init__(self, jobs, initargs):
         saved = dict(suite._MAPPED)
         suite._MAPPED.clear()
         try:
-            initializer(*initargs)
+            parallel_module._start_worker(*initargs)
             _InlinePool.seen = suite.explicit_mappings()
         finally:
             suite._MAPPED.clear()
             suite._MAPPED.update(saved)
 
-    def submit(self, fn, spec, ctx, store, strict):
-        f = Future()
-        f.set_result(runner.Outcome(spec, runner.PASS, "cpu-fp32"))
-        return f
+    def start(self, tasks):
+        self.tasks = tasks
 
-    def shutdown(self, wait, cancel_futures):
+    def result(self, index):
+        fn, (spec, ctx) = self.tasks[index]
+        return True, runner.Outcome(spec, runner.PASS, "cpu-fp32")
+
+    def close(self):
         pass
+
+
+parallel_module = parallel
 
 
 def pin_workers_take_the_mappings(check_rows, module, monkeypatch, tmp_path) -> None:
     """A `check -j N` worker starts with the parent's --checkpoint-path mappings."""
-    monkeypatch.setattr(module, "ProcessPoolExecutor", _InlinePool)
+    global parallel_module
+    parallel_module = module
+    monkeypatch.setattr(module, "_Pool", _InlinePool)
     monkeypatch.setattr(module, "_start_worker", lambda mapped, shared: suite.map_checkpoints(mapped.items()))
     monkeypatch.setattr(suite, "_MAPPED", {})
     suite.map_checkpoints([("ckpt/target", tmp_path / "mine")])
@@ -139,7 +146,8 @@ def test_workers_take_the_mappings(monkeypatch, tmp_path):
 
 
 def test_workers_take_the_mappings_planted(monkeypatch, tmp_path):
-    planted = module_with(parallel, {"initargs=(suite.explicit_mappings(), shared)": "initargs=({}, shared)"}, tmp_path)
+    planted = module_with(parallel, {"_Pool(jobs, (suite.explicit_mappings(), shared))": "_Pool(jobs, ({}, shared))"},
+                          tmp_path)
     red(pin_workers_take_the_mappings, planted.check_rows, planted, monkeypatch, tmp_path)
 
 
