@@ -7,9 +7,11 @@ LOCKSTEP_KILL_LOOPS=N repeats the parent kill N times (the notes' kill loop)."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,7 +97,10 @@ def kill_parent_once(tmp: Path) -> tuple[set[int], list[str]]:
         # ranks are the workers' grandchildren (via the fork server): wait until some run
         ranks = wait_for(lambda: len(children(proc.pid)) >= 4 and children(proc.pid), 120)   # workers, a fork server, a rank
         seen = children(proc.pid)
-        assert ranks and proc.poll() is None, "the check finished before its ranks could be seen"
+        if not (ranks and proc.poll() is None):
+            out, err = proc.communicate(timeout=60)
+            raise AssertionError(f"the check finished before its ranks could be seen (exit {proc.returncode}):\n"
+                                 f"{out[-2000:]}\n{err[-2000:]}")
         proc.kill()
         proc.wait(timeout=10)
         wait_for(lambda: not alive(seen), 60)           # a loaded machine (CI under -n 2) is slow to reap
@@ -110,13 +115,17 @@ def kill_parent_once(tmp: Path) -> tuple[set[int], list[str]]:
 
 
 @pytest.mark.slow
-def test_killing_the_parent_ends_every_worker_and_rank(tmp_path):
+def test_killing_the_parent_ends_every_worker_and_rank():
     loops = int(os.environ.get("LOCKSTEP_KILL_LOOPS", "1"))
     results = []
-    for i in range(loops):
-        tmp = tmp_path / f"run{i}"
-        tmp.mkdir()
-        results.append(kill_parent_once(tmp))
+    for _ in range(loops):
+        # a short private TMPDIR: the fork server's socket lives in it, and AF_UNIX paths stop at 107
+        # bytes (an xdist worker's tmp_path is longer)
+        tmp = Path(tempfile.mkdtemp(prefix="lk-kill-", dir="/tmp"))
+        try:
+            results.append(kill_parent_once(tmp))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     assert results == [(set(), [])] * loops
 
 
