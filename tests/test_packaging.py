@@ -29,6 +29,8 @@ def pyproject() -> dict:
 
 
 def run(cmd, cwd, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """`cmd` with this environment less PYTHONPATH (which would put a checkout before the venv's install)."""
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONPATH"}
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
