@@ -106,7 +106,7 @@ def distribution(deltas: list[torch.Tensor]) -> dict:
     return {"p50": q[0], "p99": q[1], "max": float(d.max()), "tokens": int(d.numel())}
 
 
-def judge(spec, requests, results, reference, bound: Bound) -> tuple[list[str], list[str], dict]:
+def judge(requests, results, reference, bound: Bound) -> tuple[list[str], list[str], dict]:
     """(failures, cause first; notes: near-ties and the logprob distribution; the distribution)."""
     from lockstep.engine.generate import score
 

@@ -31,7 +31,7 @@ from lockstep.harness.errors import full_traceback, where
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.specfile import Spec
-from lockstep.harness.targets.base import (BITWISE, CALIBRATED, CHI_SQUARE, PROPERTIES, TOLERANCE,  # noqa: F401
+from lockstep.harness.targets.base import (BITWISE, CALIBRATED, CHI_SQUARE, TOLERANCE,  # noqa: F401
                                            NotApplicable, Target, UpstreamChanged)
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
@@ -78,18 +78,17 @@ def _missing_facts(fragments: list[str], message: str) -> list:
     return [f for f in error_facts(fragments) if (f not in message if isinstance(f, str) else f not in named)]
 
 
-def check_on_target(spec, result: Result, claims: frozenset[str] = frozenset(PROPERTIES)) -> list[str]:
+def check_on_target(spec, result: Result) -> list[str]:
     """The kind's checks, except that an expected refusal is judged by its facts, not its wording
     (the kind's `refusal(result)`: the refusal's message, or None when the run did not refuse),
-    and that a property the target does not claim is observed, not judged (`observed`)."""
+    and that the variants are left to `properties` (the target's claims decide them)."""
     kind = kinds.KINDS[spec.kind]
     error = spec.expect.get("error") if isinstance(spec.expect, dict) else None
     message = kind.refusal(result) if error and hasattr(kind, "refusal") else None
     if message is not None:
         missing = _missing_facts(error, message)
         return [f"the refusal does not name {missing}: {message}"] if missing else []
-    judged, _ = properties(result, claims)
-    return judged + list(kind.check(spec, _claimed_only(result, claims)))
+    return list(kind.check(spec, _without_variants(result)))
 
 
 def properties(result: Result, claims: frozenset[str]) -> tuple[list[str], list[str]]:
@@ -109,9 +108,9 @@ def properties(result: Result, claims: frozenset[str]) -> tuple[list[str], list[
     return judged, observed
 
 
-def _claimed_only(result: Result, claims) -> Result:
-    """The result with only claimed-property variants left for the kind's own check (which
-    would fail on any differing variant): properties() reported them all already."""
+def _without_variants(result: Result) -> Result:
+    """The result with no differing variant left for the kind's own check (which would fail on
+    any): `properties` judges them by the target's claims."""
     facts = result.facts if isinstance(result.facts, dict) else {}
     if "variant_property" not in facts:
         return result
@@ -167,7 +166,7 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
         claims = frozenset(getattr(target, "claims", frozenset()))
         judged, out.notes = properties(result, claims)
         out.notes += list(result.notes or [])
-        fails = check_on_target(spec, result, claims)[len(judged):]
+        fails = check_on_target(spec, result)
         if out.compare == CALIBRATED:               # the exact judge's failures lead, then the calibrated
             with torch.inference_mode():
                 agreed, notes = _agreement(spec, ctx, result)
@@ -227,7 +226,7 @@ def _agreement(spec: Spec, ctx: RunContext, result: Result) -> tuple[list[str], 
     reference = model_for(spec.inputs["checkpoint"], "torch", project_root(spec), str(ctx.device),
                           ctx.platform.dtype)
     results = [_Generation(result.tensors, i) for i in range(len(requests))]
-    fails, notes, _ = agreement.judge(spec, requests, results, reference, bound(ctx.platform.dtype))
+    fails, notes, _ = agreement.judge(requests, results, reference, bound(ctx.platform.dtype))
     return fails, notes
 
 
