@@ -2,17 +2,22 @@
 """Which modules are due a mutation run: those changed since their last recorded run (or never run).
 
     python3 scripts/mutation_due.py                 # the modules due, each with its [tool.mutmut] lines
+    python3 scripts/mutation_due.py --stage harness/compare.py /tmp/stage   # a copy to run mutmut in
     python3 scripts/mutation_due.py --record harness/compare.py   # after recording its row in docs/contributing.md
 
 The modules that decide a verdict or a bit, and the test selection that pins each, are SELECTION
 below (the table "The selection per module" in docs/contributing.md says the same). The last
 recorded run of each is a line "module commit" in scripts/mutation_runs.txt; a module is due when
 `git diff COMMIT HEAD -- module` is not empty, or it has no line. --record writes HEAD for a module
-(commit the file with the table row it goes with)."""
+(commit the file with the table row it goes with). --stage copies the checkout into a folder in the
+wheel's layout (mutmut names a mutant by its file's path, the tests import `lockstep.*`) with
+[tool.mutmut] set for one module."""
 
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +48,15 @@ SELECTION = {
     "engine/prefix_cache.py": ["tests/engine/test_prefix_cache_blocks.py", "tests/engine/test_engine_seams.py"],
     "engine/launch.py": ["tests/parallel/test_launch.py", "tests/parallel/test_launch_environment.py"],
     "kernels/portable.py": ["tests/test_portable.py", "tests/test_portable_reductions.py"],
+}
+
+
+# module -> the tests its selection leaves out (pytest -k), slow ones a mutant would rerun in full
+KEEP_OUT = {
+    "harness/golden.py": "not killed_writer and not sigterm_at_any_moment and not compared_as_before",
+    "harness/pairs.py": "not interpreted_engine_kernel and not collects_one_item and not bf16_policy_alone",
+    "engine/sampling.py": "not test_gumbel_max_follows_the_distribution",
+    "engine/speculative.py": "not test_a_biased_verifier_is_caught and not test_rejection_output_follows_the_target_distribution",
 }
 
 
@@ -77,10 +91,47 @@ def record(module: str) -> None:
                     "".join(f"{m} {c}\n" for m, c in sorted(runs.items())))
 
 
+def mutmut_config(module: str) -> str:
+    """The [tool.mutmut] table that runs MODULE's mutants in a staged copy."""
+    # a planted-fault test copies the module's source, which mutmut has rewritten: it pins nothing there
+    keep_out = " and ".join(["not planted"] + ([f"({KEEP_OUT[module]})"] if module in KEEP_OUT else []))
+    args = ["-p", "no:cacheprovider", "-p", "no:randomly", "-x", "-q", "-k", keep_out]
+    quote = lambda xs: "[" + ", ".join(f'"{x}"' for x in xs) + "]"
+    return ("[tool.mutmut]\n"
+            f"source_paths = {quote(['lockstep/' + module])}\n"
+            f"also_copy = {quote(['lockstep/', 'models/', 'specs/', 'golden/', 'tests/'])}\n"
+            f"pytest_add_cli_args = {quote(args)}\n"
+            f"pytest_add_cli_args_test_selection = {quote(SELECTION[module])}\n")
+
+
+def stage(module: str, folder: Path) -> None:
+    """Copy the checkout into FOLDER in the wheel's layout, [tool.mutmut] set for MODULE."""
+    if module not in SELECTION:
+        sys.exit(f"{module}: not in SELECTION (scripts/mutation_due.py)")
+    if folder.exists():
+        sys.exit(f"{folder}: exists; stage into a new folder (mutmut keeps its state in mutants/ there)")
+    ignore = shutil.ignore_patterns("__pycache__", "mutants", ".hypothesis")
+    (folder / "lockstep").mkdir(parents=True)
+    for f in (ROOT / "lockstep").glob("*.py"):
+        shutil.copy2(f, folder / "lockstep" / f.name)
+    for sub in ("harness", "engine", "kernels"):
+        shutil.copytree(ROOT / sub, folder / "lockstep" / sub, ignore=ignore)
+    for sub in ("tests", "models", "specs", "golden"):
+        shutil.copytree(ROOT / sub, folder / sub, ignore=ignore, symlinks=True)
+    text = (ROOT / "pyproject.toml").read_text()
+    text = re.sub(r"(?ms)^\[tool\.mutmut\]\n.*?(?=^\[|\Z)", "", text)
+    (folder / "pyproject.toml").write_text(text.rstrip() + "\n\n" + mutmut_config(module))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--record", metavar="MODULE", help="write HEAD as MODULE's last recorded run")
+    p.add_argument("--stage", nargs=2, metavar=("MODULE", "FOLDER"),
+                   help="copy the checkout into FOLDER in the wheel's layout, set to run MODULE's mutants")
     args = p.parse_args()
+    if args.stage:
+        stage(args.stage[0], Path(args.stage[1]))
+        return
     if args.record:
         record(args.record)
         return

@@ -219,3 +219,49 @@ def test_data_diff_keeps_order_and_shows_added_values():
     assert diff_data({"t": [1, 2]}, {"t": [2, 1]}), "token order matters"
     text = diff_data({"a": 1}, {"a": 1, "b": [5]})
     assert "root['b'] ([5]) added" in text, text
+
+
+def _exact_max_distance(expected: list[int], actual: list[int]) -> int:
+    return max(abs(e - a) for e, a in zip(expected, actual) if e != a)
+
+
+@pytest.mark.parametrize("span", [2**62, 2**35, 2**31], ids=["full-range", "a-few-high-words", "low-word"])
+def test_the_largest_integer_difference_is_found_among_many(span):
+    """The largest |e - a| of many differing int64 elements is found exactly, whichever element
+    holds it: the float64 ranking of the high and low 32-bit halves must put it among the few
+    redone in Python (a halves' weight, sign or shift off ranks another element first)."""
+    g = torch.Generator().manual_seed(span % 1000)
+    e = torch.randint(-span, span, (500,), generator=g, dtype=torch.int64)
+    a = torch.randint(-span, span, (500,), generator=g, dtype=torch.int64)
+    d = diff_tensor("x", e, a)
+    assert d is not None and d.max_ulp == _exact_max_distance(e.tolist(), a.tolist())
+
+
+def test_the_ranking_keeps_the_low_word_of_a_high_word_past_float32():
+    """A high word of 26 significant bits ranked in float32 would round away its last bit, and an
+    element 2^31 smaller would be reported instead of the largest."""
+    big = (2**25 + 1) * 2**32                     # |difference| 2^57 + 2^32: the largest
+    near = 2**57 + 2**31                           # 2^31 less
+    d = diff_tensor("x", torch.tensor([big, near, 9]), torch.tensor([0, 0, 9]))
+    assert d is not None and d.max_ulp == big
+    d = diff_tensor("x", torch.tensor([2**40, 3]), torch.tensor([2**41, 0]))
+    assert d.max_ulp == 2**40, "both sides' high words shift by 32 (2^41 >> 33 would cancel 2^40 >> 32)"
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32])
+def test_narrow_integer_differences_rank_negative_values_by_their_distance(dtype):
+    """A negative narrow integer is widened to int64 before its halves are split: -7 vs 0 is 7,
+    less than 100 vs 0 (split unwidened, -7's high half reads -1 and it ranks first)."""
+    e, a = torch.tensor([-7, 100, 3], dtype=dtype), torch.tensor([0, 0, 3], dtype=dtype)
+    assert diff_tensor("x", e, a).max_ulp == 100
+    assert diff_tensor("x", a, e).max_ulp == 100, "the same from the other side"
+
+
+def test_the_ulp_distance_of_many_floats_of_either_sign_is_the_largest():
+    """ULP distances of float32 elements are ranked in int64: two subnormals across zero (2 ULPs)
+    do not outrank 1.0 against 2.0 (2^23 ULPs)."""
+    tiny = torch.tensor([1], dtype=torch.int32).view(torch.float32)
+    e = torch.cat([-tiny, torch.tensor([1.0, 5.0])])
+    a = torch.cat([tiny, torch.tensor([2.0, 5.0])])
+    d = diff_tensor("x", e, a)
+    assert d is not None and d.n_diff == 2 and d.max_ulp == 2**23
