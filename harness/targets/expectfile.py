@@ -109,11 +109,13 @@ def applies(doc: dict, name: str, version: str) -> bool:
 
     if doc.get("target") != name:
         return False
+    if doc.get("versions") is None and doc.get("version") is not None and str(doc["version"]) == version:
+        return True                         # an exact version holds itself, PEP 440 or not
     spec = version_range(doc)
     try:
         return spec.contains(Version(version), prereleases=True)
-    except InvalidVersion:                  # not PEP 440: only an exact match can hold it
-        return str(doc.get("version")) == version
+    except InvalidVersion:                  # not PEP 440: only the exact match above can hold it
+        return False
 
 
 def load(path: Path, name: str, version: str) -> dict:
