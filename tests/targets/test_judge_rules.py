@@ -1,0 +1,304 @@
+"""The outside-target judge's every rule on a stand-in kind (no model, no spec run): refusals by
+their facts, properties by the target's claims, the tolerance report, the golden comparison each
+way, n/a, an adapter's refusal and a crash, each outcome's message and JSON."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lockstep.harness import kinds
+from lockstep.harness.golden import CorruptGolden
+from lockstep.harness.result import Result
+from lockstep.harness.targets import judge
+from lockstep.harness.targets.judge import (BITWISE, CALIBRATED, FAIL, NA, PASS, TOLERANCE, NotApplicable,
+                                            TargetOutcome, UpstreamChanged, applicability, check_on_target,
+                                            compared, error_facts, properties, run_on_target)
+
+KIND = "stand-in"
+
+
+def _spec(expect=None, sid="stand/one"):
+    return SimpleNamespace(id=sid, kind=KIND, expect=expect if expect is not None else {}, inputs={})
+
+
+def _kind(monkeypatch, **parts):
+    module = SimpleNamespace(**({"check": lambda spec, result: [], "golden_platform": lambda spec, ctx: "cpu-fp32"}
+                                | parts))
+    monkeypatch.setitem(kinds.KINDS, KIND, module)
+    return module
+
+
+class _Store:
+    def __init__(self, golden=None, corrupt=None):
+        self.golden, self.corrupt, self.asked = golden, corrupt, []
+
+    def load(self, platform, sid):
+        self.asked.append((platform, sid))
+        if self.corrupt:
+            raise CorruptGolden(self.corrupt)
+        return self.golden
+
+
+def _target(claims=()):
+    return SimpleNamespace(label="peer 1.0", claims=frozenset(claims))
+
+
+# --------------------------------------------------------------------------- refusals judged by their facts
+def test_the_facts_of_an_error_are_its_whole_numbers_and_tensor_names():
+    assert error_facts(["model.layers.2.mlp.down_proj", "ids [24, 30, -3] past 36", "x2 1.5 a-3 7b 2_0 (9)"]) == \
+        ["model.layers.2.mlp.down_proj", 24, 30, -3, 36, 9]
+    assert error_facts(["layers.x", "plain", "a.b.c 5"]) == ["layers.x", 5], "a dotted name alone is a fact"
+    assert error_facts([]) == []
+
+
+def test_check_on_target_judges_an_expected_refusal_by_its_facts(monkeypatch):
+    seen = []
+    _kind(monkeypatch, refusal=lambda result: result.data.get("refused"),
+          check=lambda spec, result: seen.append(result) or ["the kind's own check"])
+    spec = _spec({"error": ["boundary 24 of 36", "model.w.x"]})
+    assert check_on_target(spec, Result(data={"refused": "no 24/36 at model.w.x"})) == []
+    assert check_on_target(spec, Result(data={"refused": "bad id 240 and 36 in model.w.y"})) == [
+        "the refusal does not name ['model.w.x', 24]: bad id 240 and 36 in model.w.y"]
+    assert seen == []
+    assert check_on_target(spec, Result(data={})) == ["the kind's own check"], "no refusal: the kind judges"
+    assert check_on_target(_spec({"tokens": 1}), Result(data={"refused": "x"})) == ["the kind's own check"]
+    assert check_on_target(_spec(["not", "a", "mapping"]), Result(data={"refused": "x"})) == ["the kind's own check"]
+    _kind(monkeypatch, check=lambda spec, result: ["own"])
+    assert check_on_target(spec, Result(data={"refused": "x"})) == ["own"], "a kind without refusal() checks"
+
+
+def test_the_kinds_check_never_sees_a_differing_variant(monkeypatch):
+    seen = []
+    _kind(monkeypatch, check=lambda spec, result: seen.append(result.facts) or [])
+    facts = {"variant_property": {"batch": "batch"}, "variants_differing": {"batch": [1, 2], "order": [3]},
+             "other": 5}
+    result = Result(facts=facts)
+    assert check_on_target(_spec(), result) == []
+    assert seen == [{"variant_property": {"batch": "batch"}, "variants_differing": {"batch": [], "order": []},
+                     "other": 5}]
+    assert result.facts["variants_differing"] == {"batch": [1, 2], "order": [3]}, "the result is not changed"
+    plain = Result(facts={"variants_differing": {"batch": [1]}})
+    assert judge._without_variants(plain) is plain, "no variant_property: as it is"
+    assert judge._without_variants(Result(facts=None)).facts is None
+
+
+def test_properties_fail_only_when_claimed_and_observe_the_rest():
+    facts = {"variant_property": {"batch": "batch-invariance", "order": "order-invariance"},
+             "variants_first": {"batch": "request 1 step 2: token 5 vs 6"},
+             "variants_differing": {"batch": [1, 3], "order": [0], "none": [], "plain": [2]},
+             "variants_na": {"seeds": "no seeded sampling"}}
+    judged, observed = properties(Result(facts=facts), frozenset({"batch-invariance"}))
+    assert judged == ["property (claimed) batch-invariance: batch: request 1 step 2: token 5 vs 6; "
+                      "requests [1, 3] differ"]
+    assert observed == ["property (not claimed, observed) order-invariance: order: requests [0] differ; "
+                        "requests [0] differ",
+                        "property (not claimed, observed) plain: plain: requests [2] differ; requests [2] differ",
+                        "property seeds: seeds: n/a (no seeded sampling)"]
+    assert properties(Result(facts=None), frozenset()) == ([], [])
+    judged, _ = properties(Result(facts={"variants_differing": {"plain": [2]}}), frozenset({"plain"}))
+    assert judged == ["property (claimed) plain: plain: requests [2] differ; requests [2] differ"]
+
+
+def test_compared_is_the_kinds_or_bitwise_against_its_golden(monkeypatch):
+    _kind(monkeypatch, compared=lambda spec, ctx, result: (TOLERANCE, "x"))
+    assert compared(_spec(), None, Result()) == (TOLERANCE, "x")
+    _kind(monkeypatch, golden_platform=lambda spec, ctx: f"golden of {spec.id} at {ctx}")
+    assert compared(_spec(), "ctx", Result()) == (BITWISE, "golden of stand/one at ctx")
+
+
+def test_applicability_is_the_kinds_answer_or_na_with_its_reason(monkeypatch):
+    asked = []
+    _kind(monkeypatch, applicability=lambda spec, t, device: asked.append(device) or TOLERANCE)
+    assert applicability(_spec(), _target()) == (TOLERANCE, "") and asked == ["cpu"]
+    assert applicability(_spec(), _target(), "cuda") == (TOLERANCE, "") and asked[-1] == "cuda"
+
+    def lacks(spec, t, device):
+        raise NotApplicable("no op 'hash'")
+    _kind(monkeypatch, applicability=lacks)
+    assert applicability(_spec(), _target()) == (NA, "no op 'hash'")
+    _kind(monkeypatch)
+    assert applicability(_spec(), _target()) == (NA, f"kind {KIND}")
+
+
+# --------------------------------------------------------------------------- the tolerance report
+def test_the_tolerance_report_names_each_tensor_in_order():
+    g = {"a": torch.tensor([1.0, 2.0]), "b": torch.zeros(2, 2), "c": torch.tensor([1, 2, 3]), "gone": torch.ones(1)}
+    x = {"a": torch.tensor([1.0, 2.0]), "b": torch.zeros(3), "c": torch.tensor([1, 5, 7], dtype=torch.int32),
+         "new": torch.ones(1)}
+    assert judge._tolerance_diff(g, x) == [
+        "tensor 'b': shape [3], the golden has [2, 2]",
+        "tensor 'c' differs at [1]: 5 instead of 2",
+        "tensor 'gone' is missing",
+        "tensor 'new' is not in the golden"]
+
+
+def test_the_tolerance_is_inclusive_and_a_nan_is_outside_it():
+    g = torch.tensor([0.0, 4.0, 2.0, -8.0], dtype=torch.float64)
+    edge = torch.tensor([0.001, 4.004, 2.0, -8.0], dtype=torch.float64)     # |d| = ATOL exactly at 0: inside
+    assert judge._tolerance_diff({"t": g}, {"t": edge}) == []
+    over = edge.clone()
+    over[0] = torch.nextafter(edge[0], torch.tensor(math.inf, dtype=torch.float64))
+    over[3] = -8.5
+    (line,) = judge._tolerance_diff({"t": g}, {"t": over})
+    assert line == ("tensor 't': 2 of 4 values outside |d| <= 0.001 + 0.001|golden|, first at [0]: "
+                    "0.001 instead of 0 (max |d| 0.5)")
+    nan = g.clone()
+    nan[2] = math.nan
+    assert judge._tolerance_diff({"t": g}, {"t": nan}) == [
+        "tensor 't': 1 of 4 values outside |d| <= 0.001 + 0.001|golden|, first at [2]: nan instead of 2 (max |d| inf)"]
+    low = {"t": torch.tensor([[1.0, 2.0]], dtype=torch.bfloat16)}
+    assert judge._tolerance_diff(low, {"t": torch.tensor([[1.0, 2.0078125]], dtype=torch.float32)}) == [
+        "tensor 't': 1 of 2 values outside |d| <= 0.001 + 0.001|golden|, first at [0, 1]: 2.0078125 instead of 2 "
+        "(max |d| 0.00781)"], "each side read in float64, whatever its dtype"
+    assert judge.CROSS_ATOL == judge.CROSS_RTOL == 1e-3
+
+
+# --------------------------------------------------------------------------- run_on_target
+def _run(monkeypatch, result=None, store=None, claims=(), raises=None, **parts):
+    def run(spec, ctx, target):
+        assert torch.is_inference_mode_enabled(), "the target runs under inference_mode"
+        if raises is not None:
+            raise raises
+        return result
+    _kind(monkeypatch, run=run, **parts)
+    return run_on_target(_spec(), "ctx", _target(claims), store or _Store())
+
+
+def test_a_clean_run_passes_with_its_notes_and_compare(monkeypatch):
+    store = _Store(SimpleNamespace(tensors={"t": torch.ones(2)}, data={"k": [1, 2]}))
+    facts = {"variant_property": {"batch": "batch"}, "variants_differing": {"batch": [1]}}
+    out = _run(monkeypatch, Result(tensors={"t": torch.ones(2)}, data={"k": (1, 2)}, facts=facts, notes=["kind note"]),
+               store)
+    assert (out.status, out.compare, out.message, out.messages) == (PASS, BITWISE, "", [])
+    assert out.notes == ["property (not claimed, observed) batch: batch: requests [1] differ; requests [1] differ",
+                         "kind note"]
+    assert store.asked == [("cpu-fp32", "stand/one")]
+    assert out.target == "peer 1.0" and out.spec.id == "stand/one" and 0 <= out.seconds < 60
+
+
+def test_bitwise_failures_come_after_the_claimed_properties_and_the_kinds_checks(monkeypatch):
+    golden = SimpleNamespace(tensors={"t": torch.tensor([1.0, 2.0])}, data={"k": [1, 2]})
+    facts = {"variant_property": {"batch": "batch"}, "variants_differing": {"batch": [1]}}
+    out = _run(monkeypatch, Result(tensors={"t": torch.tensor([1.0, 3.0])}, data={"k": [1, 3]}, facts=facts),
+               _Store(golden), claims={"batch"}, check=lambda spec, result: ["own check"])
+    assert out.status == FAIL and out.messages[:2] == [
+        "property (claimed) batch: batch: requests [1] differ; requests [1] differ", "own check"]
+    assert out.messages[2].startswith("tensor 't': 1 of 2 elements differ")
+    assert out.messages[3].startswith("data differs from the golden: Value of root['k'][1] changed from 2 to 3")
+    assert len(out.messages) == 4
+    assert out.message == out.messages[0], "the first line of the first failure"
+
+
+def test_the_data_is_compared_as_a_manifest_reads_it_back(monkeypatch):
+    golden = SimpleNamespace(tensors={}, data={"k": [1, 2], "m": {"a": 1, "b": 2}})
+    out = _run(monkeypatch, Result(data={"m": {"b": 2, "a": 1}, "k": (1, 2)}), _Store(golden))
+    assert out.status == PASS, out.messages
+
+
+def test_without_a_golden_or_with_a_corrupt_one_the_run_fails_saying_so(monkeypatch):
+    out = _run(monkeypatch, Result(), _Store(None))
+    assert out.messages == ["no golden on cpu-fp32 to compare with (record it with lockstep regen stand/one)"]
+    out = _run(monkeypatch, Result(), _Store(corrupt="sha256 differs"))
+    assert out.messages == ["corrupt golden: sha256 differs",
+                            "no golden on cpu-fp32 to compare with (record it with lockstep regen stand/one)"]
+    out = _run(monkeypatch, Result(), _Store(None), compared=lambda spec, ctx, result: (TOLERANCE, None))
+    assert (out.status, out.compare, out.messages) == (PASS, TOLERANCE, []), "no golden platform: nothing to load"
+
+
+def test_a_tolerance_kind_reports_the_tolerance_diff(monkeypatch):
+    golden = SimpleNamespace(tensors={"t": torch.tensor([1.0, 2.0])}, data={"ignored": 1})
+    out = _run(monkeypatch, Result(tensors={"t": torch.tensor([1.0, 2.0005])}, data={"other": 2}), _Store(golden),
+               compared=lambda spec, ctx, result: (TOLERANCE, "cpu-bf16"))
+    assert (out.status, out.compare) == (PASS, TOLERANCE), "inside the tolerance; data not compared"
+    out = _run(monkeypatch, Result(tensors={"t": torch.tensor([1.0, 2.5])}), _Store(golden),
+               compared=lambda spec, ctx, result: (TOLERANCE, "cpu-bf16"))
+    assert out.messages == [judge._tolerance_diff(golden.tensors, {"t": torch.tensor([1.0, 2.5])})[0]]
+
+
+def test_a_calibrated_kind_leads_with_the_agreement_and_compares_the_rest(monkeypatch):
+    seen = []
+
+    def agreement(spec, ctx, result):
+        seen.append((spec.id, ctx, torch.is_inference_mode_enabled()))
+        return ["agreement: sampler at request 0 step 1"], ["agreement note"]
+    monkeypatch.setattr(judge, "_agreement", agreement)
+    golden = SimpleNamespace(tensors={"tokens_0": torch.tensor([1]), "logprobs_0": torch.tensor([0.5]),
+                                      "extra": torch.tensor([1.0])}, data={})
+    got = Result(tensors={"tokens_0": torch.tensor([9]), "logprobs_0": torch.tensor([9.0]), "extra": torch.tensor([3.0]),
+                          "unasked": torch.tensor([0.0])}, notes=["kind note"])
+    out = _run(monkeypatch, got, _Store(golden), compared=lambda spec, ctx, result: (CALIBRATED, "cpu-bf16"),
+               check=lambda spec, result: ["own check"])
+    assert seen == [("stand/one", "ctx", True)]
+    assert out.messages == ["agreement: sampler at request 0 step 1", "own check",
+                            "tensor 'extra': 1 of 1 values outside |d| <= 0.001 + 0.001|golden|, first at [0]: 3 "
+                            "instead of 1 (max |d| 2)"]
+    assert out.notes == ["kind note", "agreement note"]
+
+
+def test_not_applicable_an_adapters_refusal_and_a_crash(monkeypatch):
+    out = _run(monkeypatch, raises=NotApplicable("no op 'hash'"))
+    assert (out.status, out.message, out.messages) == (NA, "no op 'hash'", [])
+    out = _run(monkeypatch, raises=UpstreamChanged("vllm moved its sampler"))
+    assert (out.status, out.messages, out.message) == (
+        FAIL, ["adapter refused: vllm moved its sampler"], "adapter refused: vllm moved its sampler")
+    out = _run(monkeypatch, raises=ValueError("bad shape\nsecond line"))
+    assert out.status == FAIL and out.message == "crash: ValueError: bad shape"
+    (line,) = out.messages
+    assert line.startswith("crash: ValueError: bad shape (at tests/targets/test_judge_rules.py:") and \
+        line.endswith(" in run)"), line
+    assert out.traceback.startswith("Traceback (most recent call last):") and \
+        out.traceback.endswith("ValueError: bad shape\nsecond line")
+    out = _run(monkeypatch, raises=ValueError("x" * 400))
+    assert out.message == "crash: ValueError: " + "x" * (300 - len("crash: ValueError: "))
+    assert len(out.messages[0]) > 400
+
+
+def test_a_crash_without_a_traceback_and_a_long_failure_line(monkeypatch):
+    error = KeyError("k")
+    monkeypatch.setattr(judge, "where", lambda e: "")
+    out = _run(monkeypatch, raises=error)
+    assert out.messages == ["crash: KeyError: 'k'"]
+    out = _run(monkeypatch, Result(), _Store(None), check=lambda spec, result: ["y" * 350 + "\nsecond"])
+    assert out.message == "y" * 300
+
+
+def test_the_outcome_as_json():
+    out = TargetOutcome(_spec(), "peer 1.0", FAIL, compare=BITWISE, message="m", messages=["m", "n"],
+                        seconds=1.23456, notes=["note"], traceback="tb")
+    assert out.to_json() == {"id": "stand/one", "kind": KIND, "target": "peer 1.0", "status": FAIL,
+                             "compare": BITWISE, "message": "m", "messages": ["m", "n"], "notes": ["note"],
+                             "seconds": 1.235}
+    assert out.to_json()["messages"] is not out.messages and out.to_json()["notes"] is not out.notes
+    fresh = TargetOutcome(_spec(), "t", PASS)
+    assert (fresh.compare, fresh.message, fresh.messages, fresh.seconds, fresh.traceback, fresh.notes) == \
+        ("", "", [], 0.0, "", [])
+
+
+def test_the_agreement_runs_the_reference_at_the_runs_dtype(monkeypatch):
+    """_agreement's inputs: the spec's requests, Lockstep's model at the run's device and dtype, the
+    target's generations read from tokens_i / logprobs_i, the bound of that dtype."""
+    from lockstep.harness import checkpoints
+    from lockstep.harness.kinds import generate
+    from lockstep.harness.targets import agreement, bounds
+
+    asked = {}
+    monkeypatch.setattr(generate, "_requests", lambda spec: ["r0", "r1"])
+    monkeypatch.setattr(generate, "project_root", lambda spec: "/root")
+    monkeypatch.setattr(checkpoints, "model_for", lambda *a: asked.setdefault("model", a) and "model")
+    monkeypatch.setattr(bounds, "bound", lambda dtype: f"bound {dtype}")
+
+    def judge_(requests, results, reference, bound):
+        asked["judge"] = (requests, [(r.tokens, r.logprobs.tolist()) for r in results], reference, bound)
+        return ["fail"], ["note"], "ignored"
+    monkeypatch.setattr(agreement, "judge", judge_)
+    spec = SimpleNamespace(inputs={"checkpoint": "tiny"})
+    ctx = SimpleNamespace(device=torch.device("cpu"), platform=SimpleNamespace(dtype="bf16"))
+    result = Result(tensors={"tokens_0": torch.tensor([1, 2]), "logprobs_0": torch.tensor([-0.5, -1.0]),
+                             "tokens_1": torch.tensor([3]), "logprobs_1": torch.tensor([-2.0])})
+    assert judge._agreement(spec, ctx, result) == (["fail"], ["note"])
+    assert asked["model"] == ("tiny", "torch", "/root", "cpu", "bf16")
+    assert asked["judge"] == (["r0", "r1"], [([1, 2], [-0.5, -1.0]), ([3], [-2.0])], "model", "bound bf16")
