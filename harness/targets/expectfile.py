@@ -84,7 +84,7 @@ def _typed(path: Path, marks: dict, keys: tuple, value, allowed: dict) -> None:
     if key not in allowed:
         raise ExpectationsError(f"{path}:{_line(marks, *keys)}: unknown key {key!r} (known: {', '.join(allowed)})")
     if isinstance(value, bool) or not isinstance(value, allowed[key]):
-        want = " or ".join("null" if t is type(None) else {"str": "a string", "dict": "a mapping"}.get(t.__name__, "a number")
+        want = " or ".join("null" if t is type(None) else {"str": "a string"}.get(t.__name__, "a number")
                            for t in allowed[key])
         raise ExpectationsError(f"{path}:{_line(marks, *keys)}: {'.'.join(map(str, keys))} must be {want}, "
                                 f"got {type(value).__name__} {value!r:.60}")
