@@ -68,8 +68,11 @@ def test_check_on_target_judges_an_expected_refusal_by_its_facts(monkeypatch):
     assert check_on_target(spec, Result(data={})) == ["the kind's own check"], "no refusal: the kind judges"
     assert check_on_target(_spec({"tokens": 1}), Result(data={"refused": "x"})) == ["the kind's own check"]
     assert check_on_target(_spec(["not", "a", "mapping"]), Result(data={"refused": "x"})) == ["the kind's own check"]
-    _kind(monkeypatch, check=lambda spec, result: ["own"])
-    assert check_on_target(spec, Result(data={"refused": "x"})) == ["own"], "a kind without refusal() checks"
+    _kind(monkeypatch, check=lambda s, result: [f"own check of {s.id}"])
+    assert check_on_target(spec, Result(data={"refused": "x"})) == ["own check of stand/one"], \
+        "a kind without refusal() checks"
+    assert check_on_target(spec, Result(facts={"variant_property": {}})) == ["own check of stand/one"], \
+        "variants named without any differing"
 
 
 def test_the_kinds_check_never_sees_a_differing_variant(monkeypatch):
@@ -91,31 +94,33 @@ def test_properties_fail_only_when_claimed_and_observe_the_rest():
     facts = {"variant_property": {"batch": "batch-invariance", "order": "order-invariance"},
              "variants_first": {"batch": "request 1 step 2: token 5 vs 6"},
              "variants_differing": {"batch": [1, 3], "order": [0], "none": [], "plain": [2]},
-             "variants_na": {"seeds": "no seeded sampling"}}
+             "variants_na": {"seeds": "no seeded sampling", "order": "one request"}}
     judged, observed = properties(Result(facts=facts), frozenset({"batch-invariance"}))
     assert judged == ["property (claimed) batch-invariance: batch: request 1 step 2: token 5 vs 6; "
                       "requests [1, 3] differ"]
     assert observed == ["property (not claimed, observed) order-invariance: order: requests [0] differ; "
                         "requests [0] differ",
                         "property (not claimed, observed) plain: plain: requests [2] differ; requests [2] differ",
-                        "property seeds: seeds: n/a (no seeded sampling)"]
+                        "property seeds: seeds: n/a (no seeded sampling)",
+                        "property order-invariance: order: n/a (one request)"]
     assert properties(Result(facts=None), frozenset()) == ([], [])
     judged, _ = properties(Result(facts={"variants_differing": {"plain": [2]}}), frozenset({"plain"}))
     assert judged == ["property (claimed) plain: plain: requests [2] differ; requests [2] differ"]
 
 
 def test_compared_is_the_kinds_or_bitwise_against_its_golden(monkeypatch):
-    _kind(monkeypatch, compared=lambda spec, ctx, result: (TOLERANCE, "x"))
-    assert compared(_spec(), None, Result()) == (TOLERANCE, "x")
+    result = Result()
+    _kind(monkeypatch, compared=lambda spec, ctx, r: (TOLERANCE, f"{spec.id} {ctx} {r is result}"))
+    assert compared(_spec(), "ctx", result) == (TOLERANCE, "stand/one ctx True")
     _kind(monkeypatch, golden_platform=lambda spec, ctx: f"golden of {spec.id} at {ctx}")
     assert compared(_spec(), "ctx", Result()) == (BITWISE, "golden of stand/one at ctx")
 
 
 def test_applicability_is_the_kinds_answer_or_na_with_its_reason(monkeypatch):
     asked = []
-    _kind(monkeypatch, applicability=lambda spec, t, device: asked.append(device) or TOLERANCE)
-    assert applicability(_spec(), _target()) == (TOLERANCE, "") and asked == ["cpu"]
-    assert applicability(_spec(), _target(), "cuda") == (TOLERANCE, "") and asked[-1] == "cuda"
+    _kind(monkeypatch, applicability=lambda spec, t, device: asked.append(device) or f"{spec.id} {t.label}")
+    assert applicability(_spec(), _target()) == ("stand/one peer 1.0", "") and asked == ["cpu"]
+    assert applicability(_spec(), _target(), "cuda") == ("stand/one peer 1.0", "") and asked[-1] == "cuda"
 
     def lacks(spec, t, device):
         raise NotApplicable("no op 'hash'")
@@ -156,17 +161,24 @@ def test_the_tolerance_is_inclusive_and_a_nan_is_outside_it():
         "tensor 't': 1 of 2 values outside |d| <= 0.001 + 0.001|golden|, first at [0, 1]: 2.0078125 instead of 2 "
         "(max |d| 0.00781)"], "each side read in float64, whatever its dtype"
     assert judge.CROSS_ATOL == judge.CROSS_RTOL == 1e-3
+    assert judge._tolerance_diff({"c": torch.tensor([1, 2])}, {"c": torch.tensor([1, 2], dtype=torch.int32)}) == []
+    just_over = torch.nextafter(torch.tensor([0.001], dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
+    assert len(judge._tolerance_diff({"t": torch.zeros(1)}, {"t": just_over})) == 1, \
+        "a float32 golden's bound is computed in float64 (in float32 0.001 rounds up past this)"
 
 
 # --------------------------------------------------------------------------- run_on_target
-def _run(monkeypatch, result=None, store=None, claims=(), raises=None, **parts):
-    def run(spec, ctx, target):
+def _run(monkeypatch, result=None, store=None, claims=(), raises=None, target=None, **parts):
+    spec, given = _spec(), target or _target(claims)
+
+    def run(s, ctx, t):
         assert torch.is_inference_mode_enabled(), "the target runs under inference_mode"
+        assert (s, ctx, t) == (spec, "ctx", given), "the kind runs the spec, with the context, on the target"
         if raises is not None:
             raise raises
         return result
     _kind(monkeypatch, run=run, **parts)
-    return run_on_target(_spec(), "ctx", _target(claims), store or _Store())
+    return run_on_target(spec, "ctx", given, store or _Store())
 
 
 def test_a_clean_run_passes_with_its_notes_and_compare(monkeypatch):
@@ -178,6 +190,13 @@ def test_a_clean_run_passes_with_its_notes_and_compare(monkeypatch):
     assert out.notes == ["property (not claimed, observed) batch: batch: requests [1] differ; requests [1] differ",
                          "kind note"]
     assert store.asked == [("cpu-fp32", "stand/one")]
+    empty = _Store(SimpleNamespace(tensors={}, data={}))
+    out = _run(monkeypatch, Result(facts=facts), empty, target=SimpleNamespace(label="bare"))
+    assert out.status == PASS and out.notes[0].startswith("property (not claimed, observed) batch"), \
+        "a target without claims claims nothing"
+    out = _run(monkeypatch, Result(), empty,
+               compared=lambda s, ctx, result: (BITWISE, f"{s.id} {ctx} {type(result).__name__}"))
+    assert empty.asked[-1] == ("stand/one ctx Result", "stand/one"), "compared() gets the spec, context, result"
     assert out.target == "peer 1.0" and out.spec.id == "stand/one" and 0 <= out.seconds < 60
 
 
@@ -216,8 +235,8 @@ def test_a_tolerance_kind_reports_the_tolerance_diff(monkeypatch):
                compared=lambda spec, ctx, result: (TOLERANCE, "cpu-bf16"))
     assert (out.status, out.compare) == (PASS, TOLERANCE), "inside the tolerance; data not compared"
     out = _run(monkeypatch, Result(tensors={"t": torch.tensor([1.0, 2.5])}), _Store(golden),
-               compared=lambda spec, ctx, result: (TOLERANCE, "cpu-bf16"))
-    assert out.messages == [judge._tolerance_diff(golden.tensors, {"t": torch.tensor([1.0, 2.5])})[0]]
+               compared=lambda spec, ctx, result: (TOLERANCE, "cpu-bf16"), check=lambda spec, result: ["own"])
+    assert out.messages == ["own", judge._tolerance_diff(golden.tensors, {"t": torch.tensor([1.0, 2.5])})[0]]
 
 
 def test_a_calibrated_kind_leads_with_the_agreement_and_compares_the_rest(monkeypatch):
@@ -225,6 +244,7 @@ def test_a_calibrated_kind_leads_with_the_agreement_and_compares_the_rest(monkey
 
     def agreement(spec, ctx, result):
         seen.append((spec.id, ctx, torch.is_inference_mode_enabled()))
+        assert result is got
         return ["agreement: sampler at request 0 step 1"], ["agreement note"]
     monkeypatch.setattr(judge, "_agreement", agreement)
     golden = SimpleNamespace(tensors={"tokens_0": torch.tensor([1]), "logprobs_0": torch.tensor([0.5]),
@@ -287,8 +307,8 @@ def test_the_agreement_runs_the_reference_at_the_runs_dtype(monkeypatch):
     from lockstep.harness.targets import agreement, bounds
 
     asked = {}
-    monkeypatch.setattr(generate, "_requests", lambda spec: ["r0", "r1"])
-    monkeypatch.setattr(generate, "project_root", lambda spec: "/root")
+    monkeypatch.setattr(generate, "_requests", lambda s: ["r0", "r1"] if s is spec else None)
+    monkeypatch.setattr(generate, "project_root", lambda s: "/root" if s is spec else None)
     monkeypatch.setattr(checkpoints, "model_for", lambda *a: asked.setdefault("model", a) and "model")
     monkeypatch.setattr(bounds, "bound", lambda dtype: f"bound {dtype}")
 
