@@ -31,7 +31,7 @@ SELECTION = {
     "harness/golden.py": ["tests/test_golden.py", "tests/test_hostile_goldens.py", "tests/test_triton_provenance.py"],
     "harness/pairs.py": ["tests/test_pairs.py"],
     "harness/commands/session.py": ["tests/test_verdict_machinery.py"],
-    "harness/commands/selection.py": ["tests/test_cli.py"],
+    "harness/commands/selection.py": ["tests/test_selection_rules.py"],
     "harness/runner.py": ["tests/test_verdict_machinery.py", "tests/test_selfcheck.py"],
     "harness/parallel.py": ["tests/test_verdict_machinery.py", "tests/test_parallel_check.py"],
     "harness/targets/judge.py": ["tests/targets/test_judge_rules.py"],
