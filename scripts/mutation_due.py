@@ -100,7 +100,7 @@ def mutmut_config(module: str) -> str:
     quote = lambda xs: "[" + ", ".join(f'"{x}"' for x in xs) + "]"
     return ("[tool.mutmut]\n"
             f"source_paths = {quote(['lockstep/' + module])}\n"
-            f"also_copy = {quote(['lockstep/', 'models/', 'specs/', 'golden/', 'tests/'])}\n"
+            f"also_copy = {quote(['lockstep/', 'models/', 'specs/', 'golden/', 'tests/', 'docs/'])}\n"
             f"pytest_add_cli_args = {quote(args)}\n"
             f"pytest_add_cli_args_test_selection = {quote(SELECTION[module])}\n")
 
@@ -117,7 +117,7 @@ def stage(module: str, folder: Path) -> None:
         shutil.copy2(f, folder / "lockstep" / f.name)
     for sub in ("harness", "engine", "kernels"):
         shutil.copytree(ROOT / sub, folder / "lockstep" / sub, ignore=ignore)
-    for sub in ("tests", "models", "specs", "golden"):
+    for sub in ("tests", "models", "specs", "golden", "docs"):           # docs: the JSON schemas some tests read
         shutil.copytree(ROOT / sub, folder / sub, ignore=ignore, symlinks=True)
     text = (ROOT / "pyproject.toml").read_text()
     text = re.sub(r"(?ms)^\[tool\.mutmut\]\n.*?(?=^\[|\Z)", "", text)
