@@ -42,8 +42,11 @@ SELECTION = {
                                 "tests/replay/test_locate_inputs.py", "tests/replay/test_identity_and_inputs.py"],
     "harness/replay/identity.py": ["tests/replay/test_trace_identity.py", "tests/replay/test_identity_and_inputs.py"],
     "harness/replay/format.py": ["tests/replay/test_trace_refusals.py", "tests/replay/test_trace_format.py"],
-    "engine/speculative.py": ["tests/speculative/test_acceptance_pins.py", "tests/speculative/test_inverse_cdf_rows.py",
+    # acceptance and layout (engine/speculative.py is the round's driver now)
+    "engine/spec_accept.py": ["tests/speculative/test_acceptance_pins.py", "tests/speculative/test_inverse_cdf_rows.py",
                               "tests/speculative/test_batched_round.py", "tests/speculative/test_verify_rules.py"],
+    "engine/spec_tree.py": ["tests/speculative/test_acceptance_pins.py", "tests/speculative/test_batched_round.py",
+                            "tests/speculative/test_verify_rules.py"],
     "engine/sampling.py": ["tests/engine/test_sampling_rows.py", "tests/engine/test_token_sampling.py",
                            "tests/engine/test_engine_seams.py"],
     "engine/prefix_cache.py": ["tests/engine/test_prefix_cache_blocks.py", "tests/engine/test_engine_seams.py"],
@@ -57,7 +60,8 @@ KEEP_OUT = {
     "harness/golden.py": "not killed_writer and not sigterm_at_any_moment and not compared_as_before",
     "harness/pairs.py": "not interpreted_engine_kernel and not collects_one_item and not bf16_policy_alone",
     "engine/sampling.py": "not test_gumbel_max_follows_the_distribution",
-    "engine/speculative.py": "not test_a_biased_verifier_is_caught and not test_rejection_output_follows_the_target_distribution",
+    "engine/spec_accept.py": "not test_a_biased_verifier_is_caught and not test_rejection_output_follows_the_target_distribution",
+    "engine/spec_tree.py": "not test_a_biased_verifier_is_caught and not test_rejection_output_follows_the_target_distribution",
 }
 
 
