@@ -33,6 +33,7 @@ def _args(specs, patterns=(), tag=(), golden=None, **more):
 
 def _loader(specs_by_id, errors=()):
     def load(folder):
+        assert isinstance(folder, Path) and folder.name in ("specs", "empty"), "the loader reads --specs"
         return [SimpleNamespace(id=i, tags=tuple(tags)) for i, tags in specs_by_id.items()], list(errors)
     return load
 
@@ -58,6 +59,7 @@ def test_the_folders_are_checked_first(tmp_path, monkeypatch):
     selection.check_dirs(_args(specs, golden=tmp_path / "absent"))     # a golden folder still to be made: fine
     selection.check_dirs(_args(specs, golden=tmp_path))
     selection.check_dirs(Namespace(specs=specs))                       # no --golden, no mappings at all
+    assert mapped[-1] == [], "no checkpoint_path: no mappings"
     assert _usage(selection.golden_exists, _args(specs, golden=tmp_path / "gone")) == (
         f"--golden {tmp_path / 'gone'}: no such folder (goldens are recorded there by `lockstep regen`; run from "
         "the project root or pass --golden)")
@@ -87,6 +89,9 @@ def test_a_pattern_naming_files_that_are_not_specs_says_so(tmp_path):
     assert _usage(selection.load, _args(specs, ["a/[xy]"]), load).count(".yml") + \
         _usage(selection.load, _args(specs, ["a/[xy]"]), load).count(".json") == 2
     assert "…" not in _usage(selection.load, _args(specs, ["a/[wxy]"]), load), "three are listed without a mark"
+    (specs / "a" / "q.YAML").write_text("x")
+    assert _usage(selection.load, _args(specs, ["a/q"]), load) == (
+        f"no spec matches 'a/q'; {specs / 'a/q.YAML'} would match but spec files end in .yaml (see `lockstep list`)")
     (specs / "a" / "sub").mkdir()
     assert _usage(selection.load, _args(specs, ["a/sub"]), load) == "no spec matches 'a/sub' (see `lockstep list`)", \
         "a folder is not a file that would match"
@@ -121,6 +126,15 @@ def test_a_pattern_naming_an_unreadable_spec_file_reports_its_error(tmp_path):
     plain = [SpecError(str(specs / "a" / "one.yaml"), 3, 1, "", "a plain file's error")]
     assert _usage(selection.load, _args(specs, ["a/on"]), _loader({}, plain)).startswith("no spec matches 'a/on'"), \
         "a regular file's error does not stand for a pattern that names nothing"
+    (specs / "a" / "x.yml").write_text("kind: coins\n")
+    stray = [SpecError(str(specs / "a" / "x.yml"), 0, 0, "", "spec files end in .yaml")]
+    assert _usage(selection.load, _args(specs, ["a/x"]), _loader({}, stray)) == (
+        f"no spec matches 'a/x'; {specs / 'a/x.yml'} would match but spec files end in .yaml (see `lockstep list`)"), \
+        "a regular .yml file's error: the hint, not its error alone"
+    (tmp_path / "loose.yaml").symlink_to(tmp_path / "nothing")
+    ahead = [stray[0], SpecError(str(tmp_path / "loose.yaml"), 0, 0, "", "outside the folder"), errors[0]]
+    assert selection.load(_args(specs, ["a/dangling"]), _loader({}, ahead))[1] == ahead[1:], \
+        "each error is looked at, past a regular file's and past one outside the folder"
 
 
 def test_selecting_nothing_is_a_usage_error_that_says_why(tmp_path):
@@ -133,6 +147,22 @@ def test_selecting_nothing_is_a_usage_error_that_says_why(tmp_path):
     empty.mkdir()
     assert _usage(selection.load, _args(empty), _loader({})) == f"no specs under {empty}"
     assert selection.load(_args(empty, ["gone/*"]), _loader({}), also_ids=["gone/x", "kept/y"]) == ([], [])
+
+
+def test_the_context_hands_the_device_and_dtype_to_detect(monkeypatch):
+    from lockstep.harness import platform
+    seen = []
+
+    def detect(device, dtype):
+        seen.append((device, dtype))
+        if device == "tpu":
+            raise ValueError("no such device: tpu")
+        return SimpleNamespace(name=f"{device}-{dtype}")
+    monkeypatch.setattr(platform, "detect", detect)
+    ctx = selection.context(Namespace(device="meta", dtype=None, backend="triton", world_size=[3]))
+    assert (seen, ctx.platform.name, ctx.backend, ctx.world_sizes) == ([("meta", "fp32")], "meta-fp32", "triton", (3,))
+    assert _usage(selection.context, Namespace(device="tpu", dtype="bf16", backend=None, world_size=[])) == \
+        "no such device: tpu"
 
 
 def test_the_context_takes_the_options_and_refuses_a_bad_one():
@@ -163,7 +193,8 @@ def test_a_selection_no_pair_runs_is_a_usage_error(tmp_path, monkeypatch):
     assert selection.plan(args, ["spec"], ctx, regen=True) == ["row"]
     assert seen == {"chosen": ("cpu", tmp_path, "bf16", None, True), "plan": (["the pairs"], "cpu", (2,), False)}
     assert selection.plan(Namespace(golden=tmp_path, dtype="bf16", backend="torch"), [], ctx) == []
-    assert seen["plan"][3] is True and seen["chosen"][4] is False, "both options given: explicit; regen off"
+    assert seen["plan"][3] is True and seen["chosen"] == ("cpu", tmp_path, "bf16", "torch", False), \
+        "both options given: explicit; regen off"
     assert _usage(selection.plan, args, ["none"], ctx) == (
         "no selected spec runs under described ['the pairs'] on cpu (Triton's interpreter runs the engine specs "
         f"tagged {pairs.INTERPRETER_TAG!r}; give both --dtype and --backend to run any spec under one pair)")
