@@ -48,7 +48,7 @@ SELECTION = {
     "engine/spec_tree.py": ["tests/speculative/test_acceptance_pins.py", "tests/speculative/test_batched_round.py",
                             "tests/speculative/test_verify_rules.py"],
     "engine/sampling.py": ["tests/engine/test_sampling_rows.py", "tests/engine/test_token_sampling.py",
-                           "tests/engine/test_engine_seams.py"],
+                           "tests/engine/test_engine_seams.py", "tests/engine/test_sampling_decisions.py"],
     "engine/prefix_cache.py": ["tests/engine/test_prefix_cache_blocks.py", "tests/engine/test_engine_seams.py"],
     "engine/launch.py": ["tests/parallel/test_launch.py", "tests/parallel/test_launch_environment.py"],
     "kernels/portable.py": ["tests/test_portable.py", "tests/test_portable_reductions.py"],
