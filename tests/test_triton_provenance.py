@@ -64,6 +64,13 @@ def golden_with_provenance(tmp_path, edit) -> Path:
     return golden
 
 
+def test_an_unreadable_triton_version_is_shown_cut_at_40_characters(tmp_path):
+    version = list(range(30))
+    golden = golden_with_provenance(tmp_path, lambda deps: deps.update(triton=version))
+    text = GoldenStore(golden).other_triton(FOLDER, SPEC, triton.__version__)
+    assert f"(provenance.bit_dependencies.triton is not a string: {repr(version)[:40]}), and a Triton" in text, text
+
+
 @pytest.mark.parametrize("edit,words", [
     (lambda deps: deps.pop("triton"), "is missing"),
     (lambda deps: deps.update(triton=3.6), "not a string: 3.6"),
