@@ -96,3 +96,73 @@ def test_the_masks_are_made_on_the_logits_device():
     tokens = sampling.sample_with(torch.empty(3, V, device="meta"), settings,
                                   torch.zeros(3, dtype=torch.int64, device="meta"))
     assert tokens.shape == (3,) and tokens.device.type == "meta"
+
+
+def test_an_unseeded_row_draws_its_noise_from_the_generator():
+    """V integers in [0, 2^32) from the generator, hashed to Gumbel noise like a seeded row's."""
+    from lockstep.kernels.coins import gumbel_from_hash
+
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(3))
+    settings = sampling.row_settings([SamplingParams(temperature=0.7)], [None], "cpu")
+    for seed in range(5, 25):          # a token is one draw: several generators, so a changed range shows
+        h = torch.randint(0, 1 << 32, (V,), dtype=torch.int64, generator=torch.Generator().manual_seed(seed))
+        want = (portable.log_softmax(logits[0].double() / 0.7, dim=-1) + gumbel_from_hash(h)).argmax()
+        got = sampling.sample_with(logits, settings, torch.tensor([0]), torch.Generator().manual_seed(seed))
+        assert got.tolist() == [int(want)], seed
+
+
+def test_the_fused_operands_of_a_batch():
+    """RowSettings.fused (the fused kernel's per-row operands; the CPU samples on the torch path):
+    mode, temperature, seed and the row's index among the sampled ones, or None when a sampled
+    row has no seed."""
+    from lockstep.engine.request import seed_as_int64
+    from lockstep.kernels.sampling import GREEDY, SEEDED, fused_temperature
+
+    params = [SamplingParams(greedy=True), SamplingParams(temperature=0.5), SamplingParams(temperature=2.0, top_k=3)]
+    s = sampling.row_settings(params, [None, 7, -9], "cpu")
+    modes, temps, seeds, keep_idx = s.fused
+    assert modes.dtype == torch.int32 and modes.tolist() == [GREEDY, SEEDED, SEEDED]
+    assert temps.dtype == torch.float64 and temps.tolist() == [1.0, fused_temperature(0.5, "cpu"),
+                                                                fused_temperature(2.0, "cpu")]
+    assert seeds.tolist() == [0, seed_as_int64(7), seed_as_int64(-9)] and keep_idx.tolist() == [-1, 0, 1]
+    greedy = sampling.row_settings([SamplingParams(greedy=True)] * 2, [None, 3], "cpu")
+    assert [t.tolist() for t in greedy.fused] == [[GREEDY, GREEDY], [1.0, 1.0], [0, 0], [-1, -1]]
+    assert (greedy.rows, greedy.temperatures, greedy.unseeded, greedy.filtered) == (None, [], [], False)
+    assert sampling.row_settings(params, [None, 7, None], "cpu").fused is None
+
+
+def test_only_the_filters_a_row_uses_are_built():
+    """top_k, top_p, min_p are None where no row uses them (`filtered` then False: no mask at all),
+    and the seeded rows' tensors None when no row is seeded."""
+    plain = sampling.row_settings([SamplingParams(temperature=0.5), SamplingParams()], [None, None], "cpu")
+    assert (plain.top_k, plain.top_p, plain.min_p, plain.filtered) == (None, None, None, False)
+    assert (plain.seeded, plain.seeded_rows, plain.seeds, plain.unseeded) == (None, None, None, [0, 1])
+    one = sampling.row_settings([SamplingParams(top_p=0.9), SamplingParams()], [1, 2], "cpu")
+    assert (one.top_k, one.min_p) == (None, None) and one.top_p.tolist() == [[0.9, 1.0], [0.0, 1.0]]
+
+
+def test_which_path_samples(monkeypatch):
+    """fused=True takes the fused kernel when the batch has its operands, the torch path otherwise;
+    fused None takes it only on a GPU (use_fused). A recorder stands in for the kernel."""
+    calls = []
+
+    def fused(logits, settings, positions):
+        calls.append((logits, settings, positions))
+        return torch.full((logits.shape[0],), 99), None
+    monkeypatch.setattr(sampling, "sample_fused", fused)
+    logits, positions = torch.randn(2, V), torch.tensor([4, 5])
+    seeded = sampling.row_settings([SamplingParams(), SamplingParams(greedy=True)], [1, None], "cpu")
+    assert sampling.sample_with(logits, seeded, positions, fused=True).tolist() == [99, 99]
+    assert calls == [(logits, seeded, positions)]
+    assert sampling.sample_with(logits, seeded, positions).tolist() != [99, 99], "the CPU: the torch path"
+    assert sampling.sample_with(logits, seeded, positions, fused=False).tolist() != [99, 99]
+    unseeded = sampling.row_settings([SamplingParams(), SamplingParams()], [1, None], "cpu")
+    got = sampling.sample_with(logits, unseeded, positions, torch.Generator().manual_seed(0), fused=True)
+    assert got.tolist() != [99, 99] and len(calls) == 1, "no fused operands: the torch path even when asked"
+
+
+def test_the_decision_scores_are_made_on_the_logits_device():
+    settings = sampling.row_settings(PARAMS[:3], [1, None, 2], "meta")
+    scores = sampling.decision_scores(torch.empty(3, V, device="meta"), settings,
+                                      torch.zeros(3, dtype=torch.int64, device="meta"))
+    assert scores.shape == (3, V) and scores.device.type == "meta" and scores.dtype == torch.float64
