@@ -51,7 +51,7 @@ SELECTION = {
                            "tests/engine/test_engine_seams.py", "tests/engine/test_sampling_decisions.py"],
     "engine/prefix_cache.py": ["tests/engine/test_prefix_cache_blocks.py", "tests/engine/test_engine_seams.py"],
     "engine/launch.py": ["tests/parallel/test_launch.py", "tests/parallel/test_launch_environment.py"],
-    "kernels/portable.py": ["tests/test_portable.py", "tests/test_portable_reductions.py"],
+    "kernels/portable.py": ["tests/test_portable.py", "tests/test_portable_reductions.py", "tests/test_portable_chunks.py"],
 }
 
 
