@@ -118,7 +118,8 @@ def test_the_fused_operands_of_a_batch():
     from lockstep.engine.request import seed_as_int64
     from lockstep.kernels.sampling import GREEDY, SEEDED, fused_temperature
 
-    params = [SamplingParams(greedy=True), SamplingParams(temperature=0.5), SamplingParams(temperature=2.0, top_k=3)]
+    params = [SamplingParams(temperature=0.5, greedy=True), SamplingParams(temperature=0.5),
+              SamplingParams(temperature=2.0, top_k=3)]
     s = sampling.row_settings(params, [None, 7, -9], "cpu")
     modes, temps, seeds, keep_idx = s.fused
     assert modes.dtype == torch.int32 and modes.tolist() == [GREEDY, SEEDED, SEEDED]
@@ -159,6 +160,9 @@ def test_which_path_samples(monkeypatch):
     unseeded = sampling.row_settings([SamplingParams(), SamplingParams()], [1, None], "cpu")
     got = sampling.sample_with(logits, unseeded, positions, torch.Generator().manual_seed(0), fused=True)
     assert got.tolist() != [99, 99] and len(calls) == 1, "no fused operands: the torch path even when asked"
+    monkeypatch.setattr(sampling, "use_fused", lambda device: True)          # as on a GPU
+    assert sampling.sample_with(logits, seeded, positions).tolist() == [99, 99], "fused None: use_fused decides"
+    assert sampling.sample_with(logits, seeded, positions, fused=False).tolist() != [99, 99]
 
 
 def test_the_decision_scores_are_made_on_the_logits_device():
