@@ -74,3 +74,71 @@ def test_exp64_at_its_overflow_and_underflow_edges():
     assert y[5:].tolist() == [0.0, 0.0, math.inf, 0.0]
     assert torch.equal(portable.exp64(x.float()), portable.exp64(x.float().double())), \
         "a float32 input is computed in float64"
+
+
+def test_scalar_log_is_log64_of_the_float64_value():
+    for v in (0.1, 2.0, 1e-300, 7.5e300):
+        assert portable.scalar_log(v) == portable.log64(torch.tensor([v], dtype=torch.float64))[0].item()
+    assert portable.scalar_log(0.1) != portable.log64(torch.tensor([0.1], dtype=torch.float32).double())[0].item(), \
+        "0.1 taken as a double, not rounded to float32 first"
+
+
+def test_sqrt_takes_float32_or_float64_only():
+    x = torch.tensor([2.0, 0.5], dtype=torch.float64)
+    assert torch.equal(portable.sqrt(x), portable.sqrt64(x)) and portable.sqrt(x).dtype == torch.float64
+    assert portable.sqrt(x.float()).dtype == torch.float32
+    with pytest.raises(TypeError) as e:
+        portable.sqrt(x.half())
+    assert str(e.value) == "portable.sqrt: float32 or float64, got torch.float16"
+
+
+def test_sqrt64_is_correctly_rounded_for_subnormals_and_its_specials():
+    """Against math.sqrt (correctly rounded by IEEE 754), over subnormals, normals of every scale
+    and the specials: sqrt(-0) = -0, 0 stays 0, a negative number or NaN gives NaN."""
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(1, 1 << 52, (300,), generator=g)                          # subnormals
+    normal = torch.randint(1 << 52, 0x7FF0000000000000, (700,), generator=g)       # every exponent
+    x = torch.cat([bits, normal, torch.tensor([1, 2, 3, (1 << 52) - 1, 1 << 52])]).view(torch.float64)
+    want = torch.tensor([math.sqrt(v) for v in x.tolist()], dtype=torch.float64)
+    assert torch.equal(portable.sqrt64(x).view(torch.int64), want.view(torch.int64))
+    specials = portable.sqrt64(torch.tensor([-0.0, 0.0, 1.0, -1.0, -5e-324, math.inf, -math.inf, math.nan],
+                                            dtype=torch.float64))
+    assert specials[:3].tolist() == [0.0, 0.0, 1.0] and math.copysign(1, specials[0]) == -1.0
+    assert math.copysign(1, specials[1]) == 1.0 and specials[5] == math.inf
+    assert all(math.isnan(v) for v in specials[[3, 4, 6, 7]].tolist())
+
+
+def test_sqrt32_is_correctly_rounded_for_small_and_large_float32():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(1, 0x7F800000, (2000,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    x = torch.cat([x, torch.tensor([1e-45, 1.2e-38, 3.4e38])])
+    want = torch.tensor([math.sqrt(v) for v in x.tolist()], dtype=torch.float64).to(torch.float32)
+    got = portable.sqrt32(x)
+    assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_softmax_and_log_softmax_take_each_rows_own_maximum_along_dim():
+    x = torch.tensor([[0.0, 1.0, 2.0], [1000.0, 1001.0, 999.0]], dtype=torch.float64)
+    for dim in (-1, 1, 0):
+        s, ls = portable.softmax(x, dim=dim), portable.log_softmax(x, dim=dim)
+        assert not s.isnan().any() and torch.allclose(s.sum(dim), torch.ones(1, dtype=torch.float64))
+        assert torch.allclose(ls, torch.log_softmax(x, dim=dim), atol=1e-12, rtol=0)
+    t = x.T.contiguous()
+    assert torch.equal(portable.softmax(x, dim=0), portable.softmax(t, dim=-1).T), "dim 0 is the rows of the transpose"
+    assert torch.equal(portable.log_softmax(x, dim=0), portable.log_softmax(t, dim=-1).T)
+
+
+def test_sincos64_domain_ends_at_1_6e6_inclusive():
+    sin, cos = portable.sincos64(torch.tensor([1.6e6, 1600000.5, 2e6, math.inf, 1.0], dtype=torch.float64))
+    assert math.isfinite(sin[0]) and math.isfinite(cos[0])
+    assert all(math.isnan(v) for v in sin[1:4].tolist()) and all(math.isnan(v) for v in cos[1:4].tolist())
+    s32, c32 = portable.sincos64(torch.tensor([0.3, 2.5], dtype=torch.float32))
+    s64, c64 = portable.sincos64(torch.tensor([0.3, 2.5], dtype=torch.float32).double())
+    assert torch.equal(s32, s64) and torch.equal(c32, c64) and s32.dtype == torch.float64
+
+
+def test_prefix_sum_along_an_inner_dim():
+    x = torch.randn(3, 7, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    got = portable.prefix_sum(x, dim=-1)
+    assert torch.equal(got, torch.stack([portable.prefix_sum(row) for row in x]))
+    assert torch.equal(portable.prefix_sum(x, dim=0), portable.prefix_sum(x.T.contiguous(), dim=-1).T)
