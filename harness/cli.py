@@ -36,7 +36,7 @@ _columns, StatusTable), session.py (CheckSession: counts, stale goldens, tempora
 both reports; was the second half of cmd_check and _exit_code), check.py (cmd_check, _explain_pass),
 listing.py (cmd_list, cmd_validate), regen.py, report.py (cmd_report, cmd_expectations), suite.py,
 doctor.py, make_checkpoint.py, generate.py; the argument types in options.py, the exit codes in
-exits.py. The replay commands' parsers and bodies stay in harness/replay/commands.py.
+exits.py. The replay commands' parsers and bodies stay in harness/commands/replay.py.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from lockstep.harness.commands.options import (Parser, bound, deprecated, int_at
                                                tag, token_ids, world_sizes)
 from lockstep.harness.errors import UsageError, full_traceback, located, where, write_failure  # noqa: F401 - UsageError: also harness.cli's
 from lockstep.harness.limits import MAX_CHECKPOINT_GB, MAX_DOCTOR_INPUTS, MAX_GENERATE_SECONDS, WORLD_SIZES
-from lockstep.harness.replay.commands import add_commands as add_replay_commands
-from lockstep.harness.suite import parse_mapping
+from lockstep.harness.commands.replay import add_commands as add_replay_commands
+from lockstep.harness.suite_paths import parse_mapping
 from lockstep.harness.jsonout import documents_only
 from lockstep.harness.version import DISTRIBUTION, version
 
@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tool_parsers(sub)
     _generate_parser(sub)
     _show_parsers(sub)
-    add_replay_commands(sub)      # record, replay, import-peer, promote: harness/replay/commands.py
+    add_replay_commands(sub)      # record, replay, import-peer, promote: harness/commands/replay.py
     return parser
 
 

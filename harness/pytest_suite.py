@@ -34,7 +34,7 @@ def pytest_configure(config):
         torch.set_num_threads(1)
     from lockstep.harness.memory import keep_freed_memory
     keep_freed_memory()             # spec items and tests alike: fewer page faults, no bit changes
-    from lockstep.harness.suite import map_checkpoints, parse_mapping
+    from lockstep.harness.suite_paths import map_checkpoints, parse_mapping
     base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
     try:
         map_checkpoints(parse_mapping(line, base) for line in config.getini("lockstep_checkpoints"))
@@ -108,8 +108,8 @@ def _load_target(name: str, explicit: Path | None = None) -> tuple:
     """(target, its expectations), loaded once per session; a target that cannot load, or a bad
     expectations file, is a usage error."""
     from lockstep.harness.targets import UnknownTarget, get
-    from lockstep.harness.targets.base import NotApplicable, UpstreamChanged
-    from lockstep.harness.targets.check import load_expectations
+    from lockstep.harness.target import NotApplicable, UpstreamChanged
+    from lockstep.harness.targets import load_expectations
 
     try:
         target = get(name)
@@ -268,7 +268,7 @@ def _pairs(config, golden: Path) -> tuple:
 
 
 def _at_dtype(target, dtype: str | None):
-    """The target at --lockstep-dtype, as `check --target --dtype` (harness/targets/check.py)."""
+    """The target at --lockstep-dtype, as `check --target --dtype` (harness/commands/targets.py)."""
     declared = getattr(target, "dtype", "fp32")
     if dtype is None or dtype == declared:
         return target
@@ -332,7 +332,7 @@ class SpecItem(pytest.Item):
             raise SpecFailure(out.report(debug=True))
 
     def _run_on_target(self, store):
-        from lockstep.harness.targets.check import verdict
+        from lockstep.harness.targets.expectfile import verdict
         from lockstep.harness.targets.judge import FAIL, NA, run_on_target
 
         target, expected = self.config.stash[_TARGET]

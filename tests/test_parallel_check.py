@@ -1,4 +1,4 @@
-"""`lockstep check -j N` (harness/parallel.py) reports exactly what a serial run reports: the same
+"""`lockstep check -j N` (harness/workers.py) reports exactly what a serial run reports: the same
 table and report in the same order, the same JSON document and the same exit code, the seconds
 aside. The project mixes a pass, a mismatch (an edited spec against its old golden) and a missing
 golden, so the order of non-passing rows and the exit code are both at stake."""

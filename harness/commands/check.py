@@ -2,7 +2,7 @@
 
 `cmd_check` is the one place the check command's logic lives: it loads the selection, runs the
 self-check, forks to another target (harness/targets) or runs each planned row through
-harness.runner (in worker processes with -j, harness/parallel.py), and hands every outcome to a CheckSession (harness/commands/session.py), which
+harness.runner (in worker processes with -j, harness/workers.py), and hands every outcome to a CheckSession (harness/commands/session.py), which
 owns the counts, stale goldens, temporary files, exit code and both reports.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from lockstep.harness import parallel, runner
+from lockstep.harness import runner, workers
 from lockstep.harness.commands import laststate
 from lockstep.harness.commands.display import Progress
 from lockstep.harness.commands.selection import context, golden_exists, golden_ids, load, plan, stale_goldens
@@ -18,7 +18,7 @@ from lockstep.harness.commands.session import CheckSession
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
 from lockstep.harness.jsonout import emit
-from lockstep.harness.targets.check import check_against_expectations, target_context, target_for
+from lockstep.harness.commands.targets import check_against_expectations, target_context, target_for
 
 
 def cmd_check(args, explain: bool = False) -> int:
@@ -52,12 +52,12 @@ def cmd_check(args, explain: bool = False) -> int:
 def _run_rows(session: CheckSession, store: GoldenStore, args) -> None:
     """Each planned row through the runner, its table row printed as it finishes (stderr progress
     lines instead under --json)."""
-    jobs = getattr(args, "jobs", None) or parallel.default_jobs()     # a bad $LOCKSTEP_JOBS: before any output
+    jobs = getattr(args, "jobs", None) or workers.default_jobs()     # a bad $LOCKSTEP_JOBS: before any output
     table = session.table()
     progress = Progress(len(session.rows), lines=args.json)
     if session.rows and not args.json:
         print(table.header(), flush=True)
-    checked = parallel.check_rows(session.rows, store, args.strict, jobs, waiting=progress.show)
+    checked = workers.check_rows(session.rows, store, args.strict, jobs, waiting=progress.show)
     for i, outcome in enumerate(checked, 1):   # in the serial order, whatever order the workers finish in
         session.add(outcome)
         progress.clear()

@@ -52,7 +52,7 @@ from lockstep.harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT
 from lockstep.harness.locate import Located, RequestBits, first_divergence, locate
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
-from lockstep.harness.targets.base import CALIBRATED, TOLERANCE, NotApplicable, TargetInterface
+from lockstep.harness.target import CALIBRATED, TOLERANCE, NotApplicable, TargetInterface
 from lockstep.engine.request import Request, Result as Generation, SamplingParams
 
 NAME = "generate"

@@ -36,7 +36,7 @@ from lockstep.harness.limits import MAX_REQUEST_TOKENS
 from lockstep.harness.platform import SHARED
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Any_, Field, Int, List, Map, Problem, Str, describe
-from lockstep.harness.targets.base import BITWISE, TOLERANCE, NotApplicable, Refused, TargetInterface
+from lockstep.harness.target import BITWISE, TOLERANCE, NotApplicable, Refused, TargetInterface
 from lockstep.engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config
 from lockstep.engine.config import preset
 

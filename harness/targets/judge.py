@@ -7,7 +7,7 @@ kind applies to a target, and how its result is compared, live in that module to
 
 - n/a: the target lacks an operation or feature the spec needs (`NotApplicable`, with its reason);
 - the kind's own checks (`check`), except that an expected refusal is judged by its facts
-  (harness/targets/base.py, "Refusals"): the kind's `refusal(result)` gives the message;
+  (harness/target.py, "Refusals"): the kind's `refusal(result)` gives the message;
 - the golden, when the kind compares with one: bitwise (the same golden bit for bit) or within
   CROSS_ATOL + CROSS_RTOL |golden| (two implementations of one whole model);
 - a crash of the implementation under test: a failure with one located line.
@@ -31,7 +31,7 @@ from lockstep.harness.errors import full_traceback, where
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.specfile import Spec
-from lockstep.harness.targets.base import (BITWISE, CALIBRATED, CHI_SQUARE, TOLERANCE,  # noqa: F401
+from lockstep.harness.target import (BITWISE, CALIBRATED, CHI_SQUARE, TOLERANCE,  # noqa: F401
                                            NotApplicable, Target, UpstreamChanged)
 
 PASS, FAIL, NA = "pass", "fail", "n/a"

@@ -2,7 +2,7 @@
 
 `run_ops(ctx)` builds them for the run's context: the device, the kernel backend (torch or
 triton), the dtype policy, plus the extra topologies of `--world-size`; `engine(ctx)` and `load()`
-(the defaults) in harness/targets/lockstep.py wrap them. harness/targets/base.py documents each
+(the defaults) in harness/targets/lockstep.py wrap them. harness/target.py documents each
 operation and its features, those only Lockstep's engine exposes (backend agreement, its kernel
 interface, internals the kinds pin) included: a peer lacks those, and the spec is n/a there with
 the reason. One model cache (harness.checkpoints.model_at) and one draft cache (`draft`).
@@ -15,7 +15,7 @@ import functools
 import torch
 
 from lockstep.harness.result import RunContext
-from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, Op
+from lockstep.harness.target import CPU, CUDA, INTERPRETER, Op
 from lockstep.kernels.coins import gumbel_from_hash, murmur_hash32_torch, murmur_hash32_triton, verify_coins
 
 EVERY = (CPU, INTERPRETER, CUDA)

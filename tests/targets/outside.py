@@ -22,7 +22,7 @@ import torch
 import lockstep.engine.sampling as sampling
 from lockstep.engine.generate import generate
 from lockstep.engine.model import GptOssModel
-from lockstep.harness.targets.base import CPU, Op, Target
+from lockstep.harness.target import CPU, Op, Target
 
 PLANTS = ("faithful", "seed-offset", "coin-position", "bf16-logprobs", "batch-logprobs", "window", "crash")
 

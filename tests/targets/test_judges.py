@@ -20,7 +20,7 @@ SEEDED = "generate/top-k"          # seeded top-k sampling, four requests, batch
 
 
 def check(monkeypatch, capsys, target, *args) -> tuple[int, dict]:
-    monkeypatch.setattr("lockstep.harness.targets.check.get", lambda name: target)
+    monkeypatch.setattr("lockstep.harness.commands.targets.get", lambda name: target)
     code = main(["check", "--target", "outside", "--json", *args])
     return code, json.loads(capsys.readouterr().out)
 
@@ -84,7 +84,7 @@ def test_a_crash_leads_with_the_exception_and_reproduces_from_anywhere(monkeypat
 
 
 def test_a_dtype_other_than_the_declared_one_is_refused(monkeypatch, capsys):
-    monkeypatch.setattr("lockstep.harness.targets.check.get", lambda name: engine("faithful", "bf16"))
+    monkeypatch.setattr("lockstep.harness.commands.targets.get", lambda name: engine("faithful", "bf16"))
     assert main(["check", "--target", "outside", "--dtype", "fp32", SEEDED]) == 2
     assert "runs the bf16 policy only" in capsys.readouterr().err
 

@@ -25,7 +25,7 @@ exits 1 and names each difference, for example (the file edited on purpose):
       FAILS DIFFERENTLY layer_ids/error-negative: the resolver accepted the ids (boundaries [5, 10]); the spec expects an error
         expected: the resolver accepted the ids (boundaries [4, 10]); the spec expects an error
 
-`verdict` judges one outcome against its entry; the pytest plugin's --lockstep-target uses it too.
+`expectfile.verdict` judges one outcome against its entry; the pytest plugin's --lockstep-target uses it too.
 """
 
 from __future__ import annotations
@@ -37,22 +37,11 @@ from pathlib import Path
 
 from lockstep.harness.errors import UsageError, located
 from lockstep.harness.golden import GoldenStore
-from lockstep.harness.targets import expectations_path, get
-from lockstep.harness.targets.base import NotApplicable, Target, TargetInterface, UpstreamChanged
-from lockstep.harness.targets.expectfile import same
+from lockstep.harness.targets import expectations_path, get, load_expectations
+from lockstep.harness.target import NotApplicable, Target, TargetInterface, UpstreamChanged
+from lockstep.harness.targets.expectfile import compare, unrun
 from lockstep.harness.targets.lockstep import engine
 from lockstep.harness.targets.judge import FAIL, NA, PASS, run_on_target
-
-def load_expectations(target: Target, explicit: Path | None = None) -> dict:
-    """The failures expected of `target` ({} when no file applies); ExpectationsError (a
-    ValueError naming file and line) for a bad or inapplicable file."""
-    from lockstep.harness.targets.expectfile import load
-
-    path = expectations_path(target, explicit)
-    if path is None or (explicit is None and not path.is_file()):
-        return {}
-    return load(path, target.name, target.version)
-
 
 def _expected(target: Target, args) -> dict:
     """load_expectations for the CLI: a bad file is a usage error (exit 2), located."""
@@ -62,32 +51,6 @@ def _expected(target: Target, args) -> dict:
         return load_expectations(target, getattr(args, "expectations", None))
     except ExpectationsError as e:
         raise _usage(str(e)) from None
-
-
-def verdict(outcome, want: dict | None) -> str | None:
-    """How one outcome differs from its expectation (`want`: its entry in the expectations file,
-    or None), or None when it matches. The CLI (`compare`) and the pytest plugin share this."""
-    o = outcome
-    if o.status == FAIL and want is None:
-        return f"NEW FAILURE {o.spec.id}: {o.message}"
-    if o.status == FAIL and not same(want["observed"], o.message):
-        return f"FAILS DIFFERENTLY {o.spec.id}: {o.message}\n    expected: {want['observed']}"
-    if o.status != FAIL and want is not None:
-        what = "now passes" if o.status == PASS else f"is now n/a ({o.message})"
-        return f"EXPECTED FAILURE {what}: {o.spec.id} (remove it from the expectations)"
-    return None
-
-
-def compare(outcomes, expected: dict, selected_ids: set[str] = frozenset()) -> list[str]:
-    """Differences between the outcomes and the expectations (empty: they match exactly).
-    Entries for specs that did not run (not selected, or in another spec directory) are not
-    differences: `unrun` lists them, and the CLI warns."""
-    return [p for p in (verdict(o, expected.get(o.spec.id)) for o in outcomes) if p]
-
-
-def unrun(outcomes, expected: dict) -> list[str]:
-    """Expected failures of specs this run did not include."""
-    return sorted(set(expected) - {o.spec.id for o in outcomes})
 
 
 def load_target(name: str) -> Target:

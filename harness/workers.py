@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 
 from lockstep.engine import lifeline
-from lockstep.harness import runner, suite
+from lockstep.harness import runner, suite_paths
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
 from lockstep.harness.memory import keep_freed_memory
@@ -91,7 +91,7 @@ def _run_rows(rows, call, jobs, waiting, dead) -> Iterator:
 
     lifeline.sweep()                          # the folders of runs that were killed
     shared = os.environ.get(SHARED_ENV) or lifeline.run_folder("lockstep-shared-checkpoints")
-    pool = _Pool(jobs, (suite.explicit_mappings(), shared))
+    pool = _Pool(jobs, (suite_paths.explicit_mappings(), shared))
     try:
         pool.start([(call, (spec, ctx)) for spec, ctx, _ in rows])
         for i, (spec, ctx, folder) in enumerate(rows, 1):
@@ -243,7 +243,7 @@ def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
 
     torch.set_num_threads(1)
     keep_freed_memory()
-    suite.map_checkpoints(mapped.items())
+    suite_paths.map_checkpoints(mapped.items())
 
 
 def _dead_check(spec, folder: str, why) -> runner.Outcome:
