@@ -7,7 +7,7 @@
     lockstep replay TRACE [--mode free-run|teacher-forced] [--tp --ep --backend --max-batch --prefill-chunk
                           --order 1,0] [--near-tie 1e-3] [--json]
     lockstep import-peer PEER.json --format vllm|sglang|rollouts|hf --checkpoint DIR [--threshold 1e-3] [--json]
-    lockstep promote TRACE SPEC_ID [--requests 0,2] [--specs DIR]
+    lockstep promote TRACE SPEC_ID [--request-indices 0,2] [--specs DIR] [--threshold 1e-3]
 
 A request file has one JSON object a line: {"prompt": [ids], "seed": 7, "sampling": {"temperature":
 0.8, "max_new_tokens": 16, ...}} (engine.sampling.SamplingParams' fields). Exit codes: 0 bitwise
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 
@@ -105,14 +106,16 @@ def _parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_import_peer)
 
-    p = sub.add_parser("promote", help="turn a trace into a generate spec (then record its golden with regen)")
-    p.add_argument("trace", type=Path, metavar="TRACE", help="a trace file written by record")
+    p = sub.add_parser("promote", help="turn a trace into a regression spec (then record its golden with regen)")
+    p.add_argument("trace", type=Path, metavar="TRACE", help="a trace file written by record, or by import-peer --out")
     p.add_argument("spec_id", metavar="SPEC_ID", help="e.g. replay/incident-42 (written under specs/)")
     p.add_argument("--request-indices", dest="requests", type=int_list, metavar="I[,I...]",
                    help="only these request indices, e.g. 0,2")
     deprecated(p, "--requests", "--request-indices", "requests", type=int_list)
     p.add_argument("--description", default=None, help="the spec's description (default: names the trace)")
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
+    p.add_argument("--threshold", type=bound, default=1e-3,
+                   help="another engine's trace: the |Δlogprob| the teacher-forced spec accepts (default 1e-3)")
     p.set_defaults(func=cmd_promote)
 
 
@@ -418,8 +421,9 @@ def cmd_promote(args) -> int:
     try:
         trace = read_trace(args.trace)
         _check_manifest(trace, args.trace)
-        path = promote(trace, args.spec_id, args.requests, args.description, args.specs)
+        path = promote(trace, args.spec_id, args.requests, args.description, args.specs, threshold=args.threshold)
     except (ValueError, OSError) as e:
         return _fail(str(e))
-    print(f"wrote {path}; record its golden with: lockstep regen '{args.spec_id}'")
+    specs = "" if args.specs == Path("specs") else f" --specs {shlex.quote(str(args.specs))}"
+    print(f"wrote {path}; record its golden with: lockstep regen{specs} {shlex.quote(args.spec_id)}")
     return EXIT_OK
