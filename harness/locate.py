@@ -18,9 +18,9 @@ Two levels, both reported with harness.compare's tensor report:
 
    When the first op that differs is an attention (its inputs, this step's q, k and v, are equal),
    it may only be reading what an earlier step wrote into the KV cache: an earlier step can part
-   inside (a norm, a projection) while its own token and logprob round to the same bits. The
-   earlier steps are then re-run, op-traced, from step 0 up (at most MAX_EARLIER of them), and the
-   report names the earliest whose op trace differs and its first op, or says that none does.
+   inside (a norm, a projection) while its own token and logprob round to the same bits. Each
+   side then runs once more, op-traced at every earlier step (at most MAX_EARLIER of them), and
+   the report names the earliest whose op trace differs and its first op, or says that none does.
 
 A golden keeps level 1's inputs (tokens, logprobs, captured states, accept lengths), not the
 ops, and the code that recorded it cannot be re-run, so a golden mismatch is located at level 1.
@@ -194,7 +194,7 @@ def describe_op(name: str) -> str:
     return (f"layer {layer}, " if layer is not None else "") + OPS.get(op, op)
 
 
-MAX_EARLIER = 16          # earlier steps re-run (two runs each) to find a difference the KV cache carries
+MAX_EARLIER = 16          # earlier steps traced (one more run a side) for a difference the KV cache carries
 
 
 @dataclass
@@ -320,14 +320,50 @@ def locate(sides: tuple[str, str], divergence: Divergence, rerun_reference: Call
 
 def _earlier(d: Divergence, reader: str, rerun_reference, rerun_other, rows: tuple[int, int],
              sides: tuple[str, str]) -> CacheCarry:
-    """The earliest of steps 0 .. d.step - 1 (at most MAX_EARLIER) whose op trace differs."""
+    """The earliest of steps 0 .. d.step - 1 (at most MAX_EARLIER) whose op trace differs: one more
+    run of each side, observed at all those steps at once."""
     carry = CacheCarry(reader, d.step, min(d.step, MAX_EARLIER), d.speculative)
-    for k in range(carry.compared):
-        traces = Trace(rows[0], k), Trace(rows[1], k)
-        rerun_reference(traces[0])
-        rerun_other(traces[1])
-        found = compare_traces(*traces, sides).op
+    steps = range(carry.compared)
+    ref, other = StepsTrace(rows[0], steps), StepsTrace(rows[1], steps)
+    rerun_reference(ref)
+    rerun_other(other)
+    for k, a, b in zip(steps, ref.parts, other.parts):
+        found = compare_traces(a, b, sides).op
         if found is not None:
             carry.step, carry.op = k, found.name
             break
     return carry
+
+
+class StepsTrace:
+    """An engine observer that keeps one request's rows at several steps: an engine.trace.Trace
+    per step, each told everything the run tells an observer (it keeps only its own step's)."""
+
+    def __init__(self, request: int, steps):
+        self.parts = [Trace(request, k) for k in steps]
+
+    def rows(self, requests, steps) -> None:
+        for p in self.parts:
+            p.rows(requests, steps)
+
+    def event(self, request: int, step: int, name: str, value) -> None:
+        for p in self.parts:
+            p.event(request, step, name, value)
+
+    def begin(self, positions: torch.Tensor) -> None:
+        for p in self.parts:
+            p.begin(positions)
+
+    @property
+    def recording(self) -> bool:
+        return any(p.recording for p in self.parts)
+
+    def record(self, name: str, t, rows: torch.Tensor | None = None) -> None:
+        for p in self.parts:
+            p.record(name, t, rows)
+
+    def merge(self, other: "StepsTrace") -> None:
+        """A rank's copy sent back (engine.parallel.run_at)."""
+        if other is not self:
+            for p, q in zip(self.parts, other.parts):
+                p.merge(q)
