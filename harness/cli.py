@@ -118,9 +118,11 @@ def _running(p: argparse.ArgumentParser) -> None:
                                                              "here; regen: every pair the spec supports)")
     p.add_argument("--backend", choices=["torch", "triton"], help="engine kernel backend (default: as --dtype)")
     p.add_argument("--world-size", type=world_sizes, default=[], metavar="W[,W...]",
-                   help="also run generate specs at tensor parallel tp=W and expert parallel ep=W, W in "
-                        f"{{{', '.join(map(str, WORLD_SIZES))}}} (torch.distributed; gloo on CPU, NCCL on GPU) "
-                        "and require the one-device bits")
+                   help="also run each generate spec split over W processes, once tensor parallel (tp=W ep=1) "
+                        "and once expert parallel (tp=1 ep=W), and require the one-device bits; W in "
+                        f"{{{', '.join(map(str, WORLD_SIZES))}}}, each once (1 adds no run). A split the spec's "
+                        "model cannot take or this machine cannot launch is not run, and the spec's notes name "
+                        "it. Lockstep's engine only (torch.distributed: gloo on CPU, NCCL on GPU)")
 
 
 def _json(p: argparse.ArgumentParser, more: str = "") -> None:

@@ -161,3 +161,25 @@ def test_missing_spec_dir(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out = run(capsys, "check")
     assert code == 2 and "no spec directory" in out
+
+
+def test_world_size_runs_each_split_once_as_its_help_says(capsys):
+    """`--world-size W` adds (tp=W, ep=1) and (tp=1, ep=W) per W, never tp=W x ep=W; 1 adds none;
+    a split the model cannot take is named, not run. The help says the same."""
+    from lockstep.engine.config import preset
+    from lockstep.harness.kinds.generate import _topologies
+    from lockstep.harness.platform import detect
+    from lockstep.harness.result import RunContext
+    from lockstep.harness.specfile import parse_spec
+
+    spec = parse_spec("kind: generate\ndescription: d\ninputs:\n  checkpoint: {preset: tiny, seed: 0}\n"
+                      "  requests: [{prompt: [1, 2], sampling: {greedy: true, max_new_tokens: 1}}]\n",
+                      "g.yaml", "generate/g")
+    ctx = RunContext(detect("cpu"), world_sizes=(1, 2, 4))
+    ran, skipped = _topologies(spec, ctx, preset("tiny"))
+    assert ran == [(2, 1), (1, 2), (1, 4)]
+    assert skipped == ["tp=4 ep=1: tp=4 must divide num_key_value_heads=2 (unsupported split)"]
+    assert main(["check", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "once tensor parallel (tp=W ep=1) and once expert parallel (tp=1 ep=W)" in text
+    assert "(1 adds no run)" in text
