@@ -217,11 +217,13 @@ def _target_parsers(sub) -> None:
 def _tool_parsers(sub) -> None:
     """The tools: suite, doctor, make-checkpoint."""
     p = sub.add_parser("suite", help="print the installed suite's folder (its specs/, golden/ and models/)")
+    _json(p)
     _debug(p)
     p.set_defaults(func=command("suite", "cmd_suite"))
     p = sub.add_parser("doctor", help="check that every primitive of the CPU reference is IEEE on this machine")
     p.add_argument("--inputs", type=int_at_least(1024, MAX_DOCTOR_INPUTS), default=65536,
                    help=f"inputs per op (default 65536, at most {MAX_DOCTOR_INPUTS})")
+    _json(p)
     _debug(p)
     p.set_defaults(func=command("doctor", "cmd_doctor"))
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
@@ -234,6 +236,7 @@ def _tool_parsers(sub) -> None:
     p.add_argument("--max-gb", type=bound, default=MAX_CHECKPOINT_GB, metavar="GB",
                    help=f"refuse to write more parameter bytes than this (default {MAX_CHECKPOINT_GB:g})")
     p.add_argument("out", type=Path, metavar="OUT")
+    _json(p, " (the progress stays on stderr)")
     _debug(p)
     p.set_defaults(func=command("make_checkpoint", "cmd_make_checkpoint"))
 
@@ -256,6 +259,7 @@ def _show_parsers(sub) -> None:
     p = sub.add_parser("diff-driver", help="install the git diff driver that shows goldens' values in git diff")
     p.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: .)")
     p.add_argument("--uninstall", action="store_true", help="remove the driver from the repository's .git/config")
+    _json(p)
     _debug(p)
     p.set_defaults(func=command("show", "cmd_diff_driver"))
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from lockstep.harness.commands.options import (bound, deprecated, int_at_least, int_list, per_prompt_seeds, seeds,
                                                token_ids)
 from lockstep.harness.errors import check_output_file
-from lockstep.harness.jsonout import emit, replay_document
+from lockstep.harness.jsonout import emit, print_document, replay_document, tool_document
 from lockstep.harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
 from lockstep.harness.replay.format import Trace, TraceError, f32_from_bits, read_trace, write_trace
 
@@ -116,6 +116,7 @@ def _parsers(sub) -> None:
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
     p.add_argument("--threshold", type=bound, default=1e-3,
                    help="another engine's trace: the |Δlogprob| the teacher-forced spec accepts (default 1e-3)")
+    p.add_argument("--json", action="store_true", help="machine-readable output, one document on stdout")
     p.set_defaults(func=cmd_promote)
 
 
@@ -170,6 +171,7 @@ def _record_parser(sub) -> None:
                    help=f"on the CPU, refuse a recording estimated above S seconds (default {MAX_GENERATE_SECONDS})")
     p.add_argument("--max-gb", type=bound, default=MAX_RECORD_GB, metavar="GB",
                    help=f"refuse a KV cache larger than this (default {MAX_RECORD_GB:g})")
+    p.add_argument("--json", action="store_true", help="machine-readable output, one document on stdout")
     p.set_defaults(func=cmd_record)
 
 
@@ -344,6 +346,13 @@ def cmd_record(args) -> int:
     except (ValueError, OSError) as e:
         return _fail(str(e))
     n = sum(len(s) for s in trace.steps)
+    if args.json:
+        m = trace.manifest
+        print_document(tool_document("record", True, out=str(args.out), source=m["source"], engine=m["engine"],
+                                     settings=m["settings"], platform=m["platform"]["name"],
+                                     checkpoint_sha256=m["checkpoint"]["sha256"], requests=len(trace.requests),
+                                     steps=n, finish_reasons=[r["finish_reason"] for r in trace.requests]))
+        return EXIT_OK
     via = f" from target {trace.manifest['engine']['name']}-{trace.manifest['engine']['version']}" if args.target else ""
     print(f"recorded {len(trace.requests)} requests, {n} steps{via} to {args.out}")
     return EXIT_OK
@@ -425,5 +434,13 @@ def cmd_promote(args) -> int:
     except (ValueError, OSError) as e:
         return _fail(str(e))
     specs = "" if args.specs == Path("specs") else f" --specs {shlex.quote(str(args.specs))}"
-    print(f"wrote {path}; record its golden with: lockstep regen{specs} {shlex.quote(args.spec_id)}")
+    regen = f"lockstep regen{specs} {shlex.quote(args.spec_id)}"
+    if args.json:
+        import yaml
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        print_document(tool_document("promote", True, spec_id=args.spec_id, path=str(path), kind=doc["kind"],
+                                     source=trace.manifest.get("source"), requests=len(doc["inputs"]["requests"]),
+                                     expect=doc["expect"], regen=regen))
+        return EXIT_OK
+    print(f"wrote {path}; record its golden with: {regen}")
     return EXIT_OK
