@@ -115,3 +115,11 @@ def test_a_peer_spec_with_bad_values_is_refused(tmp_path, peer_trace, edit, word
     edit(doc)
     with pytest.raises(SpecErrors, match=words):
         _spec(doc)
+
+
+def test_a_peer_spec_holds_at_most_eight_requests(tmp_path, peer_trace):
+    t = read_trace(peer_trace)
+    t.requests, t.steps = t.requests * 5, t.steps * 5                   # 10 requests
+    with pytest.raises(TraceError, match="at most 8 requests.*--request-indices"):
+        promote(t, "replay/many", specs_dir=tmp_path, check=False)
+    assert promote(t, "replay/some", list(range(8)), specs_dir=tmp_path, check=False).exists()
