@@ -13,7 +13,7 @@ use the tiny presets:
 
 In memory (--shape): the model is built with random weights directly on --device (bench/e2e.py's
 random_weights and engine_model: no checkpoint file, so the 20b shape needs no 13-40 GB write),
-and the script times prefill-shaped teacher forcing (harness.replay.run.teacher_force_prefill, as
+and the script times prefill-shaped teacher forcing (engine.teacher_forcing.teacher_force, as
 `lockstep replay --mode teacher-forced --forced-shape prefill` runs it, then replay's per-step
 verdicts against the recording) of R requests x N tokens, against baselines measured in the same
 process on the same tokens, chunks and groups: a plain prefill (the logits of one row per request
@@ -43,7 +43,8 @@ from lockstep.harness.replay.format import Trace  # noqa: E402
 from lockstep.harness.replay.observe import StepLog  # noqa: E402
 from lockstep.harness.replay.record import build_trace  # noqa: E402
 from lockstep.harness.replay.replay import Verdict, replay  # noqa: E402
-from lockstep.harness.replay.run import Setup, run, teacher_force_prefill  # noqa: E402
+from lockstep.engine.teacher_forcing import teacher_force  # noqa: E402
+from lockstep.harness.replay.run import Setup, run  # noqa: E402
 
 
 def main():
@@ -130,7 +131,7 @@ def _median_seconds(fn, device, repeat):
 
 def _forwards(model, seqs, chunk, group, all_rows):
     """The forwards of a prefill of `seqs` in chunks of `chunk` positions, `group` sequences per
-    forward (teacher_force_prefill's schedule), without reading logprobs: the logits of every row
+    forward (teacher_force's schedule), without reading logprobs: the logits of every row
     (all_rows) or of one row per sequence per forward."""
     import torch
     dev = model.device
@@ -190,7 +191,7 @@ def in_memory(args):
 
     with torch.inference_mode():
         # the recording: the same tokens teacher-forced at half the chunk and half the group
-        rec = teacher_force_prefill(model, reqs, forced, max(1, chunk // 2), max(1, group // 2))
+        rec = teacher_force(model, reqs, forced, max(1, chunk // 2), max(1, group // 2))
         trace = Trace({}, [], [[{"request": i, "step": k, "token": t, "logprob_bits": f32_bits(float(lp)),
                                  "logits_sha256": None, "experts": []}
                                 for k, (t, lp) in enumerate(zip(forced[i], r.logprobs.tolist()))]
@@ -199,7 +200,7 @@ def in_memory(args):
         verdicts = []
 
         def replay_once():
-            res = teacher_force_prefill(model, reqs, forced, chunk, group)
+            res = teacher_force(model, reqs, forced, chunk, group)
             verdicts[:] = [v for i, r in enumerate(res) for v in _forced_verdicts(trace, i, r, flog)]
 
         t_plain = _median_seconds(lambda: _forwards(model, seqs, chunk, group, False), device, args.repeat)
