@@ -72,11 +72,16 @@ def regen_rows(rows: list[tuple], store: GoldenStore, write: bool, jobs: int | N
                          _dead_regen)
 
 
+def processes(jobs: int | None, rows: int) -> int:
+    """The processes `rows` rows run in at -j `jobs`: 1 under torchrun (its ranks serve this process)."""
+    from lockstep.engine.world import joined
+    return 1 if joined() else max(1, min(jobs or default_jobs(), rows))
+
+
 def _run_rows(rows, call, jobs, waiting, dead) -> Iterator:
     """call(spec, ctx) for each row, serially or in a pool of spawned workers; `dead(spec, folder,
     error)` is the outcome of a row whose worker died."""
-    from lockstep.engine.world import joined
-    jobs = 1 if joined() else min(jobs or default_jobs(), len(rows))     # torchrun's ranks serve this process
+    jobs = processes(jobs, len(rows)) if rows else 1
     keep_freed_memory()                       # this process's rows (serial), and the workers' parent
     if jobs <= 1:
         for i, (spec, ctx, _) in enumerate(rows, 1):
