@@ -188,7 +188,9 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore, strict: bool = F
     if out.status in (PASS, MISSING):
         out.repro = ""
     out.seconds = time.perf_counter() - start
-    out.compile = compile_time.snapshot().since(compiled_before) if measured else None
+    if measured:
+        compile_time.settle()                  # a compile that raised must not keep other processes waiting
+        out.compile = compile_time.snapshot().since(compiled_before)
     return out
 
 

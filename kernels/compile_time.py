@@ -141,6 +141,11 @@ def _finish(kwargs) -> None:
     _log(name, ident, data, seconds, getattr(_PENDING, "hit", False) if _TALLY.cache_hits is not None else None)
 
 
+def settle() -> None:
+    """Drop a lock a compile that raised still holds (its post hook never ran): called after each row."""
+    _release()
+
+
 def _release() -> None:
     job = getattr(_PENDING, "job", None)
     _PENDING.job = None

@@ -4,7 +4,7 @@
 # print one summary line per pair. The topology specs run their ranks on the same GPU (gloo over
 # host copies, docs/topology.md).
 #
-#   [BACKENDS="torch triton"] [DTYPES="fp32 bf16"] [SPECS="generate/* ..."] [KERNELS=DIR] scripts/check_cuda.sh [SHARDS] [LOG_DIR]
+#   [BACKENDS="torch triton"] [DTYPES="fp32 bf16"] [SPECS="generate/* ..."] [KERNELS=DIR] [DEVICE=cpu] scripts/check_cuda.sh [SHARDS] [LOG_DIR]
 #
 # Exit status 1 when any shard fails (a mismatch, a crash or a missing golden of a pair that has
 # goldens); the failing lines are printed. Each pair's line adds the Triton compile seconds its
@@ -40,7 +40,7 @@ for dtype in ${DTYPES:-fp32 bf16}; do
       mine=$(echo "$ids" | awk -v n="$shards" -v s="$s" 'NR % n == s')
       [ -n "$mine" ] || continue
       # shellcheck disable=SC2086
-      python3 -m lockstep check --device cuda --dtype "$dtype" --backend "$backend" $mine \
+      python3 -m lockstep check --device "${DEVICE:-cuda}" --dtype "$dtype" --backend "$backend" $mine \
         > "$logs/$dtype-$backend-$s.log" 2>&1 &
       pids+=($!)
     done

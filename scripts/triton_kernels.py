@@ -104,6 +104,7 @@ def main(argv=None) -> int:
     c = sub.add_parser("count", help="distinct specializations per kernel")
     c.add_argument("log", type=Path)
     c.add_argument("--json", action="store_true")
+    c.add_argument("--fields", action="store_true", help="one line of key=value fields (scripts/device_61.sh)")
     w = sub.add_parser("warm", help="compile each distinct specialization once, in parallel")
     w.add_argument("log", type=Path)
     w.add_argument("-j", "--jobs", type=int, default=max(1, multiprocessing.cpu_count()))
@@ -114,6 +115,10 @@ def main(argv=None) -> int:
     figures = count(rows)
     if args.json:
         print(json.dumps(figures, indent=2))
+        return 0
+    if args.fields:
+        print(" ".join(f"{k}={figures[k]}" for k in ("specializations", "compiles", "cache_hits", "seconds",
+                                                     "compile_seconds")))
         return 0
     print(f"{figures['specializations']} distinct kernel specializations of {len(figures['kernels'])} kernels; "
           f"{figures['compiles']} compiles over all processes ({figures['cache_hits']} from the disk cache), "

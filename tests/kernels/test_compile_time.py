@@ -103,3 +103,40 @@ def test_summary_reports_compile_apart_from_run(monkeypatch):
     assert session.compile_figures()["cache_hits"] is None
     monkeypatch.setattr(compile_time, "mode", lambda: "interpreter")
     assert session.compile_figures()["seconds"] is None and "interpreter" in session.compile_text()
+
+
+SETTLE = textwrap.dedent("""
+    import fcntl, json, os
+    os.environ.pop("TRITON_INTERPRET", None)
+    from lockstep.kernels import compile_time
+    import triton
+    from triton.runtime.jit import JitFunctionInfo
+    compile_time.install()
+    kw = dict(key=("k",), repr="r", fn=JitFunctionInfo("m", "k", None),
+              compile={"specialization_data": json.dumps({"name": "raises"})}, is_manual_warmup=False,
+              already_compiled=False)
+    triton.knobs.runtime.jit_cache_hook(**kw)          # the compile then raises: no post hook
+
+    def free():
+        (path,) = (compile_time.cache_dir() / "lockstep-locks").iterdir()
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    held = not free()
+    compile_time.settle()                              # what check_spec does after each row
+    print(json.dumps({"held": held, "free_after_settle": free(), "compiles": compile_time.snapshot().compiles}))
+""")
+
+
+def test_a_compile_that_raised_releases_its_lock_after_the_row(tmp_path):
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    env.pop("LOCKSTEP_KERNEL_LOG", None)
+    out = subprocess.run([sys.executable, "-c", SETTLE], env=env, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"held": True, "free_after_settle": True, "compiles": 0}
