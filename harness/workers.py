@@ -3,7 +3,7 @@
 Each row (spec, RunContext, golden folder) is checked by `runner.check_spec` exactly as the serial
 loop does; only where it runs changes. Outcomes come back in the rows' order whatever order the
 workers finish in, so the table, the report, the JSON document and the exit code are the ones a
-serial run gives (the seconds aside). Workers are fresh "spawn" processes (no state forked from a
+serial run gives (the seconds and the process count aside). Workers are fresh "spawn" processes (no state forked from a
 half-initialised torch) with one torch thread each: N workers already fill N cores, and the bits
 do not depend on the thread count (DESIGN D0), and each keeps freed memory for its next
 temporaries (harness/memory.py; the serial path too). A spec that starts ranks of its own (topologies)
