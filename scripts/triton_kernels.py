@@ -4,6 +4,7 @@ A run with $LOCKSTEP_KERNEL_LOG=DIR (a check, a bench, scripts/check_cuda.sh) ap
 specialization it compiles to DIR/<pid>.jsonl (kernels/compile_time.py). Then:
 
     python3 scripts/triton_kernels.py count DIR [--json]   # distinct specializations per kernel, compile seconds
+    python3 scripts/triton_kernels.py count DIR --varying  # and the arguments whose values tell them apart
     python3 scripts/triton_kernels.py warm DIR [-j N]      # compile each distinct one once, N processes in parallel
 
 `warm` compiles into Triton's disk cache ($TRITON_CACHE_DIR, else ~/.triton/cache) through
@@ -50,6 +51,28 @@ def count(rows: list[dict]) -> dict:
             "cache_hits": sum(r.get("cache_hit") is True for r in rows)}
 
 
+def varying(rows: list[dict]) -> dict[str, dict[str, list[str]]]:
+    """kernel -> {argument: its distinct values} for the arguments whose dtype, constexpr value or
+    alignment attributes differ between the kernel's specializations: what multiplies them."""
+    seen: dict[str, dict[str, set]] = {}
+    for r in {r["id"]: r for r in rows}.values():
+        try:
+            data = json.loads(r["data"])
+            names = list(data["signature"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+        values: dict[str, list] = {n: [f"{t}"] for n, t in data["signature"].items()}
+        for path, value in zip(data.get("constant_keys", []), data.get("constant_vals", [])):
+            values.setdefault(names[path[0]], []).append(f"={json.dumps(value)}")
+        for path, value in zip(data.get("attrs_keys", []), data.get("attrs_vals", [])):
+            values.setdefault(names[path[0]], []).append(f"{json.dumps(value)}")
+        for option in ("num_warps", "num_stages"):
+            values[option] = [str(data.get("options", {}).get(option))]
+        for name, parts in values.items():
+            seen.setdefault(r["kernel"], {}).setdefault(name, set()).add(" ".join(parts))
+    return {k: {n: sorted(v) for n, v in args.items() if len(v) > 1} for k, args in sorted(seen.items())}
+
+
 def resolve(full_name: str):
     """The JITFunction named module.qualname, or None (a kernel defined inside a function, a module gone)."""
     parts = full_name.split(".")
@@ -64,12 +87,11 @@ def resolve(full_name: str):
     return None
 
 
-def _warm_share(datas: list[str]) -> tuple[int, list[str]]:
-    """One worker: preload each specialization -> (compiled, problems)."""
+def _warm_share(jobs: list[tuple[str, str]]) -> tuple[int, list[str]]:
+    """One worker: preload each (kernel, specialization data) -> (compiled, problems)."""
     import lockstep.kernels._common  # noqa: F401  (before triton)
     done, problems = 0, []
-    for data in datas:
-        name = json.loads(data)["name"]
+    for name, data in jobs:
         fn = resolve(name)
         if fn is None:
             problems.append(f"{name}: not importable by name (skipped)")
@@ -83,19 +105,19 @@ def _warm_share(datas: list[str]) -> tuple[int, list[str]]:
 
 
 def warm(rows: list[dict], jobs: int) -> int:
-    unique = {r["id"]: r["data"] for r in rows}
-    datas = sorted(unique.values(), key=lambda d: json.loads(d)["name"])
-    shares = [datas[i::jobs] for i in range(jobs) if datas[i::jobs]]
+    """Compile each distinct specialization of `rows` once, in `jobs` spawned processes; 1 if one failed."""
+    unique = sorted({r["id"]: (r["kernel"], r["data"]) for r in rows}.values())
+    shares = [unique[i::jobs] for i in range(jobs) if unique[i::jobs]]
     start = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(len(shares) or 1) as pool:
         results = pool.map(_warm_share, shares) if shares else []
     done = sum(d for d, _ in results)
     problems = [p for _, ps in results for p in ps]
-    print(f"warm: {done} of {len(datas)} distinct specializations compiled into the cache in "
+    print(f"warm: {done} of {len(unique)} distinct specializations compiled into the cache in "
           f"{time.perf_counter() - start:.1f}s ({len(shares)} processes)")
     for p in problems[:20]:
         print(f"  {p}")
-    return 0 if not any("not importable" not in p for p in problems) else 1
+    return 0 if all("not importable" in p for p in problems) else 1
 
 
 def main(argv=None) -> int:
@@ -105,6 +127,8 @@ def main(argv=None) -> int:
     c.add_argument("log", type=Path)
     c.add_argument("--json", action="store_true")
     c.add_argument("--fields", action="store_true", help="one line of key=value fields (scripts/device_61.sh)")
+    c.add_argument("--varying", action="store_true", help="per kernel, the arguments whose values differ "
+                                                          "between its specializations")
     w = sub.add_parser("warm", help="compile each distinct specialization once, in parallel")
     w.add_argument("log", type=Path)
     w.add_argument("-j", "--jobs", type=int, default=max(1, multiprocessing.cpu_count()))
@@ -123,8 +147,11 @@ def main(argv=None) -> int:
     print(f"{figures['specializations']} distinct kernel specializations of {len(figures['kernels'])} kernels; "
           f"{figures['compiles']} compiles over all processes ({figures['cache_hits']} from the disk cache), "
           f"{figures['seconds']:.1f}s in the compiler ({figures['compile_seconds']:.1f}s not from the cache)")
+    vary = varying(rows) if args.varying else {}
     for kernel, n in figures["kernels"].items():
         print(f"  {n:4d}  {kernel}")
+        for name, values in vary.get(kernel, {}).items():
+            print(f"          {name}: {' | '.join(values)}")
     return 0
 
 

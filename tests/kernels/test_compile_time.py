@@ -72,7 +72,7 @@ def test_warm_skips_a_kernel_it_cannot_import(tmp_path):
     import triton_kernels
     assert triton_kernels.resolve("lockstep.kernels.nowhere.kernel") is None
     assert triton_kernels.resolve("json.dumps") is None           # importable, but not a Triton kernel
-    done, problems = triton_kernels._warm_share([json.dumps({"name": "lockstep.kernels.f.<locals>.k"})])
+    done, problems = triton_kernels._warm_share([("lockstep.kernels.f.<locals>.k", json.dumps({"name": "k"}))])
     assert done == 0 and problems == ["lockstep.kernels.f.<locals>.k: not importable by name (skipped)"]
 
 
@@ -140,3 +140,20 @@ def test_a_compile_that_raised_releases_its_lock_after_the_row(tmp_path):
     out = subprocess.run([sys.executable, "-c", SETTLE], env=env, cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"held": True, "free_after_settle": True, "compiles": 0}
+
+
+def test_varying_names_what_tells_a_kernels_specializations_apart():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import triton_kernels
+
+    def row(ident, block, dtype):
+        data = {"name": "m.k", "signature": {"x": dtype, "n": "i32", "BLOCK": "constexpr"}, "constant_keys": [[2]],
+                "constant_vals": [block], "attrs_keys": [[0]], "attrs_vals": [[["tt.divisibility", 16]]],
+                "options": {"num_warps": 4, "num_stages": 2}}
+        return {"kernel": "m.k", "id": ident, "seconds": 0.5, "cache_hit": False, "data": json.dumps(data)}
+
+    rows = [row("1", 64, "*fp32"), row("2", 128, "*fp32"), row("3", 64, "*bf16"), row("3", 64, "*bf16")]
+    assert triton_kernels.varying(rows) == {"m.k": {
+        "x": ['*bf16 [["tt.divisibility", 16]]', '*fp32 [["tt.divisibility", 16]]'],
+        "BLOCK": ["constexpr =128", "constexpr =64"]}}
+    assert triton_kernels.count(rows)["specializations"] == 3 and triton_kernels.count(rows)["compiles"] == 4
