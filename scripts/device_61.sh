@@ -18,7 +18,7 @@
 # REPLAY_S=40 (520 s in all; the targets: cold <= 180 s, warm <= 90 s); SHARDS=4 (check_cuda.sh's shards per pair: 16 processes); SPECS, DTYPES, BACKENDS as
 # check_cuda.sh takes them; WORK=DIR keeps the caches, logs and kernel logs (default: a temporary
 # folder, printed); with $OUT set (the device tool's folder) the logs, kernel logs and bench outputs
-# are copied to $OUT/device_61. A section cut by its limit says so (exit 124) and the next one still runs.
+# go to $OUT/device_61.tgz (one file: the tool brings back a few). A section cut by its limit says so (exit 124) and the next one still runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -124,8 +124,7 @@ if [ -d "$work/kernels-cold" ]; then
   head -80 "$work/varying-cold.txt" | cut -c1-240
 fi
 if [ -n "${OUT:-}" ]; then            # the device tool brings back what is under $OUT: logs, not caches
-  mkdir -p "$OUT/device_61"
-  for f in "$work"/logs-* "$work"/kernels-* "$work"/*.txt; do [ -e "$f" ] && cp -r "$f" "$OUT/device_61/"; done
+  (cd "$work" && tar czf "$OUT/device_61.tgz" --ignore-failed-read logs-* kernels-* ./*.txt 2>/dev/null)
 fi
 echo "== $(stamp) device_61: $([ $status -eq 0 ] && echo PASS || echo FAIL) (the RESULT lines above; work folder $work)"
 exit $status
