@@ -16,8 +16,6 @@ import torch
 
 from lockstep.engine.boundaries import CaptureError
 from lockstep.harness import kinds
-from lockstep.kernels import compile_time
-from lockstep.kernels.compile_time import Tally
 from lockstep.harness.compare import TensorDiff, diff_data, diff_tensors
 from lockstep.harness.errors import full_traceback, located
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip, standard
@@ -29,6 +27,8 @@ from lockstep.harness.result import Result, RunContext
 from lockstep.harness.selfcheck import SelfCheckFailed, verify  # noqa: F401 - SelfCheckFailed is re-exported
 from lockstep.harness.specfile import Spec
 from lockstep.harness.targets.lockstep import engine
+from lockstep.kernels import compile_time
+from lockstep.kernels.compile_time import Tally
 
 # Outcome statuses, and the exit code each one earns `lockstep check` (DESIGN of the CLI).
 # STALE: the bits match, but the golden was recorded for another version of the spec (--strict).
