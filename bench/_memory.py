@@ -4,7 +4,8 @@ model's own bytes: what the process held at its highest, over what the model its
 The target (issue: every bench at the 20b shape in bf16 on an 80 GB card) is a peak at most
 TARGET times the model's bytes on the memory that holds the model (the device on CUDA, the host
 on the CPU). Device: torch.cuda.max_memory_allocated after reset_peak_memory_stats (the caching
-allocator's peak; the CUDA context and cached-but-free blocks are not in it). Host: the process's
+allocator's peak; the CUDA context and cached-but-free blocks are not in it; max_memory_reserved,
+which has those blocks, is printed beside it: what the card must really hold). Host: the process's
 peak RSS (VmHWM, reset by writing 5 to /proc/self/clear_refs; where that cannot be reset or read,
 ru_maxrss: the process's lifetime peak), above its RSS before any weight was made.
 """
@@ -106,22 +107,24 @@ class Meter:
     def figures(self, nbytes: int) -> dict:
         """-> model, device_peak (None on the CPU), host_peak, host_above (above the baseline), ratio (of
         the memory that holds the model), ok."""
-        device_peak = None
+        device_peak = reserved = None
         if self.cuda:
             torch.cuda.synchronize(self.device)
             device_peak = torch.cuda.max_memory_allocated(self.device)
+            reserved = torch.cuda.max_memory_reserved(self.device)
         host = host_peak()
         above = max(0, host - self.host_base)
         held = device_peak if self.cuda else above
         ratio = held / nbytes if nbytes else float("inf")
-        return {"model": nbytes, "device_peak": device_peak, "host_peak": host, "host_above": above,
+        return {"model": nbytes, "device_peak": device_peak, "device_reserved": reserved, "host_peak": host,
+                "host_above": above,
                 "ratio": ratio, "ok": ratio <= TARGET}
 
     def line(self, label: str, nbytes: int) -> str:
         """One line: the model's bytes, both peaks, the ratio against TARGET."""
         f = self.figures(nbytes)
-        device = (f"device peak {size(f['device_peak'])} = {f['device_peak'] / nbytes:.2f}x"
-                  if self.cuda else "device n/a (cpu)")
+        device = (f"device peak {size(f['device_peak'])} = {f['device_peak'] / nbytes:.2f}x (the allocator's "
+                  f"reserved peak {size(f['device_reserved'])})" if self.cuda else "device n/a (cpu)")
         since = "" if self.resettable else " (the process's lifetime peak: not resettable here)"
         return (f"memory, {label}: model {size(nbytes)} (weights and buffers); {device}; host peak RSS "
                 f"{size(f['host_peak'])}{since}, +{size(f['host_above'])} over the process before its weights = "

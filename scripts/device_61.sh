@@ -22,6 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=${PYTHONPATH:-$PWD}
+export PYTHONUNBUFFERED=1                # a bench cut by its limit still leaves the lines it printed
 DEVICE=${DEVICE:-cuda}
 SHARDS=${SHARDS:-$([ "$DEVICE" = cpu ] && echo 1 || echo 4)}
 work=${WORK:-$(mktemp -d)}
