@@ -44,3 +44,18 @@ def test_packed_experts_made_again_are_the_same_and_dense_consumes_them():
     consumed = e2e.dense_experts(again[1], consume=True)
     assert again[1] == {} and len(packed) == 2 * len(kept)
     assert all(torch.equal(kept[n], consumed[n]) for n in kept)
+
+
+def test_the_cuda_line_reads_the_allocator_peaks(monkeypatch):
+    """The CUDA branch (no GPU here): the device peak against the model, the reserved peak beside it."""
+    meter = _memory.Meter("cpu")
+    meter.cuda = True
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 46_000_000_000)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 50_000_000_000)
+    f = meter.figures(40_000_000_000)
+    assert f["ratio"] == 1.15 and f["ok"] and f["device_reserved"] == 50_000_000_000
+    line = meter.line("build", 40_000_000_000)
+    assert "model 40.00 GB (weights and buffers); device peak 46.00 GB = 1.15x (the allocator's reserved peak " \
+           "50.00 GB)" in line and line.endswith("target <= 1.15x on the device: ok"), line
+    assert not meter.figures(34_000_000_000)["ok"]
