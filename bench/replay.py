@@ -27,6 +27,9 @@ adds on top; the CPU figures above include it). The issue's figure (target <= 4 
     python3 bench/replay.py --shape 20b                     # on one H200: 64 x 1024, bf16, dense bf16 experts
     python3 bench/replay.py --shape 20b --experts mxfp4 --repeat 1   # packed experts (slower prefills)
     python3 bench/replay.py --shape tiny --device cpu --requests 4 --tokens 32 --chunk 16 --max-batch 2
+
+The in-memory path ends with two "memory" lines: the build's and the timed forwards' peak device
+memory (CUDA) and host RSS against the model's own bytes (bench/_memory.py; target <= 1.15x).
 """
 
 import argparse
@@ -158,6 +161,7 @@ def in_memory(args):
     import torch
 
     import e2e
+    from _memory import Meter, model_bytes
     from lockstep.engine.config import PRESETS, preset
     from lockstep.harness.replay.format import f32_bits
     from lockstep.harness.replay.replay import _forced_verdicts
@@ -170,15 +174,19 @@ def in_memory(args):
     dtype = args.dtype or ("bf16" if cuda else "fp32")
     backend = args.backend or ("triton" if cuda else "torch")
     config = preset(name)
+    meter = Meter(device)
     t0 = time.perf_counter()
     floats, packed = e2e.random_weights(config, device)
-    weights = {**floats, **(packed if args.experts == "mxfp4" else e2e.dense_experts(packed))}
-    del floats, packed
-    model = e2e.engine_model(config, weights, backend, device, dtype)
+    weights = {**floats, **(packed if args.experts == "mxfp4" else e2e.dense_experts(packed, consume=True))}
+    del floats, packed                                   # `weights` holds each tensor once, handed over
+    model = e2e.engine_model(config, weights, backend, device, dtype, take=True)
     del weights
     e2e.free_memory(device)
     _sync(device)
     t_build = time.perf_counter() - t0
+    nbytes = model_bytes(model)
+    build_memory = meter.line("model build (random weights made and handed over)", nbytes)
+    meter.start()
 
     R, N, P = args.requests, args.tokens, args.prompt
     g = torch.Generator().manual_seed(24)
@@ -223,6 +231,8 @@ def in_memory(args):
           f"recording (chunks of {max(1, chunk // 2)} x {max(1, group // 2)})")
     print(f"ratio replay / plain prefill: {t_replay / t_plain:.2f}; replay / every-row forwards: "
           f"{t_replay / t_logits:.2f}")
+    print(build_memory)
+    print(meter.line("the timed forwards (caches, activations on top)", nbytes))
     if bitwise != n:
         first = next(v for v in verdicts if v.status not in same_bits)
         print(f"NOT BITWISE: first at request {first.request}, step {first.step}: {first.status}: {first.detail}")

@@ -56,6 +56,7 @@ def _run_rows(session: CheckSession, args) -> None:
     lines instead under --json)."""
     jobs = getattr(args, "jobs", None) or workers.default_jobs()     # a bad $LOCKSTEP_JOBS: before any output
     table = session.table()
+    session.processes = workers.processes(jobs, len(session.rows))
     progress = Progress(len(session.rows), lines=args.json)
     if session.rows and not args.json:
         print(table.header(), flush=True)

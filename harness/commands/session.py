@@ -21,6 +21,7 @@ from lockstep.harness.commands.selection import golden_folders, ran_on
 from lockstep.harness.jsonout import check_document
 from lockstep.harness.targets.judge import FAIL, NA, PASS
 from lockstep.harness.version import version
+from lockstep.kernels import compile_time
 
 
 @dataclass
@@ -36,6 +37,7 @@ class CheckSession:
     stale: list[str] = field(default_factory=list)    # 'platform/spec id' of goldens whose spec is gone
     temps: list[str] = field(default_factory=list)    # debris of a killed golden write
     start: float = field(default_factory=time.perf_counter)
+    processes: int = 1                    # the processes the rows ran in (-j N: N workers)
 
     def add(self, outcome) -> None:
         self.outcomes.append(outcome)
@@ -77,7 +79,8 @@ class CheckSession:
                 exit_code=self.exit_code(), pairs=list(dict.fromkeys(o.pair for o in self.outcomes)),
                 seconds=self.elapsed, golden_folders=sorted({str(self.golden / o.golden_platform) for o in self.outcomes}),
                 summary=self.counts() | {"spec_errors": len(self.errors), "stale_goldens": len(self.stale)},
-                specs=specs, spec_errors=[str(e) for e in self.errors], stale_goldens=self.stale), indent=2)
+                specs=specs, spec_errors=[str(e) for e in self.errors], stale_goldens=self.stale,
+                compile=self.compile_figures()), indent=2)
         judge = self.judge
         for o, entry in zip(self.outcomes, specs):
             if o.status == FAIL and judge.reproduce is not None:
@@ -118,7 +121,42 @@ class CheckSession:
         checks = f"{n} spec(s)" if n == len(self.specs) else f"{n} check(s) of {len(self.specs)} spec(s)"
         on = ran_on(self.rows) if self.rows else ctx.platform.name
         folders = golden_folders(self.golden, [o.golden_platform for o in self.outcomes])
-        return f"{checks}: {text}{extra} in {self.elapsed:.1f}s, run on {on}; goldens: {folders}"
+        return f"{checks}: {text}{extra} in {self.elapsed:.1f}s ({self.compile_text()}), run on {on}; goldens: {folders}"
+
+    def compile_figures(self) -> dict:
+        """Triton's compile time apart from the rest of the rows' time, summed over the processes the
+        rows ran in, and the distinct kernel specializations compiled (kernels/compile_time.py)."""
+        mode = compile_time.mode()
+        tallies = [o.compile for o in self.outcomes if getattr(o, "compile", None) is not None]
+        busy = sum(o.seconds for o in self.outcomes)
+        if mode != "compiled" or not tallies:
+            return {"mode": mode if mode != "compiled" else "unmeasured", "seconds": None, "load_seconds": None,
+                    "run_seconds": round(busy, 3), "processes": self.processes, "specializations": None,
+                    "compiles": None, "cache_hits": None, "kernels": {}}
+        compiling = sum(t.seconds for t in tallies)
+        loading = sum(t.load_seconds for t in tallies)
+        keys = set().union(*(t.keys for t in tallies))
+        hits = [t.cache_hits for t in tallies]
+        kernels: dict[str, int] = {}
+        for key in sorted(keys):
+            name = key.split("#")[0]
+            kernels[name] = kernels.get(name, 0) + 1
+        return {"mode": mode, "seconds": round(compiling, 3), "load_seconds": round(loading, 3),
+                "run_seconds": round(max(0.0, busy - compiling - loading), 3), "processes": self.processes,
+                "specializations": len(keys), "compiles": sum(t.compiles for t in tallies),
+                "cache_hits": None if None in hits else sum(hits), "kernels": kernels}
+
+    def compile_text(self) -> str:
+        """The summary's part on compile time: "Triton compile 41.0s, run 35.2s; 140 kernel specializations …"."""
+        c = self.compile_figures()
+        if c["mode"] == "interpreter":
+            return "Triton compile n/a: interpreter"
+        if c["mode"] == "unmeasured":
+            return "Triton compile not measured"
+        over = f" over {c['processes']} processes" if c["processes"] > 1 else ""
+        hits = f", {c['cache_hits']} from the disk cache" if c["cache_hits"] is not None else ""
+        return (f"Triton compile {c['seconds'] + c['load_seconds']:.1f}s, run {c['run_seconds']:.1f}s{over}; "
+                f"{c['specializations']} kernel specializations, {c['compiles']} compiles{hits}")
 
     def table(self):
         if not self.judge.has_goldens:
