@@ -167,16 +167,9 @@ def test_world_size_runs_each_split_once_as_its_help_says(capsys):
     """`--world-size W` adds (tp=W, ep=1) and (tp=1, ep=W) per W, never tp=W x ep=W; 1 adds none;
     a split the model cannot take is named, not run. The help says the same."""
     from lockstep.engine.config import preset
-    from lockstep.harness.kinds.generate import _topologies
-    from lockstep.harness.platform import detect
-    from lockstep.harness.result import RunContext
-    from lockstep.harness.specfile import parse_spec
+    from lockstep.engine.parallel import plan_splits
 
-    spec = parse_spec("kind: generate\ndescription: d\ninputs:\n  checkpoint: {preset: tiny, seed: 0}\n"
-                      "  requests: [{prompt: [1, 2], sampling: {greedy: true, max_new_tokens: 1}}]\n",
-                      "g.yaml", "generate/g")
-    ctx = RunContext(detect("cpu"), world_sizes=(1, 2, 4))
-    ran, skipped = _topologies(spec, ctx, preset("tiny"))
+    ran, skipped, _ = plan_splits(preset("tiny"), [], (1, 2, 4), "cpu")
     assert ran == [(2, 1), (1, 2), (1, 4)]
     assert skipped == ["tp=4 ep=1: tp=4 must divide num_key_value_heads=2 (unsupported split)"]
     assert main(["check", "--help"]) == 0

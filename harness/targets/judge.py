@@ -169,7 +169,7 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
         fails = check_on_target(spec, result)
         if out.compare == CALIBRATED:               # the exact judge's failures lead, then the calibrated
             with torch.inference_mode():
-                agreed, notes = _agreement(spec, ctx, result)
+                agreed, notes = _agreement(spec, ctx, result, target)
             fails, out.notes = agreed + fails, out.notes + notes
         fails = judged + fails
         if platform is not None:
@@ -214,9 +214,10 @@ class _Generation:
         self.logprobs = tensors[f"logprobs_{i}"]
 
 
-def _agreement(spec: Spec, ctx: RunContext, result: Result) -> tuple[list[str], list[str]]:
+def _agreement(spec: Spec, ctx: RunContext, result: Result, target=None) -> tuple[list[str], list[str]]:
     """The calibrated judge (harness/targets/agreement.py) on a generate spec's run: against
-    Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens."""
+    Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens; a
+    target that captures boundary states has its first forward failure placed in a block."""
     from lockstep.harness.checkpoints import model_for
     from lockstep.harness.kinds.generate import _requests, project_root
     from lockstep.harness.targets import agreement
@@ -226,8 +227,33 @@ def _agreement(spec: Spec, ctx: RunContext, result: Result) -> tuple[list[str], 
     reference = model_for(spec.inputs["checkpoint"], "torch", project_root(spec), str(ctx.device),
                           ctx.platform.dtype)
     results = [_Generation(result.tensors, i) for i in range(len(requests))]
-    fails, notes, _ = agreement.judge(requests, results, reference, bound(ctx.platform.dtype))
+    fails, notes, _ = agreement.judge(requests, results, reference, bound(ctx.platform.dtype),
+                                      _layer_locator(spec, ctx, target, reference))
     return fails, notes
+
+
+def _layer_locator(spec: Spec, ctx: RunContext, target, reference):
+    """tokens -> (block, note) through the target's `capture` and the reference's, or None where
+    the target captures nothing."""
+    if target is None or "capture" not in getattr(target, "ops", {}):
+        return None
+    try:
+        capture = target.op("capture", str(ctx.device))
+    except NotApplicable:
+        return None
+    from lockstep.harness.checkpoints import target_dir
+    from lockstep.harness.kinds.generate import project_root
+    from lockstep.harness.targets import locator
+
+    def reference_capture(checkpoint, tokens, boundaries):
+        T = len(tokens)
+        out = reference.forward(torch.tensor(tokens), torch.arange(T), torch.zeros(T, dtype=torch.int64),
+                                reference.new_cache(1, T), capture=boundaries)
+        return out.captured.cpu()
+
+    folder = target_dir(spec.inputs["checkpoint"], project_root(spec))
+    layers = reference.config.num_hidden_layers
+    return lambda tokens: locator.locate(capture, reference_capture, folder, tokens, layers, ctx.platform.dtype)
 
 
 def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]:
