@@ -31,7 +31,7 @@ from lockstep.harness.errors import full_traceback, where
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.specfile import Spec
-from lockstep.harness.target import (BITWISE, CALIBRATED, CHI_SQUARE, TOLERANCE,  # noqa: F401
+from lockstep.harness.target import (BITWISE, CALIBRATED, CHI_SQUARE, RNG_COINS, TOLERANCE,  # noqa: F401
                                            NotApplicable, Target, UpstreamChanged)
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
@@ -169,7 +169,7 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
         fails = check_on_target(spec, result)
         if out.compare == CALIBRATED:               # the exact judge's failures lead, then the calibrated
             with torch.inference_mode():
-                agreed, notes = _agreement(spec, ctx, result)
+                agreed, notes = _agreement(spec, ctx, result, target)
             fails, out.notes = agreed + fails, out.notes + notes
         fails = judged + fails
         if platform is not None:
@@ -214,9 +214,10 @@ class _Generation:
         self.logprobs = tensors[f"logprobs_{i}"]
 
 
-def _agreement(spec: Spec, ctx: RunContext, result: Result) -> tuple[list[str], list[str]]:
+def _agreement(spec: Spec, ctx: RunContext, result: Result, target: Target) -> tuple[list[str], list[str]]:
     """The calibrated judge (harness/targets/agreement.py) on a generate spec's run: against
-    Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens."""
+    Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens; and the
+    exact sampler judge where the target's `sampling` takes params under the coin contract."""
     from lockstep.harness.checkpoints import model_for
     from lockstep.harness.kinds.generate import _requests, project_root
     from lockstep.harness.targets import agreement
@@ -226,8 +227,19 @@ def _agreement(spec: Spec, ctx: RunContext, result: Result) -> tuple[list[str], 
     reference = model_for(spec.inputs["checkpoint"], "torch", project_root(spec), str(ctx.device),
                           ctx.platform.dtype)
     results = [_Generation(result.tensors, i) for i in range(len(requests))]
-    fails, notes, _ = agreement.judge(requests, results, reference, bound(ctx.platform.dtype))
+    fails, notes, _ = agreement.judge(requests, results, reference, bound(ctx.platform.dtype),
+                                      _sampler(target, str(ctx.device)))
     return fails, notes
+
+
+def _sampler(target: Target, device: str):
+    """The target's `sampling` with params where it declares the coin contract and runs here, else None."""
+    if not target.offers("sampling", "params") or getattr(target, "rng", None) != RNG_COINS:
+        return None
+    try:
+        return target.op("sampling", device, ("params",))
+    except NotApplicable:
+        return None
 
 
 def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]:
