@@ -104,8 +104,8 @@ and, where the operation gives them, `captured` and `accept_lengths`.
 `Target.rng` names the RNG model of the target's seeded sampling (`generate` with seeded requests,
 `sampling` with params), as `lockstep record --target` writes it into a trace: "lockstep-coins-1"
 (DESIGN §5's coin contract: Lockstep's own target, and an engine that draws exactly as it does,
-whose `sampling` with params is then judged bitwise; `record --target` writes it only for
-Lockstep's own), "stateless" (a draw depends only on the request's seed and
+whose `sampling` with params is then judged bitwise; `record --target` refuses to record seeded
+requests of any other target that declares it), "stateless" (a draw depends only on the request's seed and
 the token's position, whatever else is batched or drawn), "stateful" (a generator seeded once per
 request whose state advances with every draw, so a draw depends on every draw before it). None:
 the target declares none, and only greedy requests can be recorded from it.
