@@ -88,6 +88,8 @@ settings applied, harness/targets/lockstep_run.py); the kinds that need them are
     model(checkpoint_dir) -> the implementation's own model object (engine.model.GptOssModel):
               the reference forward a kind computes on (draft aux rows, an exact sampling law);
               without it a kind uses Lockstep's fp32 model (harness.checkpoints.reference_model)
+    plan_topologies(config, wanted [(tp, ep)], world_sizes) -> (splits to run, splits left out
+              with why, notes): what a generate spec's "topology" variants run here
     primitive(function, implementation "torch" | "triton", x) -> y   Lockstep's own primitives
     record_trace(checkpoint, requests, draft, speculative) -> a trace of the engine (harness.replay)
 and features only its operations offer: "backends" on hash, verify_coins and gumbel (backends=:

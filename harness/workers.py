@@ -3,7 +3,7 @@
 Each row (spec, RunContext, golden folder) is checked by `runner.check_spec` exactly as the serial
 loop does; only where it runs changes. Outcomes come back in the rows' order whatever order the
 workers finish in, so the table, the report, the JSON document and the exit code are the ones a
-serial run gives (the seconds aside). Workers are fresh "spawn" processes (no state forked from a
+serial run gives (the seconds and the process count aside). Workers are fresh "spawn" processes (no state forked from a
 half-initialised torch) with one torch thread each: N workers already fill N cores, and the bits
 do not depend on the thread count (DESIGN D0), and each keeps freed memory for its next
 temporaries (harness/memory.py; the serial path too). A spec that starts ranks of its own (topologies)
@@ -72,11 +72,16 @@ def regen_rows(rows: list[tuple], store: GoldenStore, write: bool, jobs: int | N
                          _dead_regen)
 
 
+def processes(jobs: int | None, rows: int) -> int:
+    """The processes `rows` rows run in at -j `jobs`: 1 under torchrun (its ranks serve this process)."""
+    from lockstep.engine.world import joined
+    return 1 if joined() else max(1, min(jobs or default_jobs(), rows))
+
+
 def _run_rows(rows, call, jobs, waiting, dead) -> Iterator:
     """call(spec, ctx) for each row, serially or in a pool of spawned workers; `dead(spec, folder,
     error)` is the outcome of a row whose worker died."""
-    from lockstep.engine.world import joined
-    jobs = 1 if joined() else min(jobs or default_jobs(), len(rows))     # torchrun's ranks serve this process
+    jobs = processes(jobs, len(rows)) if rows else 1
     keep_freed_memory()                       # this process's rows (serial), and the workers' parent
     if jobs <= 1:
         for i, (spec, ctx, _) in enumerate(rows, 1):

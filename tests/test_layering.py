@@ -131,6 +131,7 @@ HARNESS_FLOORS = [
     {"targets"},                      # adapters, their registry, the judges for other engines
     {"runner"},                       # one spec on Lockstep's engine against its golden
     {"workers"},                      # check -j / regen -j: rows in worker processes
+    {"judges"},                       # the check pipeline's judge, chosen by the target
     {"commands", "pytest_suite"},     # every subcommand; the pytest suite's collection
     {"cli", "pytest_plugin", "__init__"},
 ]
@@ -174,7 +175,7 @@ def test_the_room_check_catches_a_loop_between_folders():
          "lockstep.harness.kinds.coins": {"lockstep.harness.target"}}
     assert upward_room_imports(g) == [
         "lockstep.harness.limits (limits, floor 0) imports lockstep.harness.kinds.coins (kinds, floor 2)",
-        "lockstep.harness.targets.judge (targets, floor 5) imports lockstep.harness.commands.selection (commands, floor 8)"]
+        "lockstep.harness.targets.judge (targets, floor 5) imports lockstep.harness.commands.selection (commands, floor 9)"]
 
 
 BARE = {"kernels", "engine", "harness"}

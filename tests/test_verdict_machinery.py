@@ -14,7 +14,7 @@ import numpy
 import pytest
 import torch
 
-from lockstep.harness import runner, suite_paths, workers
+from lockstep.harness import judges, runner, suite_paths, workers
 from lockstep.harness.commands import options, session
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.platform import bit_dependencies, detect
@@ -34,8 +34,9 @@ def pin_exit_order(CheckSession) -> None:
     """Where several apply, the exit code is the first of 2 (spec error), 1 (a failing outcome),
     4 (INCOMPARABLE), 3 (MISSING) (docs/cli.md)."""
     def code(statuses, errors=(), strict=False, stale=(), temps=()):
-        s = CheckSession(golden=None, strict=strict, specs=[], errors=list(errors))
-        s.outcomes = [SimpleNamespace(status=st) for st in statuses]
+        s = CheckSession(judges.GoldenJudge("golden"), golden=None, strict=strict, specs=[], errors=list(errors))
+        for st in statuses:
+            s.add(SimpleNamespace(status=st, messages=[st], report=lambda debug=False: "a report"))
         s.stale, s.temps = list(stale), list(temps)
         return s.exit_code()
 
@@ -61,12 +62,12 @@ def test_exit_order():
 
 
 @pytest.mark.parametrize("plant", [
-    {"if any(o.status == runner.INCOMPARABLE for o in self.outcomes):\n            return EXIT_INCOMPARABLE\n"
-     "        if any(o.status == runner.MISSING for o in self.outcomes):\n            return EXIT_MISSING\n":
-     "if any(o.status == runner.MISSING for o in self.outcomes):\n            return EXIT_MISSING\n"
-     "        if any(o.status == runner.INCOMPARABLE for o in self.outcomes):\n            return EXIT_INCOMPARABLE\n"},
-    {"or any(o.status in runner.FAILING for o in self.outcomes)": "",
-     "return EXIT_OK": "return EXIT_MISMATCH if any(o.status in runner.FAILING for o in self.outcomes) else EXIT_OK"},
+    {"if judges.INCOMPARABLE in states:\n            return EXIT_INCOMPARABLE\n"
+     "        if judges.MISSING in states:\n            return EXIT_MISSING\n":
+     "if judges.MISSING in states:\n            return EXIT_MISSING\n"
+     "        if judges.INCOMPARABLE in states:\n            return EXIT_INCOMPARABLE\n"},
+    {"or judges.FAILED in states": "",
+     "return EXIT_OK": "return EXIT_MISMATCH if judges.FAILED in states else EXIT_OK"},
 ], ids=["missing-before-incomparable", "incomparable-before-mismatch"])
 def test_exit_order_planted(tmp_path, plant):
     red(pin_exit_order, module_with(session, plant, tmp_path).CheckSession)

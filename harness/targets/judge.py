@@ -214,9 +214,10 @@ class _Generation:
         self.logprobs = tensors[f"logprobs_{i}"]
 
 
-def _agreement(spec: Spec, ctx: RunContext, result: Result, target: Target) -> tuple[list[str], list[str]]:
+def _agreement(spec: Spec, ctx: RunContext, result: Result, target=None) -> tuple[list[str], list[str]]:
     """The calibrated judge (harness/targets/agreement.py) on a generate spec's run: against
-    Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens; and the
+    Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens; a
+    target that captures boundary states has its first forward failure placed in a block; and the
     exact sampler judge where the target's `sampling` takes params under the coin contract."""
     from lockstep.harness.checkpoints import model_for
     from lockstep.harness.kinds.generate import _requests, project_root
@@ -228,13 +229,37 @@ def _agreement(spec: Spec, ctx: RunContext, result: Result, target: Target) -> t
                           ctx.platform.dtype)
     results = [_Generation(result.tensors, i) for i in range(len(requests))]
     fails, notes, _ = agreement.judge(requests, results, reference, bound(ctx.platform.dtype),
-                                      _sampler(target, str(ctx.device)))
+                                      _layer_locator(spec, ctx, target, reference), _sampler(target, str(ctx.device)))
     return fails, notes
 
 
-def _sampler(target: Target, device: str):
+def _layer_locator(spec: Spec, ctx: RunContext, target, reference):
+    """tokens -> (block, note) through the target's `capture` and the reference's, or None where
+    the target captures nothing."""
+    if target is None or "capture" not in getattr(target, "ops", {}):
+        return None
+    try:
+        capture = target.op("capture", str(ctx.device))
+    except NotApplicable:
+        return None
+    from lockstep.harness.checkpoints import target_dir
+    from lockstep.harness.kinds.generate import project_root
+    from lockstep.harness.targets import locator
+
+    def reference_capture(checkpoint, tokens, boundaries):
+        T = len(tokens)
+        out = reference.forward(torch.tensor(tokens), torch.arange(T), torch.zeros(T, dtype=torch.int64),
+                                reference.new_cache(1, T), capture=boundaries)
+        return out.captured.cpu()
+
+    folder = target_dir(spec.inputs["checkpoint"], project_root(spec))
+    layers = reference.config.num_hidden_layers
+    return lambda tokens: locator.locate(capture, reference_capture, folder, tokens, layers, ctx.platform.dtype)
+
+
+def _sampler(target, device: str):
     """The target's `sampling` with params where it declares the coin contract and runs here, else None."""
-    if not target.offers("sampling", "params") or getattr(target, "rng", None) != RNG_COINS:
+    if target is None or not target.offers("sampling", "params") or getattr(target, "rng", None) != RNG_COINS:
         return None
     try:
         return target.op("sampling", device, ("params",))

@@ -165,8 +165,10 @@ def draft(ctx: RunContext, checkpoint: str, draft_dir: str, convention: str):
 def _generation_ops(ctx: RunContext) -> dict[str, Op]:
     """The generation operations on the run's model and draft: generate (and greedy_generate) and
     speculative_generate (with the features "observer" and "topology"), the prefix cache, the
-    draft's stages, and `model` itself (the reference forward of the draft and distribution kinds)."""
+    draft's stages, `plan_topologies` (which splits run here), and `model` itself (the reference
+    forward of the draft and distribution kinds)."""
     from lockstep.engine.generate import generate
+    from lockstep.engine.parallel import plan_splits
 
     def generate_(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8, observer=None, tp=1, ep=1):
         kw = {"capture": tuple(capture), "max_batch": max_batch, "prefill_chunk": prefill_chunk}
@@ -211,6 +213,8 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
             "speculative_generate": Op(speculative, EVERY, "lockstep.engine.speculative.speculative_generate under the run's "
                                        "settings", run | {"greedy", "target-only", "rejection", "tree"}),
             "draft_stages": Op(stages, EVERY, "lockstep.engine.eagle3.Eagle3Draft under the run's settings"),
+            "plan_topologies": Op(lambda config, wanted, world_sizes: plan_splits(config, wanted, world_sizes, ctx.device),
+                                  EVERY, "lockstep.engine.parallel.plan_splits: the splits that run here"),
             "model": Op(lambda checkpoint: model(ctx, checkpoint), EVERY,
                         "lockstep.engine.model.GptOssModel under the run's settings (its internals, for reference forwards)")}
 
