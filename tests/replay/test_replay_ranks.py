@@ -129,3 +129,14 @@ def test_the_degree_under_torchrun_is_its_world(monkeypatch):
 def test_shares_are_round_robin_in_run_order():
     assert spread.shares([5, 3, 1, 0, 2, 4], 4) == [[5, 2], [3, 4], [1], [0]]
     assert spread.shares([0, 1], 3) == [[0], [1], []]
+
+
+def test_a_failed_rank_is_named_not_the_busy_ones_stopped_after_it(monkeypatch):
+    from lockstep.engine import launch as launcher
+
+    def failing(*args, **kwargs):
+        raise launcher.RankFailure("launch(world_size=3) failed ...", {0: "hung: still running, no result; killed",
+                                                                     1: "raised MemoryError", 2: "finished"})
+    monkeypatch.setattr(launcher, "launch", failing)
+    with pytest.raises(RuntimeError, match=r"^data-parallel run of 3 ranks failed: rank 1 raised MemoryError\n"):
+        spread._on_ranks(3, (), "cpu")
