@@ -14,7 +14,7 @@
     lockstep make-checkpoint --preset NAME --seed S --format bf16|mxfp4 OUT
     lockstep generate --checkpoint DIR --prompt-ids 1,2,3 [...] [--json]
     lockstep --version
-    lockstep record OUT / replay TRACE / import-peer PEER / promote TRACE SPEC_ID   (harness/replay)
+    lockstep record OUT / replay TRACE / import-peer PEER / promote TRACE SPEC_ID   (harness/commands/replay.py)
 
 Without --dtype / --backend, check, diff and regen run each spec under every (dtype policy,
 backend) pair it has goldens for here (regen: every pair it supports), one row each: harness/pairs.py.
@@ -29,14 +29,6 @@ located line and exit 1 (its traceback with --debug), a closed stdout (`lockstep
 ends quietly. `--help`, `list` and `validate`'s parsing import neither torch nor the engine: this
 file holds only the parser and the dispatch; each command's body is a module of harness/commands/
 (imported when that command runs, with its imports at its top).
-
-Where the old functions of this file went: harness/commands/selection.py (_load, _plan,
-_context, _stale, _golden_folders, _ran_on, _check_dirs, _golden_exists), display.py (Progress,
-_columns, StatusTable), session.py (CheckSession: counts, stale goldens, temporary files, exit code,
-both reports; was the second half of cmd_check and _exit_code), check.py (cmd_check, _explain_pass),
-listing.py (cmd_list, cmd_validate), regen.py, report.py (cmd_report, cmd_expectations), suite.py,
-doctor.py, make_checkpoint.py, generate.py; the argument types in options.py, the exit codes in
-exits.py. The replay commands' parsers and bodies stay in harness/replay/commands.py.
 """
 
 from __future__ import annotations
@@ -54,8 +46,8 @@ from lockstep.harness.commands.options import (Parser, bound, deprecated, int_at
                                                tag, token_ids, world_sizes)
 from lockstep.harness.errors import UsageError, full_traceback, located, where, write_failure  # noqa: F401 - UsageError: also harness.cli's
 from lockstep.harness.limits import MAX_CHECKPOINT_GB, MAX_DOCTOR_INPUTS, MAX_GENERATE_SECONDS, WORLD_SIZES
-from lockstep.harness.replay.commands import add_commands as add_replay_commands
-from lockstep.harness.suite import parse_mapping
+from lockstep.harness.commands.replay import add_commands as add_replay_commands
+from lockstep.harness.suite_paths import parse_mapping
 from lockstep.harness.jsonout import documents_only
 from lockstep.harness.version import DISTRIBUTION, version
 
@@ -293,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tool_parsers(sub)
     _generate_parser(sub)
     _show_parsers(sub)
-    add_replay_commands(sub)      # record, replay, import-peer, promote: harness/replay/commands.py
+    add_replay_commands(sub)      # record, replay, import-peer, promote: harness/commands/replay.py
     return parser
 
 

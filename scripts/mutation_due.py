@@ -28,7 +28,7 @@ SELECTION = {
     "harness/commands/session.py": ["tests/test_verdict_machinery.py"],
     "harness/commands/selection.py": ["tests/test_cli.py"],
     "harness/runner.py": ["tests/test_verdict_machinery.py", "tests/test_selfcheck.py"],
-    "harness/parallel.py": ["tests/test_verdict_machinery.py", "tests/test_parallel_check.py"],
+    "harness/workers.py": ["tests/test_verdict_machinery.py", "tests/test_parallel_check.py"],
     "harness/targets/judge.py": ["tests/targets/"],
     "harness/targets/expectfile.py": ["tests/test_verdict_machinery.py", "tests/test_hostile_targets.py"],
     "harness/kinds/primitive.py": ["tests/test_primitive_rules.py", "tests/test_primitive_nan_sides.py"],

@@ -6,7 +6,7 @@ import os
 
 from lockstep.harness.commands.exits import EXIT_OK
 from lockstep.harness.errors import UsageError
-from lockstep.harness.suite import installed_root
+from lockstep.harness.suite_paths import installed_root
 
 
 def cmd_suite(args) -> int:

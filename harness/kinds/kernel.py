@@ -50,7 +50,7 @@ from lockstep.harness.limits import MAX_KERNEL_ELEMENTS
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str, did_you_mean
 from lockstep.harness.schema import describe as describe_value
-from lockstep.harness.targets.base import TOLERANCE, TargetInterface
+from lockstep.harness.target import TOLERANCE, TargetInterface
 from lockstep.kernels.case import Draw, KernelCase
 
 NAME = "kernel"

@@ -51,7 +51,7 @@ from lockstep.harness.kinds.generate import INPUTS as GENERATE_INPUTS
 from lockstep.harness.replay.format import TraceError, canonical, f32_bits, f32_from_bits, read_trace, write_trace
 from lockstep.harness.replay.promote import spec_document
 from lockstep.harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, Verdict, replay, requests_of
-from lockstep.harness.targets.base import TargetInterface
+from lockstep.harness.target import TargetInterface
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Schema, Str
 from lockstep.engine.generate import Request

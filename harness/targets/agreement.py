@@ -14,7 +14,9 @@ token the reference itself would choose there and how close that choice was (its
 A divergence is classified: **sampler** when the engine's logprobs up to that step agree with the
 reference's within the bound (bit for bit: "the forward is bit-exact"), **forward** otherwise;
 logprobs beyond the bound where every token agrees are **logprobs** (the forward or the logprob
-computation: captured states would tell them apart).
+computation). Where the engine captures boundary states (its `capture` operation), the first
+forward or logprobs failure is placed by the layer locator (harness/targets/locator.py): in a block
+(then it is **forward**, whatever the tokens did), or in none (the head or the logprobs).
 The first line of a failure is the cause: judge, class, request and step; its float details come
 after " — ", so an expectations file matches the part before it (harness/targets/expectfile.py).
 """
@@ -37,6 +39,8 @@ class RequestVerdict:
     failure: str | None = None          # the headline of this request's first failure
     near_ties: list[str] = field(default_factory=list)
     deltas: torch.Tensor | None = None  # |Δ logprob| of every scored token, float64
+    cls: str = ""                       # the failure's class: sampler, forward, logprobs, control flow
+    step: int = 0                       # the step it happened at
 
 
 def settings(req) -> str:
@@ -67,8 +71,8 @@ def judge_request(i: int, req, tokens: list[int], logprobs: torch.Tensor, scored
             v.near_ties.append(f"{where}: token {tokens[k]} where the reference chooses {scored.choice[k]} "
                                f"(a near-tie: margin {m:.3g} <= {bound.near_tie:.3g})")
             continue
-        cls = _class(v.deltas[:k + 1], bound)
-        v.failure = (f"{JUDGE}: {cls} at {where}{DETAIL}token {tokens[k]} where the reference chooses "
+        v.cls, v.step = _class(v.deltas[:k + 1], bound), k
+        v.failure = (f"{JUDGE}: {v.cls} at {where}{DETAIL}token {tokens[k]} where the reference chooses "
                      f"{scored.choice[k]} (margin {m:.3g} > near-tie bound {bound.near_tie:.3g}; "
                      f"{settings(req)}){_exact(v.deltas[:k + 1])}")
         return v
@@ -83,6 +87,7 @@ def judge_request(i: int, req, tokens: list[int], logprobs: torch.Tensor, scored
     bad = (v.deltas > bound.logprob).nonzero()
     if len(bad):                # every token agrees: the forward, or how the logprobs are computed
         k = int(bad[0])
+        v.cls, v.step = "logprobs", k
         v.failure = (f"{JUDGE}: logprobs at request {i} step {k}{DETAIL}logprob {float(ours[k]):.9g} where the "
                      f"reference scores {float(ref[k]):.9g} (|Δ| {float(v.deltas[k]):.3g} > bound "
                      f"{bound.logprob:.3g}; every token agrees with the reference's choice)")
@@ -106,8 +111,10 @@ def distribution(deltas: list[torch.Tensor]) -> dict:
     return {"p50": q[0], "p99": q[1], "max": float(d.max()), "tokens": int(d.numel())}
 
 
-def judge(requests, results, reference, bound: Bound) -> tuple[list[str], list[str], dict]:
-    """(failures, cause first; notes: near-ties and the logprob distribution; the distribution)."""
+def judge(requests, results, reference, bound: Bound, locate=None) -> tuple[list[str], list[str], dict]:
+    """(failures, cause first; notes: near-ties and the logprob distribution; the distribution).
+    `locate(tokens) -> (block phrase, note)`, where the engine exposes captured states, places the
+    first forward or logprobs failure in a block (harness/targets/locator.py)."""
     from lockstep.engine.generate import score
 
     stop = set(reference.config.eos_token_id)
@@ -121,6 +128,11 @@ def judge(requests, results, reference, bound: Bound) -> tuple[list[str], list[s
         v = judge_request(i, req, tokens, res.logprobs, scored, bound, ids)
         deltas.append(v.deltas)
         notes += v.near_ties
+        if v.failure and locate is not None and v.cls in ("forward", "logprobs") and not fails:
+            block, note = locate(list(req.prompt) + tokens[:v.step])
+            cls = "forward" if block.startswith(("block", "the embedding")) else v.cls   # the states tell
+            v.failure = v.failure.replace(f"{JUDGE}: {v.cls} at", f"{JUDGE}: {cls} ({block}) at", 1)
+            notes.append(note)
         if v.failure:
             fails.append(v.failure)
     dist = distribution(deltas)

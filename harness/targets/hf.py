@@ -15,7 +15,7 @@ import functools
 import torch
 
 from lockstep.harness.targets import peer
-from lockstep.harness.targets.base import CPU, CUDA, NotApplicable, Op, Target
+from lockstep.harness.target import CPU, CUDA, NotApplicable, Op, Target
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32):

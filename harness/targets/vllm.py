@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from lockstep.harness.targets import peer
-from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, Op, Target
+from lockstep.harness.target import CPU, CUDA, INTERPRETER, Op, Target
 
 VERSION = "0.33.0"
 _murmur = None

@@ -20,7 +20,7 @@ SEEDED = "generate/top-k"          # seeded top-k sampling, four requests, batch
 
 
 def check(monkeypatch, capsys, target, *args) -> tuple[int, dict]:
-    monkeypatch.setattr("lockstep.harness.targets.check.get", lambda name: target)
+    monkeypatch.setattr("lockstep.harness.commands.targets.get", lambda name: target)
     code = main(["check", "--target", "outside", "--json", *args])
     return code, json.loads(capsys.readouterr().out)
 
@@ -52,7 +52,18 @@ def test_a_sampler_bug_is_named_sampler_with_request_and_step(monkeypatch, capsy
 def test_logprobs_rounded_to_bf16_are_named_logprobs_not_tokens(monkeypatch, capsys):
     code, doc = check(monkeypatch, capsys, engine("bf16-logprobs"), SEEDED)
     line = first_line(doc, SEEDED)
-    assert code == 1 and line.startswith("agreement: logprobs at request 0 step "), line
+    assert code == 1 and line.startswith("agreement: logprobs (no block) at request 0 step "), line
+    assert any(n.startswith("layer locator: no block: every boundary state within its drift") for n in doc["specs"][0]["notes"])
+
+
+def test_a_convention_error_in_one_block_is_placed_in_that_block(monkeypatch, capsys):
+    """The engine captures boundary states: the layer locator names the block whose output first
+    leaves the reference's (here block 1's attention sinks, off by one)."""
+    code, doc = check(monkeypatch, capsys, engine("block1-sinks"), SEEDED)
+    line = first_line(doc, SEEDED)
+    assert code == 1 and re.match(r"agreement: forward \(block 1\) at request \d+ step \d+ — ", line), line
+    (note,) = [n for n in doc["specs"][0]["notes"] if n.startswith("layer locator:")]
+    assert note.startswith("layer locator: block 1 (boundary states vs the reference") and "b0 0, b1 0, b2 " in note, note
 
 
 def test_a_batch_dependent_engine_fails_the_claimed_property_first(monkeypatch, capsys):
@@ -84,7 +95,7 @@ def test_a_crash_leads_with_the_exception_and_reproduces_from_anywhere(monkeypat
 
 
 def test_a_dtype_other_than_the_declared_one_is_refused(monkeypatch, capsys):
-    monkeypatch.setattr("lockstep.harness.targets.check.get", lambda name: engine("faithful", "bf16"))
+    monkeypatch.setattr("lockstep.harness.commands.targets.get", lambda name: engine("faithful", "bf16"))
     assert main(["check", "--target", "outside", "--dtype", "fp32", SEEDED]) == 2
     assert "runs the bf16 policy only" in capsys.readouterr().err
 
@@ -163,3 +174,16 @@ def test_hf_passes_the_generate_specs_it_runs_at_both_dtypes(capsys, dtype):
     doc = json.loads(capsys.readouterr().out)
     ran = [s for s in doc["specs"] if s["status"] != "n/a"]
     assert code == 0 and len(ran) >= 3 and all(s["compare"] == "calibrated" for s in ran), doc["specs"]
+
+
+def test_the_layer_locator_names_the_first_boundary_that_stands_out():
+    """Drift through the blocks is not a location; the first boundary above its dtype's floor and
+    ten times every boundary before it is."""
+    from lockstep.harness.targets.locator import first_jump, where
+    assert first_jump([0.0, 0.0, 0.5], "fp32") == 2 and where([0.0, 0.0, 0.5], "fp32") == "block 1"
+    assert first_jump([0.0, 2e-6, 5e-6, 1e-5], "fp32") is None          # fp32 drift
+    assert first_jump([0.0, 0.02, 0.04, 0.06], "bf16") is None          # bf16 drift
+    assert first_jump([0.0, 0.02, 0.04, 0.5], "bf16") == 3
+    assert first_jump([0.0, 0.02, 0.3, 0.5], "bf16") == 2               # the first, not the largest
+    assert first_jump([0.2, 0.3], "fp32") == 0 and where([0.2, 0.3], "fp32") == "the embedding"
+    assert where([0.0, 1e-7], "fp32").startswith("no block")

@@ -1,4 +1,4 @@
-"""What a target's operation returns, checked against the interface (harness/targets/base.py)
+"""What a target's operation returns, checked against the interface (harness/target.py)
 before a kind uses it: a wrong type or shape is the target's fault, named as such, never an
 IndexError or TypeError that seems to come from Lockstep's own code."""
 
@@ -78,6 +78,6 @@ def checked(target: str, name: str, fn: Callable) -> Callable:
             got = type(value).__name__ + (f" {list(value.shape)} {str(value.dtype).replace('torch.', '')}"
                                           if _tensor(value) else "")
             raise WrongReturn(f"target {target!r}: its {name} operation returned {got}; the interface "
-                              f"(harness/targets/base.py) says {want}")
+                              f"(harness/target.py) says {want}")
         return value
     return call

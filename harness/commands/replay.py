@@ -3,7 +3,7 @@
     lockstep record OUT --checkpoint models/tiny-target --requests reqs.jsonl [--dtype --backend --tp --ep
                         --max-batch --prefill-chunk] [--draft models/tiny-eagle3 --convention sglang --topk 2 ...]
     lockstep record OUT --target hf --checkpoint models/tiny-target --requests reqs.jsonl [--max-batch
-                        --prefill-chunk]      (through a target adapter: harness/replay/target_record.py)
+                        --prefill-chunk]      (through a target adapter: harness/targets/record.py)
     lockstep replay TRACE [--mode free-run|teacher-forced] [--tp --ep --backend --max-batch --prefill-chunk
                           --order 1,0] [--dp N] [--near-tie 1e-3] [--json]
     lockstep import-peer PEER.json --format vllm|sglang|rollouts|hf --checkpoint DIR [--threshold 1e-3] [--dp N]
@@ -342,7 +342,7 @@ def cmd_record(args) -> int:
         record_cost(_config(ckpt), [(len(r.prompt), r.params.max_new_tokens) for r in requests], args.dtype,
                     args.max_seconds, args.max_gb, device=setup.device)
         if args.target is not None:
-            from lockstep.harness.replay.target_record import record_target
+            from lockstep.harness.targets.record import record_target
             trace = record_target(args.target, setup, requests)
         else:
             trace = record(setup, requests)
