@@ -84,7 +84,7 @@ def run(setup: Setup, requests: list[Request], log: StepLog | None = None, force
     if dp > 1 and engine_trace is None:
         from lockstep.harness.replay.spread import spread
         with Heartbeat(f"{label}, {dp} data-parallel ranks"):
-            return spread(setup, requests, order, log, forced, speculative, dp)
+            return spread(_dispatch, setup, requests, order, log, forced, speculative, dp)
     sub = log.fresh([len(r.prompt) for r in reqs], order) if log is not None else engine_trace
     with Heartbeat(label, None if speculative else total,
                    (lambda: len(sub.events)) if isinstance(sub, StepLog) else None):

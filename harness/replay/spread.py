@@ -1,10 +1,10 @@
 """A run's requests spread over data-parallel ranks, each a whole model (harness.replay.run).
 
-    results = spread(setup, requests, order, log, forced, speculative, dp=4)
+    results = spread(dispatch, setup, requests, order, log, forced, speculative, dp=4)
 
 The requests are dealt round-robin in run order: the request at run position j goes to rank
-j mod dp, and each rank runs its share as one batch stream on one device (`run._dispatch`), in
-that order. D2 (a request's bits do not depend on its batchmates) makes every request's tokens,
+j mod dp, and each rank runs its share as one batch stream on one device (`dispatch`, harness.replay.run's
+one-process run), in that order. D2 (a request's bits do not depend on its batchmates) makes every request's tokens,
 logprobs and observed steps those of one process; the results and each rank's StepLog come back
 into request order, so the verdicts, the report and the exit code do not depend on dp.
 
@@ -47,14 +47,14 @@ def shares(order: list[int], dp: int) -> list[list[int]]:
     return [order[r::dp] for r in range(dp)]
 
 
-def spread(setup, requests, order: list[int], log, forced, speculative: bool, dp: int) -> list:
+def spread(dispatch, setup, requests, order: list[int], log, forced, speculative: bool, dp: int) -> list:
     """-> results in request order; `log` (a StepLog or None) takes every rank's records, mapped
     back to request indices. ValueError where a rank's run raised one (the lowest such rank's)."""
     parts = [p for p in shares(order, dp) if p]
     jobs = [([requests[i] for i in p],
              log.fresh([len(requests[i].prompt) for i in p], p) if log is not None else None,
              [forced[i] for i in p] if forced is not None else None) for p in parts]
-    outcomes = _on_ranks(len(parts), (setup, jobs, speculative), setup.device)
+    outcomes = _on_ranks(len(parts), (dispatch, setup, jobs, speculative), setup.device)
     errors = [o[1] for o in outcomes[:len(parts)] if o[0] == "value-error"]
     if errors:
         raise ValueError(errors[0])
@@ -85,11 +85,11 @@ def _on_ranks(ranks: int, args: tuple, device: str) -> list:
                            + "; ".join(f"rank {r} {d}" for r, d in sorted(failed.items())) + "\n" + str(e)) from None
 
 
-def share(setup, jobs: list, speculative: bool) -> tuple:
+def share(dispatch, setup, jobs: list, speculative: bool) -> tuple:
     """On one rank (found by RANK): its job (requests, StepLog or None, forced tokens or None) run
-    on this rank's device -> ("ok", results, log), or ("value-error", message) for the bad input
-    one process would report the same way; a rank past the jobs runs nothing."""
-    from lockstep.harness.replay.run import _dispatch
+    by `dispatch` (a module-level function: it travels by name) on this rank's device -> ("ok",
+    results, log), or ("value-error", message) for the bad input one process would report the same
+    way; a rank past the jobs runs nothing."""
     rank = int(os.environ["RANK"])
     if rank >= len(jobs):
         return "ok", [], None
@@ -99,6 +99,6 @@ def share(setup, jobs: list, speculative: bool) -> tuple:
         import torch
         torch.cuda.set_device(torch.device(device))       # this rank's GPU; the model goes to the current one
     try:
-        return "ok", _dispatch(setup, reqs, log, forced, forced, speculative), log
+        return "ok", dispatch(setup, reqs, log, forced, forced, speculative), log
     except ValueError as e:
         return "value-error", str(e)
