@@ -110,9 +110,11 @@ def _running(p: argparse.ArgumentParser) -> None:
                                                              "here; regen: every pair the spec supports)")
     p.add_argument("--backend", choices=["torch", "triton"], help="engine kernel backend (default: as --dtype)")
     p.add_argument("--world-size", type=world_sizes, default=[], metavar="W[,W...]",
-                   help="also run generate specs at tensor parallel tp=W and expert parallel ep=W, W in "
-                        f"{{{', '.join(map(str, WORLD_SIZES))}}} (torch.distributed; gloo on CPU, NCCL on GPU) "
-                        "and require the one-device bits")
+                   help="also run each generate spec split over W processes, once tensor parallel (tp=W ep=1) "
+                        "and once expert parallel (tp=1 ep=W), and require the one-device bits; W in "
+                        f"{{{', '.join(map(str, WORLD_SIZES))}}}, each once (1 adds no run). A split the spec's "
+                        "model cannot take or this machine cannot launch is not run, and the spec's notes name "
+                        "it. Lockstep's engine only (torch.distributed: gloo on CPU, NCCL on GPU)")
 
 
 def _json(p: argparse.ArgumentParser, more: str = "") -> None:
@@ -207,11 +209,13 @@ def _target_parsers(sub) -> None:
 def _tool_parsers(sub) -> None:
     """The tools: suite, doctor, make-checkpoint."""
     p = sub.add_parser("suite", help="print the installed suite's folder (its specs/, golden/ and models/)")
+    _json(p)
     _debug(p)
     p.set_defaults(func=command("suite", "cmd_suite"))
     p = sub.add_parser("doctor", help="check that every primitive of the CPU reference is IEEE on this machine")
     p.add_argument("--inputs", type=int_at_least(1024, MAX_DOCTOR_INPUTS), default=65536,
                    help=f"inputs per op (default 65536, at most {MAX_DOCTOR_INPUTS})")
+    _json(p)
     _debug(p)
     p.set_defaults(func=command("doctor", "cmd_doctor"))
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
@@ -224,6 +228,7 @@ def _tool_parsers(sub) -> None:
     p.add_argument("--max-gb", type=bound, default=MAX_CHECKPOINT_GB, metavar="GB",
                    help=f"refuse to write more parameter bytes than this (default {MAX_CHECKPOINT_GB:g})")
     p.add_argument("out", type=Path, metavar="OUT")
+    _json(p, " (the progress stays on stderr)")
     _debug(p)
     p.set_defaults(func=command("make_checkpoint", "cmd_make_checkpoint"))
 
@@ -246,6 +251,7 @@ def _show_parsers(sub) -> None:
     p = sub.add_parser("diff-driver", help="install the git diff driver that shows goldens' values in git diff")
     p.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: .)")
     p.add_argument("--uninstall", action="store_true", help="remove the driver from the repository's .git/config")
+    _json(p)
     _debug(p)
     p.set_defaults(func=command("show", "cmd_diff_driver"))
 

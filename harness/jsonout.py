@@ -112,3 +112,15 @@ def regen_document(*, dry_run: bool, exit_code: int, summary: dict, goldens: lis
     return _header("regen") | {"dry_run": dry_run, "exit_code": exit_code, "summary": summary, "goldens": goldens,
                                "spec_errors": list(spec_errors), "stale_goldens": list(stale_goldens),
                                "removed_temps": list(removed_temps)}
+
+
+def tool_document(command: str, ok: bool, **fields) -> dict:
+    """The documents of suite, doctor, make-checkpoint, diff-driver, record and promote: the header,
+    `ok` (the command did what it was asked; the exit code is 0 exactly then), and their fields
+    (docs/schemas/COMMAND.schema.json)."""
+    return _header(command) | {"ok": ok} | fields
+
+
+def print_document(doc: dict) -> None:
+    import json
+    emit(json.dumps(doc, indent=2))

@@ -60,7 +60,17 @@ operations, with the default target `harness/targets/lockstep.py` implementing e
               scale) -> [T, Hq, D]       query t sees keys max(0, pos - window + 1) … pos
     rmsnorm(x [M, N], weight [N], eps) -> [M, N]
     sampling(logp [R, V] f64, seeds [R], positions [R]) -> [R] int64   seeded Gumbel-max
-              Op.features: "col_base" (col_base=: the hash column of vocab id 0)
+              Op.features: "col_base" (col_base=: the hash column of vocab id 0), and
+                "params"         the request's settings: sampling(logits [R, V] f32, seeds [R] int64,
+                                 positions [R] int64, params=[SamplingParams] * R) -> [R] int64, row r
+                                 drawn as a request with params[r] (temperature, top_k, top_p, min_p;
+                                 greedy) and seed seeds[r] whose logits [r] are the raw logits of the
+                                 input token at positions[r] (DESIGN §5: temperature divides, the filters
+                                 keep equal probabilities lowest id first and mask the rest to -inf,
+                                 Gumbel-max over vocab-id columns, the lowest id on ties). The kernel
+                                 kind judges sample_fused specs' tokens through it, bitwise, on a target
+                                 that declares the coin contract (`rng`); without the feature or the
+                                 declaration they are n/a with the reason
 
 Operations only Lockstep's engine has (`harness/targets/lockstep.py: engine(ctx)`, the run's
 settings applied, harness/targets/lockstep_run.py); the kinds that need them are n/a elsewhere:
@@ -93,9 +103,11 @@ Requests and results are the engine's own types (engine.request): a `Request` is
 `SamplingParams` (`params`) and a seed; a `Result` is tokens, logprobs [n] f32, finish_reason,
 and, where the operation gives them, `captured` and `accept_lengths`.
 
-`Target.rng` names the RNG model of the target's seeded sampling (`generate` with seeded requests),
-as `lockstep record --target` writes it into a trace: "lockstep-coins-1" (DESIGN §5's coin
-contract: only Lockstep's own target), "stateless" (a draw depends only on the request's seed and
+`Target.rng` names the RNG model of the target's seeded sampling (`generate` with seeded requests,
+`sampling` with params), as `lockstep record --target` writes it into a trace: "lockstep-coins-1"
+(DESIGN §5's coin contract: Lockstep's own target, and an engine that draws exactly as it does,
+whose `sampling` with params is then judged bitwise; `record --target` refuses to record seeded
+requests of any other target that declares it), "stateless" (a draw depends only on the request's seed and
 the token's position, whatever else is batched or drawn), "stateful" (a generator seeded once per
 request whose state advances with every draw, so a draw depends on every draw before it). None:
 the target declares none, and only greedy requests can be recorded from it.
@@ -126,7 +138,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
-from lockstep.engine.request import Request, Result  # noqa: F401  (the request and result of every generation operation)
+from lockstep.engine.request import COIN_CONTRACT, Request, Result  # noqa: F401  (the request and result of every generation operation)
 from lockstep.harness.target_returns import checked
 
 CPU, INTERPRETER, CUDA = "cpu", "cpu-interpreter", "cuda"
@@ -141,7 +153,7 @@ PROPERTIES = {"run-to-run": "D1: the same run twice gives the same bits",
               "prefix-cache": "D3: a prefix-cache hit gives the cold run's bits",
               "speculative-greedy": "greedy speculative decoding gives plain greedy decoding's tokens and bits",
               "topology": "D4: a topology's run gives one device's bits"}
-RNG_COINS = "lockstep-coins-1"
+RNG_COINS = COIN_CONTRACT
 RNG_MODELS = {RNG_COINS: "DESIGN §5's coin contract (murmur3(seed, position, column) Gumbel-max)",
               "stateless": "stateless: a draw depends only on the request's seed and the token position",
               "stateful": "stateful: a generator seeded once per request, advancing with every draw"}

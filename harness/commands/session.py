@@ -109,8 +109,28 @@ class CheckSession:
         if self.temps:
             parts.append(f"\n{len(self.temps)} stale temporary file(s) (left by a killed golden write; `lockstep "
                          f"regen` removes them){failing}:\n" + "\n".join(f"  {t}" for t in self.temps))
+        parts += self.topologies(ctx)
         parts.append("\n" + self.summary(ctx))
         return "\n".join(parts)
+
+    def topologies(self, ctx) -> list[str]:
+        """Under --world-size: which splits ran on how many specs, and which did not, with why (each
+        spec's notes say it per spec)."""
+        if not any(w > 1 for w in getattr(ctx, "world_sizes", ())):
+            return []
+        ran, left = {}, {}
+        for o in self.outcomes:
+            for n in o.notes:
+                if n.startswith("checked at "):
+                    for t in n.removeprefix("checked at ").split(", "):
+                        ran[t.removeprefix("topology ")] = ran.get(t.removeprefix("topology "), 0) + 1
+                elif n.startswith("not run at "):
+                    split, _, why = n.removeprefix("not run at ").partition(": ")
+                    left.setdefault(f"{split}: {why}", []).append(o.spec.id)
+        lines = ["\n--world-size " + ",".join(map(str, ctx.world_sizes)) + ": "
+                 + ("; ".join(f"{t} on {k} spec(s)" for t, k in ran.items()) or "no split ran")]
+        lines += [f"  not run at {why} ({len(ids)} spec(s))" for why, ids in left.items()]
+        return lines
 
     def summary(self, ctx) -> str:
         counts = self.counts()

@@ -93,6 +93,7 @@ class ReplayReport:
     stats: dict | None = None           # and the per-token statistics of |Δlogprob|
     notes: list[str] = field(default_factory=list)   # what the verdict cannot see (harness/replay/context.py)
     rl: dict | None = None              # another engine's trace: {"overall": rl_stats, "per_request": [...]}
+    replayed: list | None = None        # the replay's own logprob bits per request (a peer spec's golden holds them)
 
     @property
     def bitwise(self) -> bool:
@@ -343,6 +344,7 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
         processed.apply(flog, results)      # a peer that declared processed logprobs: compare those
         for i, res in enumerate(results):
             report.verdicts += _forced_verdicts(trace, i, res, flog)
+    report.replayed = [f32_bits_all(_floats(res.logprobs)) for res in results]
     bad = [v for v in report.verdicts if v.status not in (Verdict.BITWISE, Verdict.NOT_RECORDED)]
     if foreign(trace):
         report.threshold = threshold
@@ -354,6 +356,10 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
         if locate_first:
             report.located = _locate(trace, setup, requests, tokens, results, report.first, mode)
     return report
+
+
+def _floats(logprobs) -> list[float]:
+    return logprobs.tolist() if hasattr(logprobs, "tolist") else list(logprobs)
 
 
 def _stats(trace: Trace, results, threshold: float, clip: float = 0.2) -> tuple[dict, dict]:

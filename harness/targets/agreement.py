@@ -19,6 +19,9 @@ forward or logprobs failure is placed by the layer locator (harness/targets/loca
 (then it is **forward**, whatever the tokens did), or in none (the head or the logprobs).
 The first line of a failure is the cause: judge, class, request and step; its float details come
 after " — ", so an expectations file matches the part before it (harness/targets/expectfile.py).
+Where the engine's `sampling` takes params under the coin contract, the exact sampler judge
+(`exact_sampler`) runs it on the reference's logits of every step of each seeded request: its
+tokens must be DESIGN §5's bit for bit, and its failures lead.
 """
 
 from __future__ import annotations
@@ -45,13 +48,30 @@ class RequestVerdict:
 
 def settings(req) -> str:
     """The request's sampling settings in one phrase (what a reader needs to reproduce its draw)."""
-    p = req.params
-    if p.is_greedy:
-        return "greedy"
-    parts = [f"seed {req.seed}", f"temperature {p.temperature:g}"]
-    parts += [f"{k} {getattr(p, k):g}" for k, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))
-              if getattr(p, k) != off]
-    return ", ".join(parts)
+    from lockstep.engine.sampling import settings_phrase
+    return settings_phrase(req.params, req.seed)
+
+
+def exact_sampler(i: int, req, scored, sampler) -> str | None:
+    """The exact sampler judge: the engine's `sampling` operation (with params) on the reference's
+    own logits of every step of seeded request i must draw DESIGN §5's tokens, bit for bit (no
+    bound: the sampler is a contract). The first step it does not, cause first; None if none."""
+    from lockstep.engine.sampling import broken_rule, sample_rows, seed_as_int64
+
+    n = len(scored.tokens)
+    if req.params.is_greedy or req.seed is None or scored.logits is None or not n:
+        return None
+    params, seeds = [req.params] * n, [req.seed] * n
+    want = sample_rows(scored.logits, params, seeds, scored.positions).tolist()
+    got = [int(t) for t in sampler(scored.logits, torch.tensor([seed_as_int64(req.seed)] * n, dtype=torch.int64),
+                                   torch.tensor(scored.positions, dtype=torch.int64), params=params).tolist()]
+    k = next((k for k in range(n) if got[k] != want[k]), None)
+    if k is None:
+        return None
+    pos = scored.positions[k]
+    return (f"sampler: {broken_rule(scored.logits[k], req.params, req.seed, pos, got[k])} at request {i} step {k} "
+            f"(position {pos}; {settings(req)}){DETAIL}token {got[k]} where DESIGN §5 gives {want[k]} on the "
+            f"reference's logits (the engine's sampling operation, teacher-forced)")
 
 
 def judge_request(i: int, req, tokens: list[int], logprobs: torch.Tensor, scored, bound: Bound,
@@ -111,19 +131,24 @@ def distribution(deltas: list[torch.Tensor]) -> dict:
     return {"p50": q[0], "p99": q[1], "max": float(d.max()), "tokens": int(d.numel())}
 
 
-def judge(requests, results, reference, bound: Bound, locate=None) -> tuple[list[str], list[str], dict]:
+def judge(requests, results, reference, bound: Bound, locate=None, sampler=None) -> tuple[list[str], list[str], dict]:
     """(failures, cause first; notes: near-ties and the logprob distribution; the distribution).
     `locate(tokens) -> (block phrase, note)`, where the engine exposes captured states, places the
-    first forward or logprobs failure in a block (harness/targets/locator.py)."""
+    first forward or logprobs failure in a block (harness/targets/locator.py). `sampler`: the
+    engine's `sampling` operation with params, where it declares the coin contract: the exact
+    sampler judge runs on every seeded request, and its failures lead."""
     from lockstep.engine.generate import score
 
     stop = set(reference.config.eos_token_id)
-    fails, notes, deltas = [], [], []
+    exact, fails, notes, deltas = [], [], [], []
     for i, (req, res) in enumerate(zip(requests, results)):
         tokens = list(res.tokens)
         if not tokens:
             continue
-        scored = score(reference, [req], [tokens])[0]
+        seeded = sampler is not None and req.seed is not None and not req.params.is_greedy
+        scored = score(reference, [req], [tokens], keep_logits=seeded)[0]
+        if seeded:
+            exact += [f for f in [exact_sampler(i, req, scored, sampler)] if f]
         ids = set(req.params.stop_token_ids) if req.params.stop_token_ids else stop
         v = judge_request(i, req, tokens, res.logprobs, scored, bound, ids)
         deltas.append(v.deltas)
@@ -135,6 +160,7 @@ def judge(requests, results, reference, bound: Bound, locate=None) -> tuple[list
             notes.append(note)
         if v.failure:
             fails.append(v.failure)
+    fails = exact + fails
     dist = distribution(deltas)
     for q in ("p50", "p99"):
         if dist[q] > getattr(bound, q):

@@ -31,7 +31,7 @@ from lockstep.harness.errors import full_traceback, where
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.specfile import Spec
-from lockstep.harness.target import (BITWISE, CALIBRATED, CHI_SQUARE, TOLERANCE,  # noqa: F401
+from lockstep.harness.target import (BITWISE, CALIBRATED, CHI_SQUARE, RNG_COINS, TOLERANCE,  # noqa: F401
                                            NotApplicable, Target, UpstreamChanged)
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
@@ -217,7 +217,8 @@ class _Generation:
 def _agreement(spec: Spec, ctx: RunContext, result: Result, target=None) -> tuple[list[str], list[str]]:
     """The calibrated judge (harness/targets/agreement.py) on a generate spec's run: against
     Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens; a
-    target that captures boundary states has its first forward failure placed in a block."""
+    target that captures boundary states has its first forward failure placed in a block; and the
+    exact sampler judge where the target's `sampling` takes params under the coin contract."""
     from lockstep.harness.checkpoints import model_for
     from lockstep.harness.kinds.generate import _requests, project_root
     from lockstep.harness.targets import agreement
@@ -228,7 +229,7 @@ def _agreement(spec: Spec, ctx: RunContext, result: Result, target=None) -> tupl
                           ctx.platform.dtype)
     results = [_Generation(result.tensors, i) for i in range(len(requests))]
     fails, notes, _ = agreement.judge(requests, results, reference, bound(ctx.platform.dtype),
-                                      _layer_locator(spec, ctx, target, reference))
+                                      _layer_locator(spec, ctx, target, reference), _sampler(target, str(ctx.device)))
     return fails, notes
 
 
@@ -254,6 +255,16 @@ def _layer_locator(spec: Spec, ctx: RunContext, target, reference):
     folder = target_dir(spec.inputs["checkpoint"], project_root(spec))
     layers = reference.config.num_hidden_layers
     return lambda tokens: locator.locate(capture, reference_capture, folder, tokens, layers, ctx.platform.dtype)
+
+
+def _sampler(target, device: str):
+    """The target's `sampling` with params where it declares the coin contract and runs here, else None."""
+    if target is None or not target.offers("sampling", "params") or getattr(target, "rng", None) != RNG_COINS:
+        return None
+    try:
+        return target.op("sampling", device, ("params",))
+    except NotApplicable:
+        return None
 
 
 def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]:

@@ -226,7 +226,26 @@ def _kernel_ops() -> dict[str, Op]:
     torch references)."""
     from lockstep.engine.cases import every_case
 
-    return {c.name: Op(c.op, (INTERPRETER, CUDA), c.note, frozenset(c.features)) for c in every_case().values()}
+    ops = {c.name: Op(c.op, (INTERPRETER, CUDA), c.note, frozenset(c.features)) for c in every_case().values()}
+    gumbel_max = ops["sampling"]
+    ops["sampling"] = Op(_sampling(gumbel_max.fn), gumbel_max.where, f"{gumbel_max.note}; with params=: "
+                         f"lockstep.engine.sampling.sample_rows", gumbel_max.features | {"params"})
+    return ops
+
+
+def _sampling(gumbel_max):
+    """The `sampling` operation: the Gumbel-max kernel on log-probabilities, or with params= the
+    engine's own sampler on raw logits (engine.sampling.sample_rows: temperature, the filters, the
+    coin draw; on a GPU its fused kernel)."""
+    def sampling(logp, seeds, positions, col_base=None, params=None):
+        if params is None:
+            return gumbel_max(logp, seeds, positions, col_base=col_base)
+        if col_base is not None:
+            raise ValueError("sampling: col_base belongs to the Gumbel-max form; with params the columns are "
+                             "vocab ids (DESIGN §5)")
+        from lockstep.engine.sampling import sample_rows
+        return sample_rows(logp, list(params), [int(s) for s in seeds.tolist()], [int(p) for p in positions.tolist()])
+    return sampling
 
 
 # --------------------------------------------------------------------------- checkpoints, layer ids, verify

@@ -93,6 +93,8 @@ def load(edits: dict | None = None) -> Target:
                             "(gumbel.murmur3_uniform32/64), keyed by request position and token",
             "gumbel": "vLLM's Gumbel noise is fused into its sampling kernel (gumbel_noised_argmax), on its own "
                       "midpoint uniforms",
+            "sampling": "vLLM's sampler draws its Gumbel noise inside its sampling kernel (gumbel_noised_argmax) "
+                        "from its own midpoint uniforms, not under the coin contract",
             "verify_greedy": "vLLM's verify is its rejection sampler over a padded batch layout: not driven yet",
             "verify_target_only": "vLLM has no target-only tree verification",
             "verify_rejection": "vLLM's rejection sampler draws its own uniforms; not driven yet",
