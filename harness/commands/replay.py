@@ -5,8 +5,9 @@
     lockstep record OUT --target hf --checkpoint models/tiny-target --requests reqs.jsonl [--max-batch
                         --prefill-chunk]      (through a target adapter: harness/targets/record.py)
     lockstep replay TRACE [--mode free-run|teacher-forced] [--tp --ep --backend --max-batch --prefill-chunk
-                          --order 1,0] [--near-tie 1e-3] [--json]
-    lockstep import-peer PEER.json --format vllm|sglang|rollouts|hf --checkpoint DIR [--threshold 1e-3] [--json]
+                          --order 1,0] [--dp N] [--near-tie 1e-3] [--json]
+    lockstep import-peer PEER.json --format vllm|sglang|rollouts|hf --checkpoint DIR [--threshold 1e-3] [--dp N]
+                         [--json]
     lockstep promote TRACE SPEC_ID [--request-indices 0,2] [--specs DIR] [--threshold 1e-3]
 
 A request file has one JSON object a line: {"prompt": [ids], "seed": 7, "sampling": {"temperature":
@@ -34,7 +35,7 @@ from lockstep.harness.commands.options import (bound, deprecated, int_at_least, 
                                                token_ids)
 from lockstep.harness.errors import check_output_file
 from lockstep.harness.jsonout import emit, print_document, replay_document, tool_document
-from lockstep.harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
+from lockstep.harness.limits import MAX_DATA_PARALLEL, MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
 from lockstep.harness.replay.format import Trace, TraceError, f32_from_bits, read_trace, write_trace
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
@@ -64,6 +65,7 @@ def _parsers(sub) -> None:
     p.add_argument("--mode", choices=["free-run", "teacher-forced"], default="free-run",
                    help="free-run: sample again and compare; teacher-forced: feed the trace's tokens (default free-run)")
     _run_options(p, defaults=False)
+    _dp(p)
     _device(p, "default: the trace's; Lockstep's own trace replays only on its own platform")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
                    help="dtype policy (default: the trace's; another dtype only for another engine's trace)")
@@ -90,6 +92,7 @@ def _parsers(sub) -> None:
     p.add_argument("--threshold", type=bound, default=1e-3,
                    help="|Δlogprob| above which a token is a divergence (exit 1; default 1e-3)")
     _clip(p)
+    _dp(p)
     _device(p, "default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="Lockstep's dtype policy for the "
                                                                              "teacher-forced run (default fp32)")
@@ -118,6 +121,12 @@ def _parsers(sub) -> None:
                    help="another engine's trace: the |Δlogprob| the teacher-forced spec accepts (default 1e-3)")
     p.add_argument("--json", action="store_true", help="machine-readable output, one document on stdout")
     p.set_defaults(func=cmd_promote)
+
+
+def _dp(p) -> None:
+    p.add_argument("--dp", type=int_at_least(1, MAX_DATA_PARALLEL), default=None, metavar="N",
+                   help="spread the requests over N data-parallel ranks on this host, a whole model each (the "
+                        "same report; default 1, or under torchrun every rank of its world)")
 
 
 def _device(p, default: str) -> None:
@@ -385,7 +394,8 @@ def cmd_replay(args) -> int:
                      lambda i, k: f"{args.trace}:{lines[i, k]}")
         report = replay(trace, args.mode, overrides, near_tie=args.near_tie if args.near_tie is not None else NEAR_TIE,
                         locate_first=not args.no_locate,
-                        threshold=args.threshold if args.threshold is not None else THRESHOLD, clip=args.clip)
+                        threshold=args.threshold if args.threshold is not None else THRESHOLD, clip=args.clip,
+                        dp=args.dp)
     except (ValueError, OSError) as e:
         return _fail(f"{args.trace}: {e}" if not str(e).startswith(str(args.trace)) else str(e))
     (emit if args.json else print)(json.dumps(replay_document("replay", report.command_json()), indent=2) if args.json
@@ -414,7 +424,7 @@ def cmd_import_peer(args) -> int:
         _check_steps(trace, config.vocab_size, lambda i, k: f"{args.peer}: request {i}, token {k}")
         record_cost(config, [(len(r["prompt"]), r["tokens"]) for r in trace.requests], args.dtype, args.max_seconds,
                     args.max_gb, verb="import-peer", runs=1, device=setup.device)
-        report = teacher_force_peer(trace, args.threshold, setup=setup, clip=args.clip)
+        report = teacher_force_peer(trace, args.threshold, setup=setup, clip=args.clip, dp=args.dp)
         if args.out:
             write_trace(trace, args.out)
     except (ValueError, OSError) as e:

@@ -31,6 +31,7 @@ from lockstep.harness.replay.processed import Processing, ProcessedLog, apply
 from lockstep.harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits, f32_from_bits
 from lockstep.harness.replay.identity import checkpoint_identity, platform_identity
 from lockstep.harness.replay.run import Setup, checkpoint_folder, forced_requests, run
+from lockstep.harness.replay.spread import degree
 from lockstep.engine.request import Request, SamplingParams
 
 FORMATS = ("vllm", "sglang", "rollouts", "hf")
@@ -195,18 +196,20 @@ class PeerReport(Deltas):
 
 
 def teacher_force_peer(trace: Trace, threshold: float = 1e-3, setup: Setup | None = None,
-                       clip: float = CLIP) -> PeerReport:
-    """Feed the peer's tokens through Lockstep's engine; per-token comparison against the peer's."""
+                       clip: float = CLIP, dp: int | None = None) -> PeerReport:
+    """Feed the peer's tokens through Lockstep's engine; per-token comparison against the peer's.
+    `dp`: data-parallel ranks the requests spread over (harness.replay.spread; the same report)."""
     if not threshold > 0:
         raise TraceError(f"threshold must be > 0, got {threshold}")
     setup = setup or Setup(trace.manifest["checkpoint"]["ref"])
+    dp = degree(dp, setup.tp, setup.ep)
     tokens = [[s["token"] for s in steps] for steps in trace.steps]
     reqs = [Request(prompt=r["prompt"], params=SamplingParams(greedy=True, max_new_tokens=r["tokens"])) for r in
             trace.requests]
     processing = Processing.of(trace.manifest)
     log = None if processing.kind == "raw" else ProcessedLog([len(r.prompt) for r in reqs], tokens, processing)
     try:
-        results = run(setup, forced_requests(reqs, tokens), log, tokens)
+        results = run(setup, forced_requests(reqs, tokens), log, tokens, dp=dp)
         if log is not None:
             apply(log, results)             # compare what the peer declared it returned
     except ValueError as e:                 # an id outside the vocabulary, a sequence past the context

@@ -44,6 +44,7 @@ from lockstep.harness.replay.format import Trace, TraceError, f32_bits, f32_bits
 from lockstep.harness.replay.identity import check_checkpoint, check_platform, platform_identity
 from lockstep.harness.replay.observe import StepLog
 from lockstep.harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
+from lockstep.harness.replay.spread import degree
 
 MODES = ("free-run", "teacher-forced")
 OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order", "forced_shape", "device", "dtype")
@@ -299,7 +300,11 @@ def foreign(trace: Trace) -> bool:
 
 
 def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, *, near_tie: float = NEAR_TIE,
-           locate_first: bool = True, threshold: float = THRESHOLD, clip: float = 0.2) -> ReplayReport:
+           locate_first: bool = True, threshold: float = THRESHOLD, clip: float = 0.2,
+           dp: int | None = None) -> ReplayReport:
+    """The trace run again as `mode` says and judged step by step. `dp`: data-parallel ranks the
+    requests spread over (harness.replay.spread.degree; None: 1, or torchrun's world); the report
+    does not depend on it."""
     if mode not in MODES:
         raise TraceError(f"mode must be one of {MODES}, got {mode!r}")
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
@@ -311,6 +316,7 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
                              f"with RNG {other.get('rng')!r}, not Lockstep's coin contract: it can only be "
                              f"teacher-forced (--mode teacher-forced)")
     setup = replay_setup(trace, overrides or {})
+    dp = degree(dp, setup.tp, setup.ep)
     check_identity(trace, setup)
     requests = requests_of(trace)
     shown = {k: getattr(setup, k) for k in OVERRIDABLE if getattr(setup, k) is not None
@@ -321,7 +327,7 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     tokens = [[s["token"] for s in steps] for steps in trace.steps]
     if mode == "free-run":
         log = StepLog([len(r.prompt) for r in requests])
-        results = run(setup, requests, log)
+        results = run(setup, requests, log, dp=dp)
         for i, res in enumerate(results):
             vs = _token_verdicts(trace, i, list(res.tokens), res.logprobs, near_tie)
             if setup.speculative is not None:
@@ -334,7 +340,7 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
             report.verdicts += vs
     else:
         flog = processed.forced_log(trace.manifest, [len(r.prompt) for r in requests], tokens)
-        results = run(setup, forced_requests(requests, tokens), flog, tokens)
+        results = run(setup, forced_requests(requests, tokens), flog, tokens, dp=dp)
         processed.apply(flog, results)      # a peer that declared processed logprobs: compare those
         for i, res in enumerate(results):
             report.verdicts += _forced_verdicts(trace, i, res, flog)

@@ -68,19 +68,24 @@ def draft_folder(setup: Setup) -> Path:
 
 
 def run(setup: Setup, requests: list[Request], log: StepLog | None = None, forced: list[list[int]] | None = None,
-        engine_trace=None):
+        engine_trace=None, dp: int = 1):
     """-> results in request order (engine.request.Result). `forced`: teacher-force plain
     generation with these tokens (the speculative settings are then ignored). `setup.order`
     runs the batch in another composition; results and the log come back in request order.
     `engine_trace`: an engine.trace.Trace to attach as it is (its request index is the one in
-    run order), for harness.locate's re-runs."""
+    run order), for harness.locate's re-runs. `dp` > 1: the requests spread over that many
+    data-parallel ranks, each a whole model (harness.replay.spread; the same results, D2)."""
     order = setup.order or list(range(len(requests)))
     reqs = [requests[i] for i in order]
     forced_o = [forced[i] for i in order] if forced is not None else None
-    sub = log.fresh([len(r.prompt) for r in reqs], order) if log is not None else engine_trace
     speculative = setup.speculative is not None and forced is None
     total = sum(map(len, forced_o)) if forced_o is not None else sum(r.params.max_new_tokens for r in reqs)
     label = f"{'teacher-forced run' if forced is not None else 'run'} of {len(reqs)} request(s) on {setup.device}"
+    if dp > 1 and engine_trace is None:
+        from lockstep.harness.replay.spread import spread
+        with Heartbeat(f"{label}, {dp} data-parallel ranks"):
+            return spread(_dispatch, setup, requests, order, log, forced, speculative, dp)
+    sub = log.fresh([len(r.prompt) for r in reqs], order) if log is not None else engine_trace
     with Heartbeat(label, None if speculative else total,
                    (lambda: len(sub.events)) if isinstance(sub, StepLog) else None):
         results = _dispatch(setup, reqs, sub, forced_o, forced, speculative)
