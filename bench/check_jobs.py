@@ -1,5 +1,5 @@
 """`lockstep check -j N` against `-j 1` on the same specs, in the same run: wall seconds of each, the
-ratio, and whether the two reports agree once the seconds are masked (they must: harness/parallel.py).
+ratio, and whether the two reports agree once the seconds are masked (they must: harness/workers.py).
 
     python3 bench/check_jobs.py [PATTERN ...] [--jobs N]      (default: 'kernels/*', N = the cores)
 
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from lockstep.harness.parallel import default_jobs
+from lockstep.harness.workers import default_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 

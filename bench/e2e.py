@@ -35,11 +35,18 @@ information (random weights amplify bf16 rounding over 24 layers until a toleran
 flag noise or miss a wrong sink) and fails only on non-finite logits. The script exits 3 if a
 check fails, so a wrong tensor mapping cannot hide behind a speed number.
 
-Weights: random, built tensor by tensor on the device with a seeded torch.Generator, never
+Weights: random, built tensor by tensor on the device with a torch.Generator seeded per tensor, never
 written to disk, scaled like engine.checkpoint.synthetic_weights so activations stay O(1):
 linears ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), embeddings and sinks ~ N(0, 1). Experts are
 random MXFP4 codes with scales near 2^-6..2^-9 (see expert_scale); the dense bf16 experts are
 their exact dequantization, so both policies hold the same values.
+
+Memory: under each build a "memory" line gives the model's own bytes (its weights and buffers),
+the peak device memory (CUDA) and the peak host RSS while it was built with only its dtype's
+weights held by the bench, and the ratio (target <= 1.15x; bench/_memory.py); a second line the
+same over its figures. One form of the experts is held at a time: the dense bf16 experts are made
+from the packed ones, emptying them, and the packed ones are made again (the same values, from
+per-tensor seeds) for the MXFP4 rows once the dense ones are gone.
 
 Every figure is measured on its own: a failure (out of memory, an engine feature not there yet)
 prints "n/a (reason)" in its cell and the rest still run. Times are CUDA events after warm-up
@@ -76,6 +83,9 @@ from lockstep.engine.checkpoint import expected_tensors  # noqa: E402
 from lockstep.engine.config import PRESETS, preset  # noqa: E402
 from lockstep.engine.rope import rope_frequencies  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from _memory import Meter, model_bytes  # noqa: E402
+
 SHAPES = {"20b": "gpt-oss-20b", "120b": "gpt-oss-120b"}    # other names: engine.config presets
 DTYPES = ("bf16", "mxfp4")
 SEED = 0
@@ -99,9 +109,10 @@ def local_module(name):
 
 
 # ====================================================================== the engine's API
-def engine_model(config, weights, backend, device, dtype):
+def engine_model(config, weights, backend, device, dtype, take=False):
     """GptOssModel(config, weights, backend, device, dtype); `weights` HF names, experts dense or
-    packed. An engine without `dtype` computes in fp32 only."""
+    packed. An engine without `dtype` computes in fp32 only. `take`: the model empties `weights` as
+    it converts them (a caller holding no other reference never holds a weight twice)."""
     model_module = local_module("lockstep.engine.model")
     GptOssModel = model_module.GptOssModel
     backends = getattr(model_module, "BACKENDS", ("torch", "triton"))
@@ -112,6 +123,8 @@ def engine_model(config, weights, backend, device, dtype):
         kwargs["dtype"] = dtype
     elif dtype != "fp32":
         raise NotAvailable("GptOssModel has no dtype= (fp32 only; --compute fp32 times it)")
+    if take and "take" in inspect.signature(GptOssModel).parameters:
+        kwargs["take"] = True
     try:
         return GptOssModel(config, weights, **kwargs)
     except KeyError as e:
@@ -219,17 +232,22 @@ def expert_scale(fan_in: int, gain: float) -> int:
     return 127 + round(math.log2(gain / math.sqrt(fan_in) / (E2M1_RMS * jitter_rms)))
 
 
-def random_weights(config, device, seed=SEED):
+def random_weights(config, device, seed=SEED, only_packed=False):
     """-> (floats, packed): every float tensor (bf16) and the experts' MXFP4 blocks and scales
-    (uint8), under their HF names, made one by one on `device`."""
-    g = torch.Generator(device=device).manual_seed(seed)
+    (uint8), under their HF names, made one by one on `device`, each from a generator seeded by
+    (seed, its index): `only_packed` makes the same packed experts again without the floats."""
+    g = torch.Generator(device=device)
     floats, packed = {}, {}
 
     def normal(shape, std, mean=0.0):
         t = torch.randn(shape, generator=g, device=device, dtype=torch.float32)
         return t.mul_(std).add_(mean).to(torch.bfloat16)
 
-    for name, (shape, kind) in expected_tensors(config, mxfp4_experts=True).items():
+    for index, (name, (shape, kind)) in enumerate(expected_tensors(config, mxfp4_experts=True).items()):
+        expert = name.endswith(("_blocks", "_scales"))
+        if only_packed and not expert:
+            continue
+        g.manual_seed(seed * 1_000_003 + index)
         if name.endswith("_blocks"):
             packed[name] = torch.randint(0, 256, shape, generator=g, device=device, dtype=torch.uint8)
         elif name.endswith("_scales"):
@@ -250,22 +268,24 @@ def random_weights(config, device, seed=SEED):
     return floats, packed
 
 
-def dense_experts(packed):
+def dense_experts(packed, consume=False):
     """The packed experts dequantized (exactly) to bf16, one expert at a time so the fp32
     intermediates stay small, stored once in the model's layout [E, out, in] and handed over as
     HF's [E, in, out] view of it: a bf16 model's transpose back is that storage, not a copy (the
-    20b shape's experts are ~38 GB: two copies would not fit an 80 GB card)."""
+    20b shape's experts are ~38 GB: two copies would not fit an 80 GB card). `consume`: each
+    weight's blocks and scales leave `packed` once dequantized, so the packed and the dense
+    experts are never held whole together."""
     dense = {}
-    for name, blocks in packed.items():
-        if not name.endswith("_blocks"):
-            continue
+    for name in [n for n in packed if n.endswith("_blocks")]:
         base = name[: -len("_blocks")]
-        scales = packed[base + "_scales"]
+        blocks, scales = packed[name], packed[base + "_scales"]
         E, out_dim, groups = scales.shape
         w = torch.empty((E, out_dim, groups * mxfp4.BLOCK), dtype=torch.bfloat16, device=blocks.device)
         for e in range(E):
             w[e] = mxfp4.dequantize(blocks[e], scales[e], torch.bfloat16)       # [out, in]
         dense[base] = w.transpose(1, 2)                                          # HF's [E, in, out], a view
+        if consume:
+            del packed[name], packed[base + "_scales"], blocks, scales
     return dense
 
 
@@ -556,6 +576,7 @@ class Run:
     results: dict = field(default_factory=dict)          # (dtype, mode) -> {figure: value}; {"*": reason}
     routed_by_batch: dict = field(default_factory=dict)  # batch -> [distinct experts per layer]
     mapping_ok: bool = True
+    meter: object = None                # bench/_memory.py's Meter: peaks against the model's bytes
 
 
 def parse_args(argv) -> Run:
@@ -633,7 +654,8 @@ def print_header(run: Run, argv) -> None:
 def measure_hf_side(run: Run, work, floats, packed):
     """HF's mapping reference (fp32 logits of the first blocks) and, where the dense experts fit,
     its timings and full-depth logits -> [reference, dense experts or None, HF logits or None, too_big]
-    (a list: measure_engine_side empties it, so the dense experts can be freed there)."""
+    (a list: measure_engine_side empties it, so the dense experts can be freed there). The dense
+    experts are made from `packed`, emptying it (packed_again makes them again for MXFP4 rows)."""
     device, config = run.device, run.config
     too_big = fits(device, dense_expert_bytes(config))
     run.hf_skip = "n/a (--no-hf)" if run.args.no_hf else f"n/a ({too_big})" if too_big else None
@@ -641,7 +663,8 @@ def measure_hf_side(run: Run, work, floats, packed):
     if not run.args.no_hf:
         reference = attempt(lambda: mapping_reference(config, floats, packed, work.check_tokens, device))
         free_memory(device)
-    dense = dense_experts(packed) if too_big is None and ("bf16" in run.dtypes or run.hf_skip is None) else None
+    wanted = too_big is None and ("bf16" in run.dtypes or run.hf_skip is None)
+    dense = dense_experts(packed, consume=True) if wanted else None
     hf_logits = None
     if run.hf_skip is None:
         def run_hf():
@@ -658,47 +681,71 @@ def measure_hf_side(run: Run, work, floats, packed):
     return [reference, dense, hf_logits, too_big]
 
 
+def packed_again(run: Run, packed) -> None:
+    """Fill the emptied `packed` with the same MXFP4 experts again (random_weights' per-tensor seeds)."""
+    if not packed:
+        free_memory(run.device)
+        packed.update(random_weights(run.config, run.device, only_packed=True)[1])
+
+
 def measure_engine_side(run: Run, work, floats, packed, hf_side) -> None:
     """Each (dtype, mode): the weights-mapping checks against HF, then the engine's figures
-    (run.results, run.routed_by_batch; run.mapping_ok false on a disagreement)."""
+    (run.results, run.routed_by_batch; run.mapping_ok false on a disagreement). One form of the
+    experts is held at a time: the dense ones go before the packed ones are made again."""
     reference, dense, hf_logits, too_big = hf_side
     hf_side.clear()                     # no reference left behind: the dense experts go once bf16 is done
-    args, config, device = run.args, run.config, run.device
     for policy in run.dtypes:
         if policy == "bf16" and dense is None:
             run.results.update({(policy, mode): {"*": f"n/a ({too_big})"} for mode in run.modes})
             continue
+        if policy == "mxfp4":
+            packed_again(run, packed)
         weights = {**floats, **(dense if policy == "bf16" else packed)}
         for mode, backend in run.modes.items():
-            if isinstance(reference, torch.Tensor):
-                got = attempt(lambda: mapping_check(config, weights, backend, work.check_tokens, device, reference))
-                line, ok = (got, got.startswith("n/a (not available")) if isinstance(got, str) else got
-                run.mapping_ok &= ok
-                free_memory(device)
-            else:
-                line = reference or run.hf_skip
-            print(f"weights mapped ({policy}, {mode}; first {MAPPING_LAYERS} layers, fp32 against HF fp32): {line}")
-            model = attempt(lambda: engine_model(config, weights, backend, device, args.compute))
-            if isinstance(model, str):
-                run.results[policy, mode] = {"*": model}
-                if model != line:
-                    print(f"  {policy} {mode}: {model}")
-                continue
-            if hf_logits is not None:
-                both_fp32 = args.compute == args.hf_dtype == "fp32"   # else: random weights amplify bf16
-                tol = MAPPING_TOL if both_fp32 else None               # rounding with depth: finite only
-                got = attempt(lambda: compare_logits(engine_logits(model, work.check_tokens), hf_logits, tol))
-                line, ok = (got, False) if isinstance(got, str) else got
-                run.mapping_ok &= ok
-                print(f"  the timed model, all {config.num_hidden_layers} layers, {args.compute} against HF eager "
-                      f"{args.hf_dtype}{'' if both_fp32 else ' (for information: only non-finite logits fail)'}: {line}")
-            sys.stdout.flush()
-            run.results[policy, mode] = measure_engine(model, work, not args.no_graph, run.routed_by_batch)
-            del model
-            free_memory(device)
+            measure_one_model(run, work, policy, mode, backend, weights, reference, hf_logits)
+        del weights
         if policy == "bf16":
             dense = None
-            free_memory(device)
+            free_memory(run.device)
+
+
+def measure_one_model(run: Run, work, policy, mode, backend, weights, reference, hf_logits) -> None:
+    """One (dtype, mode): its weights-mapping check, its build (memory against the model's bytes),
+    the timed model against HF's logits, its figures (and their memory)."""
+    args, config, device = run.args, run.config, run.device
+    if isinstance(reference, torch.Tensor):
+        got = attempt(lambda: mapping_check(config, weights, backend, work.check_tokens, device, reference))
+        line, ok = (got, got.startswith("n/a (not available")) if isinstance(got, str) else got
+        run.mapping_ok &= ok
+        free_memory(device)
+    else:
+        line = reference or run.hf_skip
+    print(f"weights mapped ({policy}, {mode}; first {MAPPING_LAYERS} layers, fp32 against HF fp32): {line}")
+    run.meter.start()
+    model = attempt(lambda: engine_model(config, dict(weights), backend, device, args.compute, take=True))
+    if isinstance(model, str):
+        run.results[policy, mode] = {"*": model}
+        if model != line:
+            print(f"  {policy} {mode}: {model}")
+        return
+    nbytes = model_bytes(model)
+    label = f"{policy} {mode} build (the bench holding this dtype's weights only)"
+    print(f"  {run.meter.line(label, nbytes)}")
+    if hf_logits is not None:
+        both_fp32 = args.compute == args.hf_dtype == "fp32"   # else: random weights amplify bf16
+        tol = MAPPING_TOL if both_fp32 else None               # rounding with depth: finite only
+        got = attempt(lambda: compare_logits(engine_logits(model, work.check_tokens), hf_logits, tol))
+        line, ok = (got, False) if isinstance(got, str) else got
+        run.mapping_ok &= ok
+        print(f"  the timed model, all {config.num_hidden_layers} layers, {args.compute} against HF eager "
+              f"{args.hf_dtype}{'' if both_fp32 else ' (for information: only non-finite logits fail)'}: {line}")
+    sys.stdout.flush()
+    run.meter.start()
+    run.results[policy, mode] = measure_engine(model, work, not args.no_graph, run.routed_by_batch)
+    label = f"{policy} {mode} figures (caches, graphs, activations on top)"
+    print(f"  {run.meter.line(label, nbytes)}")
+    del model
+    free_memory(device)
 
 
 def rooflines(run: Run) -> tuple[dict, list]:
@@ -766,6 +813,7 @@ def main(argv=None):
     run = parse_args(argv)
     print_header(run, argv)
     work = Workload(run.config, run.args, run.device)
+    run.meter = Meter(run.device)
     floats, packed = random_weights(run.config, run.device)
     hf_side = measure_hf_side(run, work, floats, packed)
     measure_engine_side(run, work, floats, packed, hf_side)

@@ -13,7 +13,7 @@ use the tiny presets:
 
 In memory (--shape): the model is built with random weights directly on --device (bench/e2e.py's
 random_weights and engine_model: no checkpoint file, so the 20b shape needs no 13-40 GB write),
-and the script times prefill-shaped teacher forcing (harness.replay.run.teacher_force_prefill, as
+and the script times prefill-shaped teacher forcing (engine.teacher_forcing.teacher_force, as
 `lockstep replay --mode teacher-forced --forced-shape prefill` runs it, then replay's per-step
 verdicts against the recording) of R requests x N tokens, against baselines measured in the same
 process on the same tokens, chunks and groups: a plain prefill (the logits of one row per request
@@ -27,6 +27,9 @@ adds on top; the CPU figures above include it). The issue's figure (target <= 4 
     python3 bench/replay.py --shape 20b                     # on one H200: 64 x 1024, bf16, dense bf16 experts
     python3 bench/replay.py --shape 20b --experts mxfp4 --repeat 1   # packed experts (slower prefills)
     python3 bench/replay.py --shape tiny --device cpu --requests 4 --tokens 32 --chunk 16 --max-batch 2
+
+The in-memory path ends with two "memory" lines: the build's and the timed forwards' peak device
+memory (CUDA) and host RSS against the model's own bytes (bench/_memory.py; target <= 1.15x).
 """
 
 import argparse
@@ -43,7 +46,8 @@ from lockstep.harness.replay.format import Trace  # noqa: E402
 from lockstep.harness.replay.observe import StepLog  # noqa: E402
 from lockstep.harness.replay.record import build_trace  # noqa: E402
 from lockstep.harness.replay.replay import Verdict, replay  # noqa: E402
-from lockstep.harness.replay.run import Setup, run, teacher_force_prefill  # noqa: E402
+from lockstep.engine.teacher_forcing import teacher_force  # noqa: E402
+from lockstep.harness.replay.run import Setup, run  # noqa: E402
 
 
 def main():
@@ -130,7 +134,7 @@ def _median_seconds(fn, device, repeat):
 
 def _forwards(model, seqs, chunk, group, all_rows):
     """The forwards of a prefill of `seqs` in chunks of `chunk` positions, `group` sequences per
-    forward (teacher_force_prefill's schedule), without reading logprobs: the logits of every row
+    forward (teacher_force's schedule), without reading logprobs: the logits of every row
     (all_rows) or of one row per sequence per forward."""
     import torch
     dev = model.device
@@ -157,6 +161,7 @@ def in_memory(args):
     import torch
 
     import e2e
+    from _memory import Meter, model_bytes
     from lockstep.engine.config import PRESETS, preset
     from lockstep.harness.replay.format import f32_bits
     from lockstep.harness.replay.replay import _forced_verdicts
@@ -169,15 +174,19 @@ def in_memory(args):
     dtype = args.dtype or ("bf16" if cuda else "fp32")
     backend = args.backend or ("triton" if cuda else "torch")
     config = preset(name)
+    meter = Meter(device)
     t0 = time.perf_counter()
     floats, packed = e2e.random_weights(config, device)
-    weights = {**floats, **(packed if args.experts == "mxfp4" else e2e.dense_experts(packed))}
-    del floats, packed
-    model = e2e.engine_model(config, weights, backend, device, dtype)
+    weights = {**floats, **(packed if args.experts == "mxfp4" else e2e.dense_experts(packed, consume=True))}
+    del floats, packed                                   # `weights` holds each tensor once, handed over
+    model = e2e.engine_model(config, weights, backend, device, dtype, take=True)
     del weights
     e2e.free_memory(device)
     _sync(device)
     t_build = time.perf_counter() - t0
+    nbytes = model_bytes(model)
+    build_memory = meter.line("model build (random weights made and handed over)", nbytes)
+    meter.start()
 
     R, N, P = args.requests, args.tokens, args.prompt
     g = torch.Generator().manual_seed(24)
@@ -190,7 +199,7 @@ def in_memory(args):
 
     with torch.inference_mode():
         # the recording: the same tokens teacher-forced at half the chunk and half the group
-        rec = teacher_force_prefill(model, reqs, forced, max(1, chunk // 2), max(1, group // 2))
+        rec = teacher_force(model, reqs, forced, max(1, chunk // 2), max(1, group // 2))
         trace = Trace({}, [], [[{"request": i, "step": k, "token": t, "logprob_bits": f32_bits(float(lp)),
                                  "logits_sha256": None, "experts": []}
                                 for k, (t, lp) in enumerate(zip(forced[i], r.logprobs.tolist()))]
@@ -199,7 +208,7 @@ def in_memory(args):
         verdicts = []
 
         def replay_once():
-            res = teacher_force_prefill(model, reqs, forced, chunk, group)
+            res = teacher_force(model, reqs, forced, chunk, group)
             verdicts[:] = [v for i, r in enumerate(res) for v in _forced_verdicts(trace, i, r, flog)]
 
         t_plain = _median_seconds(lambda: _forwards(model, seqs, chunk, group, False), device, args.repeat)
@@ -222,6 +231,8 @@ def in_memory(args):
           f"recording (chunks of {max(1, chunk // 2)} x {max(1, group // 2)})")
     print(f"ratio replay / plain prefill: {t_replay / t_plain:.2f}; replay / every-row forwards: "
           f"{t_replay / t_logits:.2f}")
+    print(build_memory)
+    print(meter.line("the timed forwards (caches, activations on top)", nbytes))
     if bitwise != n:
         first = next(v for v in verdicts if v.status not in same_bits)
         print(f"NOT BITWISE: first at request {first.request}, step {first.step}: {first.status}: {first.detail}")

@@ -33,6 +33,8 @@ hidden size, 64 query / 8 KV heads of 64, intermediate 4 * H, a 32 000-id draft 
 (holding the end-to-end run's tokens), the target's embedding, the target's dtype policy and
 backend (before 2026-12-03 the bench left the draft on the torch backend's portable ops: ~1,800
 launches per draft step). Times are CUDA events after warm-up calls; wall clock on the CPU.
+The "memory" lines give each build's peak device memory (CUDA) and host RSS against the models'
+own bytes (bench/_memory.py; target <= 1.15x), and the same over the timed part.
 Before timing, "check" runs greedy speculative_generate against greedy generate on one prompt
 (tokens and logprob bits must agree; exit 3 if not), so a wrong round cannot hide behind a time.
 """
@@ -51,6 +53,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 
 import e2e  # noqa: E402  (random weights, the engine model, timing)
+from _memory import Meter, model_bytes  # noqa: E402
 from lockstep.engine.config import preset  # noqa: E402
 from lockstep.engine.eagle3 import Eagle3Config, Eagle3Draft, expected_draft_tensors  # noqa: E402
 from lockstep.engine.generate import Decoding, Request  # noqa: E402
@@ -246,17 +249,22 @@ def main(argv=None):
     backend = args.backend or ("triton" if device.type == "cuda" else "torch")
     compute = args.compute or ("bf16" if device.type == "cuda" else "fp32")
     config = preset(SHAPES.get(args.shape, args.shape))
+    meter = Meter(device)
     floats, packed = e2e.random_weights(config, device)
-    weights = {**floats, **e2e.dense_experts(packed)}
-    del packed
-    target = e2e.engine_model(config, weights, backend, device, compute)
-    del weights, floats
+    weights = {**floats, **e2e.dense_experts(packed, consume=True)}
+    del packed, floats                                  # `weights` holds each tensor once, handed over
+    target = e2e.engine_model(config, weights, backend, device, compute, take=True)
+    del weights
+    print(meter.line("target build (random weights made and handed over)", model_bytes(target)))
     # the end-to-end request's plain greedy run first: the draft's vocabulary must hold its tokens
     from lockstep.engine.generate import generate
     e2e_prompt = torch.randint(0, config.vocab_size, (args.context,), generator=torch.Generator().manual_seed(9)).tolist()
     with torch.inference_mode():
         plain_run = generate(target, [Request(e2e_prompt, SamplingParams(greedy=True, max_new_tokens=args.new_tokens))])[0]
+    meter.start()
     draft = random_draft(target, device, dtype=compute, must=plain_run.tokens)
+    print(meter.line("draft build (the target held)", model_bytes(target, draft)))
+    meter.start()
     print(f"speculative round, {args.shape} shape, random weights, {compute} target ({backend}), {compute} draft, "
           f"context {args.context}, chain of {args.steps} draft steps, greedy verify, device "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}")
@@ -291,6 +299,7 @@ def main(argv=None):
     print(f"end to end, B = 1, {n} new tokens, greedy, a draft proposing the target's own tokens (full acceptance): "
           f"generate {n / t_plain:.1f} tok/s, speculative {n / t_spec:.1f} tok/s, speed-up {t_plain / t_spec:.2f}x, "
           f"mean accept length {accept:.2f}, outputs equal: {'ok' if same else 'FAILED'} (target >= 2.5x)")
+    print(meter.line("the rounds and end to end (caches, graphs, activations on top)", model_bytes(target, draft)))
     if not same:
         sys.exit(3)
 

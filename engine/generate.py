@@ -159,13 +159,16 @@ class Forced:
 class Scoring(Forced):
     """Teacher forcing that also keeps, per step, the token this engine would have chosen there
     (`choice`) and how close that choice was (`margin`: top-1 minus top-2 of
-    engine.sampling.decision_scores): what a judge of another engine's tokens needs."""
+    engine.sampling.decision_scores): what a judge of another engine's tokens needs; with
+    `keep_logits`, also each step's raw logits (on the CPU) and the position they are drawn at."""
 
-    def __init__(self, tokens: Sequence[Sequence[int]], requests: Sequence[Request]):
+    def __init__(self, tokens: Sequence[Sequence[int]], requests: Sequence[Request], keep_logits: bool = False):
         super().__init__(tokens)
         self.requests = requests
         self.choice: list[list[int]] = [[] for _ in tokens]
         self.margin: list[list[float]] = [[] for _ in tokens]
+        self.logits: list[list[torch.Tensor]] | None = [[] for _ in tokens] if keep_logits else None
+        self.positions: list[list[int]] = [[] for _ in tokens]
 
     def choose(self, owners, logits, positions, state: Decoding, graph=None, positions_dev=None):
         settings = row_settings([self.requests[i].params for i in owners], [self.requests[i].seed for i in owners],
@@ -174,6 +177,9 @@ class Scoring(Forced):
         for row, i in enumerate(owners):
             self.choice[i].append(int(top.indices[row, 0]))
             self.margin[i].append(float(top.values[row, 0] - top.values[row, 1]))
+            self.positions[i].append(int(positions[row]))
+            if self.logits is not None:
+                self.logits[i].append(logits[row].to(torch.float32).cpu())
         return super().choose(owners, logits, positions, state)
 
 
@@ -186,21 +192,30 @@ class Scored:
     choice: list[int]
     margin: list[float]
     finish_reason: str
+    positions: list[int] = field(default_factory=list)   # the position each step's draw is keyed by
+    logits: torch.Tensor | None = None                  # [n, V] fp32 raw logits per step (keep_logits)
 
 
-def score(model: GptOssModel, requests: Sequence[Request], tokens: Sequence[Sequence[int]]) -> list[Scored]:
+def score(model: GptOssModel, requests: Sequence[Request], tokens: Sequence[Sequence[int]],
+          keep_logits: bool = False) -> list[Scored]:
     """Feed each request's `tokens` back through the model (teacher forcing, D3: the logits of
     every position are the free run's) and score them; a request stops where its tokens end, or
-    earlier where one of them is a stop id (the stop rule of generate)."""
+    earlier where one of them is a stop id (the stop rule of generate). keep_logits: each step's
+    raw logits too (what another engine's sampler can be run on)."""
     import dataclasses
 
     cut = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=max(1, len(t))))
            for r, t in zip(requests, tokens)]
     padded = [list(t) or [0] for t in tokens]
-    source = Scoring(padded, cut)
+    source = Scoring(padded, cut, keep_logits)
     results = generate(model, cut, forced=padded, source=source)
-    return [Scored(r.tokens, r.logprobs, source.choice[i][:len(r.tokens)], source.margin[i][:len(r.tokens)],
-                   r.finish_reason) for i, r in enumerate(results)]
+    out = []
+    for i, r in enumerate(results):
+        n = len(r.tokens)
+        kept = torch.stack(source.logits[i][:n]) if source.logits is not None and n else None
+        out.append(Scored(r.tokens, r.logprobs, source.choice[i][:n], source.margin[i][:n], r.finish_reason,
+                          source.positions[i][:n], kept))
+    return out
 
 
 # ---------------------------------------------------------------------- one run

@@ -285,6 +285,30 @@ def transport(topology: Topology, device: str | torch.device) -> str:
     return f"{name}{' (host copies)' if name == 'gloo-host' else ''}: {where}"
 
 
+def plan_splits(config, wanted, world_sizes, device: str | torch.device) -> tuple[list, list[str], list[str]]:
+    """(the (tp, ep) splits to run, the ones left out with why, a note per split on CUDA naming its
+    transport): `wanted` pairs, plus (w, 1) and (1, w) for each world size w the model can be split
+    over; a split is left out where the model cannot take it, the device lacks a GPU, or torchrun's
+    world has another size."""
+    run = [tuple(t) for t in wanted or []]
+    skipped = []
+    for w in world_sizes:
+        for tp, ep in ((w, 1), (1, w)):
+            if w == 1 or (tp, ep) in run:
+                continue
+            problems = Topology(tp, ep).problems(config)
+            if problems:
+                skipped.append(f"tp={tp} ep={ep}: " + "; ".join(problems) + " (unsupported split)")
+            else:
+                run.append((tp, ep))
+    why = {t: missing_gpus(Topology(*t), device) or world.world_problem(t[0] * t[1]) for t in run}
+    skipped += [f"tp={tp} ep={ep}: {w}" for (tp, ep), w in why.items() if w]
+    run = [t for t in run if not why[t]]
+    notes = [f"tp={tp} ep={ep} over {transport(Topology(tp, ep), device)}" for tp, ep in run] \
+        if torch.device(device).type == "cuda" else []
+    return run, skipped, notes
+
+
 # A rank's CUDA context, allocator slack, cuBLAS workspace and compiled kernels, beyond its weights.
 RANK_OVERHEAD_BYTES = 1 << 30
 

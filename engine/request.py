@@ -83,6 +83,11 @@ class SamplingParams:
         return cls(**{k: v for k, v in d.items() if v is not None})
 
 
+# The name of DESIGN §5's coin contract (murmur3(seed, position, column) Gumbel-max): the RNG model a
+# target declares (harness.target: Target.rng) when its seeded sampling draws exactly as this engine's.
+COIN_CONTRACT = "lockstep-coins-1"
+
+
 def seed_as_int64(seed: int) -> int:
     """Seeds in [-2^63, 2^64) as int64 (two's complement wrap, as the hash reads them)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not INT64_MIN <= seed < UINT64_END:

@@ -39,6 +39,9 @@ that use them (keep_mask_rows: a stable sort and a Hillis-Steele scan, whose ord
 would have to reproduce over the whole sorted row), and rows without a seed (their noise comes
 from the host generator). NaN results are NaN where the torch path's are; which NaN (sign,
 payload) is the hardware's.
+
+`broken_rule` names the rule above that another sampler's token breaks (a tie lost to a higher id,
+a filter, the draw): what a judge of another engine's sampler reports first.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lockstep.engine.request import SamplingParams, seed_as_int64  # noqa: F401  (re-exported: the request type lives in engine.request)
+from lockstep.engine.request import COIN_CONTRACT, SamplingParams, seed_as_int64  # noqa: F401  (re-exported: the request type lives in engine.request)
 from lockstep.kernels import portable
 from lockstep.kernels.case import KernelCase, rows_problems
 from lockstep.kernels.coins import SAMPLE_COLUMNS, gumbel_from_hash, gumbel_noise
@@ -351,10 +354,77 @@ def _sampled_rows(tok, lp, dist):
     return torch.cat([tok[:, None], lp.view(torch.int32).to(torch.int64)[:, None], dist.view(torch.int64)], 1)
 
 
+def _filters_alone(params: SamplingParams) -> list[tuple[str, tuple]]:
+    """(name, keep_mask's (top_k, top_p, min_p) with only that filter on) for each filter params use."""
+    return [(name, args) for name, on, args in (("top-k", params.top_k > 0, (params.top_k, 1.0, 0.0)),
+                                                ("top-p", params.top_p < 1.0, (0, params.top_p, 0.0)),
+                                                ("min-p", params.min_p > 0.0, (0, 1.0, params.min_p))) if on]
+
+
+def broken_rule(logits: torch.Tensor, params: SamplingParams, seed: int, position: int, token: int) -> str:
+    """Which rule of the module docstring a sampler that chose `token` from logits [V] fp32 broke,
+    in a phrase (this engine's choice is `sample(logits, params, seed, position)`): the cause a
+    sampler mismatch reports first. A tie lost to a higher id is named as the tie rule."""
+    V, dev = logits.shape[-1], logits.device
+    if not 0 <= token < V:
+        return f"an id outside the vocabulary [0, {V})"
+    settings = row_settings([params], [seed], dev)
+    pos = torch.tensor([position], device=dev)
+    scores = decision_scores(logits[None], settings, pos)[0]
+    want = int(sample_with(logits[None], settings, pos, fused=False)[0])
+    if params.is_greedy:
+        return "the tie rule (greedy: the lowest id among equal logits)" if scores[token] == scores[want] \
+            else "greedy (not the argmax of the raw logits)"
+    z = _scaled_rows(logits[None], settings)[0]
+    p = portable.softmax(z, dim=-1)
+    for name, args in _filters_alone(params):
+        kept = keep_mask(z, *args)
+        if not kept[token]:
+            if bool(((p[kept] == p[token]) | (p[kept].isnan() & p[token].isnan())).any()):   # the sort's equals
+                return f"the tie rule at the {name} cut (equal probabilities are kept lowest id first)"
+            return f"the {name} filter (it excludes id {token})"
+    if scores[token] == scores[want]:
+        return "the tie rule (the lowest id among equal logp + Gumbel scores)"
+    return "the draw (another id has the larger logp + Gumbel score: the coin's seed, position or column, " \
+           "or the temperature)"
+
+
+def settings_phrase(params: SamplingParams, seed: int | None) -> str:
+    """A request's sampling settings in one phrase: what a reader needs to reproduce its draw."""
+    if params.is_greedy:
+        return "greedy"
+    parts = [f"seed {seed}", f"temperature {params.temperature:g}"]
+    return ", ".join(parts + [f"{k} {getattr(params, k):g}" for k, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))
+                              if getattr(params, k) != off])
+
+
+def _sampling_params_call(op, x, r, offered):
+    """The interface `sampling` operation with params= on rows r: the tokens [rows] int64."""
+    seeds = torch.tensor([int(s) for s in x["seeds"][r]], dtype=torch.int64, device=x["logits"].device)
+    return op(x["logits"][r], seeds, x["positions"][r], params=list(x["params"][r]))
+
+
+def _explain_row(x, r: int, got: int) -> str:
+    """sampler: the broken rule at row r (its key and settings) — the two tokens."""
+    params, seed, pos = x["params"][r], int(x["seeds"][r]), int(x["positions"][r])
+    want = int(_sample_torch(x)[0][r])
+    return (f"sampler: {broken_rule(x['logits'][r], params, seed, pos, got)} at row {r} (position {pos}; "
+            f"{settings_phrase(params, seed)}) — token {got} where DESIGN §5 gives {want}")
+
+
+# An outside target's form of sample_fused: the tokens alone, through the interface's `sampling`
+# with params, judged bitwise where the target declares the coin contract.
+SAMPLED_TOKENS = KernelCase(
+    name="sampling", dims=("R", "V"), inputs=_sample_fused_inputs,
+    op=lambda logits, seeds, positions, params: sample_rows(logits, params, seeds.tolist(), positions.tolist()),
+    call=_sampling_params_call, reference=lambda x: _sample_torch(x)[0], elements=lambda s: 8 * s["R"] * s["V"],
+    options=("rows",), problems=rows_problems, interface=True, needs=("params",), rng=COIN_CONTRACT,
+    explain=_explain_row, note="its tokens, through its `sampling` operation with params=")
+
 CASES = (KernelCase(
     name="sample_fused", dims=("R", "V"), inputs=_sample_fused_inputs, op=_sample_fused_op,
     call=lambda op, x, r, offered: _sampled_rows(*op(x["logits"][r], x["params"][r], x["seeds"][r],
                                                      x["positions"][r])),
     reference=lambda x: _sampled_rows(*_sample_torch(x)), elements=lambda s: 8 * s["R"] * s["V"],
-    options=("rows",), problems=rows_problems,
+    options=("rows",), problems=rows_problems, form=SAMPLED_TOKENS,
     note="lockstep.engine.sampling.sample_fused and the fused target distributions"),)

@@ -299,7 +299,7 @@ def path_problems(relative: str, root: Path | None, where: tuple) -> list[Proble
         return [Problem(where, f"path {relative!r} leaves the project root")]
     if root is None:
         return []
-    from lockstep.harness.suite import mapped_checkpoint
+    from lockstep.harness.suite_paths import mapped_checkpoint
     if mapped_checkpoint(relative) is not None and not mapped_checkpoint(relative).is_dir():
         return [Problem(where, f"no checkpoint folder at {mapped_checkpoint(relative)} (where {relative!r} is mapped "
                                f"by --checkpoint-path / lockstep_checkpoints / LOCKSTEP_CHECKPOINT_PATHS)")]
@@ -378,7 +378,7 @@ def draft_problems(draft: dict, target_ckpt: dict, target_config, root: Path | N
 # --------------------------------------------------------------------------- at run time
 def resolve_path(relative: str, root: Path) -> Path:
     """A path from a spec, inside the project root `root`; anything that leaves it is refused."""
-    from lockstep.harness.suite import mapped_checkpoint
+    from lockstep.harness.suite_paths import mapped_checkpoint
 
     mapped = mapped_checkpoint(relative)       # named explicitly by whoever runs the suite, not by the spec
     if mapped is not None:

@@ -14,7 +14,7 @@
     lockstep make-checkpoint --preset NAME --seed S --format bf16|mxfp4 OUT
     lockstep generate --checkpoint DIR --prompt-ids 1,2,3 [...] [--json]
     lockstep --version
-    lockstep record OUT / replay TRACE / import-peer PEER / promote TRACE SPEC_ID   (harness/replay)
+    lockstep record OUT / replay TRACE / import-peer PEER / promote TRACE SPEC_ID   (harness/commands/replay.py)
 
 Without --dtype / --backend, check, diff and regen run each spec under every (dtype policy,
 backend) pair it has goldens for here (regen: every pair it supports), one row each: harness/pairs.py.
@@ -29,14 +29,6 @@ located line and exit 1 (its traceback with --debug), a closed stdout (`lockstep
 ends quietly. `--help`, `list` and `validate`'s parsing import neither torch nor the engine: this
 file holds only the parser and the dispatch; each command's body is a module of harness/commands/
 (imported when that command runs, with its imports at its top).
-
-Where the old functions of this file went: harness/commands/selection.py (_load, _plan,
-_context, _stale, _golden_folders, _ran_on, _check_dirs, _golden_exists), display.py (Progress,
-_columns, StatusTable), session.py (CheckSession: counts, stale goldens, temporary files, exit code,
-both reports; was the second half of cmd_check and _exit_code), check.py (cmd_check, _explain_pass),
-listing.py (cmd_list, cmd_validate), regen.py, report.py (cmd_report, cmd_expectations), suite.py,
-doctor.py, make_checkpoint.py, generate.py; the argument types in options.py, the exit codes in
-exits.py. The replay commands' parsers and bodies stay in harness/replay/commands.py.
 """
 
 from __future__ import annotations
@@ -54,8 +46,8 @@ from lockstep.harness.commands.options import (Parser, bound, deprecated, int_at
                                                tag, token_ids, world_sizes)
 from lockstep.harness.errors import UsageError, full_traceback, located, where, write_failure  # noqa: F401 - UsageError: also harness.cli's
 from lockstep.harness.limits import MAX_CHECKPOINT_GB, MAX_DOCTOR_INPUTS, MAX_GENERATE_SECONDS, WORLD_SIZES
-from lockstep.harness.replay.commands import add_commands as add_replay_commands
-from lockstep.harness.suite import parse_mapping
+from lockstep.harness.commands.replay import add_commands as add_replay_commands
+from lockstep.harness.suite_paths import parse_mapping
 from lockstep.harness.jsonout import documents_only
 from lockstep.harness.version import DISTRIBUTION, version
 
@@ -118,9 +110,11 @@ def _running(p: argparse.ArgumentParser) -> None:
                                                              "here; regen: every pair the spec supports)")
     p.add_argument("--backend", choices=["torch", "triton"], help="engine kernel backend (default: as --dtype)")
     p.add_argument("--world-size", type=world_sizes, default=[], metavar="W[,W...]",
-                   help="also run generate specs at tensor parallel tp=W and expert parallel ep=W, W in "
-                        f"{{{', '.join(map(str, WORLD_SIZES))}}} (torch.distributed; gloo on CPU, NCCL on GPU) "
-                        "and require the one-device bits")
+                   help="also run each generate spec split over W processes, once tensor parallel (tp=W ep=1) "
+                        "and once expert parallel (tp=1 ep=W), and require the one-device bits; W in "
+                        f"{{{', '.join(map(str, WORLD_SIZES))}}}, each once (1 adds no run). A split the spec's "
+                        "model cannot take or this machine cannot launch is not run, and the spec's notes name "
+                        "it. Lockstep's engine only (torch.distributed: gloo on CPU, NCCL on GPU)")
 
 
 def _json(p: argparse.ArgumentParser, more: str = "") -> None:
@@ -215,11 +209,13 @@ def _target_parsers(sub) -> None:
 def _tool_parsers(sub) -> None:
     """The tools: suite, doctor, make-checkpoint."""
     p = sub.add_parser("suite", help="print the installed suite's folder (its specs/, golden/ and models/)")
+    _json(p)
     _debug(p)
     p.set_defaults(func=command("suite", "cmd_suite"))
     p = sub.add_parser("doctor", help="check that every primitive of the CPU reference is IEEE on this machine")
     p.add_argument("--inputs", type=int_at_least(1024, MAX_DOCTOR_INPUTS), default=65536,
                    help=f"inputs per op (default 65536, at most {MAX_DOCTOR_INPUTS})")
+    _json(p)
     _debug(p)
     p.set_defaults(func=command("doctor", "cmd_doctor"))
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the HF layout")
@@ -232,6 +228,7 @@ def _tool_parsers(sub) -> None:
     p.add_argument("--max-gb", type=bound, default=MAX_CHECKPOINT_GB, metavar="GB",
                    help=f"refuse to write more parameter bytes than this (default {MAX_CHECKPOINT_GB:g})")
     p.add_argument("out", type=Path, metavar="OUT")
+    _json(p, " (the progress stays on stderr)")
     _debug(p)
     p.set_defaults(func=command("make_checkpoint", "cmd_make_checkpoint"))
 
@@ -254,6 +251,7 @@ def _show_parsers(sub) -> None:
     p = sub.add_parser("diff-driver", help="install the git diff driver that shows goldens' values in git diff")
     p.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: .)")
     p.add_argument("--uninstall", action="store_true", help="remove the driver from the repository's .git/config")
+    _json(p)
     _debug(p)
     p.set_defaults(func=command("show", "cmd_diff_driver"))
 
@@ -293,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tool_parsers(sub)
     _generate_parser(sub)
     _show_parsers(sub)
-    add_replay_commands(sub)      # record, replay, import-peer, promote: harness/replay/commands.py
+    add_replay_commands(sub)      # record, replay, import-peer, promote: harness/commands/replay.py
     return parser
 
 

@@ -73,9 +73,9 @@ def kv_cache_bytes(config, requests: int, longest: int, dtype: str) -> int:
 
 
 # --------------------------------------------------------------------------- what the CLI says and refuses
-def checkpoint_size(args) -> None:
+def checkpoint_size(args) -> tuple[int, int]:
     """Say what make-checkpoint will write, and refuse above --max-gb, or into a path that cannot be
-    written, before making anything."""
+    written, before making anything: (parameter bytes, tensors)."""
     from lockstep.engine.config import preset
 
     try:
@@ -91,6 +91,7 @@ def checkpoint_size(args) -> None:
         raise UsageError(f"cannot write {args.out}: {existing} is {'not writable' if existing.is_dir() else 'a file'}")
     print(f"make-checkpoint: {count} tensors, {size / 1e6:.4g} MB of parameters, into {args.out}",
           file=sys.stderr, flush=True)
+    return size, count
 
 
 class CheckpointProgress:

@@ -69,13 +69,14 @@ def _header(command: str) -> dict:
 def check_document(*, target: str, platform: str, backend: str, exit_code: int, seconds: float,
                    summary: dict, specs: list[dict], spec_errors: list[str], stale_goldens: list[str] = (),
                    golden_folders: list[str] = (), expectation_problems: list[str] = (),
-                   expectations_file: str | None = None, pairs: list[str] = ()) -> dict:
+                   expectations_file: str | None = None, pairs: list[str] = (), compile: dict | None = None) -> dict:
+    """`compile`: Triton's compile figures of Lockstep's own runs (CheckSession.compile_figures)."""
     return _header("check") | {
         "target": target, "platform": platform, "backend": backend, "exit_code": exit_code,
         "seconds": round(seconds, 3), "summary": summary, "specs": specs, "spec_errors": list(spec_errors),
         "stale_goldens": list(stale_goldens), "golden_folders": list(golden_folders),
         "expectations_file": expectations_file, "expectation_problems": list(expectation_problems),
-        "pairs": list(pairs)}
+        "pairs": list(pairs)} | ({"compile": compile} if compile is not None else {})
 
 
 def generate_document(*, checkpoint: str, checkpoint_digest: str, platform: str, backend: str,
@@ -111,3 +112,15 @@ def regen_document(*, dry_run: bool, exit_code: int, summary: dict, goldens: lis
     return _header("regen") | {"dry_run": dry_run, "exit_code": exit_code, "summary": summary, "goldens": goldens,
                                "spec_errors": list(spec_errors), "stale_goldens": list(stale_goldens),
                                "removed_temps": list(removed_temps)}
+
+
+def tool_document(command: str, ok: bool, **fields) -> dict:
+    """The documents of suite, doctor, make-checkpoint, diff-driver, record and promote: the header,
+    `ok` (the command did what it was asked; the exit code is 0 exactly then), and their fields
+    (docs/schemas/COMMAND.schema.json)."""
+    return _header(command) | {"ok": ok} | fields
+
+
+def print_document(doc: dict) -> None:
+    import json
+    emit(json.dumps(doc, indent=2))

@@ -59,6 +59,9 @@ MAX_DISTRIBUTION_SEEDS = 20_000
 # --------------------------------------------------------------------------- the command line
 # Tensor / expert parallel degrees `--world-size` accepts: DESIGN D4's TP in {1, 2, 4, 8}.
 WORLD_SIZES = (1, 2, 4, 8)
+# `replay --dp` / `import-peer --dp`: data-parallel ranks on this host, a whole model each (a process
+# and its copy of the weights per rank); torchrun's world is not bounded by it.
+MAX_DATA_PARALLEL = 64
 # `lockstep generate` on the CPU refuses a run estimated (harness/estimates.py) above this many
 # seconds unless --max-seconds raises it: a 5 000-token prompt on the tiny preset takes ~20 minutes.
 MAX_GENERATE_SECONDS = 300

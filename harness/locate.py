@@ -16,6 +16,12 @@ Two levels, both reported with harness.compare's tensor report:
    agrees, the divergence is in what the loop did with the logits (sampling, draft, verify), or
    it came from an earlier step's KV-cache writes that no output showed.
 
+   When the first op that differs is an attention (its inputs, this step's q, k and v, are equal),
+   it may only be reading what an earlier step wrote into the KV cache: an earlier step can part
+   inside (a norm, a projection) while its own token and logprob round to the same bits. Each
+   side then runs once more, op-traced at every earlier step (at most MAX_EARLIER of them), and
+   the report names the earliest whose op trace differs and its first op, or says that none does.
+
 A golden keeps level 1's inputs (tokens, logprobs, captured states, accept lengths), not the
 ops, and the code that recorded it cannot be re-run, so a golden mismatch is located at level 1.
 """
@@ -188,6 +194,41 @@ def describe_op(name: str) -> str:
     return (f"layer {layer}, " if layer is not None else "") + OPS.get(op, op)
 
 
+MAX_EARLIER = 16          # earlier steps traced (one more run a side) for a difference the KV cache carries
+
+
+@dataclass
+class CacheCarry:
+    """Earlier steps re-run op-traced because the first op that differs reads the KV cache: the
+    earliest step whose op trace differs and its first differing op (None: every one compared is
+    equal), out of `compared` steps (0 .. compared - 1) of the `before` steps that precede."""
+    reader: str                           # the differing op that reads the cache, e.g. "L0.attention"
+    before: int
+    compared: int
+    speculative: bool = False             # steps are verify rounds
+    step: int | None = None
+    op: str | None = None
+
+    def text(self) -> str:
+        if self.step is not None:
+            return (f"  the KV cache carries an earlier step's difference: {self.reader} reads the keys and values "
+                    f"earlier steps wrote, and the earliest step whose op trace differs is "
+                    f"{_step_name(self.step, self.speculative)}, first at {self.op} ({describe_op(self.op)}); its own token and "
+                    f"logprob came out bitwise equal, so look there, not at {self.reader}")
+        rest = "" if self.compared == self.before else \
+            f" (steps {self.compared}..{self.before - 1} were not re-run: at most {MAX_EARLIER} are)"
+        return (f"  the earlier steps' op traces (steps 0..{self.compared - 1}) are bitwise equal{rest}: "
+                f"{self.reader} differs at this step, not through the KV cache")
+
+    def to_json(self) -> dict:
+        return {"reader": self.reader, "steps_before": self.before, "steps_compared": self.compared,
+                "earliest_step": self.step, "op": self.op, "what": None if self.op is None else describe_op(self.op)}
+
+
+def _step_name(step: int, speculative: bool) -> str:
+    return Divergence(0, step, 0, 0, speculative, []).step_name()
+
+
 @dataclass
 class Located:
     """What `lockstep diff` and `check --json` report for one failing comparison."""
@@ -195,6 +236,7 @@ class Located:
     divergence: Divergence                #   or ("the spec's run", a variant's name)
     ops: OpDivergence | None = None
     note: str = ""
+    cache: CacheCarry | None = None       # an attention's difference traced back through the KV cache
 
     def text(self) -> str:
         d = self.divergence
@@ -221,6 +263,8 @@ class Located:
                 lines.append(f"  first op that differs: {o.op.name} ({describe_op(o.op.name)}); "
                              f"the {o.equal_before} ops before it are bitwise equal")
                 lines += self._tensor(o.op)
+            if self.cache is not None:
+                lines.append(self.cache.text())
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
@@ -236,7 +280,8 @@ class Located:
         d, o = self.divergence, self.ops
         out = {"reference": self.sides[0], "other": self.sides[1], "request": d.request, "step": d.step,
                "step_name": d.step_name(), "token": d.token, "position": d.position, "differs": d.what,
-               "diffs": [td.to_json() for td in d.diffs], "note": self.note, "rerun": None}
+               "diffs": [td.to_json() for td in d.diffs], "note": self.note, "rerun": None,
+               "cache": None if self.cache is None else self.cache.to_json()}
         if o is not None:
             def named(td):
                 return None if td is None else {"name": td.name, "op": op_of(td.name), "what": describe_op(td.name),
@@ -264,4 +309,61 @@ def locate(sides: tuple[str, str], divergence: Divergence, rerun_reference: Call
         located.note = f"the re-run with every op traced failed: {type(e).__name__}: {e}"
         return located
     located.ops = compare_traces(*traces, sides)
+    first = located.ops.op
+    if first is not None and op_of(first.name) == "attention" and d.step > 0:
+        try:
+            located.cache = _earlier(d, first.name, rerun_reference, rerun_other, (i_ref, i_other), sides)
+        except Exception as e:  # noqa: BLE001 - as above: the located op stands, the search is reported
+            located.note = f"re-running the earlier steps with every op traced failed: {type(e).__name__}: {e}"
     return located
+
+
+def _earlier(d: Divergence, reader: str, rerun_reference, rerun_other, rows: tuple[int, int],
+             sides: tuple[str, str]) -> CacheCarry:
+    """The earliest of steps 0 .. d.step - 1 (at most MAX_EARLIER) whose op trace differs: one more
+    run of each side, observed at all those steps at once."""
+    carry = CacheCarry(reader, d.step, min(d.step, MAX_EARLIER), d.speculative)
+    steps = range(carry.compared)
+    ref, other = StepsTrace(rows[0], steps), StepsTrace(rows[1], steps)
+    rerun_reference(ref)
+    rerun_other(other)
+    for k, a, b in zip(steps, ref.parts, other.parts):
+        found = compare_traces(a, b, sides).op
+        if found is not None:
+            carry.step, carry.op = k, found.name
+            break
+    return carry
+
+
+class StepsTrace:
+    """An engine observer that keeps one request's rows at several steps: an engine.trace.Trace
+    per step, each told everything the run tells an observer (it keeps only its own step's)."""
+
+    def __init__(self, request: int, steps):
+        self.parts = [Trace(request, k) for k in steps]
+
+    def rows(self, requests, steps) -> None:
+        for p in self.parts:
+            p.rows(requests, steps)
+
+    def event(self, request: int, step: int, name: str, value) -> None:
+        for p in self.parts:
+            p.event(request, step, name, value)
+
+    def begin(self, positions: torch.Tensor) -> None:
+        for p in self.parts:
+            p.begin(positions)
+
+    @property
+    def recording(self) -> bool:
+        return any(p.recording for p in self.parts)
+
+    def record(self, name: str, t, rows: torch.Tensor | None = None) -> None:
+        for p in self.parts:
+            p.record(name, t, rows)
+
+    def merge(self, other: "StepsTrace") -> None:
+        """A rank's copy sent back (engine.parallel.run_at)."""
+        if other is not self:
+            for p, q in zip(self.parts, other.parts):
+                p.merge(q)

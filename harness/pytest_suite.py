@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.harness import runner
+from lockstep.harness import judges, runner
 from lockstep.harness.golden import GoldenLocked, GoldenStore
 from lockstep.harness.pairs import chosen, folders, plan
 from lockstep.harness.platform import detect
@@ -34,7 +34,7 @@ def pytest_configure(config):
         torch.set_num_threads(1)
     from lockstep.harness.memory import keep_freed_memory
     keep_freed_memory()             # spec items and tests alike: fewer page faults, no bit changes
-    from lockstep.harness.suite import map_checkpoints, parse_mapping
+    from lockstep.harness.suite_paths import map_checkpoints, parse_mapping
     base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
     try:
         map_checkpoints(parse_mapping(line, base) for line in config.getini("lockstep_checkpoints"))
@@ -108,8 +108,8 @@ def _load_target(name: str, explicit: Path | None = None) -> tuple:
     """(target, its expectations), loaded once per session; a target that cannot load, or a bad
     expectations file, is a usage error."""
     from lockstep.harness.targets import UnknownTarget, get
-    from lockstep.harness.targets.base import NotApplicable, UpstreamChanged
-    from lockstep.harness.targets.check import load_expectations
+    from lockstep.harness.target import NotApplicable, UpstreamChanged
+    from lockstep.harness.targets import load_expectations
 
     try:
         target = get(name)
@@ -268,7 +268,7 @@ def _pairs(config, golden: Path) -> tuple:
 
 
 def _at_dtype(target, dtype: str | None):
-    """The target at --lockstep-dtype, as `check --target --dtype` (harness/targets/check.py)."""
+    """The target at --lockstep-dtype, as `check --target --dtype` (harness/commands/targets.py)."""
     declared = getattr(target, "dtype", "fp32")
     if dtype is None or dtype == declared:
         return target
@@ -315,48 +315,34 @@ class SpecItem(pytest.Item):
         return self.ctx
 
     def runtest(self):
-        store = GoldenStore(self.golden)
-        if _TARGET in self.config.stash:
-            return self._run_on_target(store)
-        if self.config.getoption("--lockstep-regen"):
-            out = runner.regen_spec(self.spec, self._context(), store)
+        """The spec through the check pipeline (harness/judges.py), its verdict as a pytest outcome:
+        a failure, an expected failure (xfail), n/a or an incomparable golden (skip)."""
+        if _TARGET not in self.config.stash and self.config.getoption("--lockstep-regen"):
+            out = runner.regen_spec(self.spec, self._context(), GoldenStore(self.golden))
             if out.status == runner.REFUSED:
                 raise SpecFailure(out.report(debug=True))
             return
-        _self_check(self.config)
-        out = runner.check_spec(self.spec, self._context(), store)
-        self.user_properties.append(("lockstep_status", out.status))
-        if out.status == runner.INCOMPARABLE:
-            pytest.skip(out.messages[0])
-        if out.status != runner.PASS:
-            raise SpecFailure(out.report(debug=True))
-
-    def _run_on_target(self, store):
-        from lockstep.harness.targets.check import verdict
-        from lockstep.harness.targets.judge import FAIL, NA, run_on_target
-
-        target, expected = self.config.stash[_TARGET]
-        out = run_on_target(self.spec, self._context(), target, store)
-        self.user_properties += [("lockstep_target", target.label), ("lockstep_status", out.status)]
-        if out.status == FAIL:          # the cause, structured as in `check --json`: the first line leads
-            self.user_properties += [("lockstep_cause", out.message), ("lockstep_notes", "\n".join(out.notes))]
-        want = expected.get(self.spec.id)
-        problem = verdict(out, want)
-        if problem:
-            lines = [f"{self.spec.id} on {target.label}: {out.status.upper()}, which its expectations "
-                     f"({_expectations_shown(target, self.config)}) do not say:", "  " + problem.replace("\n", "\n  ")]
-            if out.status == FAIL:
-                lines += ["  " + m.replace("\n", "\n  ") for m in out.messages]
-                lines += ["  " + out.traceback.replace("\n", "\n  ")] if out.traceback else []
-            raise SpecFailure("\n".join(lines))
-        if out.status == FAIL:
-            pytest.xfail(f"expected on {target.label} ({want['judgement']}: {want['why']}): {out.message}")
-        if out.status == NA:
-            why = f"n/a on {target.label}: {out.message}"
+        judge = _judge(self.config, self.golden)
+        if judge.has_goldens:
+            _self_check(self.config)
+        out = judge.run(self.spec, self._context())
+        verdict = judge.verdict(out)
+        self.user_properties += verdict.properties
+        if verdict.state in (judges.FAILED, judges.MISSING):
+            if verdict.problem is None:
+                raise SpecFailure(verdict.report)
+            raise SpecFailure(f"{self.spec.id} on {judge.target.label}: {out.status.upper()}, which its expectations "
+                              f"({_expectations_shown(judge.target, self.config)}) do not say:\n  "
+                              + verdict.problem.replace("\n", "\n  ") + "\n" + verdict.report)
+        if verdict.state == judges.EXPECTED:
+            pytest.xfail(verdict.headline)
+        if verdict.state == judges.INCOMPARABLE:
+            pytest.skip(verdict.headline)
+        if verdict.state == judges.NOT_APPLICABLE:
             try:        # reported at the spec's YAML, as a skip marker would be (pytest >= 7)
-                raise pytest.skip.Exception(why, _use_item_location=True)
+                raise pytest.skip.Exception(verdict.headline, _use_item_location=True)
             except TypeError:
-                pytest.skip(why)
+                pytest.skip(verdict.headline)
 
     def repr_failure(self, excinfo):
         if isinstance(excinfo.value, SpecFailure):
@@ -365,6 +351,22 @@ class SpecItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, self.spec.line_of("kind") - 1, f"spec {self.spec.id}"
+
+
+_JUDGES = pytest.StashKey[dict]()
+
+
+def _judge(config, golden: Path):
+    """The session's judge for specs whose goldens are in `golden`: the target's expectations
+    under --lockstep-target, else the goldens; made once per golden folder."""
+    made = config.stash.setdefault(_JUDGES, {})
+    if golden not in made:
+        if _TARGET in config.stash:
+            target, expected = config.stash[_TARGET]
+            made[golden] = judges.ExpectationsJudge(target, expected, golden, _expectations_option(config), debug=True)
+        else:
+            made[golden] = judges.GoldenJudge(golden, debug=True)
+    return made[golden]
 
 
 _SELF_CHECK = pytest.StashKey[str]()     # '' once the comparator and loader passed, else the reason

@@ -27,6 +27,8 @@ from lockstep.harness.result import Result, RunContext
 from lockstep.harness.selfcheck import SelfCheckFailed, verify  # noqa: F401 - SelfCheckFailed is re-exported
 from lockstep.harness.specfile import Spec
 from lockstep.harness.targets.lockstep import engine
+from lockstep.kernels import compile_time
+from lockstep.kernels.compile_time import Tally
 
 # Outcome statuses, and the exit code each one earns `lockstep check` (DESIGN of the CLI).
 # STALE: the bits match, but the golden was recorded for another version of the spec (--strict).
@@ -81,6 +83,7 @@ class Outcome:
     traceback: str = ""  # of a crash: shown with --debug (and by pytest)
     stale_golden: bool = False  # recorded for another version of the spec (its spec_sha256 differs)
     pair: str = ""  # "fp32/torch": the dtype policy and backend it ran under (harness/pairs)
+    compile: Tally | None = None  # Triton's compiles while it ran (kernels/compile_time.py); None: not measured
 
     def report(self, debug: bool = False) -> str:
         """The text a person reads when this spec did not pass (a crash's traceback with `debug`)."""
@@ -115,7 +118,7 @@ class Outcome:
             "data_diff": self.data_diff, "warnings": self.warnings, "notes": self.notes, "repro": self.repro,
             "located": [loc.to_json() for loc in self.located],
             "traceback": self.traceback, "stale_golden": self.stale_golden, "pair": self.pair,
-        }
+        } | ({"compile_seconds": round(self.compile.seconds + self.compile.load_seconds, 4)} if self.compile else {})
 
 
 def self_check() -> None:
@@ -161,6 +164,8 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore, strict: bool = F
     """Run the spec and compare it with its golden. `strict`: a golden recorded for another version
     of the spec fails (STALE) even when its bits match."""
     start = time.perf_counter()
+    measured = compile_time.mode() == "compiled"
+    compiled_before = compile_time.snapshot()
     platform = kinds.KINDS[spec.kind].golden_platform(spec, ctx)
     out = Outcome(spec, PASS, platform, repro=repro_command(spec.id, ctx, specs=_specs_dir(spec), golden=store.root,
                                                            pair=runs_the_engine(spec, ctx.platform.device)),
@@ -183,6 +188,9 @@ def check_spec(spec: Spec, ctx: RunContext, store: GoldenStore, strict: bool = F
     if out.status in (PASS, MISSING):
         out.repro = ""
     out.seconds = time.perf_counter() - start
+    if measured:
+        compile_time.settle()                  # a compile that raised must not keep other processes waiting
+        out.compile = compile_time.snapshot().since(compiled_before)
     return out
 
 

@@ -42,6 +42,14 @@ class KernelCase:
     expects: tuple[str, ...] = ()      # expectations only this kernel has (prefill_decode)
     problems: Callable = field(default=_no_problems)   # (inputs, shape) -> [(path under inputs, message)]
     interface: bool = False            # an operation base.py documents for every target (else Lockstep's own)
+    # A target without this case's operation runs its `form` instead: another case on the same inputs
+    # through an interface operation, judged on part of the output (sample_fused: its tokens through
+    # `sampling` with params). A form's operation must offer `needs`, and the target must declare `rng`
+    # (harness.target.RNG_MODELS) where the bits depend on the seeded-sampling contract.
+    form: "KernelCase | None" = None
+    needs: tuple[str, ...] = ()        # features the operation must offer for this case
+    rng: str | None = None             # the RNG model a target must declare (Target.rng) to run it
+    explain: Callable | None = None    # (x, row, got) -> the cause of row `row`'s bitwise mismatch, first
 
     def needed_dims(self, inputs: dict) -> tuple[str, ...]:
         """The shape keys this spec must give (`T` is the count of `positions` when they are given)."""

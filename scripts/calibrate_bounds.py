@@ -2,6 +2,7 @@
 numbers behind harness/targets/bounds.py (docs/targets.md, "The calibrated judge").
 
     python3 scripts/calibrate_bounds.py [SPEC_ID ...]        # default: every generate spec without a draft
+    python3 scripts/calibrate_bounds.py --states              # the layer_ids forward specs' bf16 drift
 
 For each spec, the fp32 reference's own tokens (Lockstep's torch backend, fp32) are scored
 teacher-forced (lockstep.engine.generate.score) by a second correct implementation at each dtype:
@@ -55,7 +56,22 @@ def spread(spec, dtype: str) -> tuple[torch.Tensor, list[float]]:
     return deltas, flips
 
 
+def state_drift() -> int:
+    """Per layer_ids forward spec: the largest |bf16 - fp32| of its captured states over their largest
+    |value|, read from the recorded cpu goldens (why those specs are judged at fp32 only)."""
+    from lockstep.harness.golden import GoldenStore
+    store = GoldenStore(ROOT / "golden")
+    for spec in (load_spec_file(f, ROOT / "specs") for f in spec_files(ROOT / "specs")):
+        if spec.kind != "layer_ids" or not spec.inputs["forward"]:
+            continue
+        a, b = (store.load(p, spec.id).tensors["captured"].double() for p in ("cpu-fp32", "cpu-bf16"))
+        print(f"{spec.id:<40} bf16 vs fp32: max |d| / max |state| = {float((a - b).abs().max() / a.abs().max()):.3g}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--states"]:
+        return state_drift()
     worst = {d: {"p50": 0.0, "p99": 0.0, "max": 0.0, "flip": 0.0} for d in SECOND}
     for spec in specs(argv):
         for dtype in SECOND:

@@ -4,10 +4,15 @@
 # print one summary line per pair. The topology specs run their ranks on the same GPU (gloo over
 # host copies, docs/topology.md).
 #
-#   [BACKENDS="torch triton"] [DTYPES="fp32 bf16"] [SPECS="generate/* ..."] scripts/check_cuda.sh [SHARDS] [LOG_DIR]
+#   [BACKENDS="torch triton"] [DTYPES="fp32 bf16"] [SPECS="generate/* ..."] [KERNELS=DIR] [DEVICE=cpu] scripts/check_cuda.sh [SHARDS] [LOG_DIR]
 #
 # Exit status 1 when any shard fails (a mismatch, a crash or a missing golden of a pair that has
-# goldens); the failing lines are printed.
+# goldens); the failing lines are printed. Each pair's line adds the Triton compile seconds its
+# shards' summaries report (summed over the shards). The shards share Triton's cache
+# ($TRITON_CACHE_DIR, else ~/.triton/cache) and compile each kernel specialization once
+# (kernels/compile_time.py). KERNELS=DIR logs the specializations compiled into DIR and, when DIR
+# already holds a log (an earlier run's, on this GPU and Triton), first compiles every one of them
+# in parallel (scripts/triton_kernels.py warm), so the shards find them all in the cache.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 shards=${1:-8}
@@ -20,6 +25,13 @@ if [ -n "${SPECS:-}" ]; then
 else
   ids=$(find specs -name '*.yaml' | sed 's|^specs/||; s|\.yaml$||' | sort)
 fi
+if [ -n "${KERNELS:-}" ]; then
+  mkdir -p "$KERNELS"
+  if compgen -G "$KERNELS/*.jsonl" > /dev/null; then
+    python3 scripts/triton_kernels.py warm "$KERNELS" -j "$(nproc)" || true
+  fi
+  export LOCKSTEP_KERNEL_LOG=$KERNELS
+fi
 status=0
 pids=()
 for dtype in ${DTYPES:-fp32 bf16}; do
@@ -28,7 +40,7 @@ for dtype in ${DTYPES:-fp32 bf16}; do
       mine=$(echo "$ids" | awk -v n="$shards" -v s="$s" 'NR % n == s')
       [ -n "$mine" ] || continue
       # shellcheck disable=SC2086
-      python3 -m lockstep check --device cuda --dtype "$dtype" --backend "$backend" $mine \
+      python3 -m lockstep check --device "${DEVICE:-cuda}" --dtype "$dtype" --backend "$backend" $mine \
         > "$logs/$dtype-$backend-$s.log" 2>&1 &
       pids+=($!)
     done
@@ -40,7 +52,10 @@ for dtype in ${DTYPES:-fp32 bf16}; do
     cat "$logs/$dtype-$backend"-*.log | grep -i -E '^(mismatch|failed|crash|corrupt|missing|incomparable|lockstep: )' || true
     echo "$dtype $backend: $(cat "$logs/$dtype-$backend"-*.log | grep -c -i '^pass ') pass," \
          "$(cat "$logs/$dtype-$backend"-*.log | grep -c -i -E '^(mismatch|failed|crash|corrupt) ') failing," \
-         "$(cat "$logs/$dtype-$backend"-*.log | grep -c -i -E '^(missing|incomparable) ') missing"
+         "$(cat "$logs/$dtype-$backend"-*.log | grep -c -i -E '^(missing|incomparable) ') missing," \
+         "Triton compile $(cat "$logs/$dtype-$backend"-*.log | grep -o -E 'Triton compile [0-9.]+s' |
+                           awk '{s += $3} END {printf "%.1fs", s}') over the shards"
   done
 done
+if [ -n "${KERNELS:-}" ]; then python3 scripts/triton_kernels.py count "$KERNELS" | head -1; fi
 exit $status

@@ -9,7 +9,7 @@ from lockstep.harness.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["pytester"]
-# `lockstep check` defaults to a worker per core (harness/parallel.py); the suite's xdist workers
+# `lockstep check` defaults to a worker per core (harness/workers.py); the suite's xdist workers
 # already fill the cores, so its many small in-process and subprocess checks run serially.
 # tests/test_parallel_check.py passes -j itself.
 os.environ.setdefault("LOCKSTEP_JOBS", "1")

@@ -19,7 +19,7 @@ import torch
 from lockstep.harness.platform import SHARED
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Field, Int, List, Map
-from lockstep.harness.targets.base import BITWISE, TargetInterface
+from lockstep.harness.target import BITWISE, TargetInterface
 
 NAME = "one-hash"
 INPUTS = Map({"key": Field(List(Int(min=0), min_len=3, max_len=3), required=True, doc="[seed, position, column]")})

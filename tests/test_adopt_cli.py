@@ -104,8 +104,8 @@ def test_report_checks_out_before_anything_runs(project, capsys, out, message):
 
 
 def test_report_runs_the_peers_that_load_and_names_the_others(project, capsys, monkeypatch):
-    from lockstep.harness.targets import check
-    from lockstep.harness.targets.base import NotApplicable
+    from lockstep.harness.commands import targets as check
+    from lockstep.harness.target import NotApplicable
 
     real = check.get
 

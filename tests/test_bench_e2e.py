@@ -38,6 +38,11 @@ def test_e2e_bench_runs_on_tiny_cpu():
     assert any(line.startswith("| generate b=2 | bf16 | deterministic |") and " tok/s |" in line
                for line in out.splitlines()), out
     assert "generate vs decode step, b=2, bf16 deterministic:" in out
+    for dtype in ("bf16", "mxfp4"):                # each build's peak against the model's bytes
+        for mode in ("deterministic", "fast"):
+            for stretch in ("build", "figures"):
+                line = next((ln for ln in out.splitlines() if ln.startswith(f"  memory, {dtype} {mode} {stretch}")), "")
+                assert " MB (weights and buffers); device n/a (cpu); host peak RSS " in line, (dtype, mode, out)
     if importlib.util.find_spec("transformers") is not None:
         mapped = [line for line in out.splitlines() if line.startswith("weights mapped (bf16, deterministic")]
         assert mapped and "max |logit diff|" in mapped[0] and ": OK" in mapped[0], out

@@ -22,3 +22,5 @@ def test_replay_bench_runs_in_memory_on_tiny_cpu():
     assert "random weights built on cpu" in out and "3 requests x 5 tokens, prompt 4" in out
     assert "plain prefill" in out and "every row's logits" in out and "ratio replay / plain prefill:" in out
     assert "15 of 15 steps bitwise to the recording (chunks of 2 x 1)" in out, out
+    assert "memory, model build (random weights made and handed over): model " in out, out
+    assert "memory, the timed forwards (caches, activations on top): model " in out, out

@@ -24,6 +24,12 @@ def test_speculative_bench_runs_on_tiny_cpu():
     assert len(e2e) == 1 and "outputs equal: ok" in e2e[0], out
     # the draft proposes the plain run's own tokens: every draft of every round but the last is accepted
     assert "mean accept length 4.00" in e2e[0] or "mean accept length 3." in e2e[0], e2e[0]
+    memory = [line for line in out.splitlines() if line.startswith("memory, ")]
+    assert [m.split(":")[0] for m in memory] == ["memory, target build (random weights made and handed over)",
+                                                 "memory, draft build (the target held)",
+                                                 "memory, the rounds and end to end (caches, graphs, activations on top)"]
+    assert all("(weights and buffers); device n/a (cpu); host peak RSS" in m and "x; target <= 1.15x" in m
+               for m in memory), memory
 
 
 def test_proposing_draft_is_accepted_and_changes_nothing_else():

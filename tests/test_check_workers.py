@@ -1,4 +1,4 @@
-"""`lockstep check -j N`'s workers (harness/parallel.py, engine/lifeline.py): they end with the process
+"""`lockstep check -j N`'s workers (harness/workers.py, engine/lifeline.py): they end with the process
 that started them, whatever ends it; the run's temp folders go with them (or with the next run); a
 worker that dies costs only its own row; $LOCKSTEP_JOBS is read as -j is.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.engine import lifeline
-from lockstep.harness import parallel
+from lockstep.harness import workers as check_workers
 from lockstep.harness.cli import main
 
 from .conftest import REPO
@@ -160,7 +160,7 @@ def test_lockstep_jobs_is_read_as_j_is(monkeypatch, capsys, project, bad):
 
 
 def test_more_jobs_than_cores_says_so(monkeypatch, capsys, project):
-    monkeypatch.setattr(parallel, "cores", lambda: 1)
+    monkeypatch.setattr(check_workers, "cores", lambda: 1)
     assert main(["check", "-j", "2"]) == 0
     assert "note: -j 2 is more than the 1 cores available" in capsys.readouterr().err
 

@@ -161,3 +161,30 @@ def test_missing_spec_dir(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out = run(capsys, "check")
     assert code == 2 and "no spec directory" in out
+
+
+def test_world_size_runs_each_split_once_as_its_help_says(capsys):
+    """`--world-size W` adds (tp=W, ep=1) and (tp=1, ep=W) per W, never tp=W x ep=W; 1 adds none;
+    a split the model cannot take is named, not run. The help says the same."""
+    from lockstep.engine.config import preset
+    from lockstep.engine.parallel import plan_splits
+
+    ran, skipped, _ = plan_splits(preset("tiny"), [], (1, 2, 4), "cpu")
+    assert ran == [(2, 1), (1, 2), (1, 4)]
+    assert skipped == ["tp=4 ep=1: tp=4 must divide num_key_value_heads=2 (unsupported split)"]
+    assert main(["check", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "once tensor parallel (tp=W ep=1) and once expert parallel (tp=1 ep=W)" in text
+    assert "(1 adds no run)" in text
+
+
+def test_world_size_says_which_splits_ran_and_which_did_not(capsys, monkeypatch):
+    """The text report under --world-size sums up each split's runs and the splits left out."""
+    monkeypatch.chdir(REPO)
+    code, out = run(capsys, "check", "--world-size", "2,4", "--dtype", "fp32", "--backend", "torch",
+                    "generate/greedy-tiny-bf16")
+    assert code == 0, out
+    assert "--world-size 2,4: tp=2 ep=1 on 1 spec(s); tp=1 ep=2 on 1 spec(s); tp=1 ep=4 on 1 spec(s)" in out, out
+    assert "not run at tp=4 ep=1: tp=4 must divide num_key_value_heads=2 (unsupported split) (1 spec(s))" in out
+    code, out = run(capsys, "check", "--dtype", "fp32", "--backend", "torch", "generate/greedy-tiny-bf16")
+    assert "--world-size" not in out

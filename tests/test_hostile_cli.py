@@ -210,7 +210,7 @@ def test_out_of_range_numbers_are_named_usage_errors(tmp_path, capsys, monkeypat
 def test_report_refuses_an_output_path_before_running_anything(project, capsys, monkeypatch, where, fragment):
     (project / "adir").mkdir()
     ran = []
-    monkeypatch.setattr("lockstep.harness.targets.check.run_target", lambda *a, **k: ran.append(1) or [])
+    monkeypatch.setattr("lockstep.harness.commands.targets.run_target", lambda *a, **k: ran.append(1) or [])
     code, out = run(capsys, "report", "--target", "lockstep", "--out", where)
     assert code == 2 and fragment in out and not ran and "Traceback" not in out, out
 

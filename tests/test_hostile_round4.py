@@ -193,7 +193,7 @@ def test_plugin_prints_stay_out_of_the_json_document(plugins, capsys):
 
 
 @pytest.mark.parametrize("name,words", [
-    ("text", "target 'text': its hash operation returned str; the interface (harness/targets/base.py) says a "
+    ("text", "target 'text': its hash operation returned str; the interface (harness/target.py) says a "
              "[1, 1] int64 tensor"),
     ("shape", "target 'shape': its hash operation returned Tensor [1] int64"),
 ])

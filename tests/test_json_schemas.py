@@ -21,9 +21,10 @@ def schema(name):
 
 def test_every_schema_is_valid_and_versioned():
     names = sorted(p.name for p in SCHEMAS.glob("*.schema.json"))
-    assert names == ["check.schema.json", "generate.schema.json", "import-peer.schema.json", "list.schema.json",
-                     "regen.schema.json", "replay.schema.json", "report.schema.json", "show.schema.json",
-                     "validate.schema.json"]
+    assert names == ["check.schema.json", "diff-driver.schema.json", "doctor.schema.json", "generate.schema.json",
+                     "import-peer.schema.json", "list.schema.json", "make-checkpoint.schema.json",
+                     "promote.schema.json", "record.schema.json", "regen.schema.json", "replay.schema.json",
+                     "report.schema.json", "show.schema.json", "suite.schema.json", "validate.schema.json"]
     for n in names:
         assert json.loads((SCHEMAS / n).read_text())["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
 
@@ -45,12 +46,13 @@ def test_a_document_the_schema_rejects():
     v = schema("check")
     good = {"schema_version": 1, "command": "check", "lockstep_version": "0.1.0", "target": "lockstep-0.1.0",
             "platform": "cpu-fp32", "backend": "torch", "exit_code": 0, "seconds": 0.1, "summary": {"pass": 1},
-            "specs": [{"id": "a/b", "kind": "coins", "status": "pass", "seconds": 0.0, "messages": []}],
+            "specs": [{"id": "a/b", "kind": "coins", "status": "pass", "seconds": 0.0, "messages": [], "verdict": "pass"}],
             "spec_errors": [], "stale_goldens": [], "golden_folders": [], "expectations_file": None,
             "expectation_problems": []}
     assert not list(v.iter_errors(good))
     assert list(v.iter_errors({k: x for k, x in good.items() if k != "schema_version"}))
     assert list(v.iter_errors(good | {"specs": [good["specs"][0] | {"status": "green"}]}))
+    assert list(v.iter_errors(good | {"specs": [good["specs"][0] | {"verdict": "ok"}]}))
 
 
 def test_generate_json(tmp_path, capsys):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from lockstep.harness import cli, kinds
-from lockstep.harness.targets.base import Op, Target
+from lockstep.harness.target import Op, Target
 from tests import example_kind
 
 SPEC = """kind: one-hash
@@ -31,7 +31,7 @@ def project(tmp_path, monkeypatch):
 
 
 def _target(monkeypatch, target):
-    monkeypatch.setattr("lockstep.harness.targets.check.get", lambda name: target)
+    monkeypatch.setattr("lockstep.harness.commands.targets.get", lambda name: target)
 
 
 def _hash_target(halved: bool = False) -> Target:

@@ -119,6 +119,65 @@ def test_the_cycle_finder_finds_a_hidden_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+# The harness's rooms (a top-level module or a folder), bottom floor first. A room imports only
+# rooms on floors below its own; the ground floor (every room not named here: errors, limits, the
+# target interface target.py, ...) imports only the ground floor, where the file-level cycle check
+# applies. A loop between folders therefore fails here even when no single file imports itself back.
+HARNESS_FLOORS = [
+    {"replay"},                       # traces: record, replay, deltas (no spec, no target registry)
+    {"kinds"},                        # one run path per spec kind, through the target interface
+    {"specfile", "pairs"},            # spec files (validated by their kind), dtype/backend pairs
+    {"golden"},                       # the golden store (manifests name their spec)
+    {"targets"},                      # adapters, their registry, the judges for other engines
+    {"runner"},                       # one spec on Lockstep's engine against its golden
+    {"workers"},                      # check -j / regen -j: rows in worker processes
+    {"judges"},                       # the check pipeline's judge, chosen by the target
+    {"commands", "pytest_suite"},     # every subcommand; the pytest suite's collection
+    {"cli", "pytest_plugin", "__init__"},
+]
+
+
+def room(module: str) -> str | None:
+    """lockstep.harness.kinds.coins -> kinds; lockstep.harness.golden -> golden; None outside harness."""
+    parts = module.split(".")
+    if parts[1] != "harness":
+        return None
+    return parts[2] if len(parts) > 2 else "__init__"
+
+
+def room_floor(name: str) -> int:
+    return next((i + 1 for i, rooms in enumerate(HARNESS_FLOORS) if name in rooms), 0)
+
+
+def upward_room_imports(g: dict[str, set[str]]) -> list[str]:
+    out = []
+    for m, deps in g.items():
+        a = room(m)
+        for d in deps:
+            b = room(d)
+            if a is None or b is None or a == b:
+                continue
+            if room_floor(b) > room_floor(a) or (room_floor(b) == room_floor(a) and room_floor(a) > 0):
+                out.append(f"{m} ({a}, floor {room_floor(a)}) imports {d} ({b}, floor {room_floor(b)})")
+    return sorted(out)
+
+
+def test_harness_rooms_import_downward_only():
+    found = upward_room_imports(graph())
+    assert not found, "harness floors (tests/test_layering.py HARNESS_FLOORS): " + "; ".join(found)
+
+
+def test_the_room_check_catches_a_loop_between_folders():
+    """Planted: the judge room importing the commands (the old loop) and a ground module importing
+    a kind are both reported, though neither file imports itself back."""
+    g = {"lockstep.harness.targets.judge": {"lockstep.harness.commands.selection"},
+         "lockstep.harness.limits": {"lockstep.harness.kinds.coins"},
+         "lockstep.harness.kinds.coins": {"lockstep.harness.target"}}
+    assert upward_room_imports(g) == [
+        "lockstep.harness.limits (limits, floor 0) imports lockstep.harness.kinds.coins (kinds, floor 2)",
+        "lockstep.harness.targets.judge (targets, floor 5) imports lockstep.harness.commands.selection (commands, floor 9)"]
+
+
 BARE = {"kernels", "engine", "harness"}
 
 

@@ -15,7 +15,7 @@ from lockstep.harness.runner import MISMATCH, check_spec, regen_spec
 from lockstep.harness.specfile import parse_spec
 from lockstep.engine.trace import Trace
 
-from tests.engine.planted import different_tile_when_alone
+from tests.engine.planted import different_tile_when_alone, norm_nudged_in_whole_prefill
 
 
 def bits(tokens, logprobs, prompt_len=5, captured=None, accept=None) -> RequestBits:
@@ -166,3 +166,54 @@ def test_diff_locates_a_decode_step_with_another_attention_tile(tmp_path, monkey
     diff = rerun["op"]["diff"]
     assert diff["problem"] == "bits" and diff["n_diff"] > 0 and diff["max_ulp"] >= 1
     assert diff["sides"] == ["the spec's run", "each request alone"]
+
+
+CACHE_SPEC = """\
+kind: generate
+description: one request, its prompt prefilled whole and in chunks of 4
+inputs:
+  checkpoint: {preset: tiny, seed: 0, format: bf16}
+  requests:
+    - {prompt: [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41], sampling: {greedy: true, max_new_tokens: 3, stop_token_ids: []}}
+expect:
+  prefill_chunks: [4]
+"""
+
+
+def test_regen_refusal_names_the_earlier_step_the_kv_cache_carries(tmp_path, monkeypatch):
+    """Planted: the whole-prompt prefill nudges layer 0's attention norm at prompt row 5 (its keys
+    and values go into the cache) by one float32 step; the prefill's own token and logprob keep
+    their bits, decode step 1's do not. Re-run op by op, decode step 1 first differs at
+    L1.attention (its own inputs equal; row 5's keys and values in layer 1's cache carry the nudge),
+    which alone would blame the wrong step. The refusal must say so and name the prefill's
+    L0.attn_norm, the earliest step whose op trace differs."""
+    spec = parse_spec(CACHE_SPEC, str(tmp_path / "specs" / "generate" / "cache.yaml"), "generate/cache")
+    ctx, store = RunContext(detect("cpu")), GoldenStore(tmp_path / "golden")
+    norm_nudged_in_whole_prefill(monkeypatch, prompt_len=12, layer=0, row=5, element=7)
+    out = regen_spec(spec, ctx, store)
+    assert not out.written
+    text = "\n".join(out.explanation)
+    assert "expectation failed: prefill chunks of 4" in text
+    assert "first divergence: request 0, decode step 1" in text
+    assert "first op that differs: L1.attention" in text
+    assert ("the KV cache carries an earlier step's difference: L1.attention reads the keys and values earlier "
+            "steps wrote, and the earliest step whose op trace differs is step 0 (the prefill), first at "
+            "L0.attn_norm (layer 0, attention RMSNorm)") in text
+
+
+def test_an_attention_that_differs_by_itself_is_not_blamed_on_the_cache(tmp_path, monkeypatch):
+    """The tile order planted in one-row forwards acts in decode step 1's own attention: the prefill
+    (step 0) re-run op by op is equal, and the report says the cache carried nothing."""
+    from lockstep.harness.kinds.generate import run
+    from lockstep.harness.targets.lockstep import engine
+
+    spec = parse_spec(BATCH_SPEC, str(tmp_path / "specs" / "generate" / "tile.yaml"), "generate/tile")
+    different_tile_when_alone(monkeypatch)
+    ctx = RunContext(detect("cpu"))
+    located = run(spec, ctx, engine(ctx)).located
+    assert located and located[0].ops.op.name == "L0.attention"
+    carry = located[0].cache
+    assert (carry.reader, carry.before, carry.compared, carry.step) == ("L0.attention", 1, 1, None)
+    assert "the earlier steps' op traces (steps 0..0) are bitwise equal: L0.attention differs at this step, " \
+           "not through the KV cache" in located[0].text()
+    assert located[0].to_json()["cache"]["earliest_step"] is None

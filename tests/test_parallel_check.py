@@ -1,4 +1,4 @@
-"""`lockstep check -j N` (harness/parallel.py) reports exactly what a serial run reports: the same
+"""`lockstep check -j N` (harness/workers.py) reports exactly what a serial run reports: the same
 table and report in the same order, the same JSON document and the same exit code, the seconds
 aside. The project mixes a pass, a mismatch (an edited spec against its old golden) and a missing
 golden, so the order of non-passing rows and the exit code are both at stake."""
@@ -45,6 +45,8 @@ def test_two_workers_write_the_serial_json(project, capsys):
         doc = json.loads(out)
         assert doc["exit_code"] == code == 1
         doc.pop("seconds")
+        assert doc["compile"].pop("processes") == int(jobs)      # the one field -j is meant to change
+        doc["compile"].pop("run_seconds")
         for s in doc["specs"]:
             s.pop("seconds")
         docs.append(doc)

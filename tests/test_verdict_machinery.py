@@ -14,7 +14,7 @@ import numpy
 import pytest
 import torch
 
-from lockstep.harness import parallel, runner, suite
+from lockstep.harness import judges, runner, suite_paths, workers
 from lockstep.harness.commands import options, session
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.platform import bit_dependencies, detect
@@ -34,8 +34,9 @@ def pin_exit_order(CheckSession) -> None:
     """Where several apply, the exit code is the first of 2 (spec error), 1 (a failing outcome),
     4 (INCOMPARABLE), 3 (MISSING) (docs/cli.md)."""
     def code(statuses, errors=(), strict=False, stale=(), temps=()):
-        s = CheckSession(golden=None, strict=strict, specs=[], errors=list(errors))
-        s.outcomes = [SimpleNamespace(status=st) for st in statuses]
+        s = CheckSession(judges.GoldenJudge("golden"), golden=None, strict=strict, specs=[], errors=list(errors))
+        for st in statuses:
+            s.add(SimpleNamespace(status=st, messages=[st], report=lambda debug=False: "a report"))
         s.stale, s.temps = list(stale), list(temps)
         return s.exit_code()
 
@@ -61,12 +62,12 @@ def test_exit_order():
 
 
 @pytest.mark.parametrize("plant", [
-    {"if any(o.status == runner.INCOMPARABLE for o in self.outcomes):\n            return EXIT_INCOMPARABLE\n"
-     "        if any(o.status == runner.MISSING for o in self.outcomes):\n            return EXIT_MISSING\n":
-     "if any(o.status == runner.MISSING for o in self.outcomes):\n            return EXIT_MISSING\n"
-     "        if any(o.status == runner.INCOMPARABLE for o in self.outcomes):\n            return EXIT_INCOMPARABLE\n"},
-    {"or any(o.status in runner.FAILING for o in self.outcomes)": "",
-     "return EXIT_OK": "return EXIT_MISMATCH if any(o.status in runner.FAILING for o in self.outcomes) else EXIT_OK"},
+    {"if judges.INCOMPARABLE in states:\n            return EXIT_INCOMPARABLE\n"
+     "        if judges.MISSING in states:\n            return EXIT_MISSING\n":
+     "if judges.MISSING in states:\n            return EXIT_MISSING\n"
+     "        if judges.INCOMPARABLE in states:\n            return EXIT_INCOMPARABLE\n"},
+    {"or judges.FAILED in states": "",
+     "return EXIT_OK": "return EXIT_MISMATCH if judges.FAILED in states else EXIT_OK"},
 ], ids=["missing-before-incomparable", "incomparable-before-mismatch"])
 def test_exit_order_planted(tmp_path, plant):
     red(pin_exit_order, module_with(session, plant, tmp_path).CheckSession)
@@ -96,20 +97,20 @@ def test_regen_compares_data_planted(monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------- check -j: the workers' mappings
 class _InlinePool:
-    """A harness.parallel._Pool stand-in: its "worker" starts from no mappings (a fresh spawn) and
+    """A harness.workers._Pool stand-in: its "worker" starts from no mappings (a fresh spawn) and
     runs the worker's set-up with the pool's initargs; what the worker then maps is recorded, and
     each row gets a PASS."""
     seen: dict | None = None
 
     def __init__(self, jobs, initargs):
-        saved = dict(suite._MAPPED)
-        suite._MAPPED.clear()
+        saved = dict(suite_paths._MAPPED)
+        suite_paths._MAPPED.clear()
         try:
             parallel_module._start_worker(*initargs)
-            _InlinePool.seen = suite.explicit_mappings()
+            _InlinePool.seen = suite_paths.explicit_mappings()
         finally:
-            suite._MAPPED.clear()
-            suite._MAPPED.update(saved)
+            suite_paths._MAPPED.clear()
+            suite_paths._MAPPED.update(saved)
 
     def start(self, tasks):
         self.tasks = tasks
@@ -122,7 +123,7 @@ class _InlinePool:
         pass
 
 
-parallel_module = parallel
+parallel_module = workers
 
 
 def pin_workers_take_the_mappings(check_rows, module, monkeypatch, tmp_path) -> None:
@@ -130,9 +131,9 @@ def pin_workers_take_the_mappings(check_rows, module, monkeypatch, tmp_path) -> 
     global parallel_module
     parallel_module = module
     monkeypatch.setattr(module, "_Pool", _InlinePool)
-    monkeypatch.setattr(module, "_start_worker", lambda mapped, shared: suite.map_checkpoints(mapped.items()))
-    monkeypatch.setattr(suite, "_MAPPED", {})
-    suite.map_checkpoints([("ckpt/target", tmp_path / "mine")])
+    monkeypatch.setattr(module, "_start_worker", lambda mapped, shared: suite_paths.map_checkpoints(mapped.items()))
+    monkeypatch.setattr(suite_paths, "_MAPPED", {})
+    suite_paths.map_checkpoints([("ckpt/target", tmp_path / "mine")])
     _InlinePool.seen = None
     spec = SPECS["coins/known-answers"]
     rows = [(spec, RunContext(detect("cpu")), "shared")] * 2
@@ -142,22 +143,22 @@ def pin_workers_take_the_mappings(check_rows, module, monkeypatch, tmp_path) -> 
 
 
 def test_workers_take_the_mappings(monkeypatch, tmp_path):
-    pin_workers_take_the_mappings(parallel.check_rows, parallel, monkeypatch, tmp_path)
+    pin_workers_take_the_mappings(workers.check_rows, workers, monkeypatch, tmp_path)
 
 
 def test_workers_take_the_mappings_planted(monkeypatch, tmp_path):
-    planted = module_with(parallel, {"_Pool(jobs, (suite.explicit_mappings(), shared))": "_Pool(jobs, ({}, shared))"},
+    planted = module_with(workers, {"_Pool(jobs, (suite_paths.explicit_mappings(), shared))": "_Pool(jobs, ({}, shared))"},
                           tmp_path)
     red(pin_workers_take_the_mappings, planted.check_rows, planted, monkeypatch, tmp_path)
 
 
 def test_a_worker_maps_what_it_is_given(monkeypatch, tmp_path):
     """_start_worker itself (the initializer the pin above stands in for) maps its argument."""
-    monkeypatch.setattr(suite, "_MAPPED", {})
+    monkeypatch.setattr(suite_paths, "_MAPPED", {})
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     monkeypatch.setenv("LOCKSTEP_CHECKPOINT_CACHE", str(tmp_path))
-    parallel._start_worker({"a/b": tmp_path / "c"}, str(tmp_path / "shared"))
-    assert suite.explicit_mappings() == {"a/b": tmp_path / "c"}
+    workers._start_worker({"a/b": tmp_path / "c"}, str(tmp_path / "shared"))
+    assert suite_paths.explicit_mappings() == {"a/b": tmp_path / "c"}
 
 
 # ---------------------------------------------------------------- expectations --write: a changed text is unjudged

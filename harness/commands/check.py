@@ -1,24 +1,26 @@
 """`lockstep check` (the CI gate) and `lockstep diff` (the same run, each spec explained).
 
-`cmd_check` is the one place the check command's logic lives: it loads the selection, runs the
-self-check, forks to another target (harness/targets) or runs each planned row through
-harness.runner (in worker processes with -j, harness/parallel.py), and hands every outcome to a CheckSession (harness/commands/session.py), which
-owns the counts, stale goldens, temporary files, exit code and both reports.
+One pipeline whatever the target: load the selection, run the self-check, let the target choose
+its judge (harness/judges.py: Lockstep's engine against its goldens, any other engine against its
+expectations), plan the rows, run each (in worker processes with -j for the goldens,
+harness/workers.py) and hand every outcome to a CheckSession (harness/commands/session.py), which
+owns the verdicts, counts, stale goldens, temporary files, exit code and both reports.
 """
 
 from __future__ import annotations
 
 import sys
 
-from lockstep.harness import parallel, runner
+from lockstep.harness import runner, workers
 from lockstep.harness.commands import laststate
 from lockstep.harness.commands.display import Progress
 from lockstep.harness.commands.selection import context, golden_exists, golden_ids, load, plan, stale_goldens
 from lockstep.harness.commands.session import CheckSession
+from lockstep.harness.commands.targets import judge_for
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
 from lockstep.harness.jsonout import emit
-from lockstep.harness.targets.check import check_against_expectations, target_context, target_for
+from lockstep.harness.judges import warn_unrun
 
 
 def cmd_check(args, explain: bool = False) -> int:
@@ -32,16 +34,16 @@ def cmd_check(args, explain: bool = False) -> int:
     golden_exists(args)
     ctx = context(args)
     runner.self_check()  # a comparator or loader that calls -0.0 == 0.0 would pass everything: refuse first
-    target = target_for(args.target, ctx)     # lockstep: its engine, judged against the goldens below
-    if not target.has_goldens:                # another implementation: against its expectations
-        target, ctx = target_context(target, args, ctx)
-        return check_against_expectations(target, args, specs, errors, ctx, explain,
-                                          Progress(len(specs), lines=True))   # its table comes at the end
-    session = CheckSession(args.golden, args.strict, specs, errors,
-                           rows=laststate.keep(plan(args, specs, ctx), wanted))
-    _run_rows(session, store, args)
-    session.finish(stale_goldens(args, store), store.stale_temps())
-    laststate.record(args.golden, session.outcomes)
+    judge, ctx = judge_for(args, ctx)           # the target's judge, and the run at the target's dtype policy
+    rows = plan(args, specs, ctx) if judge.has_goldens else [(s, ctx, "") for s in specs]
+    session = CheckSession(judge, args.golden, args.strict, specs, errors, rows=laststate.keep(rows, wanted))
+    _run_rows(session, args)
+    if judge.has_goldens:
+        session.finish(stale_goldens(args, store), store.stale_temps())
+        laststate.record(args.golden, session.outcomes)
+    else:
+        session.finish([], [])
+        warn_unrun(judge, session.outcomes, everything=not (args.patterns or args.tag))
     if args.json:
         emit(session.json_document(ctx))
     else:
@@ -49,15 +51,16 @@ def cmd_check(args, explain: bool = False) -> int:
     return session.exit_code()
 
 
-def _run_rows(session: CheckSession, store: GoldenStore, args) -> None:
-    """Each planned row through the runner, its table row printed as it finishes (stderr progress
+def _run_rows(session: CheckSession, args) -> None:
+    """Each planned row through the judge, its table row printed as it finishes (stderr progress
     lines instead under --json)."""
-    jobs = getattr(args, "jobs", None) or parallel.default_jobs()     # a bad $LOCKSTEP_JOBS: before any output
+    jobs = getattr(args, "jobs", None) or workers.default_jobs()     # a bad $LOCKSTEP_JOBS: before any output
     table = session.table()
+    session.processes = workers.processes(jobs, len(session.rows))
     progress = Progress(len(session.rows), lines=args.json)
     if session.rows and not args.json:
         print(table.header(), flush=True)
-    checked = parallel.check_rows(session.rows, store, args.strict, jobs, waiting=progress.show)
+    checked = session.judge.outcomes(session.rows, jobs, waiting=progress.show)
     for i, outcome in enumerate(checked, 1):   # in the serial order, whatever order the workers finish in
         session.add(outcome)
         progress.clear()

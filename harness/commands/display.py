@@ -63,3 +63,18 @@ class StatusTable:
     def outcome(self, o) -> str:
         status = o.status if o.status == "pass" else o.status.upper()
         return self.row(status, o.spec.id, o.golden_platform, f"{o.seconds:6.2f}s")
+
+
+class TargetTable:
+    """`check --target`'s table: each spec's status, whether its expectations say it fails, how it
+    was compared (bitwise, tolerance, calibrated), and its time."""
+
+    def __init__(self, ids: list[str], expected: dict):
+        self.width, self.expected = max([len(i) for i in ids] + [4]), expected
+
+    def header(self) -> str:
+        return f"{'STATUS':<7} {'SPEC':<{self.width}}  {'EXPECTED':<8} {'HOW':<9} {'TIME':>7}"
+
+    def outcome(self, o) -> str:
+        exp = "fail" if o.spec.id in self.expected else ("" if o.status == "n/a" else "pass")
+        return f"{o.status:<7} {o.spec.id:<{self.width}}  {exp:<8} {o.compare:<9} {o.seconds:6.2f}s"

@@ -16,7 +16,7 @@ def cmd_list(args) -> int:
     """Ids, kinds, tags and descriptions, read from each spec's header only (no torch import):
     `lockstep validate` checks the rest."""
     if args.target != "lockstep":             # applicability needs whole specs
-        from lockstep.harness.targets.check import cmd_list_target   # loads torch: only for another target
+        from lockstep.harness.commands.targets import cmd_list_target   # loads torch: only for another target
         specs, errors = load(args)
         return cmd_list_target(args, specs) or (EXIT_USAGE if errors else EXIT_OK)
     specs, errors = load(args, loader=load_headers)

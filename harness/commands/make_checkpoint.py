@@ -3,14 +3,17 @@ bounded by --max-gb) before anything is made."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lockstep.engine.checkpoint import make_checkpoint
 from lockstep.harness.commands.exits import EXIT_OK
 from lockstep.harness.errors import UsageError, write_failure
 from lockstep.harness.estimates import CheckpointProgress, checkpoint_size
+from lockstep.harness.jsonout import print_document, tool_document
 
 
 def cmd_make_checkpoint(args) -> int:
-    checkpoint_size(args)                      # refused above --max-gb before anything is made
+    size, count = checkpoint_size(args)        # refused above --max-gb before anything is made
     try:
         out = make_checkpoint(args.preset, args.seed, args.format, args.out, overwrite=args.overwrite,
                               progress=CheckpointProgress())
@@ -24,5 +27,10 @@ def cmd_make_checkpoint(args) -> int:
         if write_failure(e) is None:
             raise
         raise UsageError(f"cannot write {args.out}: {write_failure(e)}") from None
-    print(f"wrote {args.format} checkpoint of preset {args.preset!r} (seed {args.seed}) to {out}")
+    if args.json:
+        files = sorted(f.name for f in Path(out).iterdir() if f.is_file())
+        print_document(tool_document("make-checkpoint", True, path=str(out), preset=args.preset, seed=args.seed,
+                                     format=args.format, tensors=count, parameter_bytes=size, files=files))
+    else:
+        print(f"wrote {args.format} checkpoint of preset {args.preset!r} (seed {args.seed}) to {out}")
     return EXIT_OK

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from lockstep.harness import parallel, runner
+from lockstep.harness import runner, workers
 from lockstep.harness.ci import ci_value, under_ci
 from lockstep.harness.commands import laststate
 from lockstep.harness.commands.display import Progress
@@ -59,7 +59,7 @@ def _regen(args, specs, errors, ctx, store, wanted=None, temps=()) -> int:
     progress = Progress(len(rows))         # each outcome's report line is the CI log's progress
     debug, stream = getattr(args, "debug", False), _text_stream(args)
     outcomes = []
-    for outcome in parallel.regen_rows(rows, store, not args.dry_run, getattr(args, "jobs", 1), waiting=progress.show):
+    for outcome in workers.regen_rows(rows, store, not args.dry_run, getattr(args, "jobs", 1), waiting=progress.show):
         outcomes.append(outcome)
         progress.clear()
         print(outcome.report(debug), file=stream, flush=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 from lockstep.harness.commands.display import Progress
 from lockstep.harness.commands.selection import context, golden_exists, load
 from lockstep.harness.errors import check_output_file
-from lockstep.harness.targets.check import cmd_report as report_targets_cmd, cmd_write_expectations, report_out
+from lockstep.harness.commands.targets import cmd_report as report_targets_cmd, cmd_write_expectations, report_out
 
 
 def cmd_report(args) -> int:

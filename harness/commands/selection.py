@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lockstep.harness.errors import UsageError
 from lockstep.harness.specfile import load_specs, select, spec_files, spec_id_for
-from lockstep.harness.suite import map_checkpoints
+from lockstep.harness.suite_paths import map_checkpoints
 
 
 def check_dirs(args) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lockstep.harness.commands.exits import EXIT_OK
 from lockstep.harness.errors import UsageError
-from lockstep.harness.jsonout import emit, show_document
+from lockstep.harness.jsonout import emit, show_document, tool_document
 
 DRIVER = "lockstep-golden"
 ATTRIBUTES_LINE = f"*.safetensors diff={DRIVER}"
@@ -98,17 +98,26 @@ def cmd_diff_driver(args) -> int:
     repo = args.repo
     key = f"diff.{DRIVER}.textconv"
     cmd = ["git", "-C", str(repo), "config", "--local"]
+    attributes = Path(repo) / ".gitattributes"
     if args.uninstall:
         done = subprocess.run(cmd + ["--unset", key], capture_output=True, text=True)
-        print(f"removed {key} from {repo}/.git/config" if done.returncode == 0 else f"{key} was not set")
-        return EXIT_OK
-    done = subprocess.run(cmd + [key, driver_command()], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise UsageError(f"git config in {repo} failed: {done.stderr.strip() or done.returncode} (is it a git "
-                         "repository?)")
-    print(f"set {key} = {driver_command()} in {repo}/.git/config")
-    attributes = Path(repo) / ".gitattributes"
-    lines = attributes.read_text(encoding="utf-8").splitlines() if attributes.is_file() else []
-    if not any(line.split()[-1:] == [f"diff={DRIVER}"] for line in lines if line.strip()):
-        print(f"add this line to {attributes} (then commit it) so that git diff uses it:\n  {ATTRIBUTES_LINE}")
+        action = "removed" if done.returncode == 0 else "absent"
+        message = f"removed {key} from {repo}/.git/config" if action == "removed" else f"{key} was not set"
+        routed = None
+    else:
+        done = subprocess.run(cmd + [key, driver_command()], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise UsageError(f"git config in {repo} failed: {done.stderr.strip() or done.returncode} (is it a git "
+                             "repository?)")
+        action, message = "installed", f"set {key} = {driver_command()} in {repo}/.git/config"
+        lines = attributes.read_text(encoding="utf-8").splitlines() if attributes.is_file() else []
+        routed = any(line.split()[-1:] == [f"diff={DRIVER}"] for line in lines if line.strip())
+        if not routed:
+            message += f"\nadd this line to {attributes} (then commit it) so that git diff uses it:\n  {ATTRIBUTES_LINE}"
+    if args.json:
+        emit(json.dumps(tool_document("diff-driver", True, action=action, repo=str(repo), key=key,
+                                      textconv=driver_command(), attributes_file=str(attributes),
+                                      attributes_line=ATTRIBUTES_LINE, attributes_routed=routed), indent=2))
+    else:
+        print(message)
     return EXIT_OK

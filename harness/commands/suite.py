@@ -6,7 +6,8 @@ import os
 
 from lockstep.harness.commands.exits import EXIT_OK
 from lockstep.harness.errors import UsageError
-from lockstep.harness.suite import installed_root
+from lockstep.harness.jsonout import print_document, tool_document
+from lockstep.harness.suite_paths import installed_root
 
 
 def cmd_suite(args) -> int:
@@ -17,5 +18,10 @@ def cmd_suite(args) -> int:
     if root is None or not (root / "specs").is_dir():
         raise UsageError("no suite installed with this lockstep (install it from a clone: pip install -e CLONE, or "
                          "set LOCKSTEP_SUITE to a folder holding specs/ and golden/)")
-    print(root)
+    if args.json:
+        print_document(tool_document("suite", True, root=str(root), specs=str(root / "specs"),
+                                     golden=str(root / "golden"),
+                                     models=str(root / "models") if (root / "models").is_dir() else None))
+    else:
+        print(root)
     return EXIT_OK

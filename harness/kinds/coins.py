@@ -41,7 +41,7 @@ from lockstep.harness.limits import MAX_COIN_CELLS, MAX_COIN_KEYS
 from lockstep.harness.platform import SHARED
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
-from lockstep.harness.targets.base import BITWISE, NotApplicable, TargetInterface
+from lockstep.harness.target import BITWISE, NotApplicable, TargetInterface
 from lockstep.kernels.coins import COIN_MAX, murmur_hash32_torch
 
 NAME = "coins"

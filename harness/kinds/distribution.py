@@ -54,7 +54,7 @@ from lockstep.harness.limits import (MAX_DISTRIBUTION_SEEDS, MAX_DRAFT_STEPS, MA
                             MAX_REQUEST_TOKENS)
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Field, Float, Int, Map, Problem, Str
-from lockstep.harness.targets.base import CHI_SQUARE, Request, TargetInterface
+from lockstep.harness.target import CHI_SQUARE, Request, TargetInterface
 from lockstep.kernels import portable
 
 NAME = "distribution"

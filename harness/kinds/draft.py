@@ -43,7 +43,7 @@ from lockstep.harness.intseq import IntSeq, length, materialize
 from lockstep.harness.kinds.generate import project_root
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, Problem
-from lockstep.harness.targets.base import TOLERANCE, TargetInterface
+from lockstep.harness.target import TOLERANCE, TargetInterface
 
 NAME = "draft"
 

@@ -52,7 +52,7 @@ from lockstep.harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT
 from lockstep.harness.locate import Located, RequestBits, first_divergence, locate
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
-from lockstep.harness.targets.base import CALIBRATED, TOLERANCE, NotApplicable, TargetInterface
+from lockstep.harness.target import CALIBRATED, TOLERANCE, NotApplicable, TargetInterface
 from lockstep.engine.request import Request, Result as Generation, SamplingParams
 
 NAME = "generate"
@@ -262,41 +262,6 @@ def _bytes(result) -> tuple:
             raw(getattr(result, "captured", None)), None if accept is None else tuple(accept))
 
 
-def _topologies(spec, ctx, config) -> tuple[list, list[str]]:
-    """The spec's (tp, ep) pairs, plus (w, 1) and (1, w) for each `--world-size` w the model can
-    be split over; the splits it cannot take are listed (with the constraint) instead of run."""
-    from lockstep.engine.distributed import Topology
-    from lockstep.engine.parallel import missing_gpus
-    from lockstep.engine.world import world_problem
-
-    wanted = [tuple(t) for t in spec.inputs["topologies"] or []]
-    skipped = []
-    for w in ctx.world_sizes:
-        for tp, ep in ((w, 1), (1, w)):
-            if w == 1 or (tp, ep) in wanted:
-                continue
-            problems = Topology(tp, ep).problems(config)
-            if problems:
-                skipped.append(f"tp={tp} ep={ep}: " + "; ".join(problems) + " (unsupported split)")
-            else:
-                wanted.append((tp, ep))
-    missing = {t: missing_gpus(Topology(*t), ctx.device) or world_problem(t[0] * t[1])   # CUDA: a GPU;
-               for t in wanted}                                                           # torchrun: its size
-    skipped += [f"tp={tp} ep={ep}: {why}" for (tp, ep), why in missing.items() if why]
-    return [t for t in wanted if not missing[t]], skipped
-
-
-def _transports(topologies: list, device) -> list[str]:
-    """A note per topology run on CUDA naming how its ranks talked (engine.parallel.transport):
-    NCCL with a GPU per rank, or gloo over host copies when ranks share a GPU."""
-    from lockstep.engine.distributed import Topology
-    from lockstep.engine.parallel import transport
-
-    if torch.device(device).type != "cuda":
-        return []
-    return [f"tp={tp} ep={ep} over {transport(Topology(tp, ep), device)}" for tp, ep in topologies]
-
-
 def _same(a: tuple, b: tuple) -> bool:
     """Same tokens and logprob bytes; same captured states and accept lengths where both runs have
     them (speculative decoding captures none and plain generate has no accept lengths, so the two
@@ -417,11 +382,12 @@ def _topology_variants(spec, ctx, t: TargetInterface, own) -> tuple[list, list[s
     if not t.offers(_OP[inp["draft"] is not None], "topology"):
         return [], []
     config = reference_model(t, inp["checkpoint"], project_root(spec), str(ctx.device)).config
-    topologies, skipped = _topologies(spec, ctx, config)
+    plan = t.op("plan_topologies", str(ctx.device))       # the target knows which splits it can run here
+    topologies, skipped, transports = plan(config, inp["topologies"] or [], ctx.world_sizes)
     variants = [_Variant(f"topology tp={tp} ep={ep}", lambda reqs, trace, tp=tp, ep=ep: own(reqs, trace, tp=tp, ep=ep))
                 for tp, ep in topologies]
     notes = [f"checked at {', '.join(v.name for v in variants)}"] if topologies else []
-    return variants, notes + _transports(topologies, ctx.device) + [f"not run at {s}" for s in skipped]
+    return variants, notes + transports + [f"not run at {s}" for s in skipped]
 
 
 def _plain_call(spec, t: TargetInterface, device: str, sampled: bool):

@@ -35,12 +35,17 @@ reference on the same inputs: the kernel module's bit-exact `_portable` function
 torch ops table runs (experts: engine.experts.experts_per_row; sample_fused: engine.sampling's
 torch path; docs/engine.md lists them). The golden holds Lockstep's Triton output (tensor
 `out`), stored per platform as `<platform>-triton`. Failures name the target, the kernel and the shape.
+A target without a kernel's own operation runs the kernel's interface form where it declares one
+(`KernelCase.form`): sample_fused's tokens through the target's `sampling` with params, bitwise
+against the torch path, on a target declaring the coin contract; its first failure is the cause
+(the DESIGN §5 rule the row's token breaks, the row, its key and settings).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import torch
 
@@ -50,7 +55,7 @@ from lockstep.harness.limits import MAX_KERNEL_ELEMENTS
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str, did_you_mean
 from lockstep.harness.schema import describe as describe_value
-from lockstep.harness.targets.base import TOLERANCE, TargetInterface
+from lockstep.harness.target import BITWISE, TOLERANCE, NotApplicable, TargetInterface
 from lockstep.kernels.case import Draw, KernelCase
 
 NAME = "kernel"
@@ -176,33 +181,54 @@ def _first(mask: torch.Tensor) -> list[int]:
 def run(spec, ctx, target: TargetInterface) -> Result:
     """The target's operation for the spec's kernel (Lockstep's engine: its Triton kernel) against
     the torch reference on the same inputs."""
-    case = cases()[spec.inputs["kernel"]]
-    op = _kernel_op(spec, case, target, str(ctx.device))
-    x = kernel_inputs(spec, ctx.device)
+    own = cases()[spec.inputs["kernel"]]
+    case, op = _kernel_op(spec, own, target, str(ctx.device))
+    x = kernel_inputs(spec, ctx.device)           # a form takes its kernel's inputs
     offered = {f for f in case.features if target.offers(case.name, f)}
+    explain = case.explain and (lambda r, got: case.explain(x, r, got))
     result = _measure(spec, lambda r=slice(None): case.call(op, x, r, offered),
-                      functools.cache(lambda: case.reference(x)), None, "", f"{target.name} - reference")
-    result.data["failures"] = [f"{target.name}: {f}" for f in result.data["failures"]]
+                      functools.cache(lambda: case.reference(x)), None, "", f"{target.name} - reference", explain)
+    cause = result.facts.pop("cause", None)       # a form's cause leads, in its judge's words
+    result.data["failures"] = [cause] * bool(cause) + [f"{target.name}: {f}" for f in result.data["failures"]]
+    if case is not own:                          # the kernel's interface form: its part, bitwise
+        result.facts["compared"] = BITWISE
     return result
 
 
-def _kernel_op(spec, case: KernelCase, t: TargetInterface, device: str):
-    """The target's operation of the spec's kernel (named as the kernel); NotApplicable with the reason."""
-    needs = tuple(f for f in case.features if spec.inputs.get(f) is not None)
+def _kernel_op(spec, case: KernelCase, t: TargetInterface, device: str) -> tuple[KernelCase, Callable]:
+    """(the case run on the target, the target's operation for it): the spec's kernel, or on a
+    target without that operation the kernel's interface form (`case.form`: the same inputs
+    through an interface operation, judged on part of the output); NotApplicable with the reason."""
+    needs = tuple(f for f in case.features if spec.inputs.get(f) is not None) + case.needs
+    if case.form is not None and case.name not in t.ops:
+        form = case.form
+        lead = f"kernel {case.name} is Lockstep's own kernel interface; another target is judged on {form.note}"
+        try:
+            op = t.op(form.name, device, form.needs)
+        except NotApplicable as e:
+            raise NotApplicable(f"{lead}: {e}") from None
+        if form.rng is not None and getattr(t, "rng", None) != form.rng:
+            raise NotApplicable(f"{lead}, bitwise where it declares the RNG model {form.rng!r}: {t.name} declares "
+                                f"{getattr(t, 'rng', None)!r} (Target.rng)")
+        return form, op
+    if case.rng is not None and getattr(t, "rng", None) != case.rng:
+        raise NotApplicable(f"kernel {case.name}: {t.name} declares RNG model {getattr(t, 'rng', None)!r}, "
+                            f"not {case.rng!r} (Target.rng)")
     why = None if case.interface else f"kernel {case.name}: no target operation is defined for it (Lockstep's own " \
                                       f"kernel interface)"      # an interface operation: the target's own reason
-    return t.op(case.name, device, needs, why=why)
+    return case, t.op(case.name, device, needs, why=why)
 
 
-def _measure(spec, call, reference, rows: int | None, output: str, difference: str) -> Result:
+def _measure(spec, call, reference, rows: int | None, output: str, difference: str, explain=None) -> Result:
     """The spec's expectations of one implementation: `call(rows)` runs it (all rows by default),
     `reference()` gives the reference output; `output` and `difference` name them in failures;
-    `rows` None: the output's."""
+    `rows` None: the output's; `explain(row, got)`: the cause of a bitwise mismatch, leading."""
     exp = spec.expect
     out = call()
     rows = out.shape[0] if rows is None else rows
     where = describe(spec)
     failures: list[str] = []
+    cause = None
     if exp.get("finite"):
         bad = ~torch.isfinite(out.to(torch.float64))
         if bad.any():
@@ -212,8 +238,11 @@ def _measure(spec, call, reference, rows: int | None, output: str, difference: s
         diff = out.contiguous().view(torch.uint8).reshape(out.shape[0], -1) != \
             ref.contiguous().view(torch.uint8).reshape(ref.shape[0], -1)
         if diff.any():
+            bad = sorted(set(diff.any(1).nonzero()[:, 0].tolist()))
+            if explain is not None:
+                cause = explain(bad[0], out[bad[0]].item())
             failures.append(f"{where}: {output.strip() or 'the output'} differs bitwise from the reference in rows "
-                            f"{sorted(set(diff.any(1).nonzero()[:, 0].tolist()))}")
+                            f"{bad}")
     if exp.get("tolerance") is not None:
         ref = reference()
         if out.shape != ref.shape:
@@ -234,17 +263,19 @@ def _measure(spec, call, reference, rows: int | None, output: str, difference: s
         again = call()
         if not again.contiguous().view(torch.uint8).equal(out.contiguous().view(torch.uint8)):
             failures.append(f"{where}: a second run gave different bits")
-    return Result(tensors={"out": out.cpu()}, data={"failures": failures})
+    return Result(tensors={"out": out.cpu()}, data={"failures": failures}, facts={"cause": cause} if cause else {})
 
 
 def applicability(spec, target: TargetInterface, device: str) -> str:
-    _kernel_op(spec, cases()[spec.inputs["kernel"]], target, device)
-    return TOLERANCE
+    own = cases()[spec.inputs["kernel"]]
+    case, _ = _kernel_op(spec, own, target, device)
+    return TOLERANCE if case is own else BITWISE
 
 
 def compared(spec, ctx, result: Result) -> tuple[str, None]:
-    """On a target, the spec's tolerance against the reference is the comparison: no golden."""
-    return TOLERANCE, None
+    """On a target, the spec's tolerance against the reference is the comparison (a kernel's
+    interface form: bitwise against the reference's part): no golden."""
+    return result.facts.get("compared", TOLERANCE), None
 
 
 def check(spec, result: Result) -> list[str]:

@@ -36,7 +36,7 @@ from lockstep.harness.limits import MAX_REQUEST_TOKENS
 from lockstep.harness.platform import SHARED
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Any_, Field, Int, List, Map, Problem, Str, describe
-from lockstep.harness.targets.base import BITWISE, TOLERANCE, NotApplicable, Refused, TargetInterface
+from lockstep.harness.target import BITWISE, TOLERANCE, NotApplicable, Refused, TargetInterface
 from lockstep.engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config
 from lockstep.engine.config import preset
 
@@ -165,9 +165,20 @@ def applicability(spec, t: TargetInterface, device: str) -> str:
     return BITWISE
 
 
+# Boundary states of the deep random presets at bf16 drift chaotically: Lockstep's own bf16 policy
+# and its fp32 one differ by 0.25-0.77 of the states' scale on the forward specs (docs/targets.md),
+# more than adjacent boundaries differ, so no tolerance tells the right boundary from its neighbour.
+BF16_CAPTURE = ("captured states are judged at the fp32 policy only: at bf16 the states of these deep random "
+                "checkpoints drift by 0.25-0.77 of their scale between two correct policies (more than adjacent "
+                "boundaries differ); run it with --dtype fp32")
+
+
 def compared(spec, ctx, result: Result) -> tuple[str, str | None]:
-    """A capture is compared within the cross-implementation bound; boundaries and refusals have no golden."""
+    """A capture is compared within the cross-implementation bound, at fp32 (n/a at another dtype
+    policy: its drift hides which boundary was captured); boundaries and refusals have no golden."""
     if spec.inputs["forward"] and "error" not in result.data:
+        if ctx.platform.dtype != "fp32":
+            raise NotApplicable(BF16_CAPTURE)
         return TOLERANCE, golden_platform(spec, ctx)
     return BITWISE, None
 

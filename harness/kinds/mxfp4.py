@@ -44,7 +44,7 @@ import torch
 from lockstep.harness.platform import SHARED
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Bool, Field, Int, List, Map, Problem, Schema, Str
-from lockstep.harness.targets.base import BITWISE, Refused, TargetInterface
+from lockstep.harness.target import BITWISE, Refused, TargetInterface
 
 NAME = "mxfp4"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -220,7 +220,7 @@ def edited_checkpoint(spec):
 
 
 def _load(spec, ctx, t: TargetInterface) -> Result:
-    """The target's `load_checkpoint`; a clean refusal (harness/targets/base.py, "Refusals") is
+    """The target's `load_checkpoint`; a clean refusal (harness/target.py, "Refusals") is
     recorded with its message, any other exception is a crash."""
     load, refusals = t.op("load_checkpoint", str(ctx.device)), (Refused, ValueError, *t.refusals)
     path = edited_checkpoint(spec)

@@ -36,7 +36,7 @@ from lockstep.harness.kinds.generate import SAMPLING, _params, project_root
 from lockstep.harness.limits import MAX_REQUEST_TOKENS
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Field, Int, List, Map, Problem
-from lockstep.harness.targets.base import TOLERANCE, Request, TargetInterface
+from lockstep.harness.target import TOLERANCE, Request, TargetInterface
 
 NAME = "prefix-cache"
 MAX_CASES = 64

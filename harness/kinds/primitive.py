@@ -43,7 +43,7 @@ from lockstep.harness.digest import tensor_sha256
 from lockstep.harness.platform import SHARED
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Bool, Field, Int, Map, Problem, Str
-from lockstep.harness.targets.base import TargetInterface
+from lockstep.harness.target import TargetInterface
 
 NAME = "primitive"
 # function -> (input grid, the torch implementation's name in kernels.portable or a lambda key)

@@ -30,6 +30,24 @@ mismatch; the expectations say what the report must mean, so a golden recorded f
 verdict cannot pass. `promote: true` also pins the spec `lockstep promote` would write, and
 checks its requests read back (as the generate kind reads them) to the trace's own requests.
 
+A peer spec (what `lockstep promote` writes from another engine's trace: an import-peer rollout
+or a `record --target` run) holds that engine's tokens and logprobs instead of recording a run:
+
+    inputs:
+      checkpoint: {preset: tiny, seed: 0, format: bf16}
+      requests: [{prompt: [30, 31], sampling: {greedy: true, max_new_tokens: 2, stop_token_ids: []}}]
+      mode: teacher-forced                               # required: the peer's RNG is its own
+      peer:
+        source: rollouts                                 # the trace's source (import format or target:NAME)
+        logprobs: {kind: raw, temperature: 1.0, top_p: 1.0}   # what the peer's logprobs are
+        tokens: [[7, 99]]                                # per request: the peer's token ids, forced here
+        logprob_bits: [[bf8a3d70, c0a00000]]             # per request: its logprobs, float32 hex
+
+The run teacher-forces the peer's tokens through Lockstep's engine (fp32, torch ops, the check's
+device); the golden holds the verdict report and Lockstep's own logprob bits per request, so a
+change in the reference's teacher-forced logprobs shows as a mismatch, and `expect` pins the
+verdict (which tokens lie over `threshold`). A peer spec takes no edits and no draft.
+
 Edit fields: on a step (`request`, `step`): `logprob` (`ulp: n` or `add: x`), `token` (`add`),
 `margin` (`ulp`, `add` or `drop`), `experts` (`add`: layer 0's first expert, or `drop`),
 `logits_sha256` (`drop`, or `add`: another digest); on a verify round (`request`, `round`):
@@ -41,6 +59,7 @@ Edit fields: on a step (`request`, `step`): `logprob` (`ulp: n` or `add: x`), `t
 from __future__ import annotations
 
 import hashlib
+import math
 import tempfile
 from pathlib import Path
 
@@ -49,9 +68,11 @@ from lockstep.harness.intseq import materialize, max_value
 from lockstep.harness.kinds.generate import REQUEST, SAMPLING, _params, _validate_requests, project_root
 from lockstep.harness.kinds.generate import INPUTS as GENERATE_INPUTS
 from lockstep.harness.replay.format import TraceError, canonical, f32_bits, f32_from_bits, read_trace, write_trace
+from lockstep.harness.replay.peer import spec_trace
+from lockstep.harness.replay.processed import KINDS as PROCESSING_KINDS, Processing
 from lockstep.harness.replay.promote import spec_document
 from lockstep.harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, Verdict, replay, requests_of
-from lockstep.harness.targets.base import TargetInterface
+from lockstep.harness.target import TargetInterface
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Schema, Str
 from lockstep.engine.generate import Request
@@ -73,6 +94,14 @@ EDIT = Map({
     "drop": Field(Bool(), default=False),
     "set": Field(Any_()),
 })
+PEER = Map({
+    "source": Field(Str(), required=True, doc="the engine the values came from (a trace's source)"),
+    "logprobs": Field(Map({"kind": Field(Str(choices=list(PROCESSING_KINDS)), default="raw"),
+                           "temperature": Field(Float(min=0.0), default=1.0),
+                           "top_p": Field(Float(min=0.0, max=1.0), default=1.0)}), default=dict),
+    "tokens": Field(List(List(Int(min=0), min_len=1), min_len=1, max_len=8), required=True),
+    "logprob_bits": Field(List(List(Str()), min_len=1, max_len=8), required=True),
+})
 INPUTS = Map({
     "checkpoint": Field(CHECKPOINT, required=True),
     "requests": Field(List(REQUEST, min_len=1, max_len=8), required=True),
@@ -83,6 +112,7 @@ INPUTS = Map({
     "threshold": Field(Float(min=0.0), default=THRESHOLD),
     "edits": Field(List(EDIT, max_len=16), default=list),
     "promote": Field(Bool(), default=False),
+    "peer": Field(PEER, doc="another engine's tokens and logprobs, teacher-forced here (promote writes it)"),
 })
 
 
@@ -118,6 +148,8 @@ def validate(doc: dict, root=None) -> list[Problem]:
     if (inp["draft"] is None) != (inp["speculative"] is None):
         out.append(Problem(("inputs",), "draft and speculative go together"))
     out += _validate_requests(inp)
+    if inp["peer"] is not None:
+        out += _peer_problems(inp)
     for j, e in enumerate(inp["edits"]):
         out += _edit_problems(e, ("inputs", "edits", j), inp)
     config, problems = checkpoint_config(inp["checkpoint"], root, ("inputs", "checkpoint"))
@@ -127,9 +159,56 @@ def validate(doc: dict, root=None) -> list[Problem]:
         if top is not None and top >= config.vocab_size:
             out.append(Problem(("inputs", "requests", i, "prompt"), f"token id {top} is outside the checkpoint's "
                                                                     f"vocabulary [0, {config.vocab_size})"))
+    for i, ids in enumerate(inp["peer"]["tokens"] if config is not None and inp["peer"] else []):
+        if max(ids) >= config.vocab_size:
+            out.append(Problem(("inputs", "peer", "tokens", i), f"token id {max(ids)} is outside the checkpoint's "
+                                                                 f"vocabulary [0, {config.vocab_size})"))
     if "refused" in exp and exp["refused"] is not None and any(exp.get(k) is not None for k in ("ok", "counts")):
         out.append(Problem(("expect",), "a refused replay has no verdicts: expect refused, or ok/counts/first"))
     return out
+
+
+def _peer_problems(inp: dict) -> list[Problem]:
+    """A peer spec: teacher-forced, nothing recorded to edit, one token list and one logprob list of
+    equal length per request, as long as the request's max_new_tokens; logprobs that are float32
+    log-probabilities."""
+    where, peer = ("inputs", "peer"), inp["peer"]
+    out = [Problem(("inputs", k), f"a peer spec takes no {k} (it holds the peer's values, nothing is recorded)")
+           for k in ("edits", "draft") if inp[k]]
+    if inp["mode"] != "teacher-forced":
+        out.append(Problem(("inputs", "mode"), "a peer spec is teacher-forced (the peer's RNG is its own): "
+                                               "mode: teacher-forced"))
+    if inp["promote"]:
+        out.append(Problem(("inputs", "promote"), "a peer spec is already what promote writes"))
+    try:
+        Processing(**{"kind": "raw", **peer["logprobs"]})
+    except ValueError as e:
+        out.append(Problem(where + ("logprobs",), str(e).replace("--peer-logprobs", "kind").replace("--", "")))
+    n = len(inp["requests"])
+    for name in ("tokens", "logprob_bits"):
+        if len(peer[name]) != n:
+            out.append(Problem(where + (name,), f"{len(peer[name])} list(s) for the spec's {n} request(s)"))
+    for i, (ids, bits) in enumerate(zip(peer["tokens"], peer["logprob_bits"])):
+        steps = ((inp["requests"][i]["sampling"] or {}).get("max_new_tokens")
+                 or SAMPLING.check({}, (), [])["max_new_tokens"]) if i < n else len(ids)
+        if not len(ids) == len(bits) == steps:
+            out.append(Problem(where + ("tokens", i), f"request {i}: {len(ids)} token(s), {len(bits)} logprob(s), "
+                                                      f"max_new_tokens {steps}: all three must agree"))
+        for k, b in enumerate(bits):
+            lp = _bits_value(b)
+            if lp is None or math.isnan(lp) or lp > 0:
+                out.append(Problem(where + ("logprob_bits", i, k), f"{b!r} is not the float32 hex of a "
+                                                                   f"log-probability (8 hex digits, <= 0)"))
+    return out
+
+
+def _bits_value(bits: str) -> float | None:
+    if not isinstance(bits, str) or len(bits) != 8:
+        return None
+    try:
+        return f32_from_bits(bits)
+    except ValueError:
+        return None
 
 
 def _edit_problems(e: dict, where: tuple, inp: dict) -> list[Problem]:
@@ -179,6 +258,8 @@ def run(spec, ctx, target: TargetInterface) -> Result:
     torch ops, any device; no other target records one: n/a there)."""
     record_trace = target.op("record_trace", str(ctx.device), why=f"kind {NAME!r} has no target runner")
     inp = spec.inputs
+    if inp["peer"] is not None:             # nothing to record: the peer's values, replayed on Lockstep's engine
+        return judge(spec, spec_trace(inp, str(ctx.device)))
     return judge(spec, record_trace(inp["checkpoint"], requests(spec), inp["draft"], inp["speculative"]))
 
 
@@ -207,6 +288,8 @@ def judge(spec, trace) -> Result:
     try:
         report = replay(trace, inp["mode"], near_tie=inp["near_tie"], threshold=inp["threshold"], locate_first=False)
         data["report"] = {**report.to_json(), "text": report.text().replace(root, "<suite>")}
+        if inp["peer"] is not None:         # every step's bits, beyond the report's first 200 divergent steps
+            data["lockstep_logprob_bits"] = report.replayed
     except TraceError as e:
         data["refused"] = str(e).replace(root, "<suite>")
     if inp["promote"]:

@@ -46,7 +46,7 @@ from lockstep.harness.intseq import INT64_MAX, INT64_MIN, IntSeq, length, materi
 from lockstep.harness.platform import SHARED
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Field, Float, Int, List, Map, OneOf, Problem, Str
-from lockstep.harness.targets.base import BITWISE, TargetInterface
+from lockstep.harness.target import BITWISE, TargetInterface
 
 NAME = "verify"
 MODES = ("greedy", "target-only", "rejection")

@@ -51,10 +51,11 @@ class StepLog(Trace):
         return StepLog(prompt_lens, logits=self.want_logits)
 
     def take(self, sub: "StepLog", back: dict[int, int]) -> None:
-        """`sub`'s records, their run-order request indices mapped back through `back`."""
-        self.events = {(back[j], s): v for (j, s), v in sub.events.items()}
-        self.logits = {(back[j], s): v for (j, s), v in sub.logits.items()}
-        self.experts = {(back[j], s): v for (j, s), v in sub.experts.items()}
+        """`sub`'s records added to this log's, their run-order request indices mapped back through
+        `back` (one sub-log per run, or one per data-parallel rank: their requests are disjoint)."""
+        self.events.update({(back[j], s): v for (j, s), v in sub.events.items()})
+        self.logits.update({(back[j], s): v for (j, s), v in sub.logits.items()})
+        self.experts.update({(back[j], s): v for (j, s), v in sub.experts.items()})
 
     def event(self, request: int, step: int, name: str, value) -> None:
         v = torch.as_tensor(value).detach().cpu().reshape(-1)

@@ -28,9 +28,10 @@ from pathlib import Path
 
 from lockstep.harness.replay.deltas import CLIP, Deltas
 from lockstep.harness.replay.processed import Processing, ProcessedLog, apply
-from lockstep.harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits
+from lockstep.harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits, f32_from_bits
 from lockstep.harness.replay.identity import checkpoint_identity, platform_identity
 from lockstep.harness.replay.run import Setup, checkpoint_folder, forced_requests, run
+from lockstep.harness.replay.spread import degree
 from lockstep.engine.request import Request, SamplingParams
 
 FORMATS = ("vllm", "sglang", "rollouts", "hf")
@@ -116,31 +117,50 @@ def import_peer(path: str | Path, fmt: str, checkpoint: dict, prompts: list[list
                              f"({type(e).__name__}: {e})") from None
     if not items:
         raise TraceError(f"{path}: no {fmt} records")
-    setup = setup or Setup(checkpoint)
-    requests, steps = [], []
     for i, (prompt, ids, lps) in enumerate(items):
         if prompt is None:
             if not prompts or i >= len(prompts):
                 raise TraceError(f"{path}: request {i} carries no prompt ids; pass them with --prompt-ids")
-            prompt = prompts[i]
+            items[i] = (prompts[i], ids, lps)
         if len(ids) != len(lps) or not ids:
             raise TraceError(f"{path}: request {i} has {len(ids)} token ids and {len(lps)} logprobs")
+    return peer_trace(items, fmt, checkpoint, setup or Setup(checkpoint), processing, path.name)
+
+
+def peer_trace(items: list[tuple], source: str, checkpoint: dict, setup: Setup, processing: Processing | None = None,
+               file: str | None = None) -> Trace:
+    """A trace of another engine's run: `items` are (prompt ids, token ids, logprobs), one a request;
+    its RNG is the peer's own, so the trace can only be teacher-forced."""
+    requests, steps = [], []
+    for i, (prompt, ids, lps) in enumerate(items):
         requests.append({"index": i, "prompt": [int(t) for t in prompt],
                          "sampling": {"max_new_tokens": len(ids), "greedy": True, "temperature": 1.0, "top_k": 0,
                                       "top_p": 1.0, "min_p": 0.0, "stop_token_ids": []},
-                         "seed": None, "rng": f"peer:{fmt} (its own; teacher forcing only)", "eagle3": None,
+                         "seed": None, "rng": f"peer:{source} (its own; teacher forcing only)", "eagle3": None,
                          "finish_reason": "length", "tokens": len(ids)})
         steps.append([{"request": i, "step": k, "token": t, "logprob": lp if math.isfinite(lp) else None,
                        "logprob_bits": f32_bits(lp), "margin": None, "margin_bits": None, "logits_sha256": None,
                        "experts": []} for k, (t, lp) in enumerate(zip(ids, lps))])
-    manifest = {"format": FORMAT, "version": TRACE_VERSION, "source": fmt,
-                "engine": {"name": fmt, "file": path.name},
+    manifest = {"format": FORMAT, "version": TRACE_VERSION, "source": source,
+                "engine": {"name": source, "file": file},
                 "settings": {**setup.settings(), "mode": "generate"},
                 "platform": platform_identity(setup.dtype, setup.backend, setup.device),
                 "checkpoint": {"ref": checkpoint, **checkpoint_identity(checkpoint_folder(setup))},
                 "draft": None, "speculative": None, "requests": len(requests),
                 "peer_logprobs": (processing or Processing()).to_json()}
     return Trace(manifest, requests, steps, [[] for _ in requests])
+
+
+def spec_trace(inputs: dict, device: str) -> Trace:
+    """A peer spec's inputs (the `replay` kind's `peer` form) as the trace they stand for, on
+    Lockstep's fp32 torch engine on `device`: what the spec's check replays."""
+    from lockstep.harness.intseq import materialize
+
+    peer = inputs["peer"]
+    items = [(materialize(r["prompt"]).tolist(), list(ids), [f32_from_bits(b) for b in bits])
+             for r, ids, bits in zip(inputs["requests"], peer["tokens"], peer["logprob_bits"])]
+    setup = Setup(inputs["checkpoint"], dtype="fp32", backend="torch", device=device)
+    return peer_trace(items, peer["source"], inputs["checkpoint"], setup, Processing(**peer["logprobs"]))
 
 
 class PeerReport(Deltas):
@@ -176,18 +196,20 @@ class PeerReport(Deltas):
 
 
 def teacher_force_peer(trace: Trace, threshold: float = 1e-3, setup: Setup | None = None,
-                       clip: float = CLIP) -> PeerReport:
-    """Feed the peer's tokens through Lockstep's engine; per-token comparison against the peer's."""
+                       clip: float = CLIP, dp: int | None = None) -> PeerReport:
+    """Feed the peer's tokens through Lockstep's engine; per-token comparison against the peer's.
+    `dp`: data-parallel ranks the requests spread over (harness.replay.spread; the same report)."""
     if not threshold > 0:
         raise TraceError(f"threshold must be > 0, got {threshold}")
     setup = setup or Setup(trace.manifest["checkpoint"]["ref"])
+    dp = degree(dp, setup.tp, setup.ep)
     tokens = [[s["token"] for s in steps] for steps in trace.steps]
     reqs = [Request(prompt=r["prompt"], params=SamplingParams(greedy=True, max_new_tokens=r["tokens"])) for r in
             trace.requests]
     processing = Processing.of(trace.manifest)
     log = None if processing.kind == "raw" else ProcessedLog([len(r.prompt) for r in reqs], tokens, processing)
     try:
-        results = run(setup, forced_requests(reqs, tokens), log, tokens)
+        results = run(setup, forced_requests(reqs, tokens), log, tokens, dp=dp)
         if log is not None:
             apply(log, results)             # compare what the peer declared it returned
     except ValueError as e:                 # an id outside the vocabulary, a sequence past the context

@@ -76,7 +76,7 @@ class ProcessedLog(StepLog):
 
     def take(self, sub: "ProcessedLog", back: dict[int, int]) -> None:
         super().take(sub, back)
-        self.processed = {(back[j], s): v for (j, s), v in sub.processed.items()}
+        self.processed.update({(back[j], s): v for (j, s), v in sub.processed.items()})
 
     def merge(self, other) -> None:
         """A rank's copy, sent back (a topology's run): its processed logprobs too."""

@@ -44,6 +44,7 @@ from lockstep.harness.replay.format import Trace, TraceError, f32_bits, f32_bits
 from lockstep.harness.replay.identity import check_checkpoint, check_platform, platform_identity
 from lockstep.harness.replay.observe import StepLog
 from lockstep.harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
+from lockstep.harness.replay.spread import degree
 
 MODES = ("free-run", "teacher-forced")
 OVERRIDABLE = ("backend", "tp", "ep", "max_batch", "prefill_chunk", "order", "forced_shape", "device", "dtype")
@@ -92,6 +93,7 @@ class ReplayReport:
     stats: dict | None = None           # and the per-token statistics of |Δlogprob|
     notes: list[str] = field(default_factory=list)   # what the verdict cannot see (harness/replay/context.py)
     rl: dict | None = None              # another engine's trace: {"overall": rl_stats, "per_request": [...]}
+    replayed: list | None = None        # the replay's own logprob bits per request (a peer spec's golden holds them)
 
     @property
     def bitwise(self) -> bool:
@@ -298,7 +300,11 @@ def foreign(trace: Trace) -> bool:
 
 
 def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, *, near_tie: float = NEAR_TIE,
-           locate_first: bool = True, threshold: float = THRESHOLD, clip: float = 0.2) -> ReplayReport:
+           locate_first: bool = True, threshold: float = THRESHOLD, clip: float = 0.2,
+           dp: int | None = None) -> ReplayReport:
+    """The trace run again as `mode` says and judged step by step. `dp`: data-parallel ranks the
+    requests spread over (harness.replay.spread.degree; None: 1, or torchrun's world); the report
+    does not depend on it."""
     if mode not in MODES:
         raise TraceError(f"mode must be one of {MODES}, got {mode!r}")
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
@@ -310,6 +316,7 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
                              f"with RNG {other.get('rng')!r}, not Lockstep's coin contract: it can only be "
                              f"teacher-forced (--mode teacher-forced)")
     setup = replay_setup(trace, overrides or {})
+    dp = degree(dp, setup.tp, setup.ep)
     check_identity(trace, setup)
     requests = requests_of(trace)
     shown = {k: getattr(setup, k) for k in OVERRIDABLE if getattr(setup, k) is not None
@@ -320,7 +327,7 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
     tokens = [[s["token"] for s in steps] for steps in trace.steps]
     if mode == "free-run":
         log = StepLog([len(r.prompt) for r in requests])
-        results = run(setup, requests, log)
+        results = run(setup, requests, log, dp=dp)
         for i, res in enumerate(results):
             vs = _token_verdicts(trace, i, list(res.tokens), res.logprobs, near_tie)
             if setup.speculative is not None:
@@ -333,10 +340,11 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
             report.verdicts += vs
     else:
         flog = processed.forced_log(trace.manifest, [len(r.prompt) for r in requests], tokens)
-        results = run(setup, forced_requests(requests, tokens), flog, tokens)
+        results = run(setup, forced_requests(requests, tokens), flog, tokens, dp=dp)
         processed.apply(flog, results)      # a peer that declared processed logprobs: compare those
         for i, res in enumerate(results):
             report.verdicts += _forced_verdicts(trace, i, res, flog)
+    report.replayed = [f32_bits_all(_floats(res.logprobs)) for res in results]
     bad = [v for v in report.verdicts if v.status not in (Verdict.BITWISE, Verdict.NOT_RECORDED)]
     if foreign(trace):
         report.threshold = threshold
@@ -348,6 +356,10 @@ def replay(trace: Trace, mode: str = "free-run", overrides: dict | None = None, 
         if locate_first:
             report.located = _locate(trace, setup, requests, tokens, results, report.first, mode)
     return report
+
+
+def _floats(logprobs) -> list[float]:
+    return logprobs.tolist() if hasattr(logprobs, "tolist") else list(logprobs)
 
 
 def _stats(trace: Trace, results, threshold: float, clip: float = 0.2) -> tuple[dict, dict]:

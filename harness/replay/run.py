@@ -4,8 +4,9 @@ over torch.distributed, plain or speculative, free-running or teacher-forced.
 Everything goes through the engine's public entry points: harness.checkpoints for the models,
 engine.generate.generate / engine.speculative.speculative_generate on one device, and
 engine.parallel.generate_at / speculative_generate_at on a topology (gloo on the CPU).
-Teacher forcing is plain generation with `forced=` tokens (engine.generate), at any topology:
-D3 makes the logits of position t the same whether t was decoded, verified or prefilled.
+Teacher forcing is plain generation with `forced=` tokens (engine.generate), at any topology, or
+prefill-shaped on one device (engine.teacher_forcing): D3 makes the logits of position t the same
+whether t was decoded, verified or prefilled.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lockstep.engine.generate import observing
-from lockstep.engine.request import Request, Result, SamplingParams
-from lockstep.engine.sampling import chosen_logprobs as engine_chosen_logprobs
+from lockstep.engine.request import Request, SamplingParams
+from lockstep.engine.teacher_forcing import teacher_force
 from lockstep.harness.heartbeat import Heartbeat
 from lockstep.harness.replay.observe import StepLog
 
@@ -68,19 +68,24 @@ def draft_folder(setup: Setup) -> Path:
 
 
 def run(setup: Setup, requests: list[Request], log: StepLog | None = None, forced: list[list[int]] | None = None,
-        engine_trace=None):
+        engine_trace=None, dp: int = 1):
     """-> results in request order (engine.request.Result). `forced`: teacher-force plain
     generation with these tokens (the speculative settings are then ignored). `setup.order`
     runs the batch in another composition; results and the log come back in request order.
     `engine_trace`: an engine.trace.Trace to attach as it is (its request index is the one in
-    run order), for harness.locate's re-runs."""
+    run order), for harness.locate's re-runs. `dp` > 1: the requests spread over that many
+    data-parallel ranks, each a whole model (harness.replay.spread; the same results, D2)."""
     order = setup.order or list(range(len(requests)))
     reqs = [requests[i] for i in order]
     forced_o = [forced[i] for i in order] if forced is not None else None
-    sub = log.fresh([len(r.prompt) for r in reqs], order) if log is not None else engine_trace
     speculative = setup.speculative is not None and forced is None
     total = sum(map(len, forced_o)) if forced_o is not None else sum(r.params.max_new_tokens for r in reqs)
     label = f"{'teacher-forced run' if forced is not None else 'run'} of {len(reqs)} request(s) on {setup.device}"
+    if dp > 1 and engine_trace is None:
+        from lockstep.harness.replay.spread import spread
+        with Heartbeat(f"{label}, {dp} data-parallel ranks"):
+            return spread(_dispatch, setup, requests, order, log, forced, speculative, dp)
+    sub = log.fresh([len(r.prompt) for r in reqs], order) if log is not None else engine_trace
     with Heartbeat(label, None if speculative else total,
                    (lambda: len(sub.events)) if isinstance(sub, StepLog) else None):
         results = _dispatch(setup, reqs, sub, forced_o, forced, speculative)
@@ -98,8 +103,7 @@ def _dispatch(setup: Setup, reqs, sub, forced_o, forced, speculative: bool):
     if forced is not None and setup.forced_shape == "prefill":
         if setup.tp * setup.ep != 1:
             raise ValueError("prefill-shaped teacher forcing runs on one device (tp = ep = 1)")
-        return teacher_force_prefill(target_model(setup), reqs, forced_o, setup.prefill_chunk or 256,
-                                     setup.max_batch, sub)
+        return teacher_force(target_model(setup), reqs, forced_o, setup.prefill_chunk or 256, setup.max_batch, sub)
     if setup.tp * setup.ep == 1:
         return _one_device(setup, reqs, sub, forced_o, speculative)
     return _topology(setup, reqs, sub, forced_o, speculative)
@@ -144,76 +148,3 @@ def forced_requests(requests: list[Request], tokens: list[list[int]]) -> list[Re
                     seed=None) for r, t in zip(requests, tokens)]
 
 
-def teacher_force_prefill(model, reqs: list[Request], forced: list[list[int]], chunk: int, group: int,
-                          trace=None) -> list[Result]:
-    """Teacher forcing shaped as a prefill: each request's prompt and recorded tokens go through the
-    model's forward in chunks of `chunk` positions (`group` requests per forward), and token k's
-    logprob is read from the logits of position prompt + k - 1. D3 makes these the bits of the
-    decode steps; the tests hold it. `trace` (a StepLog or engine Trace) is told each row's
-    request and step as engine.generate tells it."""
-    with observing(model, trace):
-        return _prefill_shaped(model, reqs, forced, chunk, group, trace)
-
-
-def _prefill_shaped(model, reqs, forced, chunk: int, group: int, trace):
-    import torch
-
-    # host index tensors, a slice per member per forward (a 64 x 1024 replay has 67,520 positions:
-    # built one by one in Python they cost ~0.1 s)
-    seqs = [torch.tensor(list(r.prompt) + list(t[:-1]), dtype=torch.int64) for r, t in zip(reqs, forced)]
-    targets = [torch.tensor(t, dtype=torch.int64) for t in forced]
-    out = [torch.empty(len(t), dtype=torch.float32) for t in forced]
-    dev = model.device
-    for g0 in range(0, len(reqs), group):
-        members = list(range(g0, min(g0 + group, len(reqs))))
-        longest = max(len(seqs[i]) for i in members)
-        cache = model.new_cache(len(members), longest)
-        for start in range(0, longest, chunk):
-            tok, pos, slot, owners, steps, logit_rows, wanted, spans = [], [], [], [], [], [], [], []
-            n = 0                                                    # rows so far in this forward
-            for s_, i in enumerate(members):
-                end = min(start + chunk, len(seqs[i]))
-                if end <= start:
-                    continue
-                p0 = len(reqs[i].prompt) - 1                         # the position whose logits give token 0
-                p = torch.arange(start, end)
-                tok.append(seqs[i][start:end])
-                pos.append(p)
-                slot.append(torch.full((end - start,), s_))
-                owners.append(torch.full((end - start,), i))
-                steps.append((p - p0).clamp(min=0))
-                lo = max(start, p0)                                  # the rows that score a token
-                if lo < end:
-                    logit_rows.append(torch.arange(n + lo - start, n + end - start))
-                    wanted.append(targets[i][lo - p0:end - p0])
-                    spans.append((i, lo - p0, end - p0))
-                n += end - start
-            if not tok:
-                continue
-            if trace is not None:
-                trace.rows(torch.cat(owners).tolist(), torch.cat(steps).tolist())
-            rows = torch.cat(logit_rows) if logit_rows else torch.zeros(0, dtype=torch.int64)
-            res = model.forward(torch.cat(tok).to(dev), torch.cat(pos).to(dev), torch.cat(slot).to(dev), cache,
-                                logit_rows=rows.to(dev))
-            if not spans:
-                continue
-            chosen = chosen_logprobs(res.logits, torch.cat(wanted).to(dev)).cpu()   # [rows] float32
-            r0 = 0
-            for i, k0, k1 in spans:
-                out[i][k0:k1] = chosen[r0:r0 + k1 - k0]
-                r0 += k1 - k0
-    return [Result(list(t), lp, "length") for t, lp in zip(forced, out)]
-
-
-ROWS_AT_ONCE = 1024        # logits rows per log_softmax: bounds its float64 temporaries (~1.6 GB at V = 201k)
-
-
-def chosen_logprobs(logits, tokens):
-    """lockstep.engine.sampling.chosen_logprobs [R, V], [R] -> [R] float32, a block of rows at a time (the
-    same bits: no row of it sees another). One call per block instead of one per row is what
-    keeps a 64 x 1024 replay from being launch-bound on a GPU."""
-    import torch
-
-    out = [engine_chosen_logprobs(logits[r0:r0 + ROWS_AT_ONCE], tokens[r0:r0 + ROWS_AT_ONCE].to(torch.int64))
-           for r0 in range(0, logits.shape[0], ROWS_AT_ONCE)]
-    return torch.cat(out) if out else logits.new_empty(0, dtype=torch.float32)

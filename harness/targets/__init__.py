@@ -14,7 +14,7 @@ import importlib
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from lockstep.harness.targets.base import (NotApplicable, Op, Refused, Request, Result, Target,  # noqa: F401
+from lockstep.harness.target import (NotApplicable, Op, Refused, Request, Result, Target,  # noqa: F401
                                   TargetInterface, UpstreamChanged)
 
 GROUP = "lockstep.targets"
@@ -64,3 +64,14 @@ def expectations_path(target: Target, explicit: Path | None = None) -> Path | No
     (harness/targets/expectfile.py)."""
     from lockstep.harness.targets.expectfile import find
     return find(target.name, target.version, getattr(target, "expectations", None), explicit)
+
+
+def load_expectations(target: Target, explicit: Path | None = None) -> dict:
+    """The failures expected of `target` ({} when no file applies); ExpectationsError (a
+    ValueError naming file and line) for a bad or inapplicable file."""
+    from lockstep.harness.targets.expectfile import load
+
+    path = expectations_path(target, explicit)
+    if path is None or (explicit is None and not path.is_file()):
+        return {}
+    return load(path, target.name, target.version)

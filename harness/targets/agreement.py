@@ -14,9 +14,14 @@ token the reference itself would choose there and how close that choice was (its
 A divergence is classified: **sampler** when the engine's logprobs up to that step agree with the
 reference's within the bound (bit for bit: "the forward is bit-exact"), **forward** otherwise;
 logprobs beyond the bound where every token agrees are **logprobs** (the forward or the logprob
-computation: captured states would tell them apart).
+computation). Where the engine captures boundary states (its `capture` operation), the first
+forward or logprobs failure is placed by the layer locator (harness/targets/locator.py): in a block
+(then it is **forward**, whatever the tokens did), or in none (the head or the logprobs).
 The first line of a failure is the cause: judge, class, request and step; its float details come
 after " — ", so an expectations file matches the part before it (harness/targets/expectfile.py).
+Where the engine's `sampling` takes params under the coin contract, the exact sampler judge
+(`exact_sampler`) runs it on the reference's logits of every step of each seeded request: its
+tokens must be DESIGN §5's bit for bit, and its failures lead.
 """
 
 from __future__ import annotations
@@ -37,17 +42,36 @@ class RequestVerdict:
     failure: str | None = None          # the headline of this request's first failure
     near_ties: list[str] = field(default_factory=list)
     deltas: torch.Tensor | None = None  # |Δ logprob| of every scored token, float64
+    cls: str = ""                       # the failure's class: sampler, forward, logprobs, control flow
+    step: int = 0                       # the step it happened at
 
 
 def settings(req) -> str:
     """The request's sampling settings in one phrase (what a reader needs to reproduce its draw)."""
-    p = req.params
-    if p.is_greedy:
-        return "greedy"
-    parts = [f"seed {req.seed}", f"temperature {p.temperature:g}"]
-    parts += [f"{k} {getattr(p, k):g}" for k, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))
-              if getattr(p, k) != off]
-    return ", ".join(parts)
+    from lockstep.engine.sampling import settings_phrase
+    return settings_phrase(req.params, req.seed)
+
+
+def exact_sampler(i: int, req, scored, sampler) -> str | None:
+    """The exact sampler judge: the engine's `sampling` operation (with params) on the reference's
+    own logits of every step of seeded request i must draw DESIGN §5's tokens, bit for bit (no
+    bound: the sampler is a contract). The first step it does not, cause first; None if none."""
+    from lockstep.engine.sampling import broken_rule, sample_rows, seed_as_int64
+
+    n = len(scored.tokens)
+    if req.params.is_greedy or req.seed is None or scored.logits is None or not n:
+        return None
+    params, seeds = [req.params] * n, [req.seed] * n
+    want = sample_rows(scored.logits, params, seeds, scored.positions).tolist()
+    got = [int(t) for t in sampler(scored.logits, torch.tensor([seed_as_int64(req.seed)] * n, dtype=torch.int64),
+                                   torch.tensor(scored.positions, dtype=torch.int64), params=params).tolist()]
+    k = next((k for k in range(n) if got[k] != want[k]), None)
+    if k is None:
+        return None
+    pos = scored.positions[k]
+    return (f"sampler: {broken_rule(scored.logits[k], req.params, req.seed, pos, got[k])} at request {i} step {k} "
+            f"(position {pos}; {settings(req)}){DETAIL}token {got[k]} where DESIGN §5 gives {want[k]} on the "
+            f"reference's logits (the engine's sampling operation, teacher-forced)")
 
 
 def judge_request(i: int, req, tokens: list[int], logprobs: torch.Tensor, scored, bound: Bound,
@@ -67,8 +91,8 @@ def judge_request(i: int, req, tokens: list[int], logprobs: torch.Tensor, scored
             v.near_ties.append(f"{where}: token {tokens[k]} where the reference chooses {scored.choice[k]} "
                                f"(a near-tie: margin {m:.3g} <= {bound.near_tie:.3g})")
             continue
-        cls = _class(v.deltas[:k + 1], bound)
-        v.failure = (f"{JUDGE}: {cls} at {where}{DETAIL}token {tokens[k]} where the reference chooses "
+        v.cls, v.step = _class(v.deltas[:k + 1], bound), k
+        v.failure = (f"{JUDGE}: {v.cls} at {where}{DETAIL}token {tokens[k]} where the reference chooses "
                      f"{scored.choice[k]} (margin {m:.3g} > near-tie bound {bound.near_tie:.3g}; "
                      f"{settings(req)}){_exact(v.deltas[:k + 1])}")
         return v
@@ -83,6 +107,7 @@ def judge_request(i: int, req, tokens: list[int], logprobs: torch.Tensor, scored
     bad = (v.deltas > bound.logprob).nonzero()
     if len(bad):                # every token agrees: the forward, or how the logprobs are computed
         k = int(bad[0])
+        v.cls, v.step = "logprobs", k
         v.failure = (f"{JUDGE}: logprobs at request {i} step {k}{DETAIL}logprob {float(ours[k]):.9g} where the "
                      f"reference scores {float(ref[k]):.9g} (|Δ| {float(v.deltas[k]):.3g} > bound "
                      f"{bound.logprob:.3g}; every token agrees with the reference's choice)")
@@ -106,23 +131,36 @@ def distribution(deltas: list[torch.Tensor]) -> dict:
     return {"p50": q[0], "p99": q[1], "max": float(d.max()), "tokens": int(d.numel())}
 
 
-def judge(requests, results, reference, bound: Bound) -> tuple[list[str], list[str], dict]:
-    """(failures, cause first; notes: near-ties and the logprob distribution; the distribution)."""
+def judge(requests, results, reference, bound: Bound, locate=None, sampler=None) -> tuple[list[str], list[str], dict]:
+    """(failures, cause first; notes: near-ties and the logprob distribution; the distribution).
+    `locate(tokens) -> (block phrase, note)`, where the engine exposes captured states, places the
+    first forward or logprobs failure in a block (harness/targets/locator.py). `sampler`: the
+    engine's `sampling` operation with params, where it declares the coin contract: the exact
+    sampler judge runs on every seeded request, and its failures lead."""
     from lockstep.engine.generate import score
 
     stop = set(reference.config.eos_token_id)
-    fails, notes, deltas = [], [], []
+    exact, fails, notes, deltas = [], [], [], []
     for i, (req, res) in enumerate(zip(requests, results)):
         tokens = list(res.tokens)
         if not tokens:
             continue
-        scored = score(reference, [req], [tokens])[0]
+        seeded = sampler is not None and req.seed is not None and not req.params.is_greedy
+        scored = score(reference, [req], [tokens], keep_logits=seeded)[0]
+        if seeded:
+            exact += [f for f in [exact_sampler(i, req, scored, sampler)] if f]
         ids = set(req.params.stop_token_ids) if req.params.stop_token_ids else stop
         v = judge_request(i, req, tokens, res.logprobs, scored, bound, ids)
         deltas.append(v.deltas)
         notes += v.near_ties
+        if v.failure and locate is not None and v.cls in ("forward", "logprobs") and not fails:
+            block, note = locate(list(req.prompt) + tokens[:v.step])
+            cls = "forward" if block.startswith(("block", "the embedding")) else v.cls   # the states tell
+            v.failure = v.failure.replace(f"{JUDGE}: {v.cls} at", f"{JUDGE}: {cls} ({block}) at", 1)
+            notes.append(note)
         if v.failure:
             fails.append(v.failure)
+    fails = exact + fails
     dist = distribution(deltas)
     for q in ("p50", "p99"):
         if dist[q] > getattr(bound, q):

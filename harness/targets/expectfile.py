@@ -225,3 +225,32 @@ def write(path: Path, name: str, version: str, versions: str | None, outcomes, p
         Path(tmp).unlink(missing_ok=True)
         raise
     return unjudged
+
+
+_FAIL, _PASS = "fail", "pass"      # a target outcome's statuses (harness/targets/judge.py)
+
+
+def verdict(outcome, want: dict | None) -> str | None:
+    """How one outcome differs from its expectation (`want`: its entry in the expectations file,
+    or None), or None when it matches. The CLI (`compare`) and the pytest plugin share this."""
+    o = outcome
+    if o.status == _FAIL and want is None:
+        return f"NEW FAILURE {o.spec.id}: {o.message}"
+    if o.status == _FAIL and not same(want["observed"], o.message):
+        return f"FAILS DIFFERENTLY {o.spec.id}: {o.message}\n    expected: {want['observed']}"
+    if o.status != _FAIL and want is not None:
+        what = "now passes" if o.status == _PASS else f"is now n/a ({o.message})"
+        return f"EXPECTED FAILURE {what}: {o.spec.id} (remove it from the expectations)"
+    return None
+
+
+def compare(outcomes, expected: dict) -> list[str]:
+    """Differences between the outcomes and the expectations (empty: they match exactly).
+    Entries for specs that did not run (not selected, or in another spec directory) are not
+    differences: `unrun` lists them, and the CLI warns."""
+    return [p for p in (verdict(o, expected.get(o.spec.id)) for o in outcomes) if p]
+
+
+def unrun(outcomes, expected: dict) -> list[str]:
+    """Expected failures of specs this run did not include."""
+    return sorted(set(expected) - {o.spec.id for o in outcomes})

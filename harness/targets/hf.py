@@ -15,7 +15,7 @@ import functools
 import torch
 
 from lockstep.harness.targets import peer
-from lockstep.harness.targets.base import CPU, CUDA, NotApplicable, Op, Target
+from lockstep.harness.target import CPU, CUDA, NotApplicable, Op, Target
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32):
@@ -83,7 +83,9 @@ def load(dtype: str = "fp32") -> Target:
                                    "GptOssForCausalLM.generate(do_sample=False)")},
         missing={op: "HF transformers has no such operation (no seeded coins, EAGLE3 verify or Triton kernels)"
                  for op in ("eagle3_layers", "hash", "verify_coins", "gumbel", "verify_greedy", "verify_target_only",
-                            "verify_rejection", "attention", "rmsnorm", "sampling")} | {
+                            "verify_rejection", "attention", "rmsnorm")} | {
+            "sampling": "HF's generate samples with torch.multinomial from torch's RNG (top-k / top-p / min-p as "
+                        "logits warpers), not under the coin contract: no seeded draw to judge bitwise",
             "generate": "HF's generate samples from torch's RNG, not under the coin contract; only greedy_generate "
                         "(greedy, one request at a time, no capture or chunked prefill) is driven",
             "speculative_generate": "HF transformers has no EAGLE3 speculative decoding",

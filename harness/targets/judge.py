@@ -7,7 +7,7 @@ kind applies to a target, and how its result is compared, live in that module to
 
 - n/a: the target lacks an operation or feature the spec needs (`NotApplicable`, with its reason);
 - the kind's own checks (`check`), except that an expected refusal is judged by its facts
-  (harness/targets/base.py, "Refusals"): the kind's `refusal(result)` gives the message;
+  (harness/target.py, "Refusals"): the kind's `refusal(result)` gives the message;
 - the golden, when the kind compares with one: bitwise (the same golden bit for bit) or within
   CROSS_ATOL + CROSS_RTOL |golden| (two implementations of one whole model);
 - a crash of the implementation under test: a failure with one located line.
@@ -31,7 +31,7 @@ from lockstep.harness.errors import full_traceback, where
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.specfile import Spec
-from lockstep.harness.targets.base import (BITWISE, CALIBRATED, CHI_SQUARE, TOLERANCE,  # noqa: F401
+from lockstep.harness.target import (BITWISE, CALIBRATED, CHI_SQUARE, RNG_COINS, TOLERANCE,  # noqa: F401
                                            NotApplicable, Target, UpstreamChanged)
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
@@ -169,7 +169,7 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
         fails = check_on_target(spec, result)
         if out.compare == CALIBRATED:               # the exact judge's failures lead, then the calibrated
             with torch.inference_mode():
-                agreed, notes = _agreement(spec, ctx, result)
+                agreed, notes = _agreement(spec, ctx, result, target)
             fails, out.notes = agreed + fails, out.notes + notes
         fails = judged + fails
         if platform is not None:
@@ -214,9 +214,11 @@ class _Generation:
         self.logprobs = tensors[f"logprobs_{i}"]
 
 
-def _agreement(spec: Spec, ctx: RunContext, result: Result) -> tuple[list[str], list[str]]:
+def _agreement(spec: Spec, ctx: RunContext, result: Result, target=None) -> tuple[list[str], list[str]]:
     """The calibrated judge (harness/targets/agreement.py) on a generate spec's run: against
-    Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens."""
+    Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens; a
+    target that captures boundary states has its first forward failure placed in a block; and the
+    exact sampler judge where the target's `sampling` takes params under the coin contract."""
     from lockstep.harness.checkpoints import model_for
     from lockstep.harness.kinds.generate import _requests, project_root
     from lockstep.harness.targets import agreement
@@ -226,8 +228,43 @@ def _agreement(spec: Spec, ctx: RunContext, result: Result) -> tuple[list[str], 
     reference = model_for(spec.inputs["checkpoint"], "torch", project_root(spec), str(ctx.device),
                           ctx.platform.dtype)
     results = [_Generation(result.tensors, i) for i in range(len(requests))]
-    fails, notes, _ = agreement.judge(requests, results, reference, bound(ctx.platform.dtype))
+    fails, notes, _ = agreement.judge(requests, results, reference, bound(ctx.platform.dtype),
+                                      _layer_locator(spec, ctx, target, reference), _sampler(target, str(ctx.device)))
     return fails, notes
+
+
+def _layer_locator(spec: Spec, ctx: RunContext, target, reference):
+    """tokens -> (block, note) through the target's `capture` and the reference's, or None where
+    the target captures nothing."""
+    if target is None or "capture" not in getattr(target, "ops", {}):
+        return None
+    try:
+        capture = target.op("capture", str(ctx.device))
+    except NotApplicable:
+        return None
+    from lockstep.harness.checkpoints import target_dir
+    from lockstep.harness.kinds.generate import project_root
+    from lockstep.harness.targets import locator
+
+    def reference_capture(checkpoint, tokens, boundaries):
+        T = len(tokens)
+        out = reference.forward(torch.tensor(tokens), torch.arange(T), torch.zeros(T, dtype=torch.int64),
+                                reference.new_cache(1, T), capture=boundaries)
+        return out.captured.cpu()
+
+    folder = target_dir(spec.inputs["checkpoint"], project_root(spec))
+    layers = reference.config.num_hidden_layers
+    return lambda tokens: locator.locate(capture, reference_capture, folder, tokens, layers, ctx.platform.dtype)
+
+
+def _sampler(target, device: str):
+    """The target's `sampling` with params where it declares the coin contract and runs here, else None."""
+    if target is None or not target.offers("sampling", "params") or getattr(target, "rng", None) != RNG_COINS:
+        return None
+    try:
+        return target.op("sampling", device, ("params",))
+    except NotApplicable:
+        return None
 
 
 def applicability(spec: Spec, t: Target, device: str = "cpu") -> tuple[str, str]:

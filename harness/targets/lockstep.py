@@ -14,7 +14,7 @@ import dataclasses
 
 from lockstep.harness.platform import Platform
 from lockstep.harness.result import RunContext
-from lockstep.harness.targets.base import PROPERTIES, RNG_COINS, Target
+from lockstep.harness.target import PROPERTIES, RNG_COINS, Target
 from lockstep.harness.targets.lockstep_run import run_ops
 
 DEFAULT = RunContext(Platform("cpu", "fp32"))     # load()'s settings: the CPU, fp32, torch ops

@@ -2,7 +2,7 @@
 
 `run_ops(ctx)` builds them for the run's context: the device, the kernel backend (torch or
 triton), the dtype policy, plus the extra topologies of `--world-size`; `engine(ctx)` and `load()`
-(the defaults) in harness/targets/lockstep.py wrap them. harness/targets/base.py documents each
+(the defaults) in harness/targets/lockstep.py wrap them. harness/target.py documents each
 operation and its features, those only Lockstep's engine exposes (backend agreement, its kernel
 interface, internals the kinds pin) included: a peer lacks those, and the spec is n/a there with
 the reason. One model cache (harness.checkpoints.model_at) and one draft cache (`draft`).
@@ -15,7 +15,7 @@ import functools
 import torch
 
 from lockstep.harness.result import RunContext
-from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, Op
+from lockstep.harness.target import CPU, CUDA, INTERPRETER, Op
 from lockstep.kernels.coins import gumbel_from_hash, murmur_hash32_torch, murmur_hash32_triton, verify_coins
 
 EVERY = (CPU, INTERPRETER, CUDA)
@@ -165,8 +165,10 @@ def draft(ctx: RunContext, checkpoint: str, draft_dir: str, convention: str):
 def _generation_ops(ctx: RunContext) -> dict[str, Op]:
     """The generation operations on the run's model and draft: generate (and greedy_generate) and
     speculative_generate (with the features "observer" and "topology"), the prefix cache, the
-    draft's stages, and `model` itself (the reference forward of the draft and distribution kinds)."""
+    draft's stages, `plan_topologies` (which splits run here), and `model` itself (the reference
+    forward of the draft and distribution kinds)."""
     from lockstep.engine.generate import generate
+    from lockstep.engine.parallel import plan_splits
 
     def generate_(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8, observer=None, tp=1, ep=1):
         kw = {"capture": tuple(capture), "max_batch": max_batch, "prefill_chunk": prefill_chunk}
@@ -211,6 +213,8 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
             "speculative_generate": Op(speculative, EVERY, "lockstep.engine.speculative.speculative_generate under the run's "
                                        "settings", run | {"greedy", "target-only", "rejection", "tree"}),
             "draft_stages": Op(stages, EVERY, "lockstep.engine.eagle3.Eagle3Draft under the run's settings"),
+            "plan_topologies": Op(lambda config, wanted, world_sizes: plan_splits(config, wanted, world_sizes, ctx.device),
+                                  EVERY, "lockstep.engine.parallel.plan_splits: the splits that run here"),
             "model": Op(lambda checkpoint: model(ctx, checkpoint), EVERY,
                         "lockstep.engine.model.GptOssModel under the run's settings (its internals, for reference forwards)")}
 
@@ -222,7 +226,26 @@ def _kernel_ops() -> dict[str, Op]:
     torch references)."""
     from lockstep.engine.cases import every_case
 
-    return {c.name: Op(c.op, (INTERPRETER, CUDA), c.note, frozenset(c.features)) for c in every_case().values()}
+    ops = {c.name: Op(c.op, (INTERPRETER, CUDA), c.note, frozenset(c.features)) for c in every_case().values()}
+    gumbel_max = ops["sampling"]
+    ops["sampling"] = Op(_sampling(gumbel_max.fn), gumbel_max.where, f"{gumbel_max.note}; with params=: "
+                         f"lockstep.engine.sampling.sample_rows", gumbel_max.features | {"params"})
+    return ops
+
+
+def _sampling(gumbel_max):
+    """The `sampling` operation: the Gumbel-max kernel on log-probabilities, or with params= the
+    engine's own sampler on raw logits (engine.sampling.sample_rows: temperature, the filters, the
+    coin draw; on a GPU its fused kernel)."""
+    def sampling(logp, seeds, positions, col_base=None, params=None):
+        if params is None:
+            return gumbel_max(logp, seeds, positions, col_base=col_base)
+        if col_base is not None:
+            raise ValueError("sampling: col_base belongs to the Gumbel-max form; with params the columns are "
+                             "vocab ids (DESIGN §5)")
+        from lockstep.engine.sampling import sample_rows
+        return sample_rows(logp, list(params), [int(s) for s in seeds.tolist()], [int(p) for p in positions.tolist()])
+    return sampling
 
 
 # --------------------------------------------------------------------------- checkpoints, layer ids, verify

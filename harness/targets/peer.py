@@ -30,7 +30,7 @@ import os
 import sys
 import types
 
-from lockstep.harness.targets.base import NotApplicable, UpstreamChanged
+from lockstep.harness.target import NotApplicable, UpstreamChanged
 
 
 def installed_version(dist: str) -> str | None:

@@ -25,7 +25,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from lockstep.harness.targets import peer
-from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, NotApplicable, Op, Target, UpstreamChanged
+from lockstep.harness.target import CPU, CUDA, INTERPRETER, NotApplicable, Op, Target, UpstreamChanged
 
 VERSION = "0.5.23"
 KERNEL_WHERE = (INTERPRETER, CUDA)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from lockstep.harness.targets import peer
-from lockstep.harness.targets.base import CPU, CUDA, INTERPRETER, Op, Target
+from lockstep.harness.target import CPU, CUDA, INTERPRETER, Op, Target
 
 VERSION = "0.33.0"
 _murmur = None
@@ -93,6 +93,8 @@ def load(edits: dict | None = None) -> Target:
                             "(gumbel.murmur3_uniform32/64), keyed by request position and token",
             "gumbel": "vLLM's Gumbel noise is fused into its sampling kernel (gumbel_noised_argmax), on its own "
                       "midpoint uniforms",
+            "sampling": "vLLM's sampler draws its Gumbel noise inside its sampling kernel (gumbel_noised_argmax) "
+                        "from its own midpoint uniforms, not under the coin contract",
             "verify_greedy": "vLLM's verify is its rejection sampler over a padded batch layout: not driven yet",
             "verify_target_only": "vLLM has no target-only tree verification",
             "verify_rejection": "vLLM's rejection sampler draws its own uniforms; not driven yet",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 import lockstep.kernels.attention
 
 PLANTED_TILE = 4        # key positions per tile in one-row forward calls (the engine's is KV_TILE = 32)
@@ -25,3 +27,24 @@ def different_tile_when_alone(monkeypatch) -> None:
             lockstep.kernels.attention.KV_TILE = tile
 
     monkeypatch.setattr(lockstep.kernels.attention, "_attend", planted)
+
+
+def norm_nudged_in_whole_prefill(monkeypatch, prompt_len: int, layer: int, row: int, element: int) -> None:
+    """A prefill forward of exactly `prompt_len` rows (the whole prompt at once, not in chunks)
+    moves layer `layer`'s attention-norm output at (`row`, `element`) one float32 step up. The
+    keys and values that row writes into the KV cache change; whether the prefill's own sampled
+    logprob changes is a matter of rounding (for the tests' choice it does not, a later decode
+    step's does: the difference reaches the output only through the cache)."""
+    from lockstep.engine import model
+
+    def planted(self, x, step):
+        h = self.ops.rms_norm(x, self.norm, self.eps, self.act)
+        if self.layer == layer and h.shape[0] == prompt_len:
+            h = h.clone()
+            h[row, element] = torch.nextafter(h[row, element], torch.tensor(float("inf"), dtype=h.dtype))
+        h = self.record(self.name + "attn_norm", h)
+        if self.ops.fused is not None:
+            return self.fused(x, h, step)
+        return model.residual(x, self.attend(h, step), self.act)
+
+    monkeypatch.setattr(model.AttentionBlock, "__call__", planted)

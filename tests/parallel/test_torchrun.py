@@ -82,3 +82,25 @@ def test_the_world_computes_the_split_and_a_wrong_order_shows(par_ckpt, mode, sa
                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"world": 2, "same": same}
+
+
+def test_replay_spreads_over_the_world_and_rank_0_alone_reports(tmp_path, capsys):
+    """`lockstep replay` under torchrun (2 ranks): the requests spread over the world (the
+    heartbeat says so on stderr), and stdout holds one document, the one one process prints."""
+    from lockstep.harness.cli import main
+    from lockstep.harness.replay.format import read_trace, write_trace
+    trace = tmp_path / "t.jsonl"
+    assert main(["record", str(trace), "--checkpoint", "models/tiny-target", "--max-new-tokens", "3", "--seed", "5",
+                 "--prompt-ids", "3,5,7", "--prompt-ids", "20,21,22,23", "--prompt-ids", "9,300"]) == 0
+    t = read_trace(trace)
+    t.steps[2][1]["token"] = (t.steps[2][1]["token"] + 1) % 500         # request 2 diverges at step 1
+    write_trace(t, trace)
+    capsys.readouterr()
+    assert main(["replay", str(trace), "--json", "--no-locate"]) == 1
+    want = capsys.readouterr().out
+    out = subprocess.run(_torchrun("--nproc-per-node", "2", "-m", "lockstep", "replay", str(trace), "--json",
+                                   "--no-locate"),
+                         cwd=REPO, env={**_env(), "LOCKSTEP_PROGRESS_SECONDS": "0.01"}, capture_output=True,
+                         text=True, timeout=TIMEOUT_S)
+    assert out.returncode != 0 and "2 data-parallel ranks" in out.stderr, out.stderr[-3000:]
+    assert out.stdout == want

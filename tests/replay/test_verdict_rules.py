@@ -190,7 +190,8 @@ def engine(monkeypatch):
     state = SimpleNamespace(results=[], located=[], runs=[], events={}, checked=[], located_args=[])
     monkeypatch.setattr(rp, "check_identity", lambda trace, setup: state.checked.append((trace, setup)))
 
-    def run(setup, requests, log, forced=None):
+    def run(setup, requests, log, forced=None, dp=1):
+        assert dp == 1                          # replay() spreads only when asked (--dp, torchrun's world)
         state.runs.append((setup, forced))
         state.requests, state.log = requests, log
         log.events = state.events

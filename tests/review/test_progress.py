@@ -39,9 +39,14 @@ def test_record_and_replay_say_where_they_are_in_a_ci_log(tmp_path, capsys, monk
 
 
 def test_check_target_prints_a_line_per_spec_in_a_ci_log(capsys, monkeypatch):
+    """As on the engine path: the table's row as each spec finishes (stdout), and under --json, where
+    stdout is the document, a progress line per spec on stderr."""
     from tests.conftest import REPO
     monkeypatch.chdir(REPO)
     assert main(["check", "--target", "hf", "coins/known-answers", "layer_ids/error-count"]) in (0, 1)
+    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines() if line.split()[:1] in (["pass"], ["fail"], ["n/a"])]
+    assert [spec for _, spec in rows] == ["coins/known-answers", "layer_ids/error-count"], rows
+    assert main(["check", "--json", "--target", "hf", "coins/known-answers", "layer_ids/error-count"]) in (0, 1)
     err = capsys.readouterr().err
     assert "[1/2]" in err and "[2/2]" in err
 

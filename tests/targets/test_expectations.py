@@ -11,7 +11,7 @@ from lockstep.harness.golden import GoldenStore
 from lockstep.harness.platform import detect
 from lockstep.harness.result import RunContext
 from lockstep.harness.specfile import load_specs, select
-from lockstep.harness.targets.base import Op, Target
+from lockstep.harness.target import Op, Target
 from lockstep.harness.targets.expectfile import ExpectationsError, find, load
 from lockstep.harness.targets.judge import FAIL, PASS, error_facts, run_on_target
 
@@ -91,7 +91,7 @@ def toy(monkeypatch):
         if name == "toy":
             return made["target"]
         raise targets.UnknownTarget(name)
-    monkeypatch.setattr("lockstep.harness.targets.check.get", get)
+    monkeypatch.setattr("lockstep.harness.commands.targets.get", get)
     monkeypatch.chdir(ROOT)
     return made
 

@@ -1,4 +1,4 @@
-"""The typed target interface (harness/targets/base.py: TargetInterface, a Protocol): every built-in
+"""The typed target interface (harness/target.py: TargetInterface, a Protocol): every built-in
 target conforms to it, Lockstep's engine implements every operation Lockstep's peer view has and is
 the one judged against goldens, and no spec kind asks which implementation it runs on."""
 
@@ -13,7 +13,7 @@ from lockstep.harness import kinds
 from lockstep.harness.platform import detect
 from lockstep.harness.result import RunContext
 from lockstep.harness.targets import BUILTIN, NotApplicable, TargetInterface, UpstreamChanged, get
-from lockstep.harness.targets.base import Op, Target
+from lockstep.harness.target import Op, Target
 from lockstep.harness.targets.lockstep import engine, load
 
 

@@ -15,7 +15,7 @@ from lockstep.harness.platform import detect
 from lockstep.harness.result import RunContext
 from lockstep.harness.specfile import load_specs, select
 from lockstep.harness.targets import get
-from lockstep.harness.targets.base import Op, Target
+from lockstep.harness.target import Op, Target
 from lockstep.harness.targets.judge import FAIL, NA, PASS, TOLERANCE, applicability, run_on_target
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

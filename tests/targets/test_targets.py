@@ -13,7 +13,7 @@ from lockstep.harness.platform import detect
 from lockstep.harness.result import RunContext
 from lockstep.harness.specfile import select
 from lockstep.harness.targets import get
-from lockstep.harness.targets.base import Op, Target
+from lockstep.harness.target import Op, Target
 from lockstep.harness.targets.judge import FAIL, NA, PASS, run_on_target
 from tests.repo_specs import repo_specs
 
@@ -195,7 +195,7 @@ def test_conformance_matrix_is_true(name, tmp_path, monkeypatch, capsys):
 def test_conformance_md_is_its_json():
     """docs/conformance.md is the Markdown `lockstep report` writes from docs/conformance.json, for the
     shipped targets' current versions, with every spec and the judgements of the expectations files."""
-    from lockstep.harness.targets.check import load_expectations, markdown
+    from lockstep.harness.commands.targets import load_expectations, markdown
 
     m = json.loads(DOCS.with_suffix(".json").read_text())
     assert DOCS.read_text() == markdown(m)

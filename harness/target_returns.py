@@ -1,4 +1,4 @@
-"""What a target's operation returns, checked against the interface (harness/targets/base.py)
+"""What a target's operation returns, checked against the interface (harness/target.py)
 before a kind uses it: a wrong type or shape is the target's fault, named as such, never an
 IndexError or TypeError that seems to come from Lockstep's own code."""
 
@@ -48,6 +48,15 @@ def _pair(args, kwargs, value) -> str | None:
     return None
 
 
+def _ids_per_row(args, kwargs, value) -> str | None:
+    """sampling(logp or logits [R, V], …) -> [R] int64."""
+    rows = args[0] if args else kwargs.get("logp")
+    want = [len(rows)] if _tensor(rows) else ["R"]
+    if not _tensor(value) or str(value.dtype) != "torch.int64" or (_tensor(rows) and list(value.shape) != want):
+        return f"a {want} int64 tensor (one token id per row)"
+    return None
+
+
 def _a_tensor(args, kwargs, value) -> str | None:
     return None if _tensor(value) else "a tensor"
 
@@ -61,6 +70,7 @@ CHECKS: dict[str, Callable] = {
     "mxfp4_decode": _a_tensor,
     "generate": _per_request,
     "speculative_generate": _per_request,
+    "sampling": _ids_per_row,
 }
 
 
@@ -78,6 +88,6 @@ def checked(target: str, name: str, fn: Callable) -> Callable:
             got = type(value).__name__ + (f" {list(value.shape)} {str(value.dtype).replace('torch.', '')}"
                                           if _tensor(value) else "")
             raise WrongReturn(f"target {target!r}: its {name} operation returned {got}; the interface "
-                              f"(harness/targets/base.py) says {want}")
+                              f"(harness/target.py) says {want}")
         return value
     return call

@@ -1,4 +1,6 @@
-"""`lockstep check/list/diff --target NAME` and `lockstep report`: runs, expectations, the matrix.
+"""Targets other than Lockstep's engine in the commands: loading one, its dtype policy and its
+judge for `check --target NAME` (the run itself is check's one pipeline, harness/judges.py), and
+`list --target`, `report` (the matrix) and `expectations --write`.
 
 An expectations file (harness/targets/expectations/<name>-<version>.yaml, or a plugin target's own
 `Target.expectations` path) lists every spec that fails on that target version. `observed` is the
@@ -25,34 +27,23 @@ exits 1 and names each difference, for example (the file edited on purpose):
       FAILS DIFFERENTLY layer_ids/error-negative: the resolver accepted the ids (boundaries [5, 10]); the spec expects an error
         expected: the resolver accepted the ids (boundaries [4, 10]); the spec expects an error
 
-`verdict` judges one outcome against its entry; the pytest plugin's --lockstep-target uses it too.
+`expectfile.verdict` judges one outcome against its entry (through harness/judges.py, for the CLI
+and the pytest plugin's --lockstep-target alike).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 from lockstep.harness.errors import UsageError, located
 from lockstep.harness.golden import GoldenStore
-from lockstep.harness.targets import expectations_path, get
-from lockstep.harness.targets.base import NotApplicable, Target, TargetInterface, UpstreamChanged
-from lockstep.harness.targets.expectfile import same
-from lockstep.harness.targets.lockstep import engine
-from lockstep.harness.targets.judge import FAIL, NA, PASS, run_on_target
-
-def load_expectations(target: Target, explicit: Path | None = None) -> dict:
-    """The failures expected of `target` ({} when no file applies); ExpectationsError (a
-    ValueError naming file and line) for a bad or inapplicable file."""
-    from lockstep.harness.targets.expectfile import load
-
-    path = expectations_path(target, explicit)
-    if path is None or (explicit is None and not path.is_file()):
-        return {}
-    return load(path, target.name, target.version)
-
+from lockstep.harness.judges import ExpectationsJudge, GoldenJudge, reproduce_command
+from lockstep.harness.target import NotApplicable, Target, TargetInterface, UpstreamChanged
+from lockstep.harness.targets import get, load_expectations
+from lockstep.harness.targets.expectfile import compare
+from lockstep.harness.targets.judge import FAIL, NA, PASS
 
 def _expected(target: Target, args) -> dict:
     """load_expectations for the CLI: a bad file is a usage error (exit 2), located."""
@@ -62,32 +53,6 @@ def _expected(target: Target, args) -> dict:
         return load_expectations(target, getattr(args, "expectations", None))
     except ExpectationsError as e:
         raise _usage(str(e)) from None
-
-
-def verdict(outcome, want: dict | None) -> str | None:
-    """How one outcome differs from its expectation (`want`: its entry in the expectations file,
-    or None), or None when it matches. The CLI (`compare`) and the pytest plugin share this."""
-    o = outcome
-    if o.status == FAIL and want is None:
-        return f"NEW FAILURE {o.spec.id}: {o.message}"
-    if o.status == FAIL and not same(want["observed"], o.message):
-        return f"FAILS DIFFERENTLY {o.spec.id}: {o.message}\n    expected: {want['observed']}"
-    if o.status != FAIL and want is not None:
-        what = "now passes" if o.status == PASS else f"is now n/a ({o.message})"
-        return f"EXPECTED FAILURE {what}: {o.spec.id} (remove it from the expectations)"
-    return None
-
-
-def compare(outcomes, expected: dict, selected_ids: set[str] = frozenset()) -> list[str]:
-    """Differences between the outcomes and the expectations (empty: they match exactly).
-    Entries for specs that did not run (not selected, or in another spec directory) are not
-    differences: `unrun` lists them, and the CLI warns."""
-    return [p for p in (verdict(o, expected.get(o.spec.id)) for o in outcomes) if p]
-
-
-def unrun(outcomes, expected: dict) -> list[str]:
-    """Expected failures of specs this run did not include."""
-    return sorted(set(expected) - {o.spec.id for o in outcomes})
 
 
 def load_target(name: str) -> Target:
@@ -108,23 +73,27 @@ def load_target(name: str) -> Target:
 
 
 def run_target(specs, ctx, target: Target, store: GoldenStore, progress=None):
+    """Each spec on `target` in order (its outcomes judged later against its expectations)."""
+    judge = ExpectationsJudge(target, {}, store.root)
     outcomes = []
-    for i, spec in enumerate(specs, 1):
-        if progress:
-            progress.show(i, spec.id)
-        outcomes.append(run_on_target(spec, ctx, target, store))
+    for i, outcome in enumerate(judge.outcomes([(s, ctx, "") for s in specs], 1,
+                                               waiting=progress.show if progress else None), 1):
+        outcomes.append(outcome)
         if progress:                        # a CI log's line per spec (progress.lines: stderr not a terminal)
-            progress.finished(i, f"{outcomes[-1].status:<7} {spec.id}")
+            progress.finished(i, f"{outcome.status:<7} {outcome.spec.id}")
     if progress:
         progress.clear()
     return outcomes
 
 
-def target_for(name: str, ctx) -> TargetInterface:
-    """What `check --target NAME` runs the specs against: for `lockstep` (the default) Lockstep's
-    engine under the run context `ctx`, which has goldens (harness/runner.py judges it); any other
-    target is judged here, against its expectations (`check_against_expectations`)."""
-    return engine(ctx) if name == "lockstep" else load_target(name)
+def judge_for(args, ctx):
+    """(the judge of `check --target NAME`, the run context): for `lockstep` (the default) its
+    goldens, bit for bit; any other target its expectations file, at its dtype policy."""
+    if args.target == "lockstep":
+        return GoldenJudge(args.golden, args.strict, getattr(args, "debug", False)), ctx
+    target, ctx = target_context(load_target(args.target), args, ctx)
+    return ExpectationsJudge(target, _expected(target, args), args.golden, getattr(args, "expectations", None),
+                             reproduce_command(args, target), getattr(args, "debug", False)), ctx
 
 
 def target_context(target: TargetInterface, args, ctx):
@@ -142,79 +111,6 @@ def target_context(target: TargetInterface, args, ctx):
         return target, ctx
     from lockstep.harness.commands.selection import context
     return target, context(args)
-
-
-def reproduce(args, target: TargetInterface, spec_id: str) -> str:
-    """A command that reruns one spec on the target from any folder: absolute suite paths, the
-    target and its dtype policy."""
-    import shlex
-
-    parts = ["lockstep", "check", "--specs", str(Path(args.specs).resolve()), "--golden",
-             str(Path(args.golden).resolve()), "--target", args.target, "--dtype", getattr(target, "dtype", "fp32")]
-    if getattr(args, "expectations", None) is not None:
-        parts += ["--expectations", str(Path(args.expectations).resolve())]
-    return " ".join(shlex.quote(p) for p in parts + [spec_id])
-
-
-def check_against_expectations(target: TargetInterface, args, specs, errors, ctx, explain=False,
-                               progress=None) -> int:
-    """`check --target NAME`'s judgement and report for a target other than Lockstep's engine: each
-    spec pass, fail or n/a (harness/targets/judge.py), the failures against its expectations file."""
-    store = GoldenStore(args.golden)
-    start = time.perf_counter()
-    expected = _expected(target, args)              # a bad file is refused before anything runs
-    outcomes = run_target(specs, ctx, target, store, progress)
-    problems = compare(outcomes, expected)
-    if not (args.patterns or args.tag):
-        for sid in unrun(outcomes, expected):
-            print(f"warning: {expectations_path(target, getattr(args, 'expectations', None))}: expects {sid} to "
-                  f"fail, but no spec of that id ran here (stale, or in another spec directory)", file=sys.stderr)
-    unjudged = sorted(sid for sid, e in expected.items() if e["judgement"] == "unjudged")
-    if unjudged:
-        print(f"warning: {len(unjudged)} expected failure(s) not judged yet (judgement: unjudged): "
-              f"{', '.join(unjudged)}", file=sys.stderr)
-    code = 2 if errors else (1 if problems else 0)
-    counts = {s: sum(o.status == s for o in outcomes) for s in (PASS, FAIL, NA)}
-    if getattr(args, "json", False):
-        from lockstep.harness.jsonout import check_document, emit
-        emit(json.dumps(check_document(
-            target=target.label, platform=ctx.platform.name, backend=ctx.backend, exit_code=code,
-            seconds=time.perf_counter() - start, summary=counts | {"spec_errors": len(errors)},
-            specs=[o.to_json() | ({"reproduce": reproduce(args, target, o.spec.id)} if o.status == FAIL else {})
-                   for o in outcomes], spec_errors=[str(e) for e in errors],
-            expectation_problems=problems,
-            expectations_file=_shown(expectations_path(target, getattr(args, "expectations", None)))), indent=2))
-        return code
-    width = max([len(o.spec.id) for o in outcomes] + [4])
-    print(f"{'STATUS':<7} {'SPEC':<{width}}  {'EXPECTED':<8} {'HOW':<9} {'TIME':>7}")
-    for o in outcomes:
-        exp = "fail" if o.spec.id in expected else ("" if o.status == NA else "pass")
-        print(f"{o.status:<7} {o.spec.id:<{width}}  {exp:<8} {o.compare:<9} {o.seconds:6.2f}s")
-    for o in outcomes:
-        if o.status == FAIL or (explain and o.status == NA):
-            why = expected.get(o.spec.id)
-            print(f"\n{o.spec.id} on {target.label}: {o.status.upper()}"
-                  + (f" (expected: {why['judgement']}: {why['why']})" if why else ""))
-            for m in (o.messages if o.status == FAIL else [o.message]):
-                print("  " + m.replace("\n", "\n  "))
-            for n in (o.notes if explain or o.status == FAIL else []):
-                print("  note: " + n)
-            if o.traceback and getattr(args, "debug", False):
-                print("  " + o.traceback.replace("\n", "\n  "))
-            if o.status == FAIL:
-                print("  reproduce: " + reproduce(args, target, o.spec.id) + (" --debug" if o.traceback else ""))
-    if problems:
-        print(f"\n{target.label}: results differ from "
-              f"{_shown(expectations_path(target, getattr(args, 'expectations', None))) or 'its expectations (none)'}:")
-        for p in problems:
-            print("  " + p)
-    for e in errors:
-        print(f"spec error: {e}")
-    print(f"\n{len(outcomes)} spec(s) on {target.label}: {counts[PASS]} pass, {counts[FAIL]} fail "
-          f"({counts[FAIL] - sum(1 for o in outcomes if o.status == FAIL and o.spec.id not in expected)} expected), "
-          f"{counts[NA]} n/a in {time.perf_counter() - start:.1f}s"
-          + ("; matches its expectations" if not problems else "; DOES NOT match its expectations"))
-    return code
 
 
 def cmd_write_expectations(args, specs, errors, ctx, progress=None) -> int:

@@ -58,7 +58,7 @@ def _line(e) -> str:
 
 
 def rng_of(target, request: Request) -> str:
-    from lockstep.harness.targets.base import RNG_COINS, RNG_MODELS
+    from lockstep.harness.target import RNG_COINS, RNG_MODELS
 
     if request.params.is_greedy:
         return RNG_GREEDY
@@ -80,7 +80,7 @@ def rng_of(target, request: Request) -> str:
 def generation(target, requests: list[Request], setup: Setup):
     """(call(checkpoint_dir, [Request]) -> [Result], the operation's name), or a TraceError
     naming what the target lacks for these requests here."""
-    from lockstep.harness.targets.base import NotApplicable, Result
+    from lockstep.harness.target import NotApplicable, Result
 
     sampled = any(not r.params.is_greedy for r in requests)
     chunked = setup.prefill_chunk is not None

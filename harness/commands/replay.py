@@ -3,11 +3,12 @@
     lockstep record OUT --checkpoint models/tiny-target --requests reqs.jsonl [--dtype --backend --tp --ep
                         --max-batch --prefill-chunk] [--draft models/tiny-eagle3 --convention sglang --topk 2 ...]
     lockstep record OUT --target hf --checkpoint models/tiny-target --requests reqs.jsonl [--max-batch
-                        --prefill-chunk]      (through a target adapter: harness/replay/target_record.py)
+                        --prefill-chunk]      (through a target adapter: harness/targets/record.py)
     lockstep replay TRACE [--mode free-run|teacher-forced] [--tp --ep --backend --max-batch --prefill-chunk
-                          --order 1,0] [--near-tie 1e-3] [--json]
-    lockstep import-peer PEER.json --format vllm|sglang|rollouts|hf --checkpoint DIR [--threshold 1e-3] [--json]
-    lockstep promote TRACE SPEC_ID [--requests 0,2] [--specs DIR]
+                          --order 1,0] [--dp N] [--near-tie 1e-3] [--json]
+    lockstep import-peer PEER.json --format vllm|sglang|rollouts|hf --checkpoint DIR [--threshold 1e-3] [--dp N]
+                         [--json]
+    lockstep promote TRACE SPEC_ID [--request-indices 0,2] [--specs DIR] [--threshold 1e-3]
 
 A request file has one JSON object a line: {"prompt": [ids], "seed": 7, "sampling": {"temperature":
 0.8, "max_new_tokens": 16, ...}} (engine.sampling.SamplingParams' fields). Exit codes: 0 bitwise
@@ -26,14 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 
 from lockstep.harness.commands.options import (bound, deprecated, int_at_least, int_list, per_prompt_seeds, seeds,
                                                token_ids)
 from lockstep.harness.errors import check_output_file
-from lockstep.harness.jsonout import emit, replay_document
-from lockstep.harness.limits import MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
+from lockstep.harness.jsonout import emit, print_document, replay_document, tool_document
+from lockstep.harness.limits import MAX_DATA_PARALLEL, MAX_GENERATE_SECONDS, MAX_RECORD_GB, MAX_RECORD_REQUESTS
 from lockstep.harness.replay.format import Trace, TraceError, f32_from_bits, read_trace, write_trace
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
@@ -63,6 +65,7 @@ def _parsers(sub) -> None:
     p.add_argument("--mode", choices=["free-run", "teacher-forced"], default="free-run",
                    help="free-run: sample again and compare; teacher-forced: feed the trace's tokens (default free-run)")
     _run_options(p, defaults=False)
+    _dp(p)
     _device(p, "default: the trace's; Lockstep's own trace replays only on its own platform")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
                    help="dtype policy (default: the trace's; another dtype only for another engine's trace)")
@@ -89,6 +92,7 @@ def _parsers(sub) -> None:
     p.add_argument("--threshold", type=bound, default=1e-3,
                    help="|Δlogprob| above which a token is a divergence (exit 1; default 1e-3)")
     _clip(p)
+    _dp(p)
     _device(p, "default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="Lockstep's dtype policy for the "
                                                                              "teacher-forced run (default fp32)")
@@ -105,15 +109,24 @@ def _parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_import_peer)
 
-    p = sub.add_parser("promote", help="turn a trace into a generate spec (then record its golden with regen)")
-    p.add_argument("trace", type=Path, metavar="TRACE", help="a trace file written by record")
+    p = sub.add_parser("promote", help="turn a trace into a regression spec (then record its golden with regen)")
+    p.add_argument("trace", type=Path, metavar="TRACE", help="a trace file written by record, or by import-peer --out")
     p.add_argument("spec_id", metavar="SPEC_ID", help="e.g. replay/incident-42 (written under specs/)")
     p.add_argument("--request-indices", dest="requests", type=int_list, metavar="I[,I...]",
                    help="only these request indices, e.g. 0,2")
     deprecated(p, "--requests", "--request-indices", "requests", type=int_list)
     p.add_argument("--description", default=None, help="the spec's description (default: names the trace)")
     p.add_argument("--specs", type=Path, default=Path("specs"), help="spec directory (default: ./specs)")
+    p.add_argument("--threshold", type=bound, default=1e-3,
+                   help="another engine's trace: the |Δlogprob| the teacher-forced spec accepts (default 1e-3)")
+    p.add_argument("--json", action="store_true", help="machine-readable output, one document on stdout")
     p.set_defaults(func=cmd_promote)
+
+
+def _dp(p) -> None:
+    p.add_argument("--dp", type=int_at_least(1, MAX_DATA_PARALLEL), default=None, metavar="N",
+                   help="spread the requests over N data-parallel ranks on this host, a whole model each (the "
+                        "same report; default 1, or under torchrun every rank of its world)")
 
 
 def _device(p, default: str) -> None:
@@ -167,6 +180,7 @@ def _record_parser(sub) -> None:
                    help=f"on the CPU, refuse a recording estimated above S seconds (default {MAX_GENERATE_SECONDS})")
     p.add_argument("--max-gb", type=bound, default=MAX_RECORD_GB, metavar="GB",
                    help=f"refuse a KV cache larger than this (default {MAX_RECORD_GB:g})")
+    p.add_argument("--json", action="store_true", help="machine-readable output, one document on stdout")
     p.set_defaults(func=cmd_record)
 
 
@@ -333,7 +347,7 @@ def cmd_record(args) -> int:
         record_cost(_config(ckpt), [(len(r.prompt), r.params.max_new_tokens) for r in requests], args.dtype,
                     args.max_seconds, args.max_gb, device=setup.device)
         if args.target is not None:
-            from lockstep.harness.replay.target_record import record_target
+            from lockstep.harness.targets.record import record_target
             trace = record_target(args.target, setup, requests)
         else:
             trace = record(setup, requests)
@@ -341,6 +355,13 @@ def cmd_record(args) -> int:
     except (ValueError, OSError) as e:
         return _fail(str(e))
     n = sum(len(s) for s in trace.steps)
+    if args.json:
+        m = trace.manifest
+        print_document(tool_document("record", True, out=str(args.out), source=m["source"], engine=m["engine"],
+                                     settings=m["settings"], platform=m["platform"]["name"],
+                                     checkpoint_sha256=m["checkpoint"]["sha256"], requests=len(trace.requests),
+                                     steps=n, finish_reasons=[r["finish_reason"] for r in trace.requests]))
+        return EXIT_OK
     via = f" from target {trace.manifest['engine']['name']}-{trace.manifest['engine']['version']}" if args.target else ""
     print(f"recorded {len(trace.requests)} requests, {n} steps{via} to {args.out}")
     return EXIT_OK
@@ -373,7 +394,8 @@ def cmd_replay(args) -> int:
                      lambda i, k: f"{args.trace}:{lines[i, k]}")
         report = replay(trace, args.mode, overrides, near_tie=args.near_tie if args.near_tie is not None else NEAR_TIE,
                         locate_first=not args.no_locate,
-                        threshold=args.threshold if args.threshold is not None else THRESHOLD, clip=args.clip)
+                        threshold=args.threshold if args.threshold is not None else THRESHOLD, clip=args.clip,
+                        dp=args.dp)
     except (ValueError, OSError) as e:
         return _fail(f"{args.trace}: {e}" if not str(e).startswith(str(args.trace)) else str(e))
     (emit if args.json else print)(json.dumps(replay_document("replay", report.command_json()), indent=2) if args.json
@@ -402,7 +424,7 @@ def cmd_import_peer(args) -> int:
         _check_steps(trace, config.vocab_size, lambda i, k: f"{args.peer}: request {i}, token {k}")
         record_cost(config, [(len(r["prompt"]), r["tokens"]) for r in trace.requests], args.dtype, args.max_seconds,
                     args.max_gb, verb="import-peer", runs=1, device=setup.device)
-        report = teacher_force_peer(trace, args.threshold, setup=setup, clip=args.clip)
+        report = teacher_force_peer(trace, args.threshold, setup=setup, clip=args.clip, dp=args.dp)
         if args.out:
             write_trace(trace, args.out)
     except (ValueError, OSError) as e:
@@ -418,8 +440,17 @@ def cmd_promote(args) -> int:
     try:
         trace = read_trace(args.trace)
         _check_manifest(trace, args.trace)
-        path = promote(trace, args.spec_id, args.requests, args.description, args.specs)
+        path = promote(trace, args.spec_id, args.requests, args.description, args.specs, threshold=args.threshold)
     except (ValueError, OSError) as e:
         return _fail(str(e))
-    print(f"wrote {path}; record its golden with: lockstep regen '{args.spec_id}'")
+    specs = "" if args.specs == Path("specs") else f" --specs {shlex.quote(str(args.specs))}"
+    regen = f"lockstep regen{specs} {shlex.quote(args.spec_id)}"
+    if args.json:
+        import yaml
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        print_document(tool_document("promote", True, spec_id=args.spec_id, path=str(path), kind=doc["kind"],
+                                     source=trace.manifest.get("source"), requests=len(doc["inputs"]["requests"]),
+                                     expect=doc["expect"], regen=regen))
+        return EXIT_OK
+    print(f"wrote {path}; record its golden with: {regen}")
     return EXIT_OK

@@ -3,7 +3,7 @@
 Each row (spec, RunContext, golden folder) is checked by `runner.check_spec` exactly as the serial
 loop does; only where it runs changes. Outcomes come back in the rows' order whatever order the
 workers finish in, so the table, the report, the JSON document and the exit code are the ones a
-serial run gives (the seconds aside). Workers are fresh "spawn" processes (no state forked from a
+serial run gives (the seconds and the process count aside). Workers are fresh "spawn" processes (no state forked from a
 half-initialised torch) with one torch thread each: N workers already fill N cores, and the bits
 do not depend on the thread count (DESIGN D0), and each keeps freed memory for its next
 temporaries (harness/memory.py; the serial path too). A spec that starts ranks of its own (topologies)
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 
 from lockstep.engine import lifeline
-from lockstep.harness import runner, suite
+from lockstep.harness import runner, suite_paths
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
 from lockstep.harness.memory import keep_freed_memory
@@ -72,11 +72,16 @@ def regen_rows(rows: list[tuple], store: GoldenStore, write: bool, jobs: int | N
                          _dead_regen)
 
 
+def processes(jobs: int | None, rows: int) -> int:
+    """The processes `rows` rows run in at -j `jobs`: 1 under torchrun (its ranks serve this process)."""
+    from lockstep.engine.world import joined
+    return 1 if joined() else max(1, min(jobs or default_jobs(), rows))
+
+
 def _run_rows(rows, call, jobs, waiting, dead) -> Iterator:
     """call(spec, ctx) for each row, serially or in a pool of spawned workers; `dead(spec, folder,
     error)` is the outcome of a row whose worker died."""
-    from lockstep.engine.world import joined
-    jobs = 1 if joined() else min(jobs or default_jobs(), len(rows))     # torchrun's ranks serve this process
+    jobs = processes(jobs, len(rows)) if rows else 1
     keep_freed_memory()                       # this process's rows (serial), and the workers' parent
     if jobs <= 1:
         for i, (spec, ctx, _) in enumerate(rows, 1):
@@ -91,7 +96,7 @@ def _run_rows(rows, call, jobs, waiting, dead) -> Iterator:
 
     lifeline.sweep()                          # the folders of runs that were killed
     shared = os.environ.get(SHARED_ENV) or lifeline.run_folder("lockstep-shared-checkpoints")
-    pool = _Pool(jobs, (suite.explicit_mappings(), shared))
+    pool = _Pool(jobs, (suite_paths.explicit_mappings(), shared))
     try:
         pool.start([(call, (spec, ctx)) for spec, ctx, _ in rows])
         for i, (spec, ctx, folder) in enumerate(rows, 1):
@@ -243,7 +248,7 @@ def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
 
     torch.set_num_threads(1)
     keep_freed_memory()
-    suite.map_checkpoints(mapped.items())
+    suite_paths.map_checkpoints(mapped.items())
 
 
 def _dead_check(spec, folder: str, why) -> runner.Outcome:

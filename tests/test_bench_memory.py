@@ -1,0 +1,61 @@
+"""bench/_memory.py and the weights the benches hand over: a model's bytes are each storage once,
+the peaks are read against them, and bench/e2e.py's experts can be made again (for the MXFP4
+rows, after the dense ones are gone) and dequantized without holding both forms whole."""
+
+import sys
+
+import torch
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+
+import _memory  # noqa: E402
+import e2e  # noqa: E402
+
+
+def test_model_bytes_counts_each_storage_once():
+    w = torch.zeros(10, 4)                       # 160 bytes
+    holder = type("Holder", (), {})()
+    holder.weight, holder.view, holder.again = w, w.t(), [w[2:]]
+    holder.buffers = {"b": torch.zeros(3, dtype=torch.bfloat16)}
+    holder.back = holder                         # a cycle
+    assert _memory.model_bytes(holder) == 160 + 6
+    other = type("Other", (), {})()
+    other.shared, other.own = w, torch.zeros(2)
+    assert _memory.model_bytes(holder, other) == 160 + 6 + 8       # the shared tensor once
+
+
+def test_meter_reads_a_host_peak_above_its_start():
+    meter = _memory.Meter("cpu")
+    block = torch.ones(64 << 20, dtype=torch.uint8)                 # 64 MiB touched
+    f = meter.figures(block.numel())
+    assert f["device_peak"] is None and f["host_above"] >= 0.9 * block.numel(), f
+    assert "target <= 1.15x on the host" in meter.line("x", block.numel())
+
+
+def test_packed_experts_made_again_are_the_same_and_dense_consumes_them():
+    config = e2e.preset("tiny")
+    floats, packed = e2e.random_weights(config, "cpu")
+    again = e2e.random_weights(config, "cpu", only_packed=True)
+    assert again[0] == {} and packed.keys() == again[1].keys()
+    assert all(torch.equal(packed[n], again[1][n]) for n in packed)
+    kept = e2e.dense_experts(packed)
+    consumed = e2e.dense_experts(again[1], consume=True)
+    assert again[1] == {} and len(packed) == 2 * len(kept)
+    assert all(torch.equal(kept[n], consumed[n]) for n in kept)
+
+
+def test_the_cuda_line_reads_the_allocator_peaks(monkeypatch):
+    """The CUDA branch (no GPU here): the device peak against the model, the reserved peak beside it."""
+    meter = _memory.Meter("cpu")
+    meter.cuda = True
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 46_000_000_000)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 50_000_000_000)
+    f = meter.figures(40_000_000_000)
+    assert f["ratio"] == 1.15 and f["ok"] and f["device_reserved"] == 50_000_000_000
+    line = meter.line("build", 40_000_000_000)
+    assert "model 40.00 GB (weights and buffers); device peak 46.00 GB = 1.15x (the allocator's reserved peak " \
+           "50.00 GB)" in line and line.endswith("target <= 1.15x on the device: ok"), line
+    assert not meter.figures(34_000_000_000)["ok"]
