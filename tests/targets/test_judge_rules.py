@@ -242,9 +242,9 @@ def test_a_tolerance_kind_reports_the_tolerance_diff(monkeypatch):
 def test_a_calibrated_kind_leads_with_the_agreement_and_compares_the_rest(monkeypatch):
     seen = []
 
-    def agreement(spec, ctx, result):
+    def agreement(spec, ctx, result, target):
         seen.append((spec.id, ctx, torch.is_inference_mode_enabled()))
-        assert result is got
+        assert result is got and target.label == "peer 1.0"
         return ["agreement: sampler at request 0 step 1"], ["agreement note"]
     monkeypatch.setattr(judge, "_agreement", agreement)
     golden = SimpleNamespace(tensors={"tokens_0": torch.tensor([1]), "logprobs_0": torch.tensor([0.5]),
@@ -312,8 +312,9 @@ def test_the_agreement_runs_the_reference_at_the_runs_dtype(monkeypatch):
     monkeypatch.setattr(checkpoints, "model_for", lambda *a: asked.setdefault("model", a) and "model")
     monkeypatch.setattr(bounds, "bound", lambda dtype: f"bound {dtype}")
 
-    def judge_(requests, results, reference, bound):
-        asked["judge"] = (requests, [(r.tokens, r.logprobs.tolist()) for r in results], reference, bound)
+    def judge_(requests, results, reference, bound, locator, sampler):
+        asked["judge"] = (requests, [(r.tokens, r.logprobs.tolist()) for r in results], reference, bound,
+                          locator, sampler)
         return ["fail"], ["note"], "ignored"
     monkeypatch.setattr(agreement, "judge", judge_)
     spec = SimpleNamespace(inputs={"checkpoint": "tiny"})
@@ -322,4 +323,5 @@ def test_the_agreement_runs_the_reference_at_the_runs_dtype(monkeypatch):
                              "tokens_1": torch.tensor([3]), "logprobs_1": torch.tensor([-2.0])})
     assert judge._agreement(spec, ctx, result) == (["fail"], ["note"])
     assert asked["model"] == ("tiny", "torch", "/root", "cpu", "bf16")
-    assert asked["judge"] == (["r0", "r1"], [([1, 2], [-0.5, -1.0]), ([3], [-2.0])], "model", "bound bf16")
+    assert asked["judge"] == (["r0", "r1"], [([1, 2], [-0.5, -1.0]), ([3], [-2.0])], "model", "bound bf16",
+                              None, None), "no target: no layer locator, no sampler judge"
