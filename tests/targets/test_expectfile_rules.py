@@ -280,3 +280,28 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     (tmp, text, dst), = seen
     assert tmp.parent == tmp_path and tmp.name.startswith(".toy.yaml.") and tmp.name.endswith(".tmp"), tmp
     assert dst == path and "a/b:" in text, "the temporary file beside the file, written in full, then renamed"
+
+
+def test_each_outcome_is_compared_with_its_expectation():
+    want = {"observed": "bits at 3 — max 0.5", "judgement": "peer bug", "why": "w"}
+    fail = _outcome("a/b", message="bits at 3 — max 0.75")
+    assert expectfile.verdict(fail, want) is None, "the same cause, floats masked"
+    assert expectfile.verdict(fail, None) == "NEW FAILURE a/b: bits at 3 — max 0.75"
+    moved = _outcome("a/b", message="bits at 4")
+    assert expectfile.verdict(moved, want) == "FAILS DIFFERENTLY a/b: bits at 4\n    expected: bits at 3 — max 0.5"
+    assert expectfile.verdict(_outcome("a/b", status="pass"), want) == \
+        "EXPECTED FAILURE now passes: a/b (remove it from the expectations)"
+    assert expectfile.verdict(_outcome("a/b", status="n/a", message="no op 'hash'"), want) == \
+        "EXPECTED FAILURE is now n/a (no op 'hash'): a/b (remove it from the expectations)"
+    assert expectfile.verdict(_outcome("a/b", status="pass"), None) is None
+    assert expectfile.verdict(_outcome("a/b", status="n/a"), None) is None
+
+
+def test_the_differences_of_a_run_and_the_expectations_it_did_not_run():
+    expected = {"a/b": {"observed": "x"}, "c/d": {"observed": "y"}, "e/f": {"observed": "z"}}
+    outcomes = [_outcome("a/b", message="x"), _outcome("c/d", status="pass"), _outcome("g/h", message="new")]
+    assert expectfile.compare(outcomes, expected) == [
+        "EXPECTED FAILURE now passes: c/d (remove it from the expectations)", "NEW FAILURE g/h: new"]
+    assert expectfile.compare([_outcome("a/b", message="x")], expected) == []
+    assert expectfile.unrun(outcomes, expected) == ["e/f"]
+    assert expectfile.unrun([], {"z/z": {}, "a/a": {}}) == ["a/a", "z/z"], "sorted"
