@@ -325,3 +325,75 @@ def test_the_agreement_runs_the_reference_at_the_runs_dtype(monkeypatch):
     assert asked["model"] == ("tiny", "torch", "/root", "cpu", "bf16")
     assert asked["judge"] == (["r0", "r1"], [([1, 2], [-0.5, -1.0]), ([3], [-2.0])], "model", "bound bf16",
                               None, None), "no target: no layer locator, no sampler judge"
+    target = SimpleNamespace(label="t")
+    monkeypatch.setattr(judge, "_layer_locator", lambda s, c, t, r: ("locator", s is spec, c is ctx, t is target, r))
+    monkeypatch.setattr(judge, "_sampler", lambda t, device: ("sampler", t is target, device))
+    judge._agreement(spec, ctx, result, target)
+    assert asked["judge"][4:] == (("locator", True, True, True, "model"), ("sampler", True, "cpu"))
+
+
+class _Ops:
+    """A stand-in target with the operations named, each with its features."""
+
+    def __init__(self, ops, rng=None, refuse=()):
+        self.ops, self.rng, self.refuse, self.asked = ops, rng, refuse, []
+
+    def op(self, name, device="cpu", needs=()):
+        self.asked.append((name, device, needs))
+        if name in self.refuse:
+            raise NotApplicable(f"no {name} here")
+        return f"{name} op"
+
+    def offers(self, name, feature):
+        return feature in self.ops.get(name, ())
+
+
+def test_the_sampler_judge_needs_sampling_with_params_under_the_coin_contract():
+    from lockstep.harness.target import RNG_COINS
+    assert judge._sampler(None, "cpu") is None
+    t = _Ops({"sampling": ("params",)}, rng=RNG_COINS)
+    assert judge._sampler(t, "cuda:0") == "sampling op" and t.asked == [("sampling", "cuda:0", ("params",))]
+    assert judge._sampler(_Ops({"sampling": ()}, rng=RNG_COINS), "cpu") is None, "no params feature"
+    assert judge._sampler(_Ops({"sampling": ("params",)}, rng="own"), "cpu") is None, "another RNG"
+    assert judge._sampler(_Ops({"sampling": ("params",)}, rng=RNG_COINS, refuse=("sampling",)), "cpu") is None
+
+
+def test_the_layer_locator_needs_the_targets_capture(monkeypatch):
+    from lockstep.harness import checkpoints
+    from lockstep.harness.kinds import generate
+    from lockstep.harness.targets import locator
+
+    spec = SimpleNamespace(inputs={"checkpoint": {"preset": "tiny"}})
+    ctx = SimpleNamespace(device=torch.device("cpu"), platform=SimpleNamespace(dtype="bf16"))
+    captured = []
+
+    class Reference:
+        config = SimpleNamespace(num_hidden_layers=3)
+
+        def new_cache(self, batch, n):
+            return ("cache", batch, n)
+
+        def forward(self, tokens, positions, slots, cache, capture):
+            captured.append((tokens.tolist(), positions.tolist(), slots.tolist(), cache, capture))
+            return SimpleNamespace(captured=torch.ones(2))
+    reference = Reference()
+    assert judge._layer_locator(spec, ctx, None, reference) is None
+    assert judge._layer_locator(spec, ctx, _Ops({}), reference) is None, "no capture operation"
+    assert judge._layer_locator(spec, ctx, _Ops({"capture": ()}, refuse=("capture",)), reference) is None
+    monkeypatch.setattr(checkpoints, "target_dir", lambda ckpt, root: f"dir of {ckpt['preset']} under {root}")
+    monkeypatch.setattr(generate, "project_root", lambda s: "/root" if s is spec else None)
+    seen = {}
+
+    def locate(capture, reference_capture, folder, tokens, layers, dtype):
+        seen["args"] = (capture, folder, tokens, layers, dtype)
+        seen["ref"] = reference_capture("ckpt", tokens, [0, 1])
+        return "block 2", "note"
+    monkeypatch.setattr(locator, "locate", locate)
+    t = _Ops({"capture": ()})
+    find = judge._layer_locator(spec, ctx, t, reference)
+    assert t.asked == [("capture", "cpu", ())]
+    assert find([5, 6, 7]) == ("block 2", "note")
+    assert seen["args"] == ("capture op", "dir of tiny under /root", [5, 6, 7], 3, "bf16")
+    assert captured == [([5, 6, 7], [0, 1, 2], [0, 0, 0], ("cache", 1, 3), [0, 1])], \
+        "the reference's own forward of the tokens from position 0 in slot 0, capturing the boundaries asked"
+    assert torch.equal(seen["ref"], torch.ones(2))
