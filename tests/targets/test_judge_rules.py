@@ -356,6 +356,8 @@ def test_the_sampler_judge_needs_sampling_with_params_under_the_coin_contract():
     assert judge._sampler(_Ops({"sampling": ()}, rng=RNG_COINS), "cpu") is None, "no params feature"
     assert judge._sampler(_Ops({"sampling": ("params",)}, rng="own"), "cpu") is None, "another RNG"
     assert judge._sampler(_Ops({"sampling": ("params",)}, rng=RNG_COINS, refuse=("sampling",)), "cpu") is None
+    bare = SimpleNamespace(offers=lambda name, feature: True)
+    assert judge._sampler(bare, "cpu") is None, "a target that names no RNG contract"
 
 
 def test_the_layer_locator_needs_the_targets_capture(monkeypatch):
@@ -374,11 +376,12 @@ def test_the_layer_locator_needs_the_targets_capture(monkeypatch):
             return ("cache", batch, n)
 
         def forward(self, tokens, positions, slots, cache, capture):
-            captured.append((tokens.tolist(), positions.tolist(), slots.tolist(), cache, capture))
+            captured.append((tokens.tolist(), positions.tolist(), slots.tolist(), slots.dtype, cache, capture))
             return SimpleNamespace(captured=torch.ones(2))
     reference = Reference()
     assert judge._layer_locator(spec, ctx, None, reference) is None
     assert judge._layer_locator(spec, ctx, _Ops({}), reference) is None, "no capture operation"
+    assert judge._layer_locator(spec, ctx, SimpleNamespace(), reference) is None, "a target without ops"
     assert judge._layer_locator(spec, ctx, _Ops({"capture": ()}, refuse=("capture",)), reference) is None
     monkeypatch.setattr(checkpoints, "target_dir", lambda ckpt, root: f"dir of {ckpt['preset']} under {root}")
     monkeypatch.setattr(generate, "project_root", lambda s: "/root" if s is spec else None)
@@ -394,6 +397,10 @@ def test_the_layer_locator_needs_the_targets_capture(monkeypatch):
     assert t.asked == [("capture", "cpu", ())]
     assert find([5, 6, 7]) == ("block 2", "note")
     assert seen["args"] == ("capture op", "dir of tiny under /root", [5, 6, 7], 3, "bf16")
-    assert captured == [([5, 6, 7], [0, 1, 2], [0, 0, 0], ("cache", 1, 3), [0, 1])], \
+    assert captured == [([5, 6, 7], [0, 1, 2], [0, 0, 0], torch.int64, ("cache", 1, 3), [0, 1])], \
         "the reference's own forward of the tokens from position 0 in slot 0, capturing the boundaries asked"
     assert torch.equal(seen["ref"], torch.ones(2))
+    meta = SimpleNamespace(device=torch.device("meta"), platform=ctx.platform)
+    t = _Ops({"capture": ()})
+    judge._layer_locator(spec, meta, t, reference)
+    assert t.asked == [("capture", "meta", ())], "the capture asked for on the run's device"
