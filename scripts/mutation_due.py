@@ -32,7 +32,7 @@ SELECTION = {
     "harness/pairs.py": ["tests/test_pairs.py"],
     "harness/commands/session.py": ["tests/test_verdict_machinery.py"],
     "harness/commands/selection.py": ["tests/test_selection_rules.py"],
-    "harness/runner.py": ["tests/test_verdict_machinery.py", "tests/test_selfcheck.py"],
+    "harness/runner.py": ["tests/test_runner_rules.py", "tests/test_verdict_machinery.py", "tests/test_selfcheck.py"],
     "harness/workers.py": ["tests/test_verdict_machinery.py", "tests/test_parallel_check.py"],
     "harness/targets/judge.py": ["tests/targets/test_judge_rules.py"],
     "harness/targets/expectfile.py": ["tests/targets/test_expectfile_rules.py", "tests/targets/test_expectations.py",
