@@ -134,9 +134,10 @@ def _device(p, default: str) -> None:
 
 
 def _device_name(device: str | None) -> str:
-    """'cpu' or 'cuda' for Setup: None is cuda when available; cuda without a GPU is refused (ValueError)."""
+    """'cpu' or 'cuda' for Setup (a torch device, not the platform's name 'cuda-sm90'): None is cuda
+    when available; cuda without a GPU is refused (ValueError)."""
     from lockstep.harness.platform import detect
-    return detect(device).device
+    return detect(device).torch_device.type
 
 
 def _clip(p) -> None:

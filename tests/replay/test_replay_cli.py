@@ -31,3 +31,16 @@ def test_record_and_replay_speculative_tree_from_the_cli(tmp_path, capsys, monke
     assert main(["replay", str(out), "--mode", "teacher-forced", "--max-batch", "1"]) == 1
     text = capsys.readouterr().out
     assert "first divergence: request 0, step 1: bits" in text and "first op that differs: L0.attention" in text
+
+
+def test_record_and_replay_hand_the_engine_a_torch_device_not_a_platform_name(monkeypatch):
+    """On a GPU the platform is named 'cuda-sm90'; the engine's Setup takes the torch device 'cuda'
+    (the platform's name there made `record --device cuda` fail on an H100)."""
+    import torch
+
+    from lockstep.harness.commands.replay import _device_name
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert _device_name("cuda") == "cuda" and _device_name(None) == "cuda"
+    assert _device_name("cpu") == "cpu"
