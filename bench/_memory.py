@@ -1,7 +1,7 @@
 """Peak host and device memory of a bench's stretch (a model build, a whole run) against the
 model's own bytes: what the process held at its highest, over what the model itself holds.
 
-The target (issue: every bench at the 20b shape in bf16 on an 80 GB card) is a peak at most
+The target (every bench at the 20b shape in bf16 on an 80 GB card) is a peak at most
 TARGET times the model's bytes on the memory that holds the model (the device on CUDA, the host
 on the CPU). Device: torch.cuda.max_memory_allocated after reset_peak_memory_stats (the caching
 allocator's peak; the CUDA context and cached-but-free blocks are not in it; max_memory_reserved,

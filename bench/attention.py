@@ -1,7 +1,7 @@
 """Triton attention (sinks, window, GQA; 64-key tiles in 1024-key splits) vs its single walk and torch.
 
     python bench/attention.py                   # decode at gpt-oss heads (64 q / 8 kv, D 64), contexts 128 … 32768
-    python bench/attention.py --batch 1 --dtype bf16          # issue 23's figure: batch 1, bf16
+    python bench/attention.py --batch 1 --dtype bf16          # the recorded figure: batch 1, bf16
     python bench/attention.py --prefill 1024    # one 1024-token prefill instead
 Columns, all in this process on the same tensors:
   triton ms   the product kernel (kernels.attention.attention_triton): split-K (one program per

@@ -1,4 +1,4 @@
-"""End to end (issue 11): decode tok/s and prefill time of the engine against HF transformers
+"""End to end: decode tok/s and prefill time of the engine against HF transformers
 eager and against the HBM roofline, on random gpt-oss weights built on the device.
 
     python3 bench/e2e.py                                   # gpt-oss-20b shape, bf16 + MXFP4, deterministic + fast
