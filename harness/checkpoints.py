@@ -36,8 +36,19 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from lockstep.engine import lifeline
+from lockstep.engine.boundaries import LayerIdError, resolve_boundaries
+from lockstep.engine.checkpoint import expected_tensors, make_checkpoint, write_folder_atomically
+from lockstep.engine.config import GptOssConfig, preset
+from lockstep.engine.eagle3 import load_draft, make_draft_checkpoint
+from lockstep.engine.model import GptOssModel
 from lockstep.harness.limits import MAX_CHECKPOINT_PARAMS
 from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
+from lockstep.harness.suite_paths import mapped_checkpoint
 
 CHECKPOINT = OneOf(
     Map({
@@ -86,8 +97,6 @@ SHARED_ENV = "LOCKSTEP_CHECKPOINT_CACHE"
 def _cache_root() -> Path:
     global _root
     if _root is None:
-        from lockstep.engine import lifeline
-
         _root = Path(lifeline.run_folder("lockstep-checkpoints"))
         atexit.register(shutil.rmtree, _root, ignore_errors=True)
     return _root
@@ -121,8 +130,6 @@ def _cached(name: str, build) -> Path:
 
 @lru_cache(maxsize=None)
 def checkpoint_dir(preset: str, seed: int, fmt: str) -> Path:
-    from lockstep.engine.checkpoint import make_checkpoint
-
     return _cached(f"{preset}-s{seed}-{fmt}", lambda out: make_checkpoint(preset, seed, fmt, out))
 
 
@@ -155,7 +162,6 @@ def special_value_edit(name: str, t, tokens, expert: int):
     -inf, so it is never routed, and its weights and biases NaN (two payloads), +inf and -inf: a
     gather that built rows by arithmetic (a one-hot matmul, `+ 0.0`) loses the sign of zero, and an
     engine that computed or zero-weighted the expert it skips turns NaN."""
-    import torch
 
     if name == "model.embed_tokens.weight":
         t = t.clone()
@@ -203,7 +209,6 @@ def checkpoint_problems(ckpt: dict | None, path: tuple, check_preset: bool = Tru
     checks it, as checkpoint_config does), router ties name experts of the preset."""
     if not ckpt or "preset" not in ckpt:
         return []
-    from lockstep.engine.config import preset
 
     try:
         cfg = preset(ckpt["preset"])
@@ -231,7 +236,6 @@ def draft_tie_problems(draft: dict | None, target_ckpt: dict | None, path: tuple
     if not draft or "seed" not in draft or not draft.get("lm_head_ties") or not target_ckpt \
             or "preset" not in target_ckpt:
         return []
-    from lockstep.engine.config import preset
 
     try:
         V = preset(target_ckpt["preset"]).vocab_size
@@ -247,8 +251,6 @@ def draft_tie_problems(draft: dict | None, target_ckpt: dict | None, path: tuple
 
 @lru_cache(maxsize=8)
 def load_model(preset: str, seed: int, fmt: str, backend: str = "torch", device: str = "cpu", dtype: str = "fp32"):
-    from lockstep.engine.model import GptOssModel
-
     return GptOssModel.from_checkpoint(checkpoint_dir(preset, seed, fmt), backend=backend, device=device, dtype=dtype)
 
 
@@ -257,22 +259,17 @@ def edited_copy(base: Path, name: str, edit) -> Path:
     edit(tensor name, tensor) -> new tensor or None (unchanged); other files copied as they are.
     The copy then goes through the real loading code, like any checkpoint. Written again on every
     call (the caller's `name` need not say everything the edit does)."""
-    from lockstep.engine.checkpoint import write_folder_atomically
 
     return write_folder_atomically(_cache_root() / name, _edit_writer(base, edit))
 
 
 def _cached_edit(base: Path, name: str, edit) -> Path:
     """edited_copy through the (shareable) cache: for a `name` that says everything the edit does."""
-    from lockstep.engine.checkpoint import write_folder_atomically
 
     return _cached(name, lambda out: write_folder_atomically(out, _edit_writer(base, edit)))
 
 
 def _edit_writer(base: Path, edit):
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     def write(tmp: Path) -> None:
         for f in sorted(base.iterdir()):
             if f.suffix != ".safetensors":
@@ -299,7 +296,6 @@ def path_problems(relative: str, root: Path | None, where: tuple) -> list[Proble
         return [Problem(where, f"path {relative!r} leaves the project root")]
     if root is None:
         return []
-    from lockstep.harness.suite_paths import mapped_checkpoint
     if mapped_checkpoint(relative) is not None and not mapped_checkpoint(relative).is_dir():
         return [Problem(where, f"no checkpoint folder at {mapped_checkpoint(relative)} (where {relative!r} is mapped "
                                f"by --checkpoint-path / lockstep_checkpoints / LOCKSTEP_CHECKPOINT_PATHS)")]
@@ -314,7 +310,6 @@ def path_problems(relative: str, root: Path | None, where: tuple) -> list[Proble
 
 def parameter_count(config) -> int:
     """Parameters of a checkpoint of this config (its unquantized tensors)."""
-    from lockstep.engine.checkpoint import expected_tensors
 
     return sum(math.prod(shape) for shape, _ in expected_tensors(config, False).values())
 
@@ -322,7 +317,6 @@ def parameter_count(config) -> int:
 def preset_config(name: str, where: tuple, make: bool) -> tuple[object | None, list[Problem]]:
     """The config of an engine preset; an error for an unknown one, and (`make`: the spec makes a
     checkpoint of it) for one too large to make."""
-    from lockstep.engine.config import preset
 
     try:
         config = preset(name)
@@ -343,7 +337,6 @@ def checkpoint_config(ckpt: dict, root: Path | None, where: tuple) -> tuple[obje
     problems = path_problems(ckpt["path"], root, where + ("path",))
     if problems or root is None:
         return None, problems
-    from lockstep.engine.config import GptOssConfig
 
     config_file = resolve_path(ckpt["path"], root) / "config.json"
     try:
@@ -365,7 +358,6 @@ def draft_problems(draft: dict, target_ckpt: dict, target_config, root: Path | N
                                "give the draft a path instead")]
     if target_config is None or draft.get("aux_layer_ids") is None:
         return []
-    from lockstep.engine.boundaries import LayerIdError, resolve_boundaries
 
     try:
         resolve_boundaries(draft["aux_layer_ids"], draft["convention"], target_config.num_hidden_layers,
@@ -378,7 +370,6 @@ def draft_problems(draft: dict, target_ckpt: dict, target_config, root: Path | N
 # --------------------------------------------------------------------------- at run time
 def resolve_path(relative: str, root: Path) -> Path:
     """A path from a spec, inside the project root `root`; anything that leaves it is refused."""
-    from lockstep.harness.suite_paths import mapped_checkpoint
 
     mapped = mapped_checkpoint(relative)       # named explicitly by whoever runs the suite, not by the spec
     if mapped is not None:
@@ -398,8 +389,6 @@ def target_dir(ckpt: dict, root: Path) -> Path:
 
 @lru_cache(maxsize=8)
 def _load_dir(path: Path, backend: str, device: str, dtype: str):
-    from lockstep.engine.model import GptOssModel
-
     return GptOssModel.from_checkpoint(path, backend=backend, device=device, dtype=dtype)
 
 
@@ -431,8 +420,6 @@ def model_for(ckpt: dict, backend: str = "torch", root: Path = Path("."), device
 @lru_cache(maxsize=None)
 def _synthetic_draft_dir(preset: str, seed: int, aux_layer_ids, norm_before_fc: bool, fc_norm: bool,
                          d2t: bool = True, rope_theta: float | None = None) -> Path:
-    from lockstep.engine.eagle3 import make_draft_checkpoint
-
     name = (f"draft-{preset}-s{seed}-{'-'.join(map(str, aux_layer_ids or ()))}-{int(norm_before_fc)}{int(fc_norm)}"
             f"{'' if d2t else '-no-d2t'}{'' if rope_theta is None else f'-theta{rope_theta!r}'}")
     theta = {} if rope_theta is None else {"rope_theta": rope_theta}
@@ -462,7 +449,6 @@ def draft_dir(draft: dict, target_ckpt: dict, root: Path = Path(".")) -> Path:
 
 def draft_for(draft: dict, target_ckpt: dict, target, root: Path = Path(".")):
     """Load the draft of a spec against its loaded target model."""
-    from lockstep.engine.eagle3 import load_draft
 
     return load_draft(draft_dir(draft, target_ckpt, root), target, convention=draft["convention"],
                       backend=target.backend)

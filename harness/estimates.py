@@ -19,7 +19,10 @@ import math
 import os
 import sys
 
+from lockstep.engine.checkpoint import expected_tensors
+from lockstep.engine.config import preset
 from lockstep.harness.errors import UsageError
+from lockstep.kernels.attention import KV_TILE
 
 # Seconds, for one block-head unit (the tiny preset's 4 blocks x 4 query heads = 16 units).
 PREFILL_PER_KEY = 4.5e-5         # per (query, key) pair of the prefill
@@ -31,7 +34,6 @@ DENSE_MACS_PER_SECOND = 1e9      # the dense weights, per token (what dominates 
 def checkpoint_bytes(config, mxfp4: bool) -> tuple[int, int]:
     """(parameter bytes, tensor count) that make-checkpoint writes for this config: bf16 floats,
     uint8 MXFP4 blocks and scales."""
-    from lockstep.engine.checkpoint import expected_tensors
 
     layout = expected_tensors(config, mxfp4_experts=mxfp4)
     return sum(math.prod(shape) * (2 if kind == "float" else 1) for shape, kind in layout.values()), len(layout)
@@ -65,7 +67,6 @@ def requests_seconds(config, lengths: list[tuple[int, int]]) -> float:
 def kv_cache_bytes(config, requests: int, longest: int, dtype: str) -> int:
     """Bytes of the KV cache a run of `requests` allocates (engine/kv_cache.py: one slot per request
     plus a padding slot, each as long as the longest request rounded up to a KV tile; K and V)."""
-    from lockstep.kernels.attention import KV_TILE
 
     capacity = -(-longest // KV_TILE) * KV_TILE
     per_slot = config.num_hidden_layers * config.num_key_value_heads * capacity * config.head_dim
@@ -76,7 +77,6 @@ def kv_cache_bytes(config, requests: int, longest: int, dtype: str) -> int:
 def checkpoint_size(args) -> tuple[int, int]:
     """Say what make-checkpoint will write, and refuse above --max-gb, or into a path that cannot be
     written, before making anything: (parameter bytes, tensors)."""
-    from lockstep.engine.config import preset
 
     try:
         size, count = checkpoint_bytes(preset(args.preset), args.format == "mxfp4")

@@ -32,6 +32,14 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from lockstep.engine.eagle3 import load_draft
+from lockstep.engine.generate import Request, generate as run
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.sampling import SamplingParams
+from lockstep.engine.speculative import SpecParams, speculative_generate
+from lockstep.kernels import portable
+from lockstep.kernels.rmsnorm import rms_norm_portable
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "models" / "tiny-target"
 DRAFT = ROOT / "models" / "tiny-eagle3"
@@ -161,9 +169,6 @@ def _primitive_inputs() -> torch.Tensor:
 
 
 def primitives() -> None:
-    from lockstep.kernels import portable
-    from lockstep.kernels.rmsnorm import rms_norm_portable
-
     x64 = _primitive_inputs()
     x32 = x64.to(torch.float32)
     pos64, pos32 = x64.abs(), x32.abs()
@@ -191,8 +196,6 @@ def primitives() -> None:
 
 
 def _target(dtype: str = "fp32"):
-    from lockstep.engine.model import GptOssModel
-
     return GptOssModel.from_checkpoint(TARGET, backend="torch", device="cpu", dtype=dtype)
 
 
@@ -204,20 +207,12 @@ def forward(dtype: str = "fp32") -> None:
 
 
 def generate() -> None:
-    from lockstep.engine.generate import Request, generate as run
-    from lockstep.engine.sampling import SamplingParams
-
     model = _target()
     params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=3)
     run(model, [Request([1, 2, 3, 4], params, seed=11), Request([9, 8, 7], params, seed=12)])
 
 
 def speculative() -> None:
-    from lockstep.engine.eagle3 import load_draft
-    from lockstep.engine.generate import Request
-    from lockstep.engine.sampling import SamplingParams
-    from lockstep.engine.speculative import SpecParams, speculative_generate
-
     model = _target()
     draft = load_draft(DRAFT, model, convention="sglang")
     params = SamplingParams(temperature=1.0, max_new_tokens=3)

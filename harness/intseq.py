@@ -15,8 +15,11 @@ it (an `arange` of 10^12 values is an error at validation, not an allocation at 
 
 from __future__ import annotations
 
+import torch
+
 from lockstep.harness.limits import MAX_GENERATED
 from lockstep.harness.schema import Field, Int, List, Map, OneOf, Problem, Schema
+from lockstep.kernels.coins import murmur_hash32_torch
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -76,14 +79,12 @@ class IntSeq(Schema):
 
 def materialize(desc):
     """The int64 tensor a validated IntSeq description stands for."""
-    import torch
 
     if isinstance(desc, list):
         return torch.tensor(desc, dtype=torch.int64).reshape(-1)
     if "arange" in desc:
         start, stop, *step = desc["arange"]
         return torch.arange(start, stop, step[0] if step else 1, dtype=torch.int64)
-    from lockstep.kernels.coins import murmur_hash32_torch
 
     h = desc["hashed"]
     idx = torch.arange(h["count"], dtype=torch.int64)

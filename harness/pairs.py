@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from lockstep.harness import kinds
 from lockstep.harness.platform import DTYPE_POLICIES, Platform
 from lockstep.harness.result import RunContext
 
@@ -76,8 +77,6 @@ def chosen(device: str, golden: Path, dtype: str | None = None, backend: str | N
 
 
 def _golden_platform(spec, ctx: RunContext) -> str:
-    from lockstep.harness import kinds
-
     return kinds.KINDS[spec.kind].golden_platform(spec, ctx)
 
 

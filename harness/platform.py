@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy
 import torch
+
+import lockstep.kernels._common  # noqa: F401  (before triton, which versions() imports: it picks the interpreter on a CPU)
 
 SHARED = "shared"
 DTYPE_POLICIES = ("fp32", "bf16")
@@ -103,7 +106,6 @@ def _revision_and_dirt() -> tuple[str, list[str]]:
 
 
 def versions() -> dict:
-    import lockstep.kernels._common  # noqa: F401  (before triton: it picks the interpreter on a CPU)
     import triton
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
@@ -113,9 +115,7 @@ def versions() -> dict:
 def bit_dependencies(golden_platform: str) -> dict:
     """What the bits of a golden in `golden_platform` depend on besides Lockstep's own code,
     with this machine's values (see the module docstring)."""
-    import numpy
 
-    import lockstep.kernels._common  # noqa: F401  (before triton: it picks the interpreter on a CPU)
     import triton
 
     if golden_platform.startswith("cuda"):

@@ -5,17 +5,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
+import torch
 
+from lockstep.engine import lifeline
 from lockstep.harness import judges, runner
+from lockstep.harness.checkpoints import SHARED_ENV
+from lockstep.harness.ci import ci_value, under_ci
+from lockstep.harness.errors import located
 from lockstep.harness.golden import GoldenLocked, GoldenStore
+from lockstep.harness.memory import keep_freed_memory
 from lockstep.harness.pairs import chosen, folders, plan
 from lockstep.harness.platform import detect
 from lockstep.harness.result import RunContext
 from lockstep.harness.specfile import SPEC_SUFFIX, SpecErrors, load_spec_file, spec_files, spec_id_for, stray_error
+from lockstep.harness.suite_paths import map_checkpoints, parse_mapping
+from lockstep.harness.target import NotApplicable, UpstreamChanged
+from lockstep.harness.targets import UnknownTarget, expectations_path, get, load_expectations
 
 _TARGET = pytest.StashKey[tuple]()     # (target, its expectations) under --lockstep-target
 _PAIRS = pytest.StashKey[tuple]()      # (device, [Pair], explicit): what each spec is collected under
@@ -30,11 +40,8 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):
         # a pytest-xdist worker: the workers already fill the cores, and more torch threads per
         # worker only contend for them (the bits do not depend on the thread count: D0)
-        import torch
         torch.set_num_threads(1)
-    from lockstep.harness.memory import keep_freed_memory
     keep_freed_memory()             # spec items and tests alike: fewer page faults, no bit changes
-    from lockstep.harness.suite_paths import map_checkpoints, parse_mapping
     base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
     try:
         map_checkpoints(parse_mapping(line, base) for line in config.getini("lockstep_checkpoints"))
@@ -56,7 +63,6 @@ def pytest_configure(config):
                 f"{', '.join(unknown)} (stale, or of another suite)"), stacklevel=2)
     if not config.getoption("--lockstep-regen"):
         return
-    from lockstep.harness.ci import ci_value, under_ci
     if under_ci() and not config.getoption("--lockstep-allow-ci"):
         raise pytest.UsageError(f"--lockstep-regen refuses to run under CI={ci_value()} without --lockstep-allow-ci")
     # Hold the golden folder (shared among this session's xdist workers, which record disjoint
@@ -78,13 +84,9 @@ def _share_checkpoints(config) -> None:
     """The session's processes (the xdist workers, which inherit the controller's environment, and
     the CLI subprocesses tests start) make each synthetic checkpoint once, in one folder for the
     session (harness/checkpoints.py), removed when the session ends."""
-    from lockstep.harness.checkpoints import SHARED_ENV
 
     if hasattr(config, "workerinput") or os.environ.get(SHARED_ENV):
         return
-    import shutil
-
-    from lockstep.engine import lifeline
 
     lifeline.sweep()                          # the folders of runs that were killed
     folder = lifeline.run_folder("lockstep-shared-checkpoints")
@@ -107,9 +109,6 @@ def _expectations_option(config) -> Path | None:
 def _load_target(name: str, explicit: Path | None = None) -> tuple:
     """(target, its expectations), loaded once per session; a target that cannot load, or a bad
     expectations file, is a usage error."""
-    from lockstep.harness.targets import UnknownTarget, get
-    from lockstep.harness.target import NotApplicable, UpstreamChanged
-    from lockstep.harness.targets import load_expectations
 
     try:
         target = get(name)
@@ -119,7 +118,6 @@ def _load_target(name: str, explicit: Path | None = None) -> tuple:
     except (NotApplicable, UpstreamChanged, ValueError, TypeError) as e:
         raise pytest.UsageError(f"--lockstep-target {name}: cannot load: {e}") from None
     except Exception as e:  # noqa: BLE001 - the target's own code (its import, its factory) crashed
-        from lockstep.harness.errors import located
         raise pytest.UsageError(f"--lockstep-target {name}: cannot load: its factory crashed: {located(e)}") from None
 
 
@@ -386,8 +384,6 @@ def _self_check(config) -> None:
 
 
 def _expectations_shown(target, config) -> str:
-    from lockstep.harness.targets import expectations_path
-
     path = expectations_path(target, _expectations_option(config))
     if path is None:
         return "none"

@@ -7,13 +7,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import torch
+
 
 class WrongReturn(TypeError):
     """A target's operation returned what the interface does not allow."""
 
 
 def _tensor(value) -> bool:
-    import torch
     return isinstance(value, torch.Tensor)
 
 

@@ -20,12 +20,17 @@ import functools
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 
+import torch
+
 from lockstep.engine import lifeline
+from lockstep.engine.world import joined
 from lockstep.harness import runner, suite_paths
+from lockstep.harness.checkpoints import SHARED_ENV
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
 from lockstep.harness.memory import keep_freed_memory
@@ -74,7 +79,6 @@ def regen_rows(rows: list[tuple], store: GoldenStore, write: bool, jobs: int | N
 
 def processes(jobs: int | None, rows: int) -> int:
     """The processes `rows` rows run in at -j `jobs`: 1 under torchrun (its ranks serve this process)."""
-    from lockstep.engine.world import joined
     return 1 if joined() else max(1, min(jobs or default_jobs(), rows))
 
 
@@ -92,7 +96,6 @@ def _run_rows(rows, call, jobs, waiting, dead) -> Iterator:
     if jobs > cores():
         print(f"note: -j {jobs} is more than the {cores()} cores available: {jobs} worker processes "
               f"(each its own torch, a few hundred MB) take turns on them", file=sys.stderr)
-    from lockstep.harness.checkpoints import SHARED_ENV
 
     lifeline.sweep()                          # the folders of runs that were killed
     shared = os.environ.get(SHARED_ENV) or lifeline.run_folder("lockstep-shared-checkpoints")
@@ -198,7 +201,6 @@ class _Worker:
 
 def _how(code: int | None) -> str:
     if code is not None and code < 0:
-        import signal
         try:
             return f"signal {signal.Signals(-code).name}"
         except ValueError:
@@ -240,9 +242,6 @@ def _leave(parent: int) -> None:
 def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
     """A worker starts as the parent was set up: its --checkpoint-path mappings, one torch thread;
     and it shares the run's synthetic checkpoints with the other workers."""
-    import torch
-
-    from lockstep.harness.checkpoints import SHARED_ENV
 
     os.environ[SHARED_ENV] = shared_checkpoints
 

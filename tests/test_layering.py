@@ -178,6 +178,46 @@ def test_the_room_check_catches_a_loop_between_folders():
         "lockstep.harness.targets.judge (targets, floor 5) imports lockstep.harness.commands.selection (commands, floor 9)"]
 
 
+# The one place that says which harness modules may import inside functions: those `lockstep
+# --help`, `list`, `validate` and `suite` load, which must not load torch (so each command's body
+# imports what it needs when it runs), and the optional packages a peer adapter loads only when it
+# is used. Everywhere else an import sits at the top of its module.
+TORCH_FREE = {
+    "cli", "commands/__init__", "commands/exits", "commands/options", "commands/replay", "commands/display",
+    "commands/listing", "commands/selection", "commands/suite", "errors", "jsonout", "limits", "readers",
+    "replay/__init__", "replay/format", "suite_paths", "version", "schema", "specfile", "pytest_plugin",
+    "__init__",
+}
+OPTIONAL = ("triton", "transformers", "sglang", "vllm")   # peers, or triton after the interpreter choice
+
+
+def lazy_imports(source: str, where: str) -> list[str]:
+    """The function-level imports of a module, but those of optional packages."""
+    out = []
+    for fn in ast.walk(ast.parse(source, where)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    name = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                    if (name or "").split(".")[0] not in OPTIONAL:
+                        out.append(f"{where}:{node.lineno}: {name}")
+    return sorted(set(out))
+
+
+def test_imports_sit_at_the_top_but_where_a_command_must_stay_torch_free():
+    found = []
+    for p in sorted((ROOT / "harness").rglob("*.py")):
+        rel = p.relative_to(ROOT / "harness").with_suffix("").as_posix()
+        if rel not in TORCH_FREE:
+            found += lazy_imports(p.read_text(encoding="utf-8"), f"harness/{rel}.py")
+    assert not found, "imports inside functions outside TORCH_FREE (tests/test_layering.py): " + "; ".join(found)
+
+
+def test_the_lazy_import_check_catches_one():
+    assert lazy_imports("def f():\n    from lockstep.engine import model\n    import triton\n", "x.py") == \
+        ["x.py:2: lockstep.engine"]
+
+
 BARE = {"kernels", "engine", "harness"}
 
 

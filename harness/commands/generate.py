@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -13,8 +14,8 @@ import torch
 
 from lockstep.engine.checkpoint import CheckpointError, checkpoint_digest
 from lockstep.engine.generate import generate
-from lockstep.engine.request import Request
 from lockstep.engine.model import GptOssModel
+from lockstep.engine.request import Request
 from lockstep.engine.sampling import SamplingParams
 from lockstep.harness.commands.exits import EXIT_OK
 from lockstep.harness.commands.options import per_prompt_seeds
@@ -77,7 +78,6 @@ def cmd_generate(args) -> int:
 def _finite_or_null(values: list[float], request: int, json_out: bool) -> list:
     """--json: a non-finite logprob is null (JSON has no NaN; logprobs_bits keeps its bits), and
     each is named on stderr by request and step."""
-    import math
     if not json_out:
         return values
     for step, v in enumerate(values):

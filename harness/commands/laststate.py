@@ -7,6 +7,7 @@ included, so rerunning `check --failed` until it is green narrows to what still 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import sys
@@ -64,7 +65,6 @@ def narrow(args) -> set[tuple[str, str]] | None:
     nothing failed last time."""
     if not getattr(args, "failed", False):
         return None
-    import fnmatch
 
     rows, when = failed(args.golden)
     if args.patterns:

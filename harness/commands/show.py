@@ -13,8 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from safetensors import SafetensorError
+from safetensors.torch import load
+
 from lockstep.harness.commands.exits import EXIT_OK
 from lockstep.harness.errors import UsageError
+from lockstep.harness.golden import CorruptGolden, GoldenStore
+from lockstep.harness.goldenview import golden_text, tensor_json, tensors_text
 from lockstep.harness.jsonout import emit, show_document, tool_document
 
 DRIVER = "lockstep-golden"
@@ -44,9 +49,6 @@ def _chosen(store, patterns: list[str], pair: str | None) -> list[tuple[str, str
 
 
 def cmd_show(args) -> int:
-    from lockstep.harness.golden import CorruptGolden, GoldenStore
-    from lockstep.harness.goldenview import golden_text, tensor_json
-
     if args.textconv is not None:
         return _textconv(args.textconv, args.bits)
     if not args.patterns:
@@ -70,10 +72,6 @@ def cmd_show(args) -> int:
 
 def _textconv(path: Path, bits: bool) -> int:
     """One .safetensors file as text, with no manifest (git hands the driver a temporary copy)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
-    from lockstep.harness.goldenview import tensors_text
 
     try:
         tensors = load(path.read_bytes())

@@ -34,20 +34,23 @@ and the pytest plugin's --lockstep-target alike).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
+from lockstep.harness.commands.selection import context
 from lockstep.harness.errors import UsageError, located
 from lockstep.harness.golden import GoldenStore
+from lockstep.harness.jsonout import report_document
 from lockstep.harness.judges import ExpectationsJudge, GoldenJudge, reproduce_command
 from lockstep.harness.target import NotApplicable, Target, TargetInterface, UpstreamChanged
-from lockstep.harness.targets import get, load_expectations
-from lockstep.harness.targets.expectfile import compare
-from lockstep.harness.targets.judge import FAIL, NA, PASS
+from lockstep.harness.targets import UnknownTarget, get, load_expectations
+from lockstep.harness.targets.expectfile import ExpectationsError, compare, load, version_range, write
+from lockstep.harness.targets.judge import FAIL, NA, PASS, applicability
+
 
 def _expected(target: Target, args) -> dict:
     """load_expectations for the CLI: a bad file is a usage error (exit 2), located."""
-    from lockstep.harness.targets.expectfile import ExpectationsError
 
     try:
         return load_expectations(target, getattr(args, "expectations", None))
@@ -58,7 +61,6 @@ def _expected(target: Target, args) -> dict:
 def load_target(name: str) -> Target:
     """The target and, read once up front, its expectations: either failing is a usage error
     before any spec runs (a factory of the wrong type, malformed expectations)."""
-    from lockstep.harness.targets import UnknownTarget
 
     try:
         target = get(name)
@@ -109,14 +111,12 @@ def target_context(target: TargetInterface, args, ctx):
     args.dtype = target.dtype
     if ctx.platform.dtype == target.dtype:
         return target, ctx
-    from lockstep.harness.commands.selection import context
     return target, context(args)
 
 
 def cmd_write_expectations(args, specs, errors, ctx, progress=None) -> int:
     """`lockstep expectations --target X --write FILE`: the observed failures as an expectations file.
     Failures that match the file's previous entry keep their judgement; the others are `unjudged`."""
-    from lockstep.harness.targets.expectfile import ExpectationsError, load, version_range, write
 
     if args.target == "lockstep":
         raise _usage("the lockstep target has no expectations: its specs must pass")
@@ -155,7 +155,6 @@ def cmd_list_target(args, specs) -> int:
         print(f"#   {name:<19} {', '.join(op.where):<28} {op.note}{features}")
     for name, why in target.missing.items():
         print(f"#   {name:<19} {'n/a':<28} {why}")
-    from lockstep.harness.targets.judge import applicability
     for s in specs:
         how, why = applicability(s, target)
         print(f"{s.id:<44} {s.kind:<10} {how:<9} {why}")
@@ -222,7 +221,6 @@ PEERS = ("sglang", "vllm", "hf")      # what `report` runs without --target, eac
 
 def report_out(out: str) -> Path:
     """--out, checked before any target runs: a .md file whose folder can be written."""
-    import os
 
     path = Path(out)
     if path.suffix != ".md":
@@ -238,7 +236,6 @@ def report_out(out: str) -> Path:
 
 
 def _usage(text: str):
-    from lockstep.harness.errors import UsageError
     return UsageError(text)
 
 
@@ -260,8 +257,6 @@ def report_targets(names) -> tuple[list[Target], dict[str, str]]:
 
 
 def cmd_report(args, specs, errors, ctx, progress=None) -> int:
-    from lockstep.harness.jsonout import report_document
-
     out = report_out(args.out)
     targets, skipped = report_targets(args.target)
     for name, why in skipped.items():

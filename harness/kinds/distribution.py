@@ -40,6 +40,7 @@ rate as data. Platform: this machine's, like `generate` specs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from contextlib import contextmanager
@@ -47,11 +48,14 @@ from dataclasses import dataclass
 
 import torch
 
-from lockstep.harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, draft_dir, draft_problems, reference_model,
-                                 target_dir)
+from lockstep.engine.sampling import SamplingParams, keep_mask
+from lockstep.engine.speculative import SpecParams
+from lockstep.harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, draft_dir, draft_problems,
+                                          reference_model, target_dir)
 from lockstep.harness.intseq import IntSeq, length, materialize, max_value
+from lockstep.harness.kinds.generate import project_root
 from lockstep.harness.limits import (MAX_DISTRIBUTION_SEEDS, MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK,
-                            MAX_REQUEST_TOKENS)
+                                     MAX_REQUEST_TOKENS)
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Field, Float, Int, Map, Problem, Str
 from lockstep.harness.target import CHI_SQUARE, Request, TargetInterface
@@ -90,14 +94,10 @@ EXPECT = Map({
 
 
 def _sampling_params(inp: dict):
-    from lockstep.engine.sampling import SamplingParams
-
     return SamplingParams(**(inp["sampling"] or {}), max_new_tokens=inp["tokens"], stop_token_ids=())
 
 
 def _spec_params(inp: dict):
-    from lockstep.engine.speculative import SpecParams
-
     return SpecParams(**inp["speculative"])
 
 
@@ -157,7 +157,6 @@ def golden_platform(spec, ctx) -> str:
 def exact_law(model, prompt: list[int], params, k: int) -> torch.Tensor:
     """P(t_1 … t_K) [V] * K (float64) of plain sampling: one target forward per prefix t_1 … t_{K-1},
     each in its own cache slot; row j of a prefix gives P(t_{j+1} | prompt, t_1 … t_j)."""
-    from lockstep.engine.sampling import keep_mask
 
     V = model.config.vocab_size
     prefixes = list(itertools.product(range(V), repeat=k - 1))
@@ -267,10 +266,6 @@ def _target_call(spec, t: TargetInterface, device: str):
 
 
 def _run(spec, ctx, t: TargetInterface) -> Result:
-    import dataclasses
-
-    from lockstep.harness.kinds.generate import project_root
-
     inp = spec.inputs
     op = _target_call(spec, t, str(ctx.device))
     root = project_root(spec)

@@ -33,12 +33,14 @@ the d2t map against the checkpoint's `d2t` tensor (absent: the identity).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from lockstep.harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for, draft_tie_problems,
-                                 model_for, reference_model, target_dir)
+from lockstep.engine.config import preset
+from lockstep.harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_problems, draft_dir, draft_for,
+                                          draft_tie_problems, model_for, reference_model, target_dir)
 from lockstep.harness.intseq import IntSeq, length, materialize
 from lockstep.harness.kinds.generate import project_root
 from lockstep.harness.result import Result
@@ -82,8 +84,6 @@ def validate(doc: dict, root=None) -> list[Problem]:
         if len(widths) > 1:
             out.append(Problem(("inputs", "aux"), f"rows of different widths {sorted(widths)}"))
         elif "seed" in inp["draft"] and "preset" in inp["target"] and not checkpoint_problems(inp["target"], ()):
-            from lockstep.engine.config import preset
-
             A = 3 * preset(inp["target"]["preset"]).hidden_size    # make_draft_checkpoint: 3 aux states
             if widths != {A}:
                 out.append(Problem(("inputs", "aux", 0), f"expected rows of A = 3 x target hidden = {A} values, "
@@ -149,8 +149,6 @@ def compared(spec, ctx, result: Result) -> tuple[str, str]:
 
 # --------------------------------------------------------------------------- independent checks
 def _checkpoint_tensors(path: str) -> dict[str, torch.Tensor]:
-    from pathlib import Path
-
     out = {}
     for f in sorted(Path(path).glob("*.safetensors")):
         with safe_open(f, framework="pt") as sf:

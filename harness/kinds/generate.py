@@ -45,15 +45,17 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from lockstep.engine.distributed import Topology
+from lockstep.engine.request import Request, Result as Generation, SamplingParams
+from lockstep.engine.speculative import SpecParams
 from lockstep.harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, checkpoint_problems, draft_dir,
-                                 draft_problems, draft_tie_problems, reference_model, target_dir)
+                                          draft_problems, draft_tie_problems, reference_model, target_dir)
 from lockstep.harness.intseq import IntSeq, length, materialize, max_value
 from lockstep.harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK, MAX_REQUEST_TOKENS, MAX_REQUESTS
 from lockstep.harness.locate import Located, RequestBits, first_divergence, locate
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
 from lockstep.harness.target import CALIBRATED, TOLERANCE, NotApplicable, TargetInterface
-from lockstep.engine.request import Request, Result as Generation, SamplingParams
 
 NAME = "generate"
 
@@ -187,8 +189,6 @@ def _validate_against_config(inp, exp, config) -> list[Problem]:
             out.append(Problem(("inputs", "capture", j), f"boundary {b} is outside [0, {L}] (the checkpoint has "
                                                          f"{L} blocks)"))
     if inp["topologies"]:
-        from lockstep.engine.distributed import Topology
-
         for j, (tp, ep) in enumerate(inp["topologies"]):
             problems = Topology(tp, ep).problems(config)
             if problems:
@@ -207,8 +207,6 @@ def _requests(spec) -> list[Request]:
 
 
 def _spec_params(speculative: dict):
-    from lockstep.engine.speculative import SpecParams
-
     return SpecParams(**speculative)
 
 

@@ -41,6 +41,9 @@ import math
 
 import torch
 
+from lockstep.engine.checkpoint import expected_tensors
+from lockstep.engine.config import preset
+from lockstep.harness.checkpoints import checkpoint_dir, edited_copy
 from lockstep.harness.platform import SHARED
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Bool, Field, Int, List, Map, Problem, Schema, Str
@@ -97,9 +100,6 @@ EXPECT = Map({
 
 
 def _scales_shapes(preset_name: str) -> dict[str, tuple[int, ...]]:
-    from lockstep.engine.checkpoint import expected_tensors
-    from lockstep.engine.config import preset
-
     cfg = preset(preset_name)
     return {n: shape for n, (shape, _) in expected_tensors(cfg, mxfp4_experts=True).items() if n.endswith("_scales")}
 
@@ -200,7 +200,6 @@ def _decode(spec, ctx, t: TargetInterface) -> Result:
 def edited_checkpoint(spec):
     """The spec's MXFP4 preset checkpoint with its `set_scales` edits written in (a cached copy);
     the folder a loader is asked to load (the kind's own loader, or a target's)."""
-    from lockstep.harness.checkpoints import checkpoint_dir, edited_copy
 
     inp = spec.inputs
     ck = inp["checkpoint"]

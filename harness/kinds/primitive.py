@@ -37,6 +37,7 @@ import math
 import struct
 from fractions import Fraction
 
+import numpy as np
 import torch
 
 from lockstep.harness.digest import tensor_sha256
@@ -44,6 +45,7 @@ from lockstep.harness.platform import SHARED
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Bool, Field, Int, Map, Problem, Str
 from lockstep.harness.target import TargetInterface
+from lockstep.kernels._common import PORTABLE_MATH
 
 NAME = "primitive"
 # function -> (input grid, the torch implementation's name in kernels.portable or a lambda key)
@@ -301,7 +303,6 @@ def _as_float(bits: int, width: int) -> float:
 def scan_oracle(fn: str, x: torch.Tensor) -> list:
     """The documented order (kernels/portable.py), rewritten in numpy: each step one IEEE addition per
     element (correctly rounded, so any machine's numpy gives these bits); bits per output, None for NaN."""
-    import numpy as np
 
     out = []
     for row in x:
@@ -406,7 +407,6 @@ def run(spec, ctx, target: TargetInterface) -> Result:
         else:
             outs["y" + suffix] = y
     failures, notes = [], []
-    from lockstep.kernels._common import PORTABLE_MATH
     oracles = impl == "torch" or PORTABLE_MATH       # compiled Triton: the GPU's own functions
     if not oracles:
         notes.append(f"{fn}: compiled Triton uses the GPU's own functions (FMA, approximate sqrt): pinned by "
@@ -437,7 +437,6 @@ def run(spec, ctx, target: TargetInterface) -> Result:
 
 def _match_torch(fn, x, y, ref, exp, notes, suffix) -> list[str]:
     """The Triton output `y` against `ref`, the torch implementation's on the same inputs."""
-    from lockstep.kernels._common import PORTABLE_MATH
 
     if not PORTABLE_MATH:
         notes.append(f"{fn}: compiled Triton uses the GPU's own functions, not compared with the torch implementation")

@@ -42,11 +42,14 @@ from collections import Counter
 
 import torch
 
+from lockstep.engine.sampling import SamplingParams, seed_as_int64
+from lockstep.engine.speculative import Tree, number_tree, target_probs
 from lockstep.harness.intseq import INT64_MAX, INT64_MIN, IntSeq, length, materialize
 from lockstep.harness.platform import SHARED
 from lockstep.harness.result import Result
 from lockstep.harness.schema import Field, Float, Int, List, Map, OneOf, Problem, Str
 from lockstep.harness.target import BITWISE, TargetInterface
+from lockstep.kernels.coins import verify_coins
 
 NAME = "verify"
 MODES = ("greedy", "target-only", "rejection")
@@ -174,7 +177,6 @@ def _validate_draft(d) -> list[Problem]:
 
 def drafted_tree(d) -> dict:
     """The tree (parents, tokens lists) the round's number_tree makes of the draft candidates."""
-    from lockstep.engine.speculative import number_tree
 
     tokens, parents, _ = number_tree(torch.tensor([d["root"]]), torch.tensor([d["tokens"]]),
                                      torch.tensor([d["parents"]]), torch.tensor([d["scores"]], dtype=torch.float64),
@@ -254,8 +256,6 @@ def _validate_mode(inp, mode, rows_key, n_nodes, parents, tokens, vocab) -> list
 
 
 def _validate_sampling(sampling: dict) -> list[Problem]:
-    from lockstep.engine.sampling import SamplingParams
-
     try:
         params = SamplingParams(**sampling)
     except ValueError as e:                        # the engine's own validation names the field
@@ -290,8 +290,6 @@ def golden_platform(spec, ctx) -> str:
 
 # --------------------------------------------------------------------------- the verify step
 def _tree(spec):
-    from lockstep.engine.speculative import Tree
-
     t = spec.inputs["tree"] if spec.inputs["draft"] is None else drafted_tree(spec.inputs["draft"])
     parents = materialize(t["parents"]).tolist()
     return Tree(tokens=_tokens(t["tokens"], len(parents)), parents=parents)
@@ -308,8 +306,6 @@ def _target(spec, n_nodes: int) -> torch.Tensor:
     inp = spec.inputs
     if inp["probs"] is not None:
         return _per_node(inp["probs"], n_nodes)
-    from lockstep.engine.sampling import SamplingParams
-    from lockstep.engine.speculative import target_probs
 
     params = SamplingParams(**(inp["sampling"] or {}))
     return torch.stack([target_probs(row, params) for row in _per_node(inp["logits"], n_nodes)])
@@ -320,8 +316,6 @@ def _coins(spec, n_nodes: int) -> tuple[torch.Tensor, float]:
     c = spec.inputs["coins"]
     if "values" in c:
         return torch.tensor(c["values"], dtype=torch.float32), float(torch.tensor(c["final"], dtype=torch.float32))
-    from lockstep.engine.sampling import seed_as_int64
-    from lockstep.kernels.coins import verify_coins
 
     coins, final = verify_coins(torch.tensor([seed_as_int64(c["seed"])], dtype=torch.int64),
                                 torch.tensor([c["committed_length"]], dtype=torch.int64), n_nodes)

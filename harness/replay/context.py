@@ -5,14 +5,14 @@ recording (torch and triton keep separate goldens: they are not expected to agre
 
 from __future__ import annotations
 
+from lockstep.harness.platform import lockstep_revision
+
 
 def _base(revision: str) -> str:
     return revision.removesuffix("+dirty")
 
 
 def replay_notes(manifest: dict, setup, here_revision: str | None = None) -> list[str]:
-    from lockstep.harness.platform import lockstep_revision
-
     notes = []
     engine = manifest.get("engine") or {}
     recorded = engine.get("revision") if engine.get("name") == "lockstep" else None

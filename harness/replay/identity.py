@@ -13,13 +13,14 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
+from lockstep.harness.platform import bit_dependencies, detect
 from lockstep.harness.replay.format import TraceError, canonical
 
 
 def checkpoint_identity(folder: str | Path) -> dict:
     """{"config_sha256", "tensors": {name: sha256}, "sha256": over both} of a checkpoint folder."""
-    from safetensors import safe_open
 
     folder = Path(folder)
     try:
@@ -58,7 +59,6 @@ def check_checkpoint(recorded: dict, folder: str | Path, what: str = "checkpoint
 def platform_identity(dtype: str, backend: str, device: str = "cpu") -> dict:
     """The platform (device kind + dtype policy), the golden folder of (platform, backend) and
     what that folder's bits depend on here (harness.platform)."""
-    from lockstep.harness.platform import bit_dependencies, detect
 
     name = detect(device, dtype).name
     golden = name + ("-triton" if backend == "triton" else "")

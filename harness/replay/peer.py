@@ -22,25 +22,24 @@ statistics, never bitwise and never by a mean alone.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from lockstep.engine.request import Request, SamplingParams
+from lockstep.harness.intseq import materialize
+from lockstep.harness.readers import ReadError, Unreadable, json_value, read_text
 from lockstep.harness.replay.deltas import CLIP, Deltas
-from lockstep.harness.replay.processed import Processing, ProcessedLog, apply
-from lockstep.harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits, f32_from_bits
+from lockstep.harness.replay.format import (FORMAT, MAX_TRACE_BYTES, TRACE_VERSION, Trace, TraceError, f32_bits,
+                                            f32_from_bits)
 from lockstep.harness.replay.identity import checkpoint_identity, platform_identity
+from lockstep.harness.replay.processed import ProcessedLog, Processing, apply
 from lockstep.harness.replay.run import Setup, checkpoint_folder, forced_requests, run
 from lockstep.harness.replay.spread import degree
-from lockstep.engine.request import Request, SamplingParams
 
 FORMATS = ("vllm", "sglang", "rollouts", "hf")
 
 
 def _documents(path: Path) -> list:
-    from lockstep.harness.readers import ReadError, Unreadable, json_value, read_text
-    from lockstep.harness.replay.format import MAX_TRACE_BYTES
-
     try:
         text = read_text(path, MAX_TRACE_BYTES, "peer file")
         try:
@@ -154,7 +153,6 @@ def peer_trace(items: list[tuple], source: str, checkpoint: dict, setup: Setup, 
 def spec_trace(inputs: dict, device: str) -> Trace:
     """A peer spec's inputs (the `replay` kind's `peer` form) as the trace they stand for, on
     Lockstep's fp32 torch engine on `device`: what the spec's check replays."""
-    from lockstep.harness.intseq import materialize
 
     peer = inputs["peer"]
     items = [(materialize(r["prompt"]).tolist(), list(ids), [f32_from_bits(b) for b in bits])

@@ -24,7 +24,11 @@ from pathlib import Path
 import yaml
 
 from lockstep.harness.replay.format import Trace, TraceError
-from lockstep.harness.replay.run import ROOT
+from lockstep.harness.replay.identity import check_checkpoint
+from lockstep.harness.replay.peer import spec_trace
+from lockstep.harness.replay.processed import Processing
+from lockstep.harness.replay.replay import foreign, replay
+from lockstep.harness.replay.run import ROOT, Setup, checkpoint_folder
 
 SPEC_ID = re.compile(r"^[a-z0-9][a-z0-9_-]*(/[a-z0-9][a-z0-9_-]*)*$")
 
@@ -62,7 +66,6 @@ def spec_document(trace: Trace, requests: list[int], description: str | None) ->
 
 def peer_spec_document(trace: Trace, requests: list[int], description: str | None, threshold: float) -> dict:
     """Another engine's trace as a teacher-forced `replay` spec of the peer form, without expectations."""
-    from lockstep.harness.replay.processed import Processing
 
     m = trace.manifest
     _inside_project(m["checkpoint"]["ref"])
@@ -94,10 +97,6 @@ def _inside_project(ref: dict) -> None:
 def _peer_expectations(trace: Trace, doc: dict) -> dict:
     """The verdict the spec's own replay gives here (fp32, torch, this CPU), after checking that the
     trace is of the checkpoint the spec names."""
-    from lockstep.harness.replay.identity import check_checkpoint
-    from lockstep.harness.replay.peer import spec_trace
-    from lockstep.harness.replay.replay import replay
-    from lockstep.harness.replay.run import Setup, checkpoint_folder
 
     inp = doc["inputs"]
     check_checkpoint(trace.manifest["checkpoint"], checkpoint_folder(Setup(inp["checkpoint"])))
@@ -109,8 +108,6 @@ def _peer_expectations(trace: Trace, doc: dict) -> dict:
 
 def promote(trace: Trace, spec_id: str, requests: list[int] | None = None, description: str | None = None,
             specs_dir: Path | None = None, check: bool = True, threshold: float = 1e-3) -> Path:
-    from lockstep.harness.replay.replay import foreign, replay
-
     if not SPEC_ID.match(spec_id):
         raise TraceError(f"spec id {spec_id!r}: use lowercase words, digits, '-' and '_' joined by '/'")
     n = len(trace.requests)

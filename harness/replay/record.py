@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from lockstep.engine.request import Request
-from lockstep.harness.replay.format import TRACE_VERSION, FORMAT, Trace, TraceError, f32_bits
+from lockstep.harness.platform import lockstep_revision, versions
+from lockstep.harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits, write_trace
 from lockstep.harness.replay.identity import checkpoint_identity, platform_identity
 from lockstep.harness.replay.observe import StepLog
 from lockstep.harness.replay.run import Setup, checkpoint_folder, draft_folder, forced_requests, run
@@ -25,7 +26,6 @@ RNG_GREEDY = "none (greedy)"
 
 
 def engine_identity() -> dict:
-    from lockstep.harness.platform import lockstep_revision, versions
     return {"name": "lockstep", "revision": lockstep_revision(), **versions()}
 
 
@@ -88,5 +88,4 @@ def round_record(i: int, r: int, accept_length: int, log: StepLog) -> dict:
 
 
 def write(trace: Trace, path: str | Path) -> Path:
-    from lockstep.harness.replay.format import write_trace
     return write_trace(trace, path)

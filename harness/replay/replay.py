@@ -37,9 +37,13 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+import torch
+
 from lockstep.engine.request import Request
+from lockstep.harness.locate import Divergence, RequestBits, first_divergence, locate
 from lockstep.harness.replay import processed
 from lockstep.harness.replay.context import replay_notes
+from lockstep.harness.replay.deltas import Deltas, rl_line
 from lockstep.harness.replay.format import Trace, TraceError, f32_bits, f32_bits_all, f32_from_bits
 from lockstep.harness.replay.identity import check_checkpoint, check_platform, platform_identity
 from lockstep.harness.replay.observe import StepLog
@@ -151,7 +155,6 @@ class ReplayReport:
         return doc | {"notes": self.notes}
 
     def command_text(self) -> str:
-        from lockstep.harness.replay.deltas import rl_line
         lines = [self.text()] + ([rl_line(self.rl["overall"])] if self.rl and self.rl["overall"] else [])
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
@@ -365,7 +368,6 @@ def _floats(logprobs) -> list[float]:
 def _stats(trace: Trace, results, threshold: float, clip: float = 0.2) -> tuple[dict, dict]:
     """Per-token comparison of the replay with the trace (the steps both have), import-peer's, shared:
     (the |Δ| statistics, {"overall": RL statistics, "per_request": [...]})."""
-    from lockstep.harness.replay.deltas import Deltas
 
     rep = Deltas(trace.manifest.get("source", "?"), threshold, clip)
     for steps, res in zip(trace.steps, results):
@@ -378,9 +380,6 @@ def _stats(trace: Trace, results, threshold: float, clip: float = 0.2) -> tuple[
 def _locate(trace, setup: Setup, requests, tokens, results, first: StepVerdict, mode: str):
     """lockstep.harness.locate on the first divergence: level 1 from the trace and the replay's results,
     level 2 by re-running that step on both sides with every op traced."""
-    import torch
-
-    from lockstep.harness.locate import RequestBits, first_divergence, locate
 
     spec = setup.speculative is not None and mode == "free-run"
     ref, other = [], []
@@ -392,7 +391,6 @@ def _locate(trace, setup: Setup, requests, tokens, results, first: StepVerdict, 
                                  list(results[i].accept_lengths) if spec else None))
     d = first_divergence(ref, other, sides=("the trace", "the replay"))
     if d is None:                                    # a routing or digest difference only: name it at level 1
-        from lockstep.harness.locate import Divergence
         d = Divergence(first.request, first.step, first.step, len(requests[first.request].prompt) + first.step,
                        False, [first.status])
     base = recorded_setup(trace)

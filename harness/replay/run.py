@@ -14,10 +14,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lockstep.engine.generate import generate
+from lockstep.engine.model import GptOssModel
+from lockstep.engine.parallel import generate_at, speculative_generate_at
 from lockstep.engine.request import Request, SamplingParams
+from lockstep.engine.speculative import SpecParams, speculative_generate
 from lockstep.engine.teacher_forcing import teacher_force
+from lockstep.harness.checkpoints import draft_dir, draft_for, model_for, target_dir
 from lockstep.harness.heartbeat import Heartbeat
 from lockstep.harness.replay.observe import StepLog
+from lockstep.harness.replay.spread import spread
 
 ROOT = Path(__file__).resolve().parent.parent.parent        # the project root (holds specs/, models/)
 
@@ -47,23 +53,19 @@ class Setup:
 
 def checkpoint_folder(setup: Setup) -> Path:
     """The target's folder: a spec form, or an absolute path given on the command line."""
-    from lockstep.harness.checkpoints import target_dir
     if "path" in setup.checkpoint and Path(setup.checkpoint["path"]).is_absolute():
         return Path(setup.checkpoint["path"])
     return target_dir(setup.checkpoint, ROOT)
 
 
 def target_model(setup: Setup):
-    from lockstep.harness.checkpoints import model_for
     if "path" in setup.checkpoint and Path(setup.checkpoint["path"]).is_absolute():
-        from lockstep.engine.model import GptOssModel
         return GptOssModel.from_checkpoint(setup.checkpoint["path"], backend=setup.backend, device=setup.device,
                                            dtype=setup.dtype)
     return model_for(setup.checkpoint, setup.backend, ROOT, device=setup.device, dtype=setup.dtype)
 
 
 def draft_folder(setup: Setup) -> Path:
-    from lockstep.harness.checkpoints import draft_dir
     return draft_dir(setup.draft, setup.checkpoint, ROOT)
 
 
@@ -82,7 +84,6 @@ def run(setup: Setup, requests: list[Request], log: StepLog | None = None, force
     total = sum(map(len, forced_o)) if forced_o is not None else sum(r.params.max_new_tokens for r in reqs)
     label = f"{'teacher-forced run' if forced is not None else 'run'} of {len(reqs)} request(s) on {setup.device}"
     if dp > 1 and engine_trace is None:
-        from lockstep.harness.replay.spread import spread
         with Heartbeat(f"{label}, {dp} data-parallel ranks"):
             return spread(_dispatch, setup, requests, order, log, forced, speculative, dp)
     sub = log.fresh([len(r.prompt) for r in reqs], order) if log is not None else engine_trace
@@ -117,23 +118,16 @@ def _generate_kwargs(setup: Setup, forced) -> dict:
 
 
 def _one_device(setup: Setup, reqs, log, forced, speculative: bool):
-    from lockstep.engine.generate import generate
-    from lockstep.harness.checkpoints import draft_for
-
     model = target_model(setup)
     if speculative:
-        from lockstep.engine.speculative import SpecParams, speculative_generate
         draft = draft_for(setup.draft, setup.checkpoint, model, ROOT)
         return speculative_generate(model, draft, reqs, SpecParams(**setup.speculative), observer=log)
     return generate(model, reqs, observer=log, **_generate_kwargs(setup, forced))
 
 
 def _topology(setup: Setup, reqs, log, forced, speculative: bool):
-    from lockstep.engine.parallel import generate_at, speculative_generate_at
-
     ckpt = checkpoint_folder(setup)
     if speculative:
-        from lockstep.engine.speculative import SpecParams
         return speculative_generate_at(ckpt, setup.tp, setup.ep, reqs, draft=draft_folder(setup),
                                        convention=setup.draft["convention"], spec=SpecParams(**setup.speculative),
                                        backend=setup.backend, device=setup.device, dtype=setup.dtype, trace=log)

@@ -17,6 +17,12 @@ from __future__ import annotations
 
 import os
 
+import torch
+
+from lockstep.engine import world
+from lockstep.engine.launch import RankFailure, launch
+from lockstep.engine.world import joined
+
 # How long a finished rank of Lockstep's launcher may wait at its closing barrier for the slowest
 # one (shares are balanced by count, not by length); a failed rank ends the run sooner (GRACE_S).
 DEFAULT_WAIT_S = 3600.0
@@ -27,7 +33,6 @@ def degree(requested: int | None, tp: int, ep: int) -> int:
     """The data-parallel degree a replay runs at: `requested` (--dp; default 1), or torchrun's
     world size when this process is one of its ranks. ValueError for what cannot run: dp > 1 with
     a tp x ep topology, or a --dp other than torchrun's world."""
-    from lockstep.engine.world import joined
     world = joined()
     if tp * ep > 1:
         if requested not in (None, 1):
@@ -69,12 +74,9 @@ def spread(dispatch, setup, requests, order: list[int], log, forced, speculative
 
 def _on_ranks(ranks: int, args: tuple, device: str) -> list:
     """share(*args) on each rank -> their outcomes in rank order (torchrun's world, or our launcher)."""
-    from lockstep.engine import world
     if world.joined():
         return world.run(share, args, device)
-    import torch
 
-    from lockstep.engine.launch import RankFailure, launch
     wait = float(os.environ.get(world.TIMEOUT_ENV, DEFAULT_WAIT_S))
     try:
         return launch(share, ranks, args=args, device=device, timeout_s=float("inf"), collective_timeout_s=wait,
@@ -96,7 +98,6 @@ def share(dispatch, setup, jobs: list, speculative: bool) -> tuple:
     reqs, log, forced = jobs[rank]
     device = os.environ.get("LOCKSTEP_DEVICE", "")
     if device.startswith("cuda:"):
-        import torch
         torch.cuda.set_device(torch.device(device))       # this rank's GPU; the model goes to the current one
     try:
         return "ok", dispatch(setup, reqs, log, forced, forced, speculative), log

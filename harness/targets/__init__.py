@@ -14,8 +14,9 @@ import importlib
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from lockstep.harness.target import (NotApplicable, Op, Refused, Request, Result, Target,  # noqa: F401
-                                  TargetInterface, UpstreamChanged)
+from lockstep.harness.target import (NotApplicable, Op, Refused, Request, Result, Target, TargetInterface,  # noqa: F401
+                                     UpstreamChanged)
+from lockstep.harness.targets.expectfile import find, load
 
 GROUP = "lockstep.targets"
 BUILTIN = {
@@ -62,14 +63,12 @@ def expectations_path(target: Target, explicit: Path | None = None) -> Path | No
     (--expectations), else the target's own `expectations` path (a plugin ships its file), else
     the shipped file under harness/targets/expectations/ whose target and version range apply
     (harness/targets/expectfile.py)."""
-    from lockstep.harness.targets.expectfile import find
     return find(target.name, target.version, getattr(target, "expectations", None), explicit)
 
 
 def load_expectations(target: Target, explicit: Path | None = None) -> dict:
     """The failures expected of `target` ({} when no file applies); ExpectationsError (a
     ValueError naming file and line) for a bad or inapplicable file."""
-    from lockstep.harness.targets.expectfile import load
 
     path = expectations_path(target, explicit)
     if path is None or (explicit is None and not path.is_file()):

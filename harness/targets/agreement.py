@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lockstep.engine.generate import score
+from lockstep.engine.sampling import broken_rule, sample_rows, seed_as_int64, settings_phrase
 from lockstep.harness.targets.bounds import Bound
 
 JUDGE = "agreement"
@@ -48,7 +50,6 @@ class RequestVerdict:
 
 def settings(req) -> str:
     """The request's sampling settings in one phrase (what a reader needs to reproduce its draw)."""
-    from lockstep.engine.sampling import settings_phrase
     return settings_phrase(req.params, req.seed)
 
 
@@ -56,7 +57,6 @@ def exact_sampler(i: int, req, scored, sampler) -> str | None:
     """The exact sampler judge: the engine's `sampling` operation (with params) on the reference's
     own logits of every step of seeded request i must draw DESIGN §5's tokens, bit for bit (no
     bound: the sampler is a contract). The first step it does not, cause first; None if none."""
-    from lockstep.engine.sampling import broken_rule, sample_rows, seed_as_int64
 
     n = len(scored.tokens)
     if req.params.is_greedy or req.seed is None or scored.logits is None or not n:
@@ -137,7 +137,6 @@ def judge(requests, results, reference, bound: Bound, locate=None, sampler=None)
     first forward or logprobs failure in a block (harness/targets/locator.py). `sampler`: the
     engine's `sampling` operation with params, where it declares the coin contract: the exact
     sampler judge runs on every seeded request, and its failures lead."""
-    from lockstep.engine.generate import score
 
     stop = set(reference.config.eos_token_id)
     exact, fails, notes, deltas = [], [], [], []

@@ -20,11 +20,18 @@ Which file a run uses: the one given explicitly (`--expectations FILE`, the pyte
 
 from __future__ import annotations
 
+import os
 import re
-
+import tempfile
 from pathlib import Path
 
 import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from lockstep.harness.limits import MAX_EXPECTATIONS_BYTES
+from lockstep.harness.readers import ReadError, read_text
+from lockstep.harness.specfile import SpecErrors, parse_yaml
 
 JUDGEMENTS = ("peer bug", "contract gap", "unjudged")
 SHIPPED = Path(__file__).parent / "expectations"
@@ -37,9 +44,6 @@ class ExpectationsError(ValueError):
 def _compose(path: Path) -> tuple[object, dict]:
     """The file's value and {field path: (line, column)}: read bounded (harness/readers.py), a
     duplicate key refused where it is, as in spec files."""
-    from lockstep.harness.limits import MAX_EXPECTATIONS_BYTES
-    from lockstep.harness.readers import ReadError, read_text
-    from lockstep.harness.specfile import SpecErrors, parse_yaml
 
     try:
         doc, marks = parse_yaml(read_text(path, MAX_EXPECTATIONS_BYTES, "expectations file"), str(path))
@@ -92,7 +96,6 @@ def _typed(path: Path, marks: dict, keys: tuple, value, allowed: dict) -> None:
 
 def version_range(doc: dict):
     """The file's versions as a packaging SpecifierSet (an exact `version` is `==version`)."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     if doc.get("versions") is not None:
         try:
@@ -105,8 +108,6 @@ def version_range(doc: dict):
 
 
 def applies(doc: dict, name: str, version: str) -> bool:
-    from packaging.version import InvalidVersion, Version
-
     if doc.get("target") != name:
         return False
     if doc.get("versions") is None and doc.get("version") is not None and str(doc["version"]) == version:
@@ -196,8 +197,6 @@ def write(path: Path, name: str, version: str, versions: str | None, outcomes, p
     `previous`: entries of specs this run did not include are kept as they were; each new or
     changed failure is `unjudged`; one that fails as `previous` recorded (`same`) keeps its
     judgement and why. Returns how many entries are unjudged. Written atomically."""
-    import os
-    import tempfile
 
     ran = {o.spec.id for o in outcomes}
     failures = {sid: dict(e) for sid, e in previous.items() if sid not in ran}

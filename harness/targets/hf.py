@@ -11,19 +11,19 @@ fp32, eager attention, on the CPU. HF has no EAGLE3 loader, coins, verify or ker
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import torch
 
-from lockstep.harness.targets import peer
 from lockstep.harness.target import CPU, CUDA, NotApplicable, Op, Target
+from lockstep.harness.targets import peer
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32):
     """GptOssForCausalLM from a checkpoint folder, eager attention, MXFP4 experts dequantized by
     transformers itself: with Hugging Face's `kernels` package installed, transformers would
     otherwise fetch Triton kernels from the Hub at load time (nothing here may reach a network)."""
-    import json
-    from pathlib import Path
 
     from transformers import GptOssForCausalLM, Mxfp4Config
     from transformers.utils import logging as hf_logging

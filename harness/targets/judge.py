@@ -26,13 +26,17 @@ from dataclasses import dataclass, field
 import torch
 
 from lockstep.harness import kinds
+from lockstep.harness.checkpoints import model_for, target_dir
 from lockstep.harness.compare import diff_data, diff_tensors
 from lockstep.harness.errors import full_traceback, where
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip
+from lockstep.harness.kinds.generate import _requests, project_root
 from lockstep.harness.result import Result, RunContext
 from lockstep.harness.specfile import Spec
-from lockstep.harness.target import (BITWISE, CALIBRATED, CHI_SQUARE, RNG_COINS, TOLERANCE,  # noqa: F401
-                                           NotApplicable, Target, UpstreamChanged)
+from lockstep.harness.target import (BITWISE, CALIBRATED, CHI_SQUARE, RNG_COINS, TOLERANCE, NotApplicable,  # noqa: F401
+                                     Target, UpstreamChanged)
+from lockstep.harness.targets import agreement, locator
+from lockstep.harness.targets.bounds import bound
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 # Two implementations of one whole model in fp32 sum in different orders: |a - b| <= ATOL + RTOL |b|
@@ -219,10 +223,6 @@ def _agreement(spec: Spec, ctx: RunContext, result: Result, target=None) -> tupl
     Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens; a
     target that captures boundary states has its first forward failure placed in a block; and the
     exact sampler judge where the target's `sampling` takes params under the coin contract."""
-    from lockstep.harness.checkpoints import model_for
-    from lockstep.harness.kinds.generate import _requests, project_root
-    from lockstep.harness.targets import agreement
-    from lockstep.harness.targets.bounds import bound
 
     requests = _requests(spec)
     reference = model_for(spec.inputs["checkpoint"], "torch", project_root(spec), str(ctx.device),
@@ -242,9 +242,6 @@ def _layer_locator(spec: Spec, ctx: RunContext, target, reference):
         capture = target.op("capture", str(ctx.device))
     except NotApplicable:
         return None
-    from lockstep.harness.checkpoints import target_dir
-    from lockstep.harness.kinds.generate import project_root
-    from lockstep.harness.targets import locator
 
     def reference_capture(checkpoint, tokens, boundaries):
         T = len(tokens)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from lockstep.engine.checkpoint import CheckpointError
 from lockstep.harness.platform import Platform
 from lockstep.harness.result import RunContext
 from lockstep.harness.target import PROPERTIES, RNG_COINS, Target
 from lockstep.harness.targets.lockstep_run import run_ops
+from lockstep.harness.version import version
 
 DEFAULT = RunContext(Platform("cpu", "fp32"))     # load()'s settings: the CPU, fp32, torch ops
 
@@ -24,8 +26,6 @@ def lockstep(ctx: RunContext) -> Target:
     """Lockstep's engine under the run context `ctx`. Built afresh for every spec (a few dicts of
     closures): its operations call the functions the modules hold now, so a planted fault is
     always what runs; the costly things (models, drafts) are cached where they are loaded."""
-    from lockstep.engine.checkpoint import CheckpointError
-    from lockstep.harness.version import version
 
     return Target(name="lockstep", version=version(),
                   description="Lockstep's own kernels (Triton) and reference engine: the default target",

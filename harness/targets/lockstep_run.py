@@ -14,8 +14,27 @@ import functools
 
 import torch
 
+import lockstep.engine.mxfp4 as mx
+import lockstep.engine.speculative as speculative
+import lockstep.kernels.matmul as matmul
+from lockstep.engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
+from lockstep.engine.cases import every_case
+from lockstep.engine.checkpoint import load_checkpoint
+from lockstep.engine.eagle3 import load_draft
+from lockstep.engine.generate import generate
+from lockstep.engine.model import Step
+from lockstep.engine.parallel import generate_at, plan_splits, speculative_generate_at
+from lockstep.engine.prefix_cache import PrefixCache
+from lockstep.engine.request import Request, SamplingParams
+from lockstep.engine.rope import rope_cos_sin
+from lockstep.engine.sampling import sample_rows
+from lockstep.engine.speculative import SpecParams, draft_top_k, speculative_generate
+from lockstep.harness.checkpoints import model_at
+from lockstep.harness.replay.record import record
+from lockstep.harness.replay.run import Setup
 from lockstep.harness.result import RunContext
 from lockstep.harness.target import CPU, CUDA, INTERPRETER, Op
+from lockstep.kernels import portable, primitives
 from lockstep.kernels.coins import gumbel_from_hash, murmur_hash32_torch, murmur_hash32_triton, verify_coins
 
 EVERY = (CPU, INTERPRETER, CUDA)
@@ -68,8 +87,6 @@ def _coin_ops(device: torch.device) -> dict[str, Op]:
 def _mxfp4_ops(ctx: RunContext) -> dict[str, Op]:
     """The run's backend's decode: Triton's is the decode the matmul and grouped-expert kernels do
     in their tile loads, torch's is engine.mxfp4.dequantize."""
-    import lockstep.engine.mxfp4 as mx
-    import lockstep.kernels.matmul as matmul
 
     decode, note = (matmul.mxfp4_decode_triton, "lockstep.kernels.matmul.mxfp4_decode_triton (the kernels' tile decode)") \
         if ctx.backend == "triton" else (mx.dequantize, "lockstep.engine.mxfp4.dequantize")
@@ -82,7 +99,6 @@ def _mxfp4_ops(ctx: RunContext) -> dict[str, Op]:
 # --------------------------------------------------------------------------- whole-model forward
 def model(ctx: RunContext, checkpoint):
     """The checkpoint's model under the run's backend, device and dtype policy (cached)."""
-    from lockstep.harness.checkpoints import model_at
     return model_at(checkpoint, ctx.backend, ctx.device, ctx.platform.dtype)
 
 
@@ -90,8 +106,6 @@ def _forward_ops(ctx: RunContext) -> dict[str, Op]:
     """capture under the run's settings (raising engine.boundaries.CaptureError where the engine
     sees its capture contract broken), and walk_boundaries: every boundary state by calling the
     blocks one at a time, with no capture code (each block owns its norms and residual adds)."""
-    from lockstep.engine.model import Step
-    from lockstep.engine.rope import rope_cos_sin
 
     def capture(checkpoint, prompt, boundaries):
         m, T = model(ctx, checkpoint), len(prompt)
@@ -121,11 +135,9 @@ class PrefixSession:
     """One engine.prefix_cache.PrefixCache on a model (the prefix_cache capability)."""
 
     def __init__(self, model, block):
-        from lockstep.engine.prefix_cache import PrefixCache
         self.model, self.cache = model, PrefixCache(block)
 
     def generate(self, requests, prefill_chunk=None):
-        from lockstep.engine.generate import generate
         return generate(self.model, list(requests), prefix_cache=self.cache, prefill_chunk=prefill_chunk)
 
     @property
@@ -139,7 +151,6 @@ class PrefixSession:
 
 def draft_stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tensor]:
     """The draft head's internals (DESIGN §4) for R rows as one committed draft step, and its top-k."""
-    from lockstep.engine.speculative import draft_top_k
 
     if k > draft.config.draft_vocab_size:
         raise ValueError(f"top_k {k} exceeds the draft vocabulary ({draft.config.draft_vocab_size})")
@@ -158,7 +169,6 @@ def draft_stages(draft, aux, tokens, positions, k: int) -> dict[str, torch.Tenso
 @functools.lru_cache(maxsize=8)
 def draft(ctx: RunContext, checkpoint: str, draft_dir: str, convention: str):
     """The draft of `draft_dir` on the checkpoint's model under the run's settings (cached)."""
-    from lockstep.engine.eagle3 import load_draft
     return load_draft(draft_dir, model(ctx, checkpoint), convention=convention, backend=ctx.backend)
 
 
@@ -167,19 +177,15 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
     speculative_generate (with the features "observer" and "topology"), the prefix cache, the
     draft's stages, `plan_topologies` (which splits run here), and `model` itself (the reference
     forward of the draft and distribution kinds)."""
-    from lockstep.engine.generate import generate
-    from lockstep.engine.parallel import plan_splits
 
     def generate_(checkpoint, requests, capture=(), prefill_chunk=None, max_batch=8, observer=None, tp=1, ep=1):
         kw = {"capture": tuple(capture), "max_batch": max_batch, "prefill_chunk": prefill_chunk}
         if tp * ep > 1:
-            from lockstep.engine.parallel import generate_at
             return generate_at(checkpoint, tp, ep, list(requests), backend=ctx.backend, device=ctx.device,
                                dtype=ctx.platform.dtype, trace=observer, **kw)
         return generate(model(ctx, checkpoint), list(requests), observer=observer, **kw)
 
     def greedy(checkpoint, prompt, max_new_tokens, stop_ids):
-        from lockstep.engine.request import Request, SamplingParams
         params = SamplingParams(greedy=True, max_new_tokens=max_new_tokens,
                                 stop_token_ids=tuple(stop_ids) if stop_ids is not None else None)
         r = generate(model(ctx, checkpoint), [Request(prompt=list(prompt), params=params)])[0]
@@ -189,9 +195,7 @@ def _generation_ops(ctx: RunContext) -> dict[str, Op]:
         return draft(ctx, str(checkpoint), str(draft_dir), convention)
 
     def speculative(checkpoint, draft_dir, convention, requests, speculative: dict, observer=None, tp=1, ep=1):
-        from lockstep.engine.speculative import SpecParams, speculative_generate
         if tp * ep > 1:
-            from lockstep.engine.parallel import speculative_generate_at
             return speculative_generate_at(checkpoint, tp, ep, list(requests), spec=SpecParams(**speculative),
                                            draft=draft_dir, convention=convention, backend=ctx.backend,
                                            device=ctx.device, trace=observer, dtype=ctx.platform.dtype)
@@ -224,7 +228,6 @@ def _kernel_ops() -> dict[str, Op]:
     """Each declared kernel case's operation (engine/cases.py): attention, rmsnorm and sampling of
     the documented interface, and Lockstep's own kernel interface (the kernel kind holds the
     torch references)."""
-    from lockstep.engine.cases import every_case
 
     ops = {c.name: Op(c.op, (INTERPRETER, CUDA), c.note, frozenset(c.features)) for c in every_case().values()}
     gumbel_max = ops["sampling"]
@@ -243,15 +246,12 @@ def _sampling(gumbel_max):
         if col_base is not None:
             raise ValueError("sampling: col_base belongs to the Gumbel-max form; with params the columns are "
                              "vocab ids (DESIGN §5)")
-        from lockstep.engine.sampling import sample_rows
         return sample_rows(logp, list(params), [int(s) for s in seeds.tolist()], [int(p) for p in positions.tolist()])
     return sampling
 
 
 # --------------------------------------------------------------------------- checkpoints, layer ids, verify
 def _eagle3_layers(draft_config, convention, num_layers, fc_in, hidden, name, direct_ids=False):
-    from lockstep.engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
-
     if fc_in % hidden:
         raise LayerIdError(f"{name}: the draft's fc input width {fc_in} is not a multiple of the target hidden "
                            f"size {hidden}")
@@ -260,13 +260,11 @@ def _eagle3_layers(draft_config, convention, num_layers, fc_in, hidden, name, di
 
 
 def _load_checkpoint(path):
-    from lockstep.engine.checkpoint import load_checkpoint
     load_checkpoint(path)
 
 
 def _verify(name):
     def call(*args):
-        import lockstep.engine.speculative as speculative
         return getattr(speculative, name)(*args)
     return call
 
@@ -284,7 +282,6 @@ def _engine_ops() -> dict[str, Op]:
 # --------------------------------------------------------------------------- internals the kinds pin
 def torch_impl(fn: str, x: torch.Tensor):
     """A primitive's torch implementation (kernels.portable: the ops the torch paths build on)."""
-    from lockstep.kernels import portable
 
     simple = {"exp": portable.exp, "log": portable.log, "sigmoid": portable.sigmoid, "exp64": portable.exp64,
               "log64": portable.log64, "sincos64": portable.sincos64, "tree_sum": portable.tree_sum,
@@ -298,7 +295,6 @@ def torch_impl(fn: str, x: torch.Tensor):
 
 def triton_impl(fn: str, x: torch.Tensor, device) -> torch.Tensor:
     """A primitive's Triton implementation (kernels.primitives: what the kernels build on)."""
-    from lockstep.kernels import primitives
 
     return primitives.apply(fn, x.to(device)).cpu()
 
@@ -311,9 +307,6 @@ def _internal_ops(ctx: RunContext) -> dict[str, Op]:
         return torch_impl(fn, x) if implementation == "torch" else triton_impl(fn, x, ctx.device)
 
     def record_trace(checkpoint, requests, draft=None, speculative=None):
-        from lockstep.harness.replay.record import record
-        from lockstep.harness.replay.run import Setup
-
         setup = Setup(checkpoint, dtype="fp32", backend="torch", device=str(ctx.device), draft=draft,
                       speculative=speculative)
         return record(setup, requests)

@@ -26,6 +26,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import inspect
+import linecache
 import os
 import sys
 import types
@@ -133,7 +134,7 @@ def function_from_source(module: str, name: str, namespace: dict, strip_decorato
     mod = ast.Module(body=[found], type_ignores=[])
     namespace.setdefault("__name__", module)
     if transform is not None:                 # triton reads a kernel's source from the file: keep it in
-        import linecache                      # the edited text (the line numbers are those of the file)
+        # the edited text (the line numbers are those of the file)
         path = f"<{module} as edited for a test>"
         linecache.cache[path] = (len(text), None, text.splitlines(True), path)
     exec(compile(mod, path, "exec"), namespace)
@@ -179,7 +180,6 @@ def attr(mod: types.ModuleType, name: str, params: list[str] | None = None):
 def module_from_source(module: str, transform, name: str) -> types.ModuleType:
     """The installed module `module`, its text edited by `transform`, loaded as a new module
     `name` (for tests that break a peer kernel on purpose; the real module is untouched)."""
-    import linecache
 
     path = module_file(module)
     with open(path, encoding="utf-8") as f:

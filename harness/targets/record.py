@@ -29,19 +29,23 @@ target's code is one located line too.
 
 from __future__ import annotations
 
+import json
 import math
 
-from lockstep.engine.request import Request
+import torch
+
+from lockstep.engine.request import Request, Result
+from lockstep.harness.errors import located
 from lockstep.harness.replay.format import FORMAT, TRACE_VERSION, Trace, TraceError, f32_bits
 from lockstep.harness.replay.identity import checkpoint_identity, platform_identity
 from lockstep.harness.replay.record import RNG_GREEDY
 from lockstep.harness.replay.run import Setup, checkpoint_folder
+from lockstep.harness.target import RNG_COINS, RNG_MODELS
+from lockstep.harness.targets import NotApplicable, UnknownTarget, UpstreamChanged, get
 
 
 def load(name: str):
     """The target `name`, or a TraceError saying why it cannot run here."""
-    from lockstep.harness.errors import located
-    from lockstep.harness.targets import NotApplicable, UnknownTarget, UpstreamChanged, get
 
     try:
         return get(name)
@@ -58,8 +62,6 @@ def _line(e) -> str:
 
 
 def rng_of(target, request: Request) -> str:
-    from lockstep.harness.target import RNG_COINS, RNG_MODELS
-
     if request.params.is_greedy:
         return RNG_GREEDY
     model = target.rng
@@ -80,7 +82,6 @@ def rng_of(target, request: Request) -> str:
 def generation(target, requests: list[Request], setup: Setup):
     """(call(checkpoint_dir, [Request]) -> [Result], the operation's name), or a TraceError
     naming what the target lacks for these requests here."""
-    from lockstep.harness.target import NotApplicable, Result
 
     sampled = any(not r.params.is_greedy for r in requests)
     chunked = setup.prefill_chunk is not None
@@ -115,8 +116,6 @@ def _chunk(setup: Setup) -> dict:
 
 
 def record_target(name: str, setup: Setup, requests: list[Request]) -> Trace:
-    from lockstep.harness.errors import located
-
     target = load(name)
     for i, r in enumerate(requests):
         if r.seed is None and not r.params.is_greedy:
@@ -151,7 +150,6 @@ def record_target(name: str, setup: Setup, requests: list[Request]) -> Trace:
 
 
 def _vocab(folder) -> int | None:
-    import json
     try:
         return int(json.loads((folder / "config.json").read_text())["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -161,7 +159,6 @@ def _vocab(folder) -> int | None:
 def _checked(target, outputs, requests, vocab: int | None) -> list[tuple[list[int], list[float], str]]:
     """The target's outputs as (token ids, float32 logprobs, finish reason), or a TraceError
     naming the first thing that is not what the interface promises."""
-    import torch
 
     who = f"target {target.label}"
     outputs = list(outputs)
