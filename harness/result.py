@@ -1,4 +1,4 @@
-"""What a runner is given (RunContext) and what it returns (Result)."""
+"""What a runner is given (RunContext) and what it returns (SpecResult)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class RunContext:
 
 
 @dataclass
-class Result:
+class SpecResult:
     """A run's output. Tensors are compared bitwise with the golden, data with deepdiff.
 
     `facts` are what the spec's expectations read that do not belong in the golden (e.g. which

@@ -23,7 +23,7 @@ from lockstep.harness.moved import moved
 from lockstep.harness.pairs import runs_the_engine
 from lockstep.harness.platform import (bit_dependencies, dependency_report, device_name, dirty_paths,
                                        lockstep_revision, versions)
-from lockstep.harness.result import Result, RunContext
+from lockstep.harness.result import SpecResult, RunContext
 from lockstep.harness.selfcheck import SelfCheckFailed, verify  # noqa: F401 - SelfCheckFailed is re-exported
 from lockstep.harness.specfile import Spec
 from lockstep.harness.targets.lockstep import engine
@@ -128,7 +128,7 @@ def self_check() -> None:
     verify(diff_tensors, diff_data, GoldenStore, CorruptGolden)
 
 
-def run_spec(spec: Spec, ctx: RunContext) -> Result:
+def run_spec(spec: Spec, ctx: RunContext) -> SpecResult:
     """The spec's kind run on Lockstep's engine, the default target (harness/targets/lockstep.py)."""
     result = kinds.KINDS[spec.kind].run(spec, ctx, engine(ctx))
     result.tensors = {name: standard(t) for name, t in result.tensors.items()}  # what a golden stores
@@ -148,7 +148,7 @@ class Crash:
         return cls(f"{what}: {located(e)}", full_traceback(e))
 
 
-def _run_and_expect(spec: Spec, ctx: RunContext) -> tuple[Result | None, list[str], Crash | None]:
+def _run_and_expect(spec: Spec, ctx: RunContext) -> tuple[SpecResult | None, list[str], Crash | None]:
     """(result, failed expectations, crash): the spec run once and its expectations checked."""
     try:
         with torch.inference_mode():
@@ -207,7 +207,7 @@ def _specs_dir(spec: Spec) -> Path:
     return file.parents[len(spec.id.split("/")) - 1] if file.name else file
 
 
-def _compare(out: Outcome, result: Result, failed: list[str], store: GoldenStore, strict: bool) -> None:
+def _compare(out: Outcome, result: SpecResult, failed: list[str], store: GoldenStore, strict: bool) -> None:
     spec = out.spec
     out.messages = [f"expectation failed: {m}" for m in failed]
     out.notes += result.notes

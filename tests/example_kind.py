@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from lockstep.harness.platform import SHARED
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Field, Int, List, Map
 from lockstep.harness.target import BITWISE, TargetInterface
 
@@ -30,13 +30,13 @@ def golden_platform(spec, ctx) -> str:
     return SHARED                     # an integer hash: the same bits on every platform
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     seed, pos, col = (torch.tensor([v], dtype=torch.int64) for v in spec.inputs["key"])
     h = target.op("hash", str(ctx.device))(seed, pos, col)
-    return Result(tensors={"hash": torch.as_tensor(h).reshape(1).to(torch.int64).cpu()})
+    return SpecResult(tensors={"hash": torch.as_tensor(h).reshape(1).to(torch.int64).cpu()})
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     want, got = spec.expect.get("hash"), int(result.tensors["hash"][0])
     return [] if want is None or want == got else [f"hash {got}, the spec expects {want}"]
 

@@ -16,7 +16,7 @@ import torch
 
 from lockstep.harness import judges, runner, suite_paths, workers
 from lockstep.harness.commands import options, session
-from lockstep.harness.result import Result, RunContext
+from lockstep.harness.result import SpecResult, RunContext
 from lockstep.harness.platform import bit_dependencies, detect
 from lockstep.harness.targets import expectfile
 from tests.deadline import deadline
@@ -79,7 +79,7 @@ def pin_regen_compares_data(regen_spec, monkeypatch, module, tmp_path) -> None:
     from lockstep.harness.golden import GoldenStore
 
     spec = SPECS["coins/known-answers"]
-    runs = iter([Result({"x": torch.zeros(2)}, {"hashes": [1, 2]}), Result({"x": torch.zeros(2)}, {"hashes": [1, 3]})])
+    runs = iter([SpecResult({"x": torch.zeros(2)}, {"hashes": [1, 2]}), SpecResult({"x": torch.zeros(2)}, {"hashes": [1, 3]})])
     monkeypatch.setattr(module, "_run_and_expect", lambda s, c: (next(runs), [], None))
     out = regen_spec(spec, RunContext(detect("cpu")), GoldenStore(tmp_path / "golden"), write=False)
     assert out.status == runner.REFUSED, out.status

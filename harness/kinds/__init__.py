@@ -6,7 +6,7 @@ A kind module defines
     EXTRA_FIELDS (optional)  schemas of further top-level fields
     validate(doc) (optional) cross-field rules → list[harness.schema.Problem]
     golden_platform(spec, ctx) → the platform name its golden is stored under
-    run(spec, ctx, target) → harness.result.Result: the spec run through the target's
+    run(spec, ctx, target) → harness.result.SpecResult: the spec run through the target's
                              operations only (harness.target.TargetInterface: `op`,
                              `offers`); Lockstep's engine is the default target
                              (harness/targets/lockstep.py: engine(ctx), which implements every

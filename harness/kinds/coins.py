@@ -39,7 +39,7 @@ import torch
 from lockstep.harness.intseq import INT64_MAX, INT64_MIN, IntSeq, length, materialize
 from lockstep.harness.limits import MAX_COIN_CELLS, MAX_COIN_KEYS
 from lockstep.harness.platform import SHARED
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
 from lockstep.harness.target import BITWISE, NotApplicable, TargetInterface
 from lockstep.kernels.coins import COIN_MAX, murmur_hash32_torch
@@ -153,7 +153,7 @@ def _rows(inp, device) -> tuple[torch.Tensor, torch.Tensor]:
     return seeds.expand(n).contiguous(), pos.expand(n).contiguous()
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     """The target's `hash`, `verify_coins` and `gumbel` operations on the spec's keys or grid."""
     compute = _compute(spec, ctx, target)
     tensors = compute()
@@ -162,7 +162,7 @@ def run(spec, ctx, target: TargetInterface) -> Result:
         again = compute()
         data["second_run_identical"] = all(
             again[k].view(torch.uint8).equal(v.view(torch.uint8)) for k, v in tensors.items())
-    return Result(tensors=tensors, data=data)
+    return SpecResult(tensors=tensors, data=data)
 
 
 TARGET_OPS = (("hash", "hash"), ("coins", "verify_coins"), ("gumbel", "gumbel"))   # output -> operation
@@ -235,7 +235,7 @@ def _coin_py(h: int) -> float:
     return min(_f32(h / 4294967295), COIN_MAX)
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     exp, t, fails = spec.expect, result.tensors, []
 
     def table_mismatch(name, got: torch.Tensor, want, cast):

@@ -56,7 +56,7 @@ from lockstep.harness.intseq import IntSeq, length, materialize, max_value
 from lockstep.harness.kinds.generate import project_root
 from lockstep.harness.limits import (MAX_DISTRIBUTION_SEEDS, MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK,
                                      MAX_REQUEST_TOKENS)
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Field, Float, Int, Map, Problem, Str
 from lockstep.harness.target import CHI_SQUARE, Request, TargetInterface
 from lockstep.kernels import portable
@@ -250,7 +250,7 @@ def _one_cpu_thread():
         torch.set_num_threads(before)
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     """The target's `speculative_generate` (features: sampling, batch, the verify mode, tree), one
     seeded request per seed, counted against the exact law of a reference forward of the same
     checkpoint (harness.checkpoints.reference_model: Lockstep's engine under the run's backend and
@@ -265,7 +265,7 @@ def _target_call(spec, t: TargetInterface, device: str):
     return t.op("speculative_generate", device, needs)
 
 
-def _run(spec, ctx, t: TargetInterface) -> Result:
+def _run(spec, ctx, t: TargetInterface) -> SpecResult:
     inp = spec.inputs
     op = _target_call(spec, t, str(ctx.device))
     root = project_root(spec)
@@ -293,7 +293,7 @@ def _run(spec, ctx, t: TargetInterface) -> Result:
         "impossible": [[list(seq), c] for seq, c in test.impossible],
         "largest_terms": [[list(name) if isinstance(name, tuple) else name, o, e] for name, o, e in test.largest],
     }
-    return Result(tensors={"counts": counts, "expected": law, "accept_lengths": accept_hist}, data=data,
+    return SpecResult(tensors={"counts": counts, "expected": law, "accept_lengths": accept_hist}, data=data,
                   notes=[f"chi-square X² = {test.statistic:.2f}, df = {test.df}, p = {test.p_value:.3g}; "
                          f"acceptance rate {data['acceptance_rate']:.3f} over {len(rounds)} verify rounds"])
 
@@ -303,13 +303,13 @@ def applicability(spec, target: TargetInterface, device: str) -> str:
     return CHI_SQUARE
 
 
-def compared(spec, ctx, result: Result) -> tuple[str, None]:
+def compared(spec, ctx, result: SpecResult) -> tuple[str, None]:
     """The chi-square test is the comparison (the kind's check): no golden on a target."""
     return CHI_SQUARE, None
 
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     exp, d, fails = spec.expect, result.data, []
     K, n = spec.inputs["tokens"], d["requests"]
     for seq, count in d["impossible"]:

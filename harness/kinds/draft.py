@@ -43,7 +43,7 @@ from lockstep.harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_problems
                                           draft_tie_problems, model_for, reference_model, target_dir)
 from lockstep.harness.intseq import IntSeq, length, materialize
 from lockstep.harness.kinds.generate import project_root
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, Problem
 from lockstep.harness.target import TOLERANCE, TargetInterface
 
@@ -108,7 +108,7 @@ def _rows(spec, model, draft):
     return out.captured[:T - 1], prompt[1:]                          # h_t pairs with token t + 1
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     """The target's `draft_stages` on the aux rows of a reference forward (`reference_model`: the
     target's own `model` where it exposes one, Lockstep's engine under the run's backend and dtype
     policy; else Lockstep's fp32 model) or the spec's written-out aux, so the draft is judged apart
@@ -134,7 +134,7 @@ def run(spec, ctx, target: TargetInterface) -> Result:
                                      if not t.detach().cpu().contiguous().view(torch.uint8)
                                      .equal(tensors[n].contiguous().view(torch.uint8))]
     data = {"boundaries": list(draft.boundaries), "top_target_ids": tensors["top_target_ids"].tolist()}
-    return Result(tensors=tensors, data=data, facts=facts)
+    return SpecResult(tensors=tensors, data=data, facts=facts)
 
 
 def applicability(spec, target: TargetInterface, device: str) -> str:
@@ -142,7 +142,7 @@ def applicability(spec, target: TargetInterface, device: str) -> str:
     return TOLERANCE
 
 
-def compared(spec, ctx, result: Result) -> tuple[str, str]:
+def compared(spec, ctx, result: SpecResult) -> tuple[str, str]:
     """Every stage within the cross-implementation bound of the golden, and the kind's own checks."""
     return TOLERANCE, golden_platform(spec, ctx)
 
@@ -181,7 +181,7 @@ def _rounding_slack(want: torch.Tensor, stored: torch.dtype) -> torch.Tensor:
     return 2.0 * torch.ldexp(torch.ones_like(want), (e - 8).to(torch.int32))   # bf16 ulp = 2^(e - 1 - 7)
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     exp, t, facts, fails = spec.expect, result.tensors, result.facts, []
     k = spec.inputs["top_k"]
     w = _checkpoint_tensors(facts["checkpoint"]) if (exp.get("fc_input_tolerance") is not None

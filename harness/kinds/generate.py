@@ -35,7 +35,7 @@ Its platform is this machine's (`cpu-fp32`, …), with `-triton` appended for th
 
 Every comparison that fails (a variant above, or the golden) is located (harness.locate): the
 first request, step and token that differ; for a variant, also the first layer and op, from a
-traced re-run of that step on both sides (Result.located).
+traced re-run of that step on both sides (SpecResult.located).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from lockstep.harness.checkpoints import (CHECKPOINT, DRAFT, checkpoint_config, 
 from lockstep.harness.intseq import IntSeq, length, materialize, max_value
 from lockstep.harness.limits import MAX_DRAFT_STEPS, MAX_DRAFT_TOKENS, MAX_DRAFT_TOPK, MAX_REQUEST_TOKENS, MAX_REQUESTS
 from lockstep.harness.locate import Located, RequestBits, first_divergence, locate
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Bool, Field, Float, Int, List, Map, OneOf, Problem, Str
 from lockstep.harness.target import CALIBRATED, TOLERANCE, NotApplicable, TargetInterface
 
@@ -252,7 +252,7 @@ class _Variant(NamedTuple):
 def _bytes(result) -> tuple:
     """Everything of one request's result that must be bit-identical, as comparable values:
     (tokens, logprob bytes, captured bytes or None, accept lengths or None); of the engine's
-    results and of a target's Result alike."""
+    results and of a target's SpecResult alike."""
     def raw(x):
         return None if x is None else x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
     accept = getattr(result, "accept_lengths", None)
@@ -267,7 +267,7 @@ def _same(a: tuple, b: tuple) -> bool:
     return a[:2] == b[:2] and all(x is None or y is None or x == y for x, y in zip(a[2:], b[2:]))
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     """The spec's requests through the target's `generate` (or `greedy_generate`), or with a draft
     its `speculative_generate`; every variant of the spec (and, where the operation offers
     "topology", the spec's topologies and --world-size's) re-run through the same operation,
@@ -294,7 +294,7 @@ def run(spec, ctx, target: TargetInterface) -> Result:
                 where.append(_locate(spec_run, v, requests, results, got))
     facts = {"variants_differing": differing, "variants_first": first, "variants_na": lacking,
              "variant_property": {v.name: _property(v.name) for v in variants} | {n: _property(n) for n in lacking}}
-    return Result(tensors=tensors, data=data, facts=facts, notes=notes, located=[x for x in where if x is not None])
+    return SpecResult(tensors=tensors, data=data, facts=facts, notes=notes, located=[x for x in where if x is not None])
 
 
 # The engine property each variant tests (DESIGN §2, §11): a target claims the ones it promises.
@@ -463,7 +463,7 @@ def applicability(spec, target: TargetInterface, device: str) -> str:
     return _how(spec)
 
 
-def compared(spec, ctx, result: Result) -> tuple[str, str]:
+def compared(spec, ctx, result: SpecResult) -> tuple[str, str]:
     """Calibrated (harness/targets/agreement.py): tokens free-running to the first divergence
     beyond a near-tie, logprobs teacher-forced within the dtype's bound; the golden platform is
     the reference's at the run's dtype (its captured states are compared to it). Speculative specs
@@ -510,7 +510,7 @@ def locate_golden(spec, golden_tensors: dict, result_tensors: dict,
                                       f"prefill_chunks or reproducible")
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     exp, data, fails = spec.expect, result.data, []
     if exp.get("finish_reasons") is not None and data["finish_reasons"] != exp["finish_reasons"]:
         fails.append(f"finish reasons {data['finish_reasons']}, the spec expects {exp['finish_reasons']}")

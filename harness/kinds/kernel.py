@@ -52,7 +52,7 @@ import torch
 from lockstep.engine.cases import every_case
 from lockstep.harness.intseq import IntSeq, length, materialize
 from lockstep.harness.limits import MAX_KERNEL_ELEMENTS
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Str, did_you_mean
 from lockstep.harness.schema import describe as describe_value
 from lockstep.harness.target import BITWISE, TOLERANCE, NotApplicable, TargetInterface
@@ -178,7 +178,7 @@ def _first(mask: torch.Tensor) -> list[int]:
     return mask.nonzero()[0].tolist()
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     """The target's operation for the spec's kernel (Lockstep's engine: its Triton kernel) against
     the torch reference on the same inputs."""
     own = cases()[spec.inputs["kernel"]]
@@ -219,7 +219,7 @@ def _kernel_op(spec, case: KernelCase, t: TargetInterface, device: str) -> tuple
     return case, t.op(case.name, device, needs, why=why)
 
 
-def _measure(spec, call, reference, rows: int | None, output: str, difference: str, explain=None) -> Result:
+def _measure(spec, call, reference, rows: int | None, output: str, difference: str, explain=None) -> SpecResult:
     """The spec's expectations of one implementation: `call(rows)` runs it (all rows by default),
     `reference()` gives the reference output; `output` and `difference` name them in failures;
     `rows` None: the output's; `explain(row, got)`: the cause of a bitwise mismatch, leading."""
@@ -263,7 +263,7 @@ def _measure(spec, call, reference, rows: int | None, output: str, difference: s
         again = call()
         if not again.contiguous().view(torch.uint8).equal(out.contiguous().view(torch.uint8)):
             failures.append(f"{where}: a second run gave different bits")
-    return Result(tensors={"out": out.cpu()}, data={"failures": failures}, facts={"cause": cause} if cause else {})
+    return SpecResult(tensors={"out": out.cpu()}, data={"failures": failures}, facts={"cause": cause} if cause else {})
 
 
 def applicability(spec, target: TargetInterface, device: str) -> str:
@@ -272,11 +272,11 @@ def applicability(spec, target: TargetInterface, device: str) -> str:
     return TOLERANCE if case is own else BITWISE
 
 
-def compared(spec, ctx, result: Result) -> tuple[str, None]:
+def compared(spec, ctx, result: SpecResult) -> tuple[str, None]:
     """On a target, the spec's tolerance against the reference is the comparison (a kernel's
     interface form: bitwise against the reference's part): no golden."""
     return result.facts.get("compared", TOLERANCE), None
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     return list(result.data.get("failures", []))

@@ -34,7 +34,7 @@ from lockstep.harness.checkpoints import preset_config
 from lockstep.harness.intseq import IntSeq, materialize, max_value
 from lockstep.harness.limits import MAX_REQUEST_TOKENS
 from lockstep.harness.platform import SHARED
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Any_, Field, Int, List, Map, Problem, Str, describe
 from lockstep.harness.target import BITWISE, TOLERANCE, NotApplicable, Refused, TargetInterface
 from lockstep.engine.boundaries import CONVENTIONS, CaptureError, LayerIdError, aux_layer_ids_from_draft_config
@@ -102,7 +102,7 @@ def golden_platform(spec, ctx) -> str:
     return ctx.engine_platform if spec.inputs["forward"] else SHARED
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     """The target's `eagle3_layers` (if it implements the spec's convention), and with `forward` its
     `capture` of those boundaries; where the target can also `walk_boundaries` (Lockstep's engine),
     each captured chunk is checked against the state a walk of the blocks gives. A target without
@@ -126,13 +126,13 @@ def run(spec, ctx, target: TargetInterface) -> Result:
                                               cfg.hidden_size, inp["config_name"] or spec.id,
                                               direct_ids=inp["ids"] is not None)]
     except (Refused, LayerIdError, ValueError, AssertionError, *target.refusals) as e:
-        return Result(data={"error": type(e).__name__, "message": str(e)})
+        return SpecResult(data={"error": type(e).__name__, "message": str(e)})
     if not inp["forward"]:
-        return Result(data={"boundaries": boundaries, "aux_width": len(boundaries) * cfg.hidden_size})
+        return SpecResult(data={"boundaries": boundaries, "aux_width": len(boundaries) * cfg.hidden_size})
     return _capture(spec, ctx, target, boundaries)
 
 
-def _capture(spec, ctx, t: TargetInterface, boundaries: list[int]) -> Result:
+def _capture(spec, ctx, t: TargetInterface, boundaries: list[int]) -> SpecResult:
     """The target's `capture` of `boundaries` on the spec's forward (its width checked by the kind,
     its chunks against `walk_boundaries` where the target has it)."""
     inp = spec.inputs
@@ -143,13 +143,13 @@ def _capture(spec, ctx, t: TargetInterface, boundaries: list[int]) -> Result:
     try:
         got = t.op("capture", str(ctx.device))(ckpt, prompt, boundaries)
     except CaptureError as e:          # the capture contract is broken: a mismatch report, not a crash
-        return Result(data=data | {"capture_error": str(e)})
+        return SpecResult(data=data | {"capture_error": str(e)})
     walked = t.op("walk_boundaries", str(ctx.device))(ckpt, prompt) if "walk_boundaries" in t.ops else None
     data |= {"captured_width": int(got.shape[-1]), "chunks_differing_from_walk": [] if walked is None else [
         b for k, b in enumerate(boundaries)
         if not torch.equal(got[:, k * H:(k + 1) * H].contiguous().view(torch.int32),
                            walked[b].contiguous().view(torch.int32))]}
-    return Result(tensors={"captured": got}, data=data)
+    return SpecResult(tensors={"captured": got}, data=data)
 
 
 def applicability(spec, t: TargetInterface, device: str) -> str:
@@ -173,7 +173,7 @@ BF16_CAPTURE = ("captured states are judged at the fp32 policy only: at bf16 the
                 "boundaries differ); run it with --dtype fp32")
 
 
-def compared(spec, ctx, result: Result) -> tuple[str, str | None]:
+def compared(spec, ctx, result: SpecResult) -> tuple[str, str | None]:
     """A capture is compared within the cross-implementation bound, at fp32 (n/a at another dtype
     policy: its drift hides which boundary was captured); boundaries and refusals have no golden."""
     if spec.inputs["forward"] and "error" not in result.data:
@@ -183,11 +183,11 @@ def compared(spec, ctx, result: Result) -> tuple[str, str | None]:
     return BITWISE, None
 
 
-def refusal(result: Result) -> str | None:
+def refusal(result: SpecResult) -> str | None:
     return result.data["message"] if "error" in result.data else None
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     exp, data, fails = spec.expect, result.data, []
     if exp.get("error"):
         if "error" not in data:

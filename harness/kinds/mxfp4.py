@@ -45,7 +45,7 @@ from lockstep.engine.checkpoint import expected_tensors
 from lockstep.engine.config import preset
 from lockstep.harness.checkpoints import checkpoint_dir, edited_copy
 from lockstep.harness.platform import SHARED
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Bool, Field, Int, List, Map, Problem, Schema, Str
 from lockstep.harness.target import BITWISE, Refused, TargetInterface
 
@@ -172,7 +172,7 @@ def _same(got: torch.Tensor, want: float, dt: torch.dtype) -> bool:
     return bool(got.reshape(1).view(_INT[dt]) == w.reshape(1).view(_INT[dt]))
 
 
-def _decode(spec, ctx, t: TargetInterface) -> Result:
+def _decode(spec, ctx, t: TargetInterface) -> SpecResult:
     """Each decoded value against the hand-written one, decoded by the target's `mxfp4_decode`
     (on Lockstep's engine, the run's backend's: Triton's is the decode the matmul and grouped-expert
     kernels do in their tile loads)."""
@@ -193,7 +193,7 @@ def _decode(spec, ctx, t: TargetInterface) -> Result:
                 if not _same(flat[b, e], want, dt):
                     failures.append(f"{_describe_element(b, e, inp['blocks'][b])}: decoded "
                                     f"{float(flat[b, e])!r}, DESIGN §7 gives {want!r}")
-    return Result(tensors={"values": out}, facts={"failures": failures})
+    return SpecResult(tensors={"values": out}, facts={"failures": failures})
 
 
 # --------------------------------------------------------------------------- checkpoint mode
@@ -218,7 +218,7 @@ def edited_checkpoint(spec):
     return edited_copy(checkpoint_dir(ck["preset"], ck["seed"], "mxfp4"), f"mxfp4-{spec.id.replace('/', '_')}", edit)
 
 
-def _load(spec, ctx, t: TargetInterface) -> Result:
+def _load(spec, ctx, t: TargetInterface) -> SpecResult:
     """The target's `load_checkpoint`; a clean refusal (harness/target.py, "Refusals") is
     recorded with its message, any other exception is a crash."""
     load, refusals = t.op("load_checkpoint", str(ctx.device)), (Refused, ValueError, *t.refusals)
@@ -226,11 +226,11 @@ def _load(spec, ctx, t: TargetInterface) -> Result:
     try:
         load(path)
     except refusals as e:
-        return Result(data={"loaded": False, "error": str(e).replace(str(path), "<checkpoint>")})
-    return Result(data={"loaded": True})
+        return SpecResult(data={"loaded": False, "error": str(e).replace(str(path), "<checkpoint>")})
+    return SpecResult(data={"loaded": True})
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     return (_decode if spec.inputs["blocks"] is not None else _load)(spec, ctx, target)
 
 
@@ -239,16 +239,16 @@ def applicability(spec, target: TargetInterface, device: str) -> str:
     return BITWISE
 
 
-def compared(spec, ctx, result: Result) -> tuple[str, str | None]:
+def compared(spec, ctx, result: SpecResult) -> tuple[str, str | None]:
     """Decoded values bitwise against the golden; a load (or its refusal) has none."""
     return BITWISE, golden_platform(spec, ctx) if spec.inputs["blocks"] is not None else None
 
 
-def refusal(result: Result) -> str | None:
+def refusal(result: SpecResult) -> str | None:
     return result.data["error"] if result.data.get("loaded") is False else None
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     exp, data = spec.expect, result.data
     if spec.inputs["blocks"] is not None:
         fails = list(result.facts["failures"])

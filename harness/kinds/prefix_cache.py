@@ -34,7 +34,7 @@ from lockstep.harness.checkpoints import CHECKPOINT, checkpoint_config, checkpoi
 from lockstep.harness.intseq import IntSeq, length, materialize, max_value
 from lockstep.harness.kinds.generate import SAMPLING, _params, project_root
 from lockstep.harness.limits import MAX_REQUEST_TOKENS
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Field, Int, List, Map, Problem
 from lockstep.harness.target import TOLERANCE, Request, TargetInterface
 
@@ -110,7 +110,7 @@ def cases(spec) -> list[tuple[str, list[list[int]], list[int], int]]:
     return out
 
 
-def run_cases(spec, cold, new_cache, warm, counters) -> Result:
+def run_cases(spec, cold, new_cache, warm, counters) -> SpecResult:
     """The kind's cases on one implementation: `cold(prompt)` runs a prompt without a cache,
     `new_cache()` makes an empty cache, `warm(cache, prompt)` runs a prompt through it, and
     `counters(cache)` -> (lookups that reused KV, positions reused). Each returns what
@@ -147,7 +147,7 @@ def run_cases(spec, cold, new_cache, warm, counters) -> Result:
         tensors[f"logprobs_{i}"] = cold_lp.cpu()
         names.append(name)
     data = {"cases": names, "reused_positions": reused, "hits": hits}
-    return Result(tensors=tensors, data=data, facts={"differing": differing, "hits": hits})
+    return SpecResult(tensors=tensors, data=data, facts={"differing": differing, "hits": hits})
 
 
 def _target_call(spec, t: TargetInterface, device: str):
@@ -157,7 +157,7 @@ def _target_call(spec, t: TargetInterface, device: str):
     return t.op("prefix_cache", device, needs), params
 
 
-def run(spec, ctx, t: TargetInterface) -> Result:
+def run(spec, ctx, t: TargetInterface) -> SpecResult:
     """The kind's cases through the target's own prefix cache (Lockstep's engine: its PrefixCache
     under the run's backend and dtype policy): every cold run is a fresh, empty cache's run (which
     must reuse nothing), every warm run goes through the case's cache; a hit must give the cold
@@ -193,12 +193,12 @@ def applicability(spec, target: TargetInterface, device: str) -> str:
     return TOLERANCE
 
 
-def compared(spec, ctx, result: Result) -> tuple[str, str]:
+def compared(spec, ctx, result: SpecResult) -> tuple[str, str]:
     """Warm against cold bitwise within the target (the kind's check); cold runs within the cross bound."""
     return TOLERANCE, golden_platform(spec, ctx)
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     fails = list(result.facts["differing"])
     want = (spec.expect or {}).get("min_hits") or sum(1 for c in cases(spec) if c[3] > 0)
     if result.facts["hits"] < want:

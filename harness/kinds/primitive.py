@@ -42,7 +42,7 @@ import torch
 
 from lockstep.harness.digest import tensor_sha256
 from lockstep.harness.platform import SHARED
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Bool, Field, Int, Map, Problem, Str
 from lockstep.harness.target import TargetInterface
 from lockstep.kernels._common import PORTABLE_MATH
@@ -392,7 +392,7 @@ def inputs(fn: str) -> dict[str, torch.Tensor]:
     return {"x": grid(fn)}
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     """Lockstep's own primitives against their oracles, through its target's `primitive` operation
     (no other target computes them: n/a there)."""
     prim = target.op("primitive", str(ctx.device), why=f"kind {NAME!r} has no target runner")
@@ -432,7 +432,7 @@ def run(spec, ctx, target: TargetInterface) -> Result:
         if exp.get("matches_torch"):
             failures += _match_torch(fn, x, y, prim(fn, "torch", x), exp, notes, suffix)
     grids = {key: tensor_sha256(x) for key, x in xs.items()}    # the inputs, by digest: code, not data
-    return Result(tensors=outs, data={"failures": failures, "inputs_sha256": grids}, notes=notes)
+    return SpecResult(tensors=outs, data={"failures": failures, "inputs_sha256": grids}, notes=notes)
 
 
 def _match_torch(fn, x, y, ref, exp, notes, suffix) -> list[str]:
@@ -459,5 +459,5 @@ def _match_torch(fn, x, y, ref, exp, notes, suffix) -> list[str]:
             f"torch 0x{want[i]:x}"]
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     return list(result.data.get("failures", []))

@@ -73,7 +73,7 @@ from lockstep.harness.replay.processed import KINDS as PROCESSING_KINDS, Process
 from lockstep.harness.replay.promote import spec_document
 from lockstep.harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, Verdict, replay, requests_of
 from lockstep.harness.target import TargetInterface
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Schema, Str
 from lockstep.engine.generate import Request
 
@@ -253,7 +253,7 @@ def golden_platform(spec, ctx) -> str:
     return ctx.fixed_platform              # the verdict logic is pinned, on one dtype policy and backend
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     """Replay's verdict logic on a trace the target's `record_trace` gives (Lockstep's engine: fp32,
     torch ops, any device; no other target records one: n/a there)."""
     record_trace = target.op("record_trace", str(ctx.device), why=f"kind {NAME!r} has no target runner")
@@ -268,7 +268,7 @@ def requests(spec) -> list[Request]:
             for r in spec.inputs["requests"]]
 
 
-def judge(spec, trace) -> Result:
+def judge(spec, trace) -> SpecResult:
     """Edit the recorded `trace`, write it and read it back, replay it; the report is the result."""
     inp = spec.inputs
     for j, e in enumerate(inp["edits"]):
@@ -296,7 +296,7 @@ def judge(spec, trace) -> Result:
         doc = spec_document(trace, list(range(len(trace.requests))), "promoted by a replay spec")
         data["promoted"] = doc
         facts["promote_problems"] = promote_problems(trace, doc)
-    return Result(data=data, facts=facts)
+    return SpecResult(data=data, facts=facts)
 
 
 def promote_problems(trace, doc: dict) -> list[str]:
@@ -358,7 +358,7 @@ def _edit_step(s: dict, e: dict) -> None:
 
 
 # ---------------------------------------------------------------- what the report must mean
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     exp, data = spec.expect or {}, result.data
     fails = list(result.facts["promote_problems"])
     if exp.get("refused") is not None:

@@ -46,7 +46,7 @@ from lockstep.engine.sampling import SamplingParams, seed_as_int64
 from lockstep.engine.speculative import Tree, number_tree, target_probs
 from lockstep.harness.intseq import INT64_MAX, INT64_MIN, IntSeq, length, materialize
 from lockstep.harness.platform import SHARED
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Field, Float, Int, List, Map, OneOf, Problem, Str
 from lockstep.harness.target import BITWISE, TargetInterface
 from lockstep.kernels.coins import verify_coins
@@ -325,7 +325,7 @@ def _coins(spec, n_nodes: int) -> tuple[torch.Tensor, float]:
 OPS = {"greedy": "verify_greedy", "target-only": "verify_target_only", "rejection": "verify_rejection"}
 
 
-def run(spec, ctx, target: TargetInterface) -> Result:
+def run(spec, ctx, target: TargetInterface) -> SpecResult:
     """The mode's verify operation on the spec's tree, rows and coins: one path for every target,
     Lockstep's engine included (its operations are engine.speculative's)."""
     inp = spec.inputs
@@ -357,7 +357,7 @@ def applicability(spec, target: TargetInterface, device: str) -> str:
     return BITWISE
 
 
-def verify_result(tree, accepted, nxt, tensors: dict) -> Result:
+def verify_result(tree, accepted, nxt, tensors: dict) -> SpecResult:
     """The golden of one verify call: the accepted path, the emitted tokens and where the next
     token came from (a correction after a rejection, or the bonus after a full accept)."""
     accepted = [int(a) for a in accepted]
@@ -366,7 +366,7 @@ def verify_result(tree, accepted, nxt, tensors: dict) -> Result:
     tensors["accepted"] = torch.tensor(accepted, dtype=torch.int64)
     tensors["emitted"] = torch.tensor(accepted_tokens + [int(nxt)], dtype=torch.int64)
     data = {"accepted": accepted, "next_token": int(nxt), "next_from": next_from}
-    return Result(tensors=tensors, data=data, facts={"accepted_tokens": accepted_tokens})
+    return SpecResult(tensors=tensors, data=data, facts={"accepted_tokens": accepted_tokens})
 
 
 # --------------------------------------------------------------------------- expectations
@@ -381,7 +381,7 @@ def _first_difference(got: list[int], want: list[int]) -> str:
     return f"first difference at index {i}: {g} instead of {w}"
 
 
-def check(spec, result: Result) -> list[str]:
+def check(spec, result: SpecResult) -> list[str]:
     exp, data, fails = spec.expect, result.data, []
     mode = spec.inputs["mode"]
     if exp.get("accepted") is not None:

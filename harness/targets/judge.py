@@ -31,7 +31,7 @@ from lockstep.harness.compare import diff_data, diff_tensors
 from lockstep.harness.errors import full_traceback, where
 from lockstep.harness.golden import CorruptGolden, GoldenStore, json_roundtrip
 from lockstep.harness.kinds.generate import _requests, project_root
-from lockstep.harness.result import Result, RunContext
+from lockstep.harness.result import SpecResult, RunContext
 from lockstep.harness.specfile import Spec
 from lockstep.harness.target import (BITWISE, CALIBRATED, CHI_SQUARE, RNG_COINS, TOLERANCE, NotApplicable,  # noqa: F401
                                      Target, UpstreamChanged)
@@ -82,7 +82,7 @@ def _missing_facts(fragments: list[str], message: str) -> list:
     return [f for f in error_facts(fragments) if (f not in message if isinstance(f, str) else f not in named)]
 
 
-def check_on_target(spec, result: Result) -> list[str]:
+def check_on_target(spec, result: SpecResult) -> list[str]:
     """The kind's checks, except that an expected refusal is judged by its facts, not its wording
     (the kind's `refusal(result)`: the refusal's message, or None when the run did not refuse),
     and that the variants are left to `properties` (the target's claims decide them)."""
@@ -95,7 +95,7 @@ def check_on_target(spec, result: Result) -> list[str]:
     return list(kind.check(spec, _without_variants(result)))
 
 
-def properties(result: Result, claims: frozenset[str]) -> tuple[list[str], list[str]]:
+def properties(result: SpecResult, claims: frozenset[str]) -> tuple[list[str], list[str]]:
     """(failures of claimed properties, observations of unclaimed ones and of variants the target
     cannot run), each led by the property and its first divergence (request, step, what differs)."""
     facts = result.facts if isinstance(result.facts, dict) else {}
@@ -112,7 +112,7 @@ def properties(result: Result, claims: frozenset[str]) -> tuple[list[str], list[
     return judged, observed
 
 
-def _without_variants(result: Result) -> Result:
+def _without_variants(result: SpecResult) -> SpecResult:
     """The result with no differing variant left for the kind's own check (which would fail on
     any): `properties` judges them by the target's claims."""
     facts = result.facts if isinstance(result.facts, dict) else {}
@@ -122,7 +122,7 @@ def _without_variants(result: Result) -> Result:
     return dataclasses.replace(result, facts={**facts, "variants_differing": kept})
 
 
-def compared(spec: Spec, ctx: RunContext, result: Result) -> tuple[str, str | None]:
+def compared(spec: Spec, ctx: RunContext, result: SpecResult) -> tuple[str, str | None]:
     """(how the result is compared, the golden platform or None): the kind's `compared`, or
     bitwise against the kind's golden when it defines none."""
     kind = kinds.KINDS[spec.kind]
@@ -218,7 +218,7 @@ class _Generation:
         self.logprobs = tensors[f"logprobs_{i}"]
 
 
-def _agreement(spec: Spec, ctx: RunContext, result: Result, target=None) -> tuple[list[str], list[str]]:
+def _agreement(spec: Spec, ctx: RunContext, result: SpecResult, target=None) -> tuple[list[str], list[str]]:
     """The calibrated judge (harness/targets/agreement.py) on a generate spec's run: against
     Lockstep's engine at the run's dtype policy, teacher-forced on the target's own tokens; a
     target that captures boundary states has its first forward failure placed in a block; and the

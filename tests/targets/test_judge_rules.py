@@ -13,7 +13,7 @@ import torch
 
 from lockstep.harness import kinds
 from lockstep.harness.golden import CorruptGolden
-from lockstep.harness.result import Result
+from lockstep.harness.result import SpecResult
 from lockstep.harness.targets import judge
 from lockstep.harness.targets.judge import (BITWISE, CALIBRATED, FAIL, NA, PASS, TOLERANCE, NotApplicable,
                                             TargetOutcome, UpstreamChanged, applicability, check_on_target,
@@ -61,17 +61,17 @@ def test_check_on_target_judges_an_expected_refusal_by_its_facts(monkeypatch):
     _kind(monkeypatch, refusal=lambda result: result.data.get("refused"),
           check=lambda spec, result: seen.append(result) or ["the kind's own check"])
     spec = _spec({"error": ["boundary 24 of 36", "model.w.x"]})
-    assert check_on_target(spec, Result(data={"refused": "no 24/36 at model.w.x"})) == []
-    assert check_on_target(spec, Result(data={"refused": "bad id 240 and 36 in model.w.y"})) == [
+    assert check_on_target(spec, SpecResult(data={"refused": "no 24/36 at model.w.x"})) == []
+    assert check_on_target(spec, SpecResult(data={"refused": "bad id 240 and 36 in model.w.y"})) == [
         "the refusal does not name ['model.w.x', 24]: bad id 240 and 36 in model.w.y"]
     assert seen == []
-    assert check_on_target(spec, Result(data={})) == ["the kind's own check"], "no refusal: the kind judges"
-    assert check_on_target(_spec({"tokens": 1}), Result(data={"refused": "x"})) == ["the kind's own check"]
-    assert check_on_target(_spec(["not", "a", "mapping"]), Result(data={"refused": "x"})) == ["the kind's own check"]
+    assert check_on_target(spec, SpecResult(data={})) == ["the kind's own check"], "no refusal: the kind judges"
+    assert check_on_target(_spec({"tokens": 1}), SpecResult(data={"refused": "x"})) == ["the kind's own check"]
+    assert check_on_target(_spec(["not", "a", "mapping"]), SpecResult(data={"refused": "x"})) == ["the kind's own check"]
     _kind(monkeypatch, check=lambda s, result: [f"own check of {s.id}"])
-    assert check_on_target(spec, Result(data={"refused": "x"})) == ["own check of stand/one"], \
+    assert check_on_target(spec, SpecResult(data={"refused": "x"})) == ["own check of stand/one"], \
         "a kind without refusal() checks"
-    assert check_on_target(spec, Result(facts={"variant_property": {}})) == ["own check of stand/one"], \
+    assert check_on_target(spec, SpecResult(facts={"variant_property": {}})) == ["own check of stand/one"], \
         "variants named without any differing"
 
 
@@ -80,14 +80,14 @@ def test_the_kinds_check_never_sees_a_differing_variant(monkeypatch):
     _kind(monkeypatch, check=lambda spec, result: seen.append(result.facts) or [])
     facts = {"variant_property": {"batch": "batch"}, "variants_differing": {"batch": [1, 2], "order": [3]},
              "other": 5}
-    result = Result(facts=facts)
+    result = SpecResult(facts=facts)
     assert check_on_target(_spec(), result) == []
     assert seen == [{"variant_property": {"batch": "batch"}, "variants_differing": {"batch": [], "order": []},
                      "other": 5}]
     assert result.facts["variants_differing"] == {"batch": [1, 2], "order": [3]}, "the result is not changed"
-    plain = Result(facts={"variants_differing": {"batch": [1]}})
+    plain = SpecResult(facts={"variants_differing": {"batch": [1]}})
     assert judge._without_variants(plain) is plain, "no variant_property: as it is"
-    assert judge._without_variants(Result(facts=None)).facts is None
+    assert judge._without_variants(SpecResult(facts=None)).facts is None
 
 
 def test_properties_fail_only_when_claimed_and_observe_the_rest():
@@ -95,7 +95,7 @@ def test_properties_fail_only_when_claimed_and_observe_the_rest():
              "variants_first": {"batch": "request 1 step 2: token 5 vs 6"},
              "variants_differing": {"batch": [1, 3], "order": [0], "none": [], "plain": [2]},
              "variants_na": {"seeds": "no seeded sampling", "order": "one request"}}
-    judged, observed = properties(Result(facts=facts), frozenset({"batch-invariance"}))
+    judged, observed = properties(SpecResult(facts=facts), frozenset({"batch-invariance"}))
     assert judged == ["property (claimed) batch-invariance: batch: request 1 step 2: token 5 vs 6; "
                       "requests [1, 3] differ"]
     assert observed == ["property (not claimed, observed) order-invariance: order: requests [0] differ; "
@@ -103,17 +103,17 @@ def test_properties_fail_only_when_claimed_and_observe_the_rest():
                         "property (not claimed, observed) plain: plain: requests [2] differ; requests [2] differ",
                         "property seeds: seeds: n/a (no seeded sampling)",
                         "property order-invariance: order: n/a (one request)"]
-    assert properties(Result(facts=None), frozenset()) == ([], [])
-    judged, _ = properties(Result(facts={"variants_differing": {"plain": [2]}}), frozenset({"plain"}))
+    assert properties(SpecResult(facts=None), frozenset()) == ([], [])
+    judged, _ = properties(SpecResult(facts={"variants_differing": {"plain": [2]}}), frozenset({"plain"}))
     assert judged == ["property (claimed) plain: plain: requests [2] differ; requests [2] differ"]
 
 
 def test_compared_is_the_kinds_or_bitwise_against_its_golden(monkeypatch):
-    result = Result()
+    result = SpecResult()
     _kind(monkeypatch, compared=lambda spec, ctx, r: (TOLERANCE, f"{spec.id} {ctx} {r is result}"))
     assert compared(_spec(), "ctx", result) == (TOLERANCE, "stand/one ctx True")
     _kind(monkeypatch, golden_platform=lambda spec, ctx: f"golden of {spec.id} at {ctx}")
-    assert compared(_spec(), "ctx", Result()) == (BITWISE, "golden of stand/one at ctx")
+    assert compared(_spec(), "ctx", SpecResult()) == (BITWISE, "golden of stand/one at ctx")
 
 
 def test_applicability_is_the_kinds_answer_or_na_with_its_reason(monkeypatch):
@@ -184,26 +184,26 @@ def _run(monkeypatch, result=None, store=None, claims=(), raises=None, target=No
 def test_a_clean_run_passes_with_its_notes_and_compare(monkeypatch):
     store = _Store(SimpleNamespace(tensors={"t": torch.ones(2)}, data={"k": [1, 2]}))
     facts = {"variant_property": {"batch": "batch"}, "variants_differing": {"batch": [1]}}
-    out = _run(monkeypatch, Result(tensors={"t": torch.ones(2)}, data={"k": (1, 2)}, facts=facts, notes=["kind note"]),
+    out = _run(monkeypatch, SpecResult(tensors={"t": torch.ones(2)}, data={"k": (1, 2)}, facts=facts, notes=["kind note"]),
                store)
     assert (out.status, out.compare, out.message, out.messages) == (PASS, BITWISE, "", [])
     assert out.notes == ["property (not claimed, observed) batch: batch: requests [1] differ; requests [1] differ",
                          "kind note"]
     assert store.asked == [("cpu-fp32", "stand/one")]
     empty = _Store(SimpleNamespace(tensors={}, data={}))
-    out = _run(monkeypatch, Result(facts=facts), empty, target=SimpleNamespace(label="bare"))
+    out = _run(monkeypatch, SpecResult(facts=facts), empty, target=SimpleNamespace(label="bare"))
     assert out.status == PASS and out.notes[0].startswith("property (not claimed, observed) batch"), \
         "a target without claims claims nothing"
-    out = _run(monkeypatch, Result(), empty,
+    out = _run(monkeypatch, SpecResult(), empty,
                compared=lambda s, ctx, result: (BITWISE, f"{s.id} {ctx} {type(result).__name__}"))
-    assert empty.asked[-1] == ("stand/one ctx Result", "stand/one"), "compared() gets the spec, context, result"
+    assert empty.asked[-1] == ("stand/one ctx SpecResult", "stand/one"), "compared() gets the spec, context, result"
     assert out.target == "peer 1.0" and out.spec.id == "stand/one" and 0 <= out.seconds < 60
 
 
 def test_bitwise_failures_come_after_the_claimed_properties_and_the_kinds_checks(monkeypatch):
     golden = SimpleNamespace(tensors={"t": torch.tensor([1.0, 2.0])}, data={"k": [1, 2]})
     facts = {"variant_property": {"batch": "batch"}, "variants_differing": {"batch": [1]}}
-    out = _run(monkeypatch, Result(tensors={"t": torch.tensor([1.0, 3.0])}, data={"k": [1, 3]}, facts=facts),
+    out = _run(monkeypatch, SpecResult(tensors={"t": torch.tensor([1.0, 3.0])}, data={"k": [1, 3]}, facts=facts),
                _Store(golden), claims={"batch"}, check=lambda spec, result: ["own check"])
     assert out.status == FAIL and out.messages[:2] == [
         "property (claimed) batch: batch: requests [1] differ; requests [1] differ", "own check"]
@@ -215,26 +215,26 @@ def test_bitwise_failures_come_after_the_claimed_properties_and_the_kinds_checks
 
 def test_the_data_is_compared_as_a_manifest_reads_it_back(monkeypatch):
     golden = SimpleNamespace(tensors={}, data={"k": [1, 2], "m": {"a": 1, "b": 2}})
-    out = _run(monkeypatch, Result(data={"m": {"b": 2, "a": 1}, "k": (1, 2)}), _Store(golden))
+    out = _run(monkeypatch, SpecResult(data={"m": {"b": 2, "a": 1}, "k": (1, 2)}), _Store(golden))
     assert out.status == PASS, out.messages
 
 
 def test_without_a_golden_or_with_a_corrupt_one_the_run_fails_saying_so(monkeypatch):
-    out = _run(monkeypatch, Result(), _Store(None))
+    out = _run(monkeypatch, SpecResult(), _Store(None))
     assert out.messages == ["no golden on cpu-fp32 to compare with (record it with lockstep regen stand/one)"]
-    out = _run(monkeypatch, Result(), _Store(corrupt="sha256 differs"))
+    out = _run(monkeypatch, SpecResult(), _Store(corrupt="sha256 differs"))
     assert out.messages == ["corrupt golden: sha256 differs",
                             "no golden on cpu-fp32 to compare with (record it with lockstep regen stand/one)"]
-    out = _run(monkeypatch, Result(), _Store(None), compared=lambda spec, ctx, result: (TOLERANCE, None))
+    out = _run(monkeypatch, SpecResult(), _Store(None), compared=lambda spec, ctx, result: (TOLERANCE, None))
     assert (out.status, out.compare, out.messages) == (PASS, TOLERANCE, []), "no golden platform: nothing to load"
 
 
 def test_a_tolerance_kind_reports_the_tolerance_diff(monkeypatch):
     golden = SimpleNamespace(tensors={"t": torch.tensor([1.0, 2.0])}, data={"ignored": 1})
-    out = _run(monkeypatch, Result(tensors={"t": torch.tensor([1.0, 2.0005])}, data={"other": 2}), _Store(golden),
+    out = _run(monkeypatch, SpecResult(tensors={"t": torch.tensor([1.0, 2.0005])}, data={"other": 2}), _Store(golden),
                compared=lambda spec, ctx, result: (TOLERANCE, "cpu-bf16"))
     assert (out.status, out.compare) == (PASS, TOLERANCE), "inside the tolerance; data not compared"
-    out = _run(monkeypatch, Result(tensors={"t": torch.tensor([1.0, 2.5])}), _Store(golden),
+    out = _run(monkeypatch, SpecResult(tensors={"t": torch.tensor([1.0, 2.5])}), _Store(golden),
                compared=lambda spec, ctx, result: (TOLERANCE, "cpu-bf16"), check=lambda spec, result: ["own"])
     assert out.messages == ["own", judge._tolerance_diff(golden.tensors, {"t": torch.tensor([1.0, 2.5])})[0]]
 
@@ -249,7 +249,7 @@ def test_a_calibrated_kind_leads_with_the_agreement_and_compares_the_rest(monkey
     monkeypatch.setattr(judge, "_agreement", agreement)
     golden = SimpleNamespace(tensors={"tokens_0": torch.tensor([1]), "logprobs_0": torch.tensor([0.5]),
                                       "extra": torch.tensor([1.0])}, data={})
-    got = Result(tensors={"tokens_0": torch.tensor([9]), "logprobs_0": torch.tensor([9.0]), "extra": torch.tensor([3.0]),
+    got = SpecResult(tensors={"tokens_0": torch.tensor([9]), "logprobs_0": torch.tensor([9.0]), "extra": torch.tensor([3.0]),
                           "unasked": torch.tensor([0.0])}, notes=["kind note"])
     out = _run(monkeypatch, got, _Store(golden), compared=lambda spec, ctx, result: (CALIBRATED, "cpu-bf16"),
                check=lambda spec, result: ["own check"])
@@ -283,7 +283,7 @@ def test_a_crash_without_a_traceback_and_a_long_failure_line(monkeypatch):
     monkeypatch.setattr(judge, "where", lambda e: "")
     out = _run(monkeypatch, raises=error)
     assert out.messages == ["crash: KeyError: 'k'"]
-    out = _run(monkeypatch, Result(), _Store(None), check=lambda spec, result: ["y" * 350 + "\nsecond"])
+    out = _run(monkeypatch, SpecResult(), _Store(None), check=lambda spec, result: ["y" * 350 + "\nsecond"])
     assert out.message == "y" * 300
 
 
@@ -302,15 +302,13 @@ def test_the_outcome_as_json():
 def test_the_agreement_runs_the_reference_at_the_runs_dtype(monkeypatch):
     """_agreement's inputs: the spec's requests, Lockstep's model at the run's device and dtype, the
     target's generations read from tokens_i / logprobs_i, the bound of that dtype."""
-    from lockstep.harness import checkpoints
-    from lockstep.harness.kinds import generate
-    from lockstep.harness.targets import agreement, bounds
+    from lockstep.harness.targets import agreement
 
     asked = {}
-    monkeypatch.setattr(generate, "_requests", lambda s: ["r0", "r1"] if s is spec else None)
-    monkeypatch.setattr(generate, "project_root", lambda s: "/root" if s is spec else None)
-    monkeypatch.setattr(checkpoints, "model_for", lambda *a: asked.setdefault("model", a) and "model")
-    monkeypatch.setattr(bounds, "bound", lambda dtype: f"bound {dtype}")
+    monkeypatch.setattr(judge, "_requests", lambda s: ["r0", "r1"] if s is spec else None)
+    monkeypatch.setattr(judge, "project_root", lambda s: "/root" if s is spec else None)
+    monkeypatch.setattr(judge, "model_for", lambda *a: asked.setdefault("model", a) and "model")
+    monkeypatch.setattr(judge, "bound", lambda dtype: f"bound {dtype}")
 
     def judge_(requests, results, reference, bound, locator, sampler):
         asked["judge"] = (requests, [(r.tokens, r.logprobs.tolist()) for r in results], reference, bound,
@@ -319,7 +317,7 @@ def test_the_agreement_runs_the_reference_at_the_runs_dtype(monkeypatch):
     monkeypatch.setattr(agreement, "judge", judge_)
     spec = SimpleNamespace(inputs={"checkpoint": "tiny"})
     ctx = SimpleNamespace(device=torch.device("cpu"), platform=SimpleNamespace(dtype="bf16"))
-    result = Result(tensors={"tokens_0": torch.tensor([1, 2]), "logprobs_0": torch.tensor([-0.5, -1.0]),
+    result = SpecResult(tensors={"tokens_0": torch.tensor([1, 2]), "logprobs_0": torch.tensor([-0.5, -1.0]),
                              "tokens_1": torch.tensor([3]), "logprobs_1": torch.tensor([-2.0])})
     assert judge._agreement(spec, ctx, result) == (["fail"], ["note"])
     assert asked["model"] == ("tiny", "torch", "/root", "cpu", "bf16")
@@ -361,8 +359,6 @@ def test_the_sampler_judge_needs_sampling_with_params_under_the_coin_contract():
 
 
 def test_the_layer_locator_needs_the_targets_capture(monkeypatch):
-    from lockstep.harness import checkpoints
-    from lockstep.harness.kinds import generate
     from lockstep.harness.targets import locator
 
     spec = SimpleNamespace(inputs={"checkpoint": {"preset": "tiny"}})
@@ -383,8 +379,8 @@ def test_the_layer_locator_needs_the_targets_capture(monkeypatch):
     assert judge._layer_locator(spec, ctx, _Ops({}), reference) is None, "no capture operation"
     assert judge._layer_locator(spec, ctx, SimpleNamespace(), reference) is None, "a target without ops"
     assert judge._layer_locator(spec, ctx, _Ops({"capture": ()}, refuse=("capture",)), reference) is None
-    monkeypatch.setattr(checkpoints, "target_dir", lambda ckpt, root: f"dir of {ckpt['preset']} under {root}")
-    monkeypatch.setattr(generate, "project_root", lambda s: "/root" if s is spec else None)
+    monkeypatch.setattr(judge, "target_dir", lambda ckpt, root: f"dir of {ckpt['preset']} under {root}")
+    monkeypatch.setattr(judge, "project_root", lambda s: "/root" if s is spec else None)
     seen = {}
 
     def locate(capture, reference_capture, folder, tokens, layers, dtype):
