@@ -16,7 +16,7 @@ The loop, as small named steps over one `_Run`:
 `Decoding` is the decoding state (tokens, finish reasons, logprob rows, the stop rule) that
 engine.speculative shares. The hooks are arguments, never state on the model: the token
 source (`Sampled`, the product's; `Forced`, teacher forcing for harness.replay), the
-`observer` (an engine.trace.Trace, attached to the model for the call only) and `prefix_cache`.
+`observer` (an engine.trace.OpTrace, attached to the model for the call only) and `prefix_cache`.
 
 The step is the product's fast path: on a GPU each decode step replays one captured CUDA graph
 per bucket (engine.graphs.decode_steps; the eager forward when states are captured or a trace
@@ -56,7 +56,7 @@ class Decoding:
     """Every request's decoding state, shared by plain and speculative generation: its tokens so
     far, its finish reason, the stop rule, and where each token's logprob sits among the device
     tensors handed to `add_logprobs` (joined and read back once, by `results`). `observer` (an
-    engine.trace.Trace, or None) is told each committed token and its logprob."""
+    engine.trace.OpTrace, or None) is told each committed token and its logprob."""
 
     def __init__(self, requests: Sequence[Request], eos: Sequence[int], observer=None):
         self.requests, self.observer = list(requests), observer
@@ -250,7 +250,7 @@ def generate(model: GptOssModel, requests: Sequence[Request], *, capture: Sequen
     """Run `requests` to completion; results in request order (see the module docstring).
     Hooks for harness.replay, each passed in: `forced[i]` teacher-forces request i (a Forced
     token source); `prefix_cache` (an engine.prefix_cache.PrefixCache) reuses cached
-    prompt-prefix KV before the prefill; `observer` (an engine.trace.Trace) records the run."""
+    prompt-prefix KV before the prefill; `observer` (an engine.trace.OpTrace) records the run."""
     source = source or (Forced(forced) if forced is not None else None)
     _check(model, requests, capture, max_batch, prefill_chunk, max_context, source, prefix_cache)
     if not requests:

@@ -46,7 +46,7 @@ place: it keeps the rank's share of each weight and swaps in the collectives (`c
 `OneDevice` here) that complete the row-parallel sums, the vocab-parallel embedding and head, and
 the traced shards; the class, the forward and the blocks stay these.
 
-`model.trace` (None by default) may hold an engine.trace.Trace (engine.generate and
+`model.trace` (None by default) may hold an engine.trace.OpTrace (engine.generate and
 engine.speculative set it for the duration of a call from their `observer` argument; a direct
 forward call may set it itself): every op's output is then handed to it at a named point (`self.record("L3.attention", o)`), which records and never
 changes a value; `lockstep diff` uses it to find the first op where two runs part. A traced
@@ -389,7 +389,7 @@ class GptOssModel:
 
     @property
     def trace(self):
-        """An engine.trace.Trace to record every op's output into; None (the default): nothing."""
+        """An engine.trace.OpTrace to record every op's output into; None (the default): nothing."""
         return self.record.trace
 
     @trace.setter

@@ -235,7 +235,7 @@ def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | 
     `transport`). A CUDA topology whose ranks would not fit their GPU's free memory is refused up
     front, with the estimate (`held`: the ranks' dtype policy and backend, which set what a rank
     holds; memory_problem). World size 1 runs in this process, no process group.
-    `trace` (engine.trace.Trace or None): each rank's model records into a copy of it, and rank 0's
+    `trace` (engine.trace.OpTrace or None): each rank's model records into a copy of it, and rank 0's
     records come back into it (fn returns (results, trace) then)."""
     from lockstep.engine.config import GptOssConfig
     from lockstep.engine.launch import launch
@@ -366,7 +366,7 @@ def generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, backend: str = 
     """lockstep.engine.generate.generate(model, requests, **generate_kwargs) on a tp × ep topology of
     local processes on `device` (see run_at), kernels from `backend`, dtype policy `dtype`.
     -> rank 0's list[Result]. Every rank must return the same bits; a disagreement raises.
-    `trace`: an engine.trace.Trace to fill with rank 0's records (every op gathered whole).
+    `trace`: an engine.trace.OpTrace to fill with rank 0's records (every op gathered whole).
 
     Requests must be greedy or carry a seed (or pass a `generator`, which each rank gets a
     copy of): an unseeded stream would differ from rank to rank."""

@@ -111,7 +111,7 @@ def speculative_generate(target: GptOssModel, draft: Eagle3Draft, requests: Sequ
                          spec: SpecParams = SpecParams(), *, generator: torch.Generator | None = None,
                          max_context: int | None = None, observer=None, graphs: bool = True) -> list[Result]:
     """Run `requests` to completion with speculative decoding; results in request order.
-    `observer` (an engine.trace.Trace, or None) records the run (step r = verify round r).
+    `observer` (an engine.trace.OpTrace, or None) records the run (step r = verify round r).
     `graphs` (internal: tests compare the two): False runs the round's forwards eagerly instead
     of replaying engine.graphs.RoundGraphs' CUDA graphs (the same bits)."""
     _check(target, draft, requests, spec, max_context)

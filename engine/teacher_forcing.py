@@ -22,7 +22,7 @@ def teacher_force(model, reqs: list[Request], forced: list[list[int]], chunk: in
     """Each request's `forced` tokens scored: its prompt and tokens go through the model's forward
     in chunks of `chunk` positions (`group` requests per forward), and token k's logprob is read
     from the logits of position prompt + k - 1. D3 makes these the bits of the decode steps (the
-    tests hold it). `trace` (an observer: an engine Trace or a replay's step log) is told each
+    tests hold it). `trace` (an observer: an engine OpTrace or a replay's step log) is told each
     row's request and step as generate tells it."""
     with observing(model, trace):
         return _prefill_shaped(model, reqs, forced, chunk, group, trace)

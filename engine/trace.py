@@ -1,6 +1,6 @@
 """An op-level trace: what one request's rows went through, op by op, at one step of a run.
 
-    trace = Trace(request=1, step=3)        # request 1 of the call, its decode step (or verify round) 3
+    trace = OpTrace(request=1, step=3)        # request 1 of the call, its decode step (or verify round) 3
     generate(model, requests, observer=trace)   # None (the default): nothing is recorded, nothing is paid
     trace.ops["L0.attention"]               # [rows, Hq, D]: that request's rows of that step
     trace.positions                         # the sequence position of each row
@@ -10,8 +10,8 @@ they run (OPS lists them); the generation loops say, before each forward call, w
 and step each row serves (`rows`), and report what they decide per request (`event`: the
 sampled token, a draft tree, a verify outcome). Only the chosen request's rows of the chosen
 step are kept, as fp32/int copies on the CPU: a trace observes, it never changes a value.
-`Trace()` without a request keeps every row of every forward call (direct forward calls: set
-`model.trace = Trace()` around them). The loops attach their observer to the model only for
+`OpTrace()` without a request keeps every row of every forward call (direct forward calls: set
+`model.trace = OpTrace()` around them). The loops attach their observer to the model only for
 the duration of the call (engine.generate.observing), so a shared model is left as it was.
 
 A parallel model (engine/parallel.py) records the same names with every sharded tensor
@@ -57,8 +57,8 @@ def op_of(name: str) -> str:
     return name.split(".")[0] if name.split(".")[0] in OPS else name
 
 
-class Trace:
-    """Keeps request `request`'s rows of step `step` (see the module docstring); Trace(): every row."""
+class OpTrace:
+    """Keeps request `request`'s rows of step `step` (see the module docstring); OpTrace(): every row."""
 
     def __init__(self, request: int | None = None, step: int | None = None):
         self.request, self.step = request, step
@@ -123,7 +123,7 @@ class Trace:
         self.ops[name] = t.clone() if prev is None else torch.cat([prev, t])
         self.row_positions[name] = self.row_positions.get(name, []) + positions
 
-    def merge(self, other: "Trace") -> None:
+    def merge(self, other: "OpTrace") -> None:
         """Take over another trace's records (a rank's trace, sent back to the caller)."""
         if other is not self:
             self.positions, self.ops = list(other.positions), dict(other.ops)
@@ -137,7 +137,7 @@ class Recorder:
     it runs only while recording (collectives: every rank records the same points)."""
 
     def __init__(self):
-        self.trace: Trace | None = None
+        self.trace: OpTrace | None = None
 
     @property
     def recording(self) -> bool:

@@ -8,7 +8,7 @@ Two levels, both reported with harness.compare's tensor report:
    earliest difference is the one that can explain the others. Step 0 is the prefill; step s is
    the decode step that samples token s (plain generation) or verify round s (speculative).
 
-2. By re-running (costs one run of each side): both sides run again with an engine.trace.Trace
+2. By re-running (costs one run of each side): both sides run again with an engine.trace.OpTrace
    that keeps that request's rows of that step, every op of the forward recorded (a topology
    gathers each sharded op to its one-device layout), and the loop's decisions (sampled token,
    draft tree, verify outcome). The first boundary that differs names the layer; the first op
@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 import torch
 
 from lockstep.harness.compare import TensorDiff, diff_tensor
-from lockstep.engine.trace import OPS, Trace, op_of
+from lockstep.engine.trace import OPS, OpTrace, op_of
 
 
 @dataclass
@@ -165,7 +165,7 @@ class OpDivergence:
     rows: dict[str, list[int]] = field(default_factory=dict)   # op -> its rows' positions
 
 
-def compare_traces(reference: Trace, other: Trace, sides: tuple[str, str]) -> OpDivergence:
+def compare_traces(reference: OpTrace, other: OpTrace, sides: tuple[str, str]) -> OpDivergence:
     names = list(reference.ops) + [n for n in other.ops if n not in reference.ops]
     out = OpDivergence(reference.positions, len(names))
     for k, name in enumerate(names):
@@ -291,8 +291,8 @@ class Located:
         return out
 
 
-def locate(sides: tuple[str, str], divergence: Divergence, rerun_reference: Callable[[Trace], None] | None,
-           rerun_other: Callable[[Trace], None] | None, request_in: tuple[int, int] | None = None) -> Located:
+def locate(sides: tuple[str, str], divergence: Divergence, rerun_reference: Callable[[OpTrace], None] | None,
+           rerun_other: Callable[[OpTrace], None] | None, request_in: tuple[int, int] | None = None) -> Located:
     """Level 2 for a level-1 `divergence` between sides (reference, other): rerun_*(trace) runs a
     side again with `trace` attached; `request_in`: the request's index in each side's re-run call
     (default: its own index)."""
@@ -301,7 +301,7 @@ def locate(sides: tuple[str, str], divergence: Divergence, rerun_reference: Call
     if rerun_reference is None or rerun_other is None:
         return located
     i_ref, i_other = request_in or (d.request, d.request)
-    traces = Trace(i_ref, d.step), Trace(i_other, d.step)
+    traces = OpTrace(i_ref, d.step), OpTrace(i_other, d.step)
     try:
         rerun_reference(traces[0])
         rerun_other(traces[1])
@@ -336,11 +336,11 @@ def _earlier(d: Divergence, reader: str, rerun_reference, rerun_other, rows: tup
 
 
 class StepsTrace:
-    """An engine observer that keeps one request's rows at several steps: an engine.trace.Trace
+    """An engine observer that keeps one request's rows at several steps: an engine.trace.OpTrace
     per step, each told everything the run tells an observer (it keeps only its own step's)."""
 
     def __init__(self, request: int, steps):
-        self.parts = [Trace(request, k) for k in steps]
+        self.parts = [OpTrace(request, k) for k in steps]
 
     def rows(self, requests, steps) -> None:
         for p in self.parts:

@@ -94,7 +94,7 @@ settings applied, harness/targets/lockstep_run.py); the kinds that need them are
     record_trace(checkpoint, requests, draft, speculative) -> a trace of the engine (harness.replay)
 and features only its operations offer: "backends" on hash, verify_coins and gumbel (backends=:
 each output computed on every backend named, "torch" and "triton", refused unless they agree
-bitwise); "observer" on generate and speculative_generate (observer=: an engine.trace.Trace the
+bitwise); "observer" on generate and speculative_generate (observer=: an engine.trace.OpTrace the
 run records into, so harness.locate can re-run a step op by op); "topology" on the same (tp=,
 ep=: the run split over local processes, engine.parallel). `capture` may also raise
 engine.boundaries.CaptureError where the engine sees its capture contract broken.

@@ -26,12 +26,28 @@ def test_model_bytes_counts_each_storage_once():
     assert _memory.model_bytes(holder, other) == 160 + 6 + 8       # the shared tensor once
 
 
+METER = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import _memory
+meter = _memory.Meter("cpu")
+block = torch.ones(64 << 20, dtype=torch.uint8)                 # 64 MiB touched
+print(json.dumps({"figures": meter.figures(block.numel()), "line": meter.line("x", block.numel())}))
+"""
+
+
 def test_meter_reads_a_host_peak_above_its_start():
-    meter = _memory.Meter("cpu")
-    block = torch.ones(64 << 20, dtype=torch.uint8)                 # 64 MiB touched
-    f = meter.figures(block.numel())
-    assert f["device_peak"] is None and f["host_above"] >= 0.9 * block.numel(), f
-    assert "target <= 1.15x on the host" in meter.line("x", block.numel())
+    """In a fresh process: a test worker keeps freed memory resident (harness/memory.py), so a new
+    block there may reuse pages and leave the RSS where it was."""
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", METER, str(REPO / "bench")], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    got = json.loads(out)
+    f = got["figures"]
+    assert f["device_peak"] is None and f["host_above"] >= 0.9 * (64 << 20), f
+    assert "target <= 1.15x on the host" in got["line"]
 
 
 def test_packed_experts_made_again_are_the_same_and_dense_consumes_them():

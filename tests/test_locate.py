@@ -13,7 +13,7 @@ from lockstep.harness.platform import detect
 from lockstep.harness.result import RunContext
 from lockstep.harness.runner import MISMATCH, check_spec, regen_spec
 from lockstep.harness.specfile import parse_spec
-from lockstep.engine.trace import Trace
+from lockstep.engine.trace import OpTrace
 
 from tests.engine.planted import different_tile_when_alone, norm_nudged_in_whole_prefill
 
@@ -81,7 +81,7 @@ def test_speculative_tokens_map_to_verify_rounds():
 
 
 def test_compare_traces_names_the_first_boundary_and_the_first_op():
-    a, b = Trace(0, 0), Trace(0, 0)
+    a, b = OpTrace(0, 0), OpTrace(0, 0)
     for t, (name, value) in enumerate([("boundary.0", 1.0), ("L0.attention", 2.0), ("L0.o_proj", 3.0),
                                        ("boundary.1", 4.0), ("lm_head", 5.0)]):
         a.ops[name] = torch.full((2, 3), value)

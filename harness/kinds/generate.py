@@ -217,7 +217,7 @@ def project_root(spec) -> Path:
 
 class _Variant(NamedTuple):
     """A way of running the spec's requests that must give the spec's run's bits.
-    `call(requests, trace)` runs those requests (trace: None, or an engine.trace.Trace for the
+    `call(requests, trace)` runs those requests (trace: None, or an engine.trace.OpTrace for the
     target) -> their results in order. `order`: all requests in one call ("same"), in reversed
     order ("reversed"), or each in a call of its own ("alone"). `aligned`: its steps are the
     spec's run's steps (not so for plain decoding against speculative)."""

@@ -45,7 +45,7 @@ from lockstep.harness.platform import SHARED
 from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Bool, Field, Int, Map, Problem, Str
 from lockstep.harness.target import TargetInterface
-from lockstep.kernels._common import PORTABLE_MATH
+from lockstep.kernels import _common
 
 NAME = "primitive"
 # function -> (input grid, the torch implementation's name in kernels.portable or a lambda key)
@@ -407,7 +407,7 @@ def run(spec, ctx, target: TargetInterface) -> SpecResult:
         else:
             outs["y" + suffix] = y
     failures, notes = [], []
-    oracles = impl == "torch" or PORTABLE_MATH       # compiled Triton: the GPU's own functions
+    oracles = impl == "torch" or _common.PORTABLE_MATH       # compiled Triton: the GPU's own functions
     if not oracles:
         notes.append(f"{fn}: compiled Triton uses the GPU's own functions (FMA, approximate sqrt): pinned by "
                      f"this platform's golden, not held to the oracle")
@@ -438,7 +438,7 @@ def run(spec, ctx, target: TargetInterface) -> SpecResult:
 def _match_torch(fn, x, y, ref, exp, notes, suffix) -> list[str]:
     """The Triton output `y` against `ref`, the torch implementation's on the same inputs."""
 
-    if not PORTABLE_MATH:
+    if not _common.PORTABLE_MATH:
         notes.append(f"{fn}: compiled Triton uses the GPU's own functions, not compared with the torch implementation")
         return []
     got, want = _bits_of(y.reshape(-1)), _bits_of(ref.reshape(-1))

@@ -43,7 +43,8 @@ from collections import Counter
 import torch
 
 from lockstep.engine.sampling import SamplingParams, seed_as_int64
-from lockstep.engine.speculative import Tree, number_tree, target_probs
+from lockstep.engine import speculative
+from lockstep.engine.speculative import Tree, number_tree
 from lockstep.harness.intseq import INT64_MAX, INT64_MIN, IntSeq, length, materialize
 from lockstep.harness.platform import SHARED
 from lockstep.harness.result import SpecResult
@@ -308,7 +309,7 @@ def _target(spec, n_nodes: int) -> torch.Tensor:
         return _per_node(inp["probs"], n_nodes)
 
     params = SamplingParams(**(inp["sampling"] or {}))
-    return torch.stack([target_probs(row, params) for row in _per_node(inp["logits"], n_nodes)])
+    return torch.stack([speculative.target_probs(row, params) for row in _per_node(inp["logits"], n_nodes)])
 
 
 def _coins(spec, n_nodes: int) -> tuple[torch.Tensor, float]:

@@ -1,6 +1,6 @@
 """StepLog: what a run did per request and step, collected through the engine's trace hook.
 
-engine.trace.Trace is the engine's one observation point (it records, never changes a value);
+engine.trace.OpTrace is the engine's one observation point (it records, never changes a value);
 the generation loops hand it every decision (`event`: sampled token, draft tree, verify
 outcome) and, while it asks for rows, the model hands it every op's output. StepLog keeps
 
@@ -9,7 +9,7 @@ outcome) and, while it asks for rows, the model hands it every op's output. Step
     step sampled from (digest, top-1/top-2 margin, chosen logprob) and the routed expert ids of
     that row in every layer: small values, so a whole run can be observed.
 
-It is passed where a Trace goes (the `observer=` of generate / speculative_generate, or
+It is passed where an OpTrace goes (the `observer=` of generate / speculative_generate, or
 generate_at's / speculative_generate_at's `trace=`: each rank observes a copy and rank 0's comes
 back through `merge`).
 Step numbering is engine.trace's: plain generation's step k samples token k (0 = the prefill);
@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from lockstep.engine.trace import Trace
+from lockstep.engine.trace import OpTrace
 from lockstep.harness.replay.format import f32_bits
 
 
@@ -36,7 +36,7 @@ def logits_summary(row: torch.Tensor) -> dict:
             "margin": margin, "margin_bits": f32_bits(margin), "argmax": int(top.indices[0])}
 
 
-class StepLog(Trace):
+class StepLog(OpTrace):
     def __init__(self, prompt_lens: Sequence[int], logits: bool = False):
         super().__init__()
         self.prompt_lens = list(prompt_lens)
@@ -95,6 +95,6 @@ class StepLog(Trace):
             for fr in self._rows.tolist():
                 self.experts.setdefault(self._labels[fr], {})[layer] = [int(x) for x in ids[fr].tolist()]
 
-    def merge(self, other: "Trace") -> None:
+    def merge(self, other: "OpTrace") -> None:
         if other is not self:
             self.events, self.logits, self.experts = other.events, other.logits, other.experts

@@ -40,7 +40,8 @@ from enum import Enum
 import torch
 
 from lockstep.engine.request import Request
-from lockstep.harness.locate import Divergence, RequestBits, first_divergence, locate
+from lockstep.harness import locate as locator
+from lockstep.harness.locate import Divergence, RequestBits, first_divergence
 from lockstep.harness.replay import processed
 from lockstep.harness.replay.context import replay_notes
 from lockstep.harness.replay.deltas import Deltas, rl_line
@@ -406,4 +407,4 @@ def _locate(trace, setup: Setup, requests, tokens, results, first: StepVerdict, 
 
     go_ref, i_ref = rerun(base)
     go_other, i_other = rerun(setup)
-    return locate(("the trace", "the replay"), d, go_ref, go_other, request_in=(i_ref, i_other))
+    return locator.locate(("the trace", "the replay"), d, go_ref, go_other, request_in=(i_ref, i_other))

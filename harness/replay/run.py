@@ -74,7 +74,7 @@ def run(setup: Setup, requests: list[Request], log: StepLog | None = None, force
     """-> results in request order (engine.request.Result). `forced`: teacher-force plain
     generation with these tokens (the speculative settings are then ignored). `setup.order`
     runs the batch in another composition; results and the log come back in request order.
-    `engine_trace`: an engine.trace.Trace to attach as it is (its request index is the one in
+    `engine_trace`: an engine.trace.OpTrace to attach as it is (its request index is the one in
     run order), for harness.locate's re-runs. `dp` > 1: the requests spread over that many
     data-parallel ranks, each a whole model (harness.replay.spread; the same results, D2)."""
     order = setup.order or list(range(len(requests)))

@@ -19,9 +19,8 @@ import os
 
 import torch
 
+import lockstep.engine.launch as launcher
 from lockstep.engine import world
-from lockstep.engine.launch import RankFailure, launch
-from lockstep.engine.world import joined
 
 # How long a finished rank of Lockstep's launcher may wait at its closing barrier for the slowest
 # one (shares are balanced by count, not by length); a failed rank ends the run sooner (GRACE_S).
@@ -33,17 +32,17 @@ def degree(requested: int | None, tp: int, ep: int) -> int:
     """The data-parallel degree a replay runs at: `requested` (--dp; default 1), or torchrun's
     world size when this process is one of its ranks. ValueError for what cannot run: dp > 1 with
     a tp x ep topology, or a --dp other than torchrun's world."""
-    world = joined()
+    size = world.joined()
     if tp * ep > 1:
         if requested not in (None, 1):
             raise ValueError(f"--dp {requested} with --tp {tp} --ep {ep}: data-parallel ranks each run a whole "
                              "model; replay at --tp 1 --ep 1 (D4: the same bits) or without --dp")
         return 1
-    if world:
-        if requested not in (None, world):
-            raise ValueError(f"--dp {requested}: torchrun's world has {world} ranks, and a replay under torchrun "
+    if size:
+        if requested not in (None, size):
+            raise ValueError(f"--dp {requested}: torchrun's world has {size} ranks, and a replay under torchrun "
                              f"spreads over all of them (omit --dp, or run torchrun with {requested} processes)")
-        return world
+        return size
     return requested or 1
 
 
@@ -79,9 +78,9 @@ def _on_ranks(ranks: int, args: tuple, device: str) -> list:
 
     wait = float(os.environ.get(world.TIMEOUT_ENV, DEFAULT_WAIT_S))
     try:
-        return launch(share, ranks, args=args, device=device, timeout_s=float("inf"), collective_timeout_s=wait,
+        return launcher.launch(share, ranks, args=args, device=device, timeout_s=float("inf"), collective_timeout_s=wait,
                       grace_s=GRACE_S, threads=max(1, torch.get_num_threads() // ranks))
-    except RankFailure as e:        # the ranks that failed, not the busy ones stopped after them
+    except launcher.RankFailure as e:        # the ranks that failed, not the busy ones stopped after them
         failed = {r: d for r, d in e.ranks.items() if not d.startswith(("hung", "finished"))}
         raise RuntimeError(f"data-parallel run of {ranks} ranks failed: "
                            + "; ".join(f"rank {r} {d}" for r, d in sorted(failed.items())) + "\n" + str(e)) from None

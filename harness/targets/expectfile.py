@@ -31,7 +31,8 @@ from packaging.version import InvalidVersion, Version
 
 from lockstep.harness.limits import MAX_EXPECTATIONS_BYTES
 from lockstep.harness.readers import ReadError, read_text
-from lockstep.harness.specfile import SpecErrors, parse_yaml
+from lockstep.harness import specfile
+from lockstep.harness.specfile import SpecErrors
 
 JUDGEMENTS = ("peer bug", "contract gap", "unjudged")
 SHIPPED = Path(__file__).parent / "expectations"
@@ -46,7 +47,7 @@ def _compose(path: Path) -> tuple[object, dict]:
     duplicate key refused where it is, as in spec files."""
 
     try:
-        doc, marks = parse_yaml(read_text(path, MAX_EXPECTATIONS_BYTES, "expectations file"), str(path))
+        doc, marks = specfile.parse_yaml(read_text(path, MAX_EXPECTATIONS_BYTES, "expectations file"), str(path))
     except ReadError as e:
         raise ExpectationsError(str(e)) from None
     except SpecErrors as e:

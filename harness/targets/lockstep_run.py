@@ -17,7 +17,7 @@ import torch
 import lockstep.engine.mxfp4 as mx
 import lockstep.engine.speculative as speculative
 import lockstep.kernels.matmul as matmul
-from lockstep.engine.boundaries import LayerIdError, aux_layer_ids_from_draft_config, resolve_boundaries
+from lockstep.engine import boundaries as layer_ids
 from lockstep.engine.cases import every_case
 from lockstep.engine.checkpoint import load_checkpoint
 from lockstep.engine.eagle3 import load_draft
@@ -253,10 +253,10 @@ def _sampling(gumbel_max):
 # --------------------------------------------------------------------------- checkpoints, layer ids, verify
 def _eagle3_layers(draft_config, convention, num_layers, fc_in, hidden, name, direct_ids=False):
     if fc_in % hidden:
-        raise LayerIdError(f"{name}: the draft's fc input width {fc_in} is not a multiple of the target hidden "
+        raise layer_ids.LayerIdError(f"{name}: the draft's fc input width {fc_in} is not a multiple of the target hidden "
                            f"size {hidden}")
-    ids = aux_layer_ids_from_draft_config(draft_config)
-    return resolve_boundaries(ids, convention, num_layers, fc_in // hidden, name)
+    ids = layer_ids.aux_layer_ids_from_draft_config(draft_config)     # through the module: tests plant rules there
+    return layer_ids.resolve_boundaries(ids, convention, num_layers, fc_in // hidden, name)
 
 
 def _load_checkpoint(path):

@@ -125,7 +125,7 @@ def test_triton_fused_sublayer_ends_equal_the_unfused_ops(tiny_ckpts, forward, d
     from dataclasses import replace
 
     from lockstep.engine.ops import TRITON, FusedEnds
-    from lockstep.engine.trace import Trace
+    from lockstep.engine.trace import OpTrace
     m = _model(tiny_ckpts["mxfp4"], "triton", dtype)
     calls = []
     counted = FusedEnds(*[(lambda f: lambda *a: calls.append(f) or f(*a))(f)
@@ -134,7 +134,7 @@ def test_triton_fused_sublayer_ends_equal_the_unfused_ops(tiny_ckpts, forward, d
 
     def traced(ops):
         m.use_ops(ops)
-        m.trace = Trace()
+        m.trace = OpTrace()
         try:
             return _run(m, P, capture=(1, 4)), m.trace
         finally:

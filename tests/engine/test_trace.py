@@ -13,7 +13,7 @@ from lockstep.engine.generate import Request, generate
 from lockstep.engine.model import GptOssModel
 from lockstep.engine.sampling import SamplingParams
 from lockstep.engine.speculative import SpecParams, speculative_generate
-from lockstep.engine.trace import OPS, Trace, op_of
+from lockstep.engine.trace import OPS, OpTrace, op_of
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -31,8 +31,8 @@ def bits(results) -> list:
 
 
 def traced(run, request, step):
-    """run(observer) with a Trace of (request, step) passed in as the observer."""
-    trace = Trace(request, step)
+    """run(observer) with an OpTrace of (request, step) passed in as the observer."""
+    trace = OpTrace(request, step)
     return run(trace), trace
 
 
@@ -79,7 +79,7 @@ def test_the_prefill_is_step_0_over_every_chunk(tiny_model):
 
 def test_without_a_request_every_row_of_a_direct_forward_is_kept(tiny_model):
     cache = tiny_model.new_cache(2, 16)
-    tiny_model.trace = Trace()
+    tiny_model.trace = OpTrace()
     try:
         out = tiny_model.forward(torch.tensor([3, 4, 5, 6]), torch.tensor([0, 1, 0, 1]), torch.tensor([0, 0, 1, 1]),
                                  cache, logit_rows=torch.tensor([3, 1]))

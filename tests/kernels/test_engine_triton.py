@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from lockstep.engine.model import GptOssModel
 from lockstep.engine.ops import TRITON
-from lockstep.engine.trace import Trace
+from lockstep.engine.trace import OpTrace
 from tests.engine.helpers import random_prompt
 from lockstep.kernels.matmul import linear_triton
 from lockstep.kernels.moe import clamped_swiglu_triton
@@ -51,7 +51,7 @@ def run(model, prompt, chunks, slot=0, slots=1, other=None):
 
 def traced(model, ops=TRITON):
     """(logits, trace) of PROMPT fed in CHUNKS in slot 1 beside OTHER, under the ops table `ops`."""
-    model.trace = Trace()
+    model.trace = OpTrace()
     model.use_ops(ops)
     try:
         return run(model, PROMPT, CHUNKS, slot=1, slots=2, other=OTHER), model.trace

@@ -10,14 +10,14 @@ import torch
 
 from lockstep.engine.model import GptOssModel
 from lockstep.engine.ops import TRITON, FusedEnds
-from lockstep.engine.trace import Trace
+from lockstep.engine.trace import OpTrace
 from lockstep.harness.locate import compare_traces
 from tests.engine.helpers import random_prompt
 from tests.kernels.conftest import DEVICE
 
 
-def _traced_prefill(model, prompt) -> Trace:
-    model.trace = Trace()
+def _traced_prefill(model, prompt) -> OpTrace:
+    model.trace = OpTrace()
     try:
         ints = lambda v: torch.tensor(v, dtype=torch.int64, device=DEVICE)   # noqa: E731
         model.forward(ints(prompt), ints(range(len(prompt))), ints([0] * len(prompt)), model.new_cache(1, len(prompt)))

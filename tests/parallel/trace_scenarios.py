@@ -4,7 +4,7 @@ equal one device's element by element, every sharded op gathered to its one-devi
 
 from __future__ import annotations
 
-from lockstep.engine.trace import Trace
+from lockstep.engine.trace import OpTrace
 
 from tests.parallel import scenarios, speculative_scenarios
 
@@ -20,13 +20,13 @@ def one_device(ckpt: str) -> dict:
     out = {}
     model = GptOssModel.from_checkpoint(ckpt)
     for r, s in GENERATE_AT:
-        out["generate", r, s] = trace = Trace(r, s)
+        out["generate", r, s] = trace = OpTrace(r, s)
         generate(model, scenarios.requests(), capture=scenarios.CAPTURE, observer=trace)
     pair = speculative_scenarios.fitted_pair()
     target = GptOssModel.from_checkpoint(pair.target)
     draft = load_draft(pair.draft, target, convention=pair.convention)
     for r, s in SPECULATIVE_AT:
-        out["speculative", r, s] = trace = Trace(r, s)
+        out["speculative", r, s] = trace = OpTrace(r, s)
         speculative_generate(target, draft, speculative_scenarios.requests(), speculative_scenarios.SPECS["tree"],
                              observer=trace)
     return out
@@ -45,11 +45,11 @@ def run(ckpt: str, topologies: list[tuple[int, int]]) -> dict:
         ctx = ParallelContext(Topology(tp, ep))
         model = parallel.shard(GptOssModel(config, weights), ctx)
         for r, s in GENERATE_AT:
-            out[tp, ep, "generate", r, s] = trace = Trace(r, s)
+            out[tp, ep, "generate", r, s] = trace = OpTrace(r, s)
             generate(model, scenarios.requests(), capture=scenarios.CAPTURE, observer=trace)
         for r, s in SPECULATIVE_AT:
             _, trace = parallel._speculative_rank(ctx, pair.target, speculative_scenarios.requests(), pair.draft,
                                                   pair.convention, speculative_scenarios.SPECS["tree"],
-                                                  trace=Trace(r, s))
+                                                  trace=OpTrace(r, s))
             out[tp, ep, "speculative", r, s] = trace
     return out
