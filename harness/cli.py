@@ -6,7 +6,7 @@
     lockstep diff     PATTERN ...                   run and explain against the golden
     lockstep regen    [PATTERN ...] [--dry-run] [--allow-ci]
     lockstep report   [PATTERN ...] [--target T ...] --out PATH.md
-    lockstep expectations [PATTERN ...] --target T --write FILE [--versions RANGE]
+    lockstep expectations [PATTERN ...] --target T --write FILE [--versions RANGE] [--json]
     lockstep suite                                  the installed suite's folder
     lockstep show     PATTERN ... [--pair P] [--bits] [--json]   goldens as text (--textconv FILE: git's driver)
     lockstep diff-driver [--uninstall]              install that driver into .git/config
@@ -203,6 +203,7 @@ def _target_parsers(sub) -> None:
     p.add_argument("--target", required=True, help="the target (not lockstep: it has no expected failures)")
     p.add_argument("--write", type=Path, required=True, metavar="FILE", help="the expectations file to write")
     p.add_argument("--versions", help="the PEP 440 range the file holds for (default: ==the target's version)")
+    _json(p, " (the file written and its counts; the text line goes to stderr)")
     p.set_defaults(func=command("report", "cmd_expectations"))
 
 

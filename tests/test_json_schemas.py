@@ -21,7 +21,8 @@ def schema(name):
 
 def test_every_schema_is_valid_and_versioned():
     names = sorted(p.name for p in SCHEMAS.glob("*.schema.json"))
-    assert names == ["check.schema.json", "diff-driver.schema.json", "doctor.schema.json", "generate.schema.json",
+    assert names == ["check.schema.json", "diff-driver.schema.json", "doctor.schema.json", "expectations.schema.json",
+                     "generate.schema.json",
                      "import-peer.schema.json", "list.schema.json", "make-checkpoint.schema.json",
                      "promote.schema.json", "record.schema.json", "regen.schema.json", "replay.schema.json",
                      "report.schema.json", "show.schema.json", "suite.schema.json", "validate.schema.json"]

@@ -41,7 +41,7 @@ from pathlib import Path
 from lockstep.harness.commands.selection import context
 from lockstep.harness.errors import UsageError, located
 from lockstep.harness.golden import GoldenStore
-from lockstep.harness.jsonout import report_document
+from lockstep.harness.jsonout import print_document, report_document, tool_document
 from lockstep.harness.judges import ExpectationsJudge, GoldenJudge, reproduce_command
 from lockstep.harness.target import NotApplicable, Target, TargetInterface, UpstreamChanged
 from lockstep.harness.targets import UnknownTarget, get, load_expectations
@@ -136,10 +136,16 @@ def cmd_write_expectations(args, specs, errors, ctx, progress=None) -> int:
     outcomes = run_target(specs, ctx, target, GoldenStore(args.golden), progress)
     unjudged = write(args.write, target.name, target.version, args.versions, outcomes, previous)
     fails = sum(o.status == FAIL for o in outcomes)
+    as_json = getattr(args, "json", False)
     print(f"wrote {args.write}: {fails} failure(s) of {len(outcomes)} spec(s) on {target.label}, {unjudged} to "
-          f"judge (judgement: unjudged)")
+          f"judge (judgement: unjudged)", file=sys.stderr if as_json else sys.stdout)
     for e in errors:
-        print(f"spec error: {e}")
+        print(f"spec error: {e}", file=sys.stderr if as_json else sys.stdout)
+    if as_json:
+        print_document(tool_document("expectations", not errors, file=str(args.write), target=target.label,
+                                     specs=len(outcomes), failures=fails, unjudged=unjudged,
+                                     not_applicable=sum(o.status == NA for o in outcomes),
+                                     spec_errors=[str(e) for e in errors]))
     return 2 if errors else 0
 
 

@@ -1,4 +1,4 @@
-"""--json of suite, doctor, make-checkpoint, diff-driver, record and promote: one document on stdout
+"""--json of suite, doctor, make-checkpoint, diff-driver, record, promote and expectations: one document on stdout
 with schema_version and ok, valid against its schema in docs/schemas/ (which rejects a document
 without them), the text report kept off stdout."""
 
@@ -82,3 +82,18 @@ def test_record_and_promote_json(tmp_path, capsys):
     doc = valid("promote", document(capsys, "promote", str(trace), "replay/one", "--specs", str(specs), "--json"))
     assert (doc["kind"], doc["requests"]) == ("generate", 2) and (specs / "replay" / "one.yaml").exists()
     assert doc["regen"] == f"lockstep regen --specs {specs} replay/one"
+
+
+def test_expectations_json(tmp_path, monkeypatch, capsys):
+    """An outside engine with a planted sampler bug: the file written, its one failure, to judge."""
+    from tests.targets.outside import engine
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr("lockstep.harness.commands.targets.get", lambda name: engine("seed-offset"))
+    out = tmp_path / "exp.yaml"
+    assert main(["expectations", "--target", "outside", "--write", str(out), "--json", "generate/top-k"]) == 0
+    printed = capsys.readouterr()
+    doc = valid("expectations", json.loads(printed.out))           # stdout holds the document only
+    assert doc["ok"] and doc["file"] == str(out) and out.is_file()
+    assert (doc["specs"], doc["failures"], doc["unjudged"], doc["not_applicable"]) == (1, 1, 1, 0), doc
+    assert f"wrote {out}: 1 failure(s)" in printed.err
