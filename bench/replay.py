@@ -45,7 +45,7 @@ from lockstep.engine.sampling import SamplingParams  # noqa: E402
 from lockstep.harness.replay.format import Trace  # noqa: E402
 from lockstep.harness.replay.observe import StepLog  # noqa: E402
 from lockstep.harness.replay.record import build_trace  # noqa: E402
-from lockstep.harness.replay.replay import Verdict, replay  # noqa: E402
+from lockstep.harness.replay.rerun import Verdict, replay  # noqa: E402
 from lockstep.engine.teacher_forcing import teacher_force  # noqa: E402
 from lockstep.harness.replay.run import Setup, run  # noqa: E402
 
@@ -164,7 +164,7 @@ def in_memory(args):
     from _memory import Meter, model_bytes
     from lockstep.engine.config import PRESETS, preset
     from lockstep.harness.replay.format import f32_bits
-    from lockstep.harness.replay.replay import _forced_verdicts
+    from lockstep.harness.replay.rerun import _forced_verdicts
 
     device = torch.device(args.device)
     cuda = device.type == "cuda"

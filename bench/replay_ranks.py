@@ -2,7 +2,7 @@
 
 Records a synthetic trace with Lockstep's own code (harness.replay.record.record on the `tiny`
 preset, whose checkpoint harness.checkpoints makes with engine.checkpoint.make_checkpoint), then
-replays it in this process at each degree (harness.replay.replay.replay(..., dp=N): 1 runs here,
+replays it in this process at each degree (harness.replay.rerun.replay(..., dp=N): 1 runs here,
 N > 1 starts N ranks with Lockstep's launcher, gloo, each rank a whole model and
 max(1, threads // N) torch threads; `--threads`, default 1, so that the ratio measures the ranks,
 not torch's intra-op threads), and prints each run's time, its throughput and the ratio to
@@ -31,7 +31,7 @@ from lockstep.engine.request import Request  # noqa: E402
 from lockstep.engine.sampling import SamplingParams  # noqa: E402
 from lockstep.harness.replay.format import read_trace, write_trace  # noqa: E402
 from lockstep.harness.replay.record import record  # noqa: E402
-from lockstep.harness.replay.replay import replay  # noqa: E402
+from lockstep.harness.replay.rerun import replay  # noqa: E402
 from lockstep.harness.replay.run import Setup  # noqa: E402
 
 

@@ -379,7 +379,7 @@ def _target_options(args) -> None:
 
 
 def cmd_replay(args) -> int:
-    from lockstep.harness.replay.replay import NEAR_TIE, THRESHOLD, check_identity, replay, replay_setup
+    from lockstep.harness.replay.rerun import NEAR_TIE, THRESHOLD, check_identity, replay, replay_setup
 
     try:
         trace = read_trace(args.trace)

@@ -23,7 +23,7 @@ The run records the trace by running the engine (fp32, torch ops, on the check's
 golden is under the device's fp32 folder, once per device) (harness.replay.record: never hand-written
 numbers), applies the edits to what was recorded (each moves one recorded value, so the
 divergence is known by construction), writes and reads the trace back (the format's hash chain)
-and replays it (harness.replay.replay, nothing located). The golden holds the whole verdict
+and replays it (harness.replay.rerun, nothing located). The golden holds the whole verdict
 report as data (every step's verdict and detail, the statistics of another engine's trace, the
 refusal), so any change in how a verdict is chosen, ordered, worded or measured shows as a
 mismatch; the expectations say what the report must mean, so a golden recorded from a wrong
@@ -71,7 +71,7 @@ from lockstep.harness.replay.format import TraceError, canonical, f32_bits, f32_
 from lockstep.harness.replay.peer import spec_trace
 from lockstep.harness.replay.processed import KINDS as PROCESSING_KINDS, Processing
 from lockstep.harness.replay.promote import spec_document
-from lockstep.harness.replay.replay import MODES, NEAR_TIE, THRESHOLD, Verdict, replay, requests_of
+from lockstep.harness.replay.rerun import MODES, NEAR_TIE, THRESHOLD, Verdict, replay, requests_of
 from lockstep.harness.target import TargetInterface
 from lockstep.harness.result import SpecResult
 from lockstep.harness.schema import Any_, Bool, Field, Float, Int, List, Map, Problem, Schema, Str

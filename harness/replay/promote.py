@@ -27,7 +27,7 @@ from lockstep.harness.replay.format import Trace, TraceError
 from lockstep.harness.replay.identity import check_checkpoint
 from lockstep.harness.replay.peer import spec_trace
 from lockstep.harness.replay.processed import Processing
-from lockstep.harness.replay.replay import foreign, replay
+from lockstep.harness.replay.rerun import foreign, replay
 from lockstep.harness.replay.run import ROOT, Setup, checkpoint_folder
 
 SPEC_ID = re.compile(r"^[a-z0-9][a-z0-9_-]*(/[a-z0-9][a-z0-9_-]*)*$")

@@ -20,7 +20,7 @@ finish reason. The trace is in the same format as `lockstep record`'s, with
     null / empty, since no target operation exposes them (replay then does not judge them).
 
 `lockstep replay --mode teacher-forced` feeds such a trace through Lockstep's engine and judges it
-with a tolerance and per-token statistics (harness/replay/replay.py): across implementations,
+with a tolerance and per-token statistics (harness/replay/rerun.py): across implementations,
 never a claim of bitwise equality. A target that cannot run here (not installed, no generation
 operation, the operation not on this device, a feature missing, sampled requests without an RNG
 model) is a TraceError of one line naming what is missing (the CLI exits 2); a crash of the

@@ -86,7 +86,7 @@ def test_a_failing_rank_on_a_shared_gpu_is_named():
 def test_a_cuda_trace_replays_bitwise_at_another_topology(recorded, replayed):
     """Recorded at one topology on the GPU, replayed at another (free-run and teacher-forced)."""
     from lockstep.harness.replay.record import record
-    from lockstep.harness.replay.replay import replay
+    from lockstep.harness.replay.rerun import replay
     from lockstep.harness.replay.run import Setup
     setup = Setup(checkpoint={"preset": "tiny-parallel", "seed": 0, "format": "bf16"}, tp=recorded[0], ep=recorded[1], device="cuda")
     trace = record(setup, scenarios.requests()[:2])

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from lockstep.harness.kinds import verify as verify_kind
 from lockstep.harness.replay import identity
-from lockstep.harness.replay import replay as rp
+from lockstep.harness.replay import rerun as rp
 from lockstep.harness.replay.format import TraceError
 from tests.conftest import REPO
 from tests.planted import module_with

@@ -1,4 +1,4 @@
-"""What replay hands lockstep.harness.locate (lockstep.harness.replay.replay._locate), without a model: the level-1
+"""What replay hands lockstep.harness.locate (lockstep.harness.replay.rerun._locate), without a model: the level-1
 divergence it builds from the trace and the replay's results (accept lengths only for a
 speculative free run; the first verdict's step when only routing or a digest differs), the
 requests and forced tokens each side's re-run gets, and the request's index in each re-run's
@@ -14,8 +14,8 @@ import torch
 
 import lockstep.harness.locate
 from lockstep.engine.request import Request, SamplingParams
-from lockstep.harness.replay import replay as rp
-from lockstep.harness.replay.replay import StepVerdict, Verdict
+from lockstep.harness.replay import rerun as rp
+from lockstep.harness.replay.rerun import StepVerdict, Verdict
 from lockstep.harness.replay.run import Setup
 
 from tests.replay.test_verdict_rules import LP, result, steps, trace_of

@@ -10,7 +10,7 @@ from lockstep.engine.generate import Request
 from lockstep.engine.sampling import SamplingParams
 from lockstep.harness.replay.format import read_trace, write_trace
 from lockstep.harness.replay.record import record
-from lockstep.harness.replay.replay import replay
+from lockstep.harness.replay.rerun import replay
 from lockstep.harness.replay.run import Setup
 from tests.engine import planted
 

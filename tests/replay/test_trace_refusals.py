@@ -95,7 +95,7 @@ def test_unknown_major_version_is_refused_first(tmp_path, trace_file, capsys):
 
 def test_another_checkpoint_is_refused(trace_file, capsys, monkeypatch):
     """The trace names its checkpoint by weight digests: another folder (the tiny preset) is refused."""
-    from lockstep.harness.replay import replay as replay_mod
+    from lockstep.harness.replay import rerun as replay_mod
     t = read_trace(trace_file)
     setup = replay_mod.recorded_setup(t)
     setup.checkpoint = {"preset": "tiny", "seed": 0, "format": "bf16"}
@@ -116,7 +116,7 @@ def test_another_checkpoint_is_refused_by_the_cli(tmp_path, trace_file, capsys):
 
 
 def test_another_platform_is_refused(trace_file):
-    from lockstep.harness.replay import replay as replay_mod
+    from lockstep.harness.replay import rerun as replay_mod
     t = read_trace(trace_file)
     t.manifest["platform"] = {**t.manifest["platform"], "name": "cuda-sm90-fp32", "golden_platform": "cuda-sm90-fp32"}
     with pytest.raises(TraceError, match="recorded on platform cuda-sm90-fp32, this replay runs on cpu-fp32"):

@@ -1,4 +1,4 @@
-"""Replay's verdict rules without a model (harness.replay.replay): the per-step verdicts of a
+"""Replay's verdict rules without a model (harness.replay.rerun): the per-step verdicts of a
 free run, a teacher-forced run and a speculative round, and how `replay` picks the first
 divergence, applies another engine's tolerance and refuses what it cannot replay. The engine's
 side (`run`) is replaced by given results, so each rule is driven by exactly the values it reads;
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from lockstep.engine.request import Result
-from lockstep.harness.replay import replay as rp
+from lockstep.harness.replay import rerun as rp
 from lockstep.harness.replay.format import Trace, TraceError, f32_bits
 from lockstep.harness.replay.observe import StepLog
-from lockstep.harness.replay.replay import ReplayReport, StepVerdict, Verdict, replay
+from lockstep.harness.replay.rerun import ReplayReport, StepVerdict, Verdict, replay
 
 LP = [-0.5, -1.25, -2.0, -0.75]                    # exact in float32: the recorded logprobs
 

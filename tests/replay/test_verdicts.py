@@ -1,4 +1,4 @@
-"""Replay's verdict vocabulary and its float32 distance (harness.replay.replay): the values the
+"""Replay's verdict vocabulary and its float32 distance (harness.replay.rerun): the values the
 reports print, ULP across signs, and a missing measurement named as such."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from lockstep.harness.kinds.replay import _moved
 from lockstep.harness.replay.format import f32_bits
-from lockstep.harness.replay.replay import ReplayReport, StepVerdict, Verdict, ulp_distance
+from lockstep.harness.replay.rerun import ReplayReport, StepVerdict, Verdict, ulp_distance
 
 
 def test_verdict_values_are_the_report_strings():
