@@ -45,9 +45,11 @@ import inspect
 import os
 import shutil
 import signal
+import tempfile
 import time
 import traceback
 from datetime import timedelta
+from multiprocessing import util
 from pathlib import Path
 from typing import Any, Callable
 
@@ -108,10 +110,32 @@ def _rank_context():
     everything else (`fn`'s module) itself. Where there is no fork server: "spawn"."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
+    _short_socket_dir()
     ctx = mp.get_context("forkserver")
     preload = ["torch", "torch.distributed"] + ([] if torch.cuda.is_available() else ["lockstep.engine.parallel"])
     ctx.set_forkserver_preload(preload)                              # used when the server starts
     return ctx
+
+
+# AF_UNIX socket paths hold 107 bytes; the fork server listens at <temp dir>/pymp-XXXXXXXX/listener-XXXXXXXX
+# (about 40 bytes below the temp dir), so a temp dir longer than this cannot hold it.
+SOCKET_DIR_ROOM = 64
+
+
+def _short_socket_dir() -> None:
+    """Where $TMPDIR is too long for the fork server's socket, multiprocessing's own temp folder
+    (made once a process, holding the socket) goes under a short system one instead: the run
+    works whatever $TMPDIR is. Nothing else moves."""
+    if len(tempfile.gettempdir()) <= SOCKET_DIR_ROOM:
+        return
+    short = next((d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d) and os.access(d, os.W_OK)), None)
+    if short is None:
+        return
+    saved, tempfile.tempdir = tempfile.tempdir, short
+    try:
+        util.get_temp_dir()           # made now, under `short`, and kept for this process
+    finally:
+        tempfile.tempdir = saved
 
 
 def _rank_main(rank: int, world_size: int, port: int, transport: str, rank_device: str, collective_timeout_s: float,

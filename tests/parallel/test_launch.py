@@ -116,3 +116,21 @@ def test_a_rank_takes_the_callers_environment_at_the_call_and_none_of_its_patche
         monkeypatch.setenv("LOCKSTEP_LAUNCH_PROBE", value)
         res = launch(rank_fns.environment_and_patch, 2, args=("LOCKSTEP_LAUNCH_PROBE",), device="cpu", timeout_s=120)
         assert res == [(value, "timed out")] * 2, value
+
+
+def test_ranks_start_under_a_temp_dir_too_long_for_a_socket(tmp_path):
+    """The fork server's socket lives in multiprocessing's temp folder; under a $TMPDIR longer than an
+    AF_UNIX path allows (107 bytes), the launcher makes that folder under a short system one."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    long = tmp_path / ("t" * 90)
+    long.mkdir()
+    probe = ("from lockstep.engine.launch import launch; from tests.parallel import rank_fns; "
+             "print(launch(rank_fns.gather_ranks, 2, args=('hi',), timeout_s=120))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "TMPDIR": str(long), "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and "hi" in proc.stdout, proc.stderr[-2000:]
