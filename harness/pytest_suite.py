@@ -25,7 +25,7 @@ from lockstep.harness.result import RunContext
 from lockstep.harness.specfile import SPEC_SUFFIX, SpecErrors, load_spec_file, spec_files, spec_id_for, stray_error
 from lockstep.harness.suite_paths import map_checkpoints, parse_mapping
 from lockstep.harness.target import NotApplicable, UpstreamChanged
-from lockstep.harness.targets import UnknownTarget, expectations_path, get, load_expectations
+from lockstep.harness.targets import UnknownTarget, at_policy, expectations_path, get, load_expectations
 
 _TARGET = pytest.StashKey[tuple]()     # (target, its expectations) under --lockstep-target
 _PAIRS = pytest.StashKey[tuple]()      # (device, [Pair], explicit): what each spec is collected under
@@ -266,13 +266,11 @@ def _pairs(config, golden: Path) -> tuple:
 
 
 def _at_dtype(target, dtype: str | None):
-    """The target at --lockstep-dtype, as `check --target --dtype` (harness/commands/targets.py)."""
-    declared = getattr(target, "dtype", "fp32")
-    if dtype is None or dtype == declared:
-        return target
-    if dtype not in getattr(target, "dtypes", ()) or getattr(target, "at_dtype", None) is None:
-        raise pytest.UsageError(f"--lockstep-dtype {dtype}: {target.label} runs the {declared} policy only")
-    return target.at_dtype(dtype)
+    """The target at --lockstep-dtype, as `check --target --dtype` (harness.targets.at_policy)."""
+    try:
+        return at_policy(target, dtype)
+    except ValueError as e:
+        raise pytest.UsageError(f"--lockstep-dtype {e}") from None
 
 
 def _target_context(config) -> RunContext:

@@ -44,7 +44,7 @@ from lockstep.harness.golden import GoldenStore
 from lockstep.harness.jsonout import print_document, report_document, tool_document
 from lockstep.harness.judges import ExpectationsJudge, GoldenJudge, reproduce_command
 from lockstep.harness.target import NotApplicable, Target, TargetInterface, UpstreamChanged
-from lockstep.harness.targets import UnknownTarget, get, load_expectations
+from lockstep.harness.targets import UnknownTarget, at_policy, get, load_expectations
 from lockstep.harness.targets.expectfile import ExpectationsError, compare, load, version_range, write
 from lockstep.harness.targets.judge import FAIL, NA, PASS, applicability
 
@@ -102,12 +102,10 @@ def target_context(target: TargetInterface, args, ctx):
     """(the target at the run's dtype policy, the run context): its declared policy, or the one
     --dtype names where the target offers it (`Target.dtypes`); the calibrated judge compares it
     with the reference at that policy (docs/targets.md)."""
-    declared = getattr(target, "dtype", "fp32")
-    if args.dtype is not None and args.dtype != declared:
-        if args.dtype not in getattr(target, "dtypes", ()) or getattr(target, "at_dtype", None) is None:
-            raise _usage(f"--dtype {args.dtype}: {target.label} runs the {declared} policy only (Target.dtype, "
-                         f"Target.dtypes); its outputs are judged at the policy it runs")
-        target = target.at_dtype(args.dtype)
+    try:
+        target = at_policy(target, args.dtype)
+    except ValueError as e:
+        raise _usage(f"--dtype {e}; its outputs are judged at the policy it runs") from None
     args.dtype = target.dtype
     if ctx.platform.dtype == target.dtype:
         return target, ctx
@@ -147,10 +145,6 @@ def cmd_write_expectations(args, specs, errors, ctx, progress=None) -> int:
                                      not_applicable=sum(o.status == NA for o in outcomes),
                                      spec_errors=[str(e) for e in errors]))
     return 2 if errors else 0
-
-
-def _shown(path) -> str | None:
-    return None if path is None else str(path)
 
 
 def cmd_list_target(args, specs) -> int:

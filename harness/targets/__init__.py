@@ -74,3 +74,14 @@ def load_expectations(target: Target, explicit: Path | None = None) -> dict:
     if path is None or (explicit is None and not path.is_file()):
         return {}
     return load(path, target.name, target.version)
+
+
+def at_policy(target: Target, dtype: str | None) -> Target:
+    """The target at dtype policy `dtype` (None: its declared one), where it offers that policy
+    (`Target.dtypes` and `at_dtype`); ValueError naming what it runs otherwise."""
+    declared = getattr(target, "dtype", "fp32")
+    if dtype is None or dtype == declared:
+        return target
+    if dtype not in getattr(target, "dtypes", ()) or getattr(target, "at_dtype", None) is None:
+        raise ValueError(f"{dtype}: {target.label} runs the {declared} policy only (Target.dtype, Target.dtypes)")
+    return target.at_dtype(dtype)

@@ -36,6 +36,7 @@ from lockstep.harness.specfile import Spec
 from lockstep.harness.target import (BITWISE, CALIBRATED, CHI_SQUARE, RNG_COINS, TOLERANCE, NotApplicable,  # noqa: F401
                                      Target, UpstreamChanged)
 from lockstep.harness.targets import agreement, locator
+from lockstep.harness.targets.lockstep_run import prompt_states
 from lockstep.harness.targets.bounds import bound
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
@@ -244,10 +245,7 @@ def _layer_locator(spec: Spec, ctx: RunContext, target, reference):
         return None
 
     def reference_capture(checkpoint, tokens, boundaries):
-        T = len(tokens)
-        out = reference.forward(torch.tensor(tokens), torch.arange(T), torch.zeros(T, dtype=torch.int64),
-                                reference.new_cache(1, T), capture=boundaries)
-        return out.captured.cpu()
+        return prompt_states(reference, tokens, boundaries)
 
     folder = target_dir(spec.inputs["checkpoint"], project_root(spec))
     layers = reference.config.num_hidden_layers

@@ -102,16 +102,21 @@ def model(ctx: RunContext, checkpoint):
     return model_at(checkpoint, ctx.backend, ctx.device, ctx.platform.dtype)
 
 
+def prompt_states(m, prompt, boundaries) -> torch.Tensor:
+    """[T, count * H]: the boundary states one forward of `prompt` captures on model `m` (a fresh cache)."""
+    T = len(prompt)
+    out = m.forward(torch.tensor(prompt), torch.arange(T), torch.zeros(T, dtype=torch.int64), m.new_cache(1, T),
+                    capture=boundaries)
+    return out.captured.cpu()
+
+
 def _forward_ops(ctx: RunContext) -> dict[str, Op]:
     """capture under the run's settings (raising engine.boundaries.CaptureError where the engine
     sees its capture contract broken), and walk_boundaries: every boundary state by calling the
     blocks one at a time, with no capture code (each block owns its norms and residual adds)."""
 
     def capture(checkpoint, prompt, boundaries):
-        m, T = model(ctx, checkpoint), len(prompt)
-        out = m.forward(torch.tensor(prompt), torch.arange(T), torch.zeros(T, dtype=torch.int64),
-                        m.new_cache(1, T), capture=boundaries)
-        return out.captured.cpu()
+        return prompt_states(model(ctx, checkpoint), prompt, boundaries)
 
     @torch.inference_mode()
     def walk_boundaries(checkpoint, prompt):
