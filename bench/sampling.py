@@ -28,25 +28,25 @@ sys.path.insert(0, str(ROOT))        # this checkout's engine, not an installed 
 import torch  # noqa: E402
 
 from _util import DEVICE, device_line, timed  # noqa: E402
-from lockstep.engine.sampling import SamplingParams, chosen_logprobs, row_settings, sample_fused, sample_with  # noqa: E402
+from lockstep.engine.sampling import (SamplingParams, chosen_logprobs, chosen_logprobs_fused, row_settings,  # noqa: E402
+                                      sample_fused, sample_with)
 
 
 def case(name, logits, params, positions, repeat):
     settings = row_settings(params, list(range(len(params))), logits.device)
-    want = sample_with(logits, settings, positions, fused=False)
-    want_lp = chosen_logprobs(logits, want, fused=False)
+    want = sample_with(logits, settings, positions)
+    want_lp = chosen_logprobs(logits, want)
     got, got_lp = sample_fused(logits, settings, positions)
-    forced = chosen_logprobs(logits, want, fused=True)
+    forced = chosen_logprobs_fused(logits, want)
     same = torch.equal(got, want) and torch.equal(got_lp.view(torch.int32), want_lp.view(torch.int32)) \
         and torch.equal(forced.view(torch.int32), want_lp.view(torch.int32))
     if not same:
         print(f"{name}: the fused kernel's bits differ from the torch path")
         sys.exit(3)
-    t_torch = timed(lambda: chosen_logprobs(logits, sample_with(logits, settings, positions, fused=False),
-                                            fused=False), repeat)
+    t_torch = timed(lambda: chosen_logprobs(logits, sample_with(logits, settings, positions)), repeat)
     t_fused = timed(lambda: sample_fused(logits, settings, positions), repeat)
-    t_lp_torch = timed(lambda: chosen_logprobs(logits, want, fused=False), repeat)
-    t_lp_fused = timed(lambda: chosen_logprobs(logits, want, fused=True), repeat)
+    t_lp_torch = timed(lambda: chosen_logprobs(logits, want), repeat)
+    t_lp_fused = timed(lambda: chosen_logprobs_fused(logits, want), repeat)
     R = logits.shape[0]
     print(f"{name:>8} {R:>4} {t_torch * 1e3:>10.3f}ms {t_fused * 1e3:>9.3f}ms {t_torch / t_fused:>7.1f}x"
           f" | chosen logprobs {t_lp_torch * 1e3:>9.3f}ms {t_lp_fused * 1e3:>9.3f}ms {t_lp_torch / t_lp_fused:>7.1f}x")

@@ -21,8 +21,8 @@ source (`Sampled`, the product's; `Forced`, teacher forcing for harness.replay),
 The step is the product's fast path: on a GPU each decode step replays one captured CUDA graph
 per bucket (engine.graphs.decode_steps; the eager forward when states are captured or a trace
 records, and on the CPU), its inputs go to the device in one copy without a sync, the whole
-group is sampled on the device at once (engine.sampling.sample_and_logprobs: row for row the
-bits of `sample`, and on a GPU the tokens and their logprobs from one fused launch; replayed
+group is sampled on the device at once (the model's `ops.sampler`: row for row the bits of
+engine.sampling.sample, and on a GPU the tokens and their logprobs from one fused launch; replayed
 from a captured engine.graphs.SampleGraph unless a row draws from the host generator), and the
 step's one host read is the sampled tokens, from which the stop flags follow. Logprobs stay on
 the device until the end (tests/engine/test_generate_host_reads.py).
@@ -48,7 +48,7 @@ import torch
 from lockstep.engine.graphs import DecodeSteps, capturable, decode_steps
 from lockstep.engine.model import GptOssModel
 from lockstep.engine.request import Request, Result, SamplingParams, check_request  # noqa: F401  (the request type)
-from lockstep.engine.sampling import chosen_logprobs, decision_scores, host_to, row_settings, sample_and_logprobs
+from lockstep.engine.sampling import Sampler, decision_scores, host_to, row_settings
 
 
 # ---------------------------------------------------------------------- the decoding state
@@ -109,8 +109,8 @@ class Decoding:
 
 # ---------------------------------------------------------------------- token sources
 class Sampled:
-    """The product's token source: every row sampled on the device (engine.sampling.sample_and_logprobs,
-    or a captured SampleGraph when the decode step hands one in); logprobs of the chosen ids."""
+    """The product's token source: every row sampled on the device by the model's sampler (or a
+    captured SampleGraph when the decode step hands one in); logprobs of the chosen ids."""
     forced = False
 
     def __init__(self, requests: Sequence[Request], generator: torch.Generator | None):
@@ -125,14 +125,14 @@ class Sampled:
         return None
 
     def choose(self, owners: list[int], logits: torch.Tensor, positions: list[int], state: Decoding,
-               graph=None, positions_dev: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               sampler: Sampler, graph=None, positions_dev: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (chosen ids [R], their logprobs [R] fp32), both on the device."""
         if graph is not None:
             chosen, lps = graph(logits, positions_dev)
             return chosen, lps.clone()                     # the graph's buffer is reused next step
         settings = row_settings([self.requests[i].params for i in owners], [self.requests[i].seed for i in owners],
                                 logits.device)
-        return sample_and_logprobs(logits, settings, host_to(logits.device, positions), self.generator)
+        return sampler.sample(logits, settings, host_to(logits.device, positions), self.generator)
 
 
 class Forced:
@@ -151,9 +151,9 @@ class Forced:
     def graph(self, steps, group):
         return None
 
-    def choose(self, owners, logits, positions, state: Decoding, graph=None, positions_dev=None):
+    def choose(self, owners, logits, positions, state: Decoding, sampler: Sampler, graph=None, positions_dev=None):
         chosen = host_to(logits.device, [self.tokens[i][len(state.tokens[i])] for i in owners])
-        return chosen, chosen_logprobs(logits, chosen)
+        return chosen, sampler.chosen_logprobs(logits, chosen)
 
 
 class Scoring(Forced):
@@ -170,7 +170,7 @@ class Scoring(Forced):
         self.logits: list[list[torch.Tensor]] | None = [[] for _ in tokens] if keep_logits else None
         self.positions: list[list[int]] = [[] for _ in tokens]
 
-    def choose(self, owners, logits, positions, state: Decoding, graph=None, positions_dev=None):
+    def choose(self, owners, logits, positions, state: Decoding, sampler: Sampler, graph=None, positions_dev=None):
         settings = row_settings([self.requests[i].params for i in owners], [self.requests[i].seed for i in owners],
                                 logits.device)
         top = decision_scores(logits, settings, host_to(logits.device, positions)).topk(2, dim=-1)
@@ -180,7 +180,7 @@ class Scoring(Forced):
             self.positions[i].append(int(positions[row]))
             if self.logits is not None:
                 self.logits[i].append(logits[row].to(torch.float32).cpu())
-        return super().choose(owners, logits, positions, state)
+        return super().choose(owners, logits, positions, state, sampler)
 
 
 @dataclass
@@ -313,7 +313,7 @@ def take(run: _Run, owners: list[int], logits: torch.Tensor, positions: list[int
     """Row k of logits [R, V] is request owners[k]'s input at positions[k]: choose every row's
     token at once on the device, then read the tokens back (the call's one host read) and commit."""
     state = run.state
-    chosen, lps = run.source.choose(owners, logits, positions, state, graph, positions_dev)
+    chosen, lps = run.source.choose(owners, logits, positions, state, run.model.ops.sampler, graph, positions_dev)
     chosen_host = chosen.tolist()                          # the host read
     base = state.add_logprobs(lps)
     for k, (i, tok) in enumerate(zip(owners, chosen_host)):

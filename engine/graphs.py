@@ -35,7 +35,7 @@ import torch
 
 from lockstep.engine.kv_cache import KVCache
 from lockstep.engine.model import ONE_DEVICE
-from lockstep.engine.sampling import row_settings, sample_and_logprobs
+from lockstep.engine.sampling import row_settings
 
 KEPT_SAMPLERS = 4          # a group's composition changes as requests finish: keep the last few
 
@@ -141,18 +141,18 @@ class DecodeGraph:
 
 
 class SampleGraph(_Replayed):
-    """lockstep.engine.sampling.sample_and_logprobs for one batch's RowSettings, captured once on a GPU
-    and replayed each step (one fused sampling launch, plus the filter masks of rows that have
+    """A Sampler's `sample` (engine/sampling.py) for one batch's RowSettings, captured once on a GPU
+    and replayed each step (the fused sampler: one launch, plus the filter masks of rows that have
     them). Same kernels, same arguments: the eager bits.
 
-        sampler = SampleGraph(settings, rows=B, vocab=V, device=dev)
+        sampler = SampleGraph(model.ops.sampler, settings, rows=B, vocab=V, device=dev)
         tokens, logprobs = sampler(logits, positions)     # [B, V] fp32, [B] int64 -> [B], [B]
     """
 
-    def __init__(self, settings, rows: int, vocab: int, device):
+    def __init__(self, sampler, settings, rows: int, vocab: int, device):
         if not settings.capturable:
             raise ValueError("SampleGraph: rows without a seed draw from a host generator: not capturable")
-        self.settings = settings
+        self.sampler, self.settings = sampler, settings
         self.logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
         self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
 
@@ -162,7 +162,7 @@ class SampleGraph(_Replayed):
         return self._replay(self.logits.device, self._sample)
 
     def _sample(self):
-        return sample_and_logprobs(self.logits, self.settings, self.positions)
+        return self.sampler.sample(self.logits, self.settings, self.positions)
 
 
 class DecodeSteps:
@@ -172,7 +172,7 @@ class DecodeSteps:
         self.model, self.shape = model, (num_slots, capacity)
         self.cache = model.new_cache(num_slots, capacity)
         self.graphs: dict[int, DecodeGraph] = {}
-        self.samplers: OrderedDict[tuple, SampleGraph] = OrderedDict()   # by the rows' (params, seeds)
+        self.samplers: OrderedDict[tuple, SampleGraph] = OrderedDict()   # by (sampler, rows' params, seeds)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         B = tokens.shape[0]
@@ -182,10 +182,11 @@ class DecodeSteps:
 
     def sampler(self, params: list, seeds: list) -> SampleGraph:
         """The SampleGraph of a group whose row r has params[r] and seeds[r] (kept for reuse)."""
-        key = (tuple(params), tuple(seeds))
+        sampler = self.model.ops.sampler
+        key = (sampler.name, tuple(params), tuple(seeds))
         if key not in self.samplers:
             dev = self.model.device
-            self.samplers[key] = SampleGraph(row_settings(params, seeds, dev), len(params),
+            self.samplers[key] = SampleGraph(sampler, row_settings(params, seeds, dev), len(params),
                                              self.model.config.vocab_size, dev)
             while len(self.samplers) > KEPT_SAMPLERS:
                 self.samplers.popitem(last=False)

@@ -14,17 +14,23 @@ the model is built; no engine function takes a backend name after that. Three im
     FAST_CPU   kernels elsewhere on a GPU (torch's references on the CPU): no invariance promise;
                bench/e2e.py uses it to measure what determinism costs, no golden is recorded with it
 
+Each table also holds its sampler (engine/sampling.py): the torch path for TORCH and on the CPU,
+kernels.sampling's fused launches for TRITON and FAST on a GPU (the same bits as the torch path;
+in the interpreter the fused kernel is a kernel spec's subject at small vocabularies, not the
+engine's path).
+
 The dtype policy (fp32 or bf16) is the model's: every op reads its inputs' dtypes and takes an
 explicit out_dtype where it rounds (engine/model.py's docstring).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 
+from lockstep.engine.sampling import FUSED_SAMPLER, TORCH_SAMPLER, Sampler
 from lockstep.engine.experts import experts_grouped, experts_one_device, experts_per_expert, experts_per_row
 from lockstep.kernels import portable
 from lockstep.kernels.attention import attention_portable, attention_triton
@@ -58,6 +64,7 @@ class Ops:
     attention: Callable         # (q, k_cache, v_cache, slots, positions, sinks, window, scale) -> [T, Hq, D]
     experts: Callable           # engine/experts.py's contract -> down partials [C, T * k, H] fp32
     fused: FusedEnds | None     # the sublayer ends in one kernel each, or None: op by op
+    sampler: Sampler            # the batched sampling steps (engine/sampling.py)
     sharded_experts: Callable | None = None   # what a sharded model (engine/parallel.py) runs as `experts`
     #                                           on a share of the experts; None: `experts` itself
 
@@ -86,26 +93,30 @@ _FUSED = FusedEnds(rope_qkv_cache=rope_qkv_cache_triton, row_parallel_residual=r
 # experts_per_row needs every expert; a rank's share of them takes the loop that skips the others.
 TORCH = Ops(name="torch", linear=linear_portable, chunk_partials=_stacked_partials, rms_norm=rms_norm_portable,
             route=router_top_k_portable, attention=attention_portable, experts=experts_per_row, fused=None,
-            sharded_experts=experts_per_expert)
+            sampler=TORCH_SAMPLER, sharded_experts=experts_per_expert)
 
 # One device holds every expert: experts_one_device skips zero fills; a rank's share keeps them.
 TRITON = Ops(name="triton", linear=linear_triton, chunk_partials=linear_chunks_triton, rms_norm=_rms_norm_triton,
              route=_route_triton, attention=attention_triton, experts=experts_one_device, fused=_FUSED,
-             sharded_experts=experts_grouped)
+             sampler=FUSED_SAMPLER, sharded_experts=experts_grouped)
+
+TRITON_CPU = replace(TRITON, sampler=TORCH_SAMPLER)      # the interpreter samples on the torch path
 
 FAST_CUDA = Ops(name="fast", linear=linear_fast, chunk_partials=None, rms_norm=_rms_norm_triton, route=router_top_k_fast,
-                attention=attention_triton, experts=experts_one_device, fused=_FUSED, sharded_experts=experts_grouped)
+                attention=attention_triton, experts=experts_one_device, fused=_FUSED, sampler=FUSED_SAMPLER,
+                sharded_experts=experts_grouped)
 
 FAST_CPU = Ops(name="fast", linear=linear_fast, chunk_partials=None, rms_norm=rms_norm_fast, route=router_top_k_fast,
-               attention=attention_portable, experts=experts_per_row, fused=None)
+               attention=attention_portable, experts=experts_per_row, fused=None, sampler=TORCH_SAMPLER)
 
 
 def ops_for(backend: str, device: str | torch.device = "cpu") -> Ops:
     """The ops table of backend name `backend` ("torch", "triton" or "fast") on `device`."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    on_gpu = torch.device(device).type == "cuda"
     if backend == "torch":
         return TORCH
     if backend == "triton":
-        return TRITON
-    return FAST_CUDA if torch.device(device).type == "cuda" else FAST_CPU
+        return TRITON if on_gpu else TRITON_CPU
+    return FAST_CUDA if on_gpu else FAST_CPU

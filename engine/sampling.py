@@ -29,16 +29,17 @@ reduction along the vocabulary, so row r's bits never depend on its batchmates
 with the temperature a Python float: a tensor divisor would be a different operation on some
 devices (CUDA multiplies by a scalar divisor's reciprocal).
 
-On a GPU, `sample_with`, `chosen_logprobs` and `target_distributions` run one launch of
-kernels.sampling's fused kernel instead (fused=None picks it by device; fused=False forces the
-torch path): the same IEEE operations in the same order (portable_tl's polynomials, tree sums in
-portable.tree_sum's order, no FMA contraction, and the CUDA torch path's reciprocal multiplies),
-so the bits are the torch path's (tests/engine/test_sampling_fused.py in the interpreter, the
-kernels/sample-fused-* specs). Two parts stay torch: the top-k / top-p / min-p masks of rows
-that use them (keep_mask_rows: a stable sort and a Hillis-Steele scan, whose order the kernel
-would have to reproduce over the whole sorted row), and rows without a seed (their noise comes
-from the host generator). NaN results are NaN where the torch path's are; which NaN (sign,
-payload) is the hardware's.
+Two implementations of the batched steps, chosen with the ops table (engine/ops.py), never by
+device inside a step: `TORCH_SAMPLER`, the torch path above, and `FUSED_SAMPLER`, one launch of
+kernels.sampling's fused kernel per step (the triton and fast tables on a GPU): the same IEEE
+operations in the same order (portable_tl's polynomials, tree sums in portable.tree_sum's order,
+no FMA contraction, and the CUDA torch path's reciprocal multiplies), so the bits are the torch
+path's (tests/engine/test_sampling_fused.py in the interpreter, the kernels/sample-fused-* specs).
+Two parts stay torch in the fused sampler: the top-k / top-p / min-p masks of rows that use them
+(keep_mask_rows: a stable sort and a Hillis-Steele scan, whose order the kernel would have to
+reproduce over the whole sorted row), and rows without a seed (their noise comes from the host
+generator). NaN results are NaN where the torch path's are; which NaN (sign, payload) is the
+hardware's.
 
 `broken_rule` names the rule above that another sampler's token breaks (a tie lost to a higher id,
 a filter, the draw): what a judge of another engine's sampler reports first.
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -111,18 +113,16 @@ def keep_mask_rows(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Ten
 
 
 def chosen_logprob(logits: torch.Tensor, token: int) -> torch.Tensor:
-    """log_softmax of the raw fp32 logits [V] at `token`, float32 0-dim: chosen_logprobs' torch
-    path on a batch of 1."""
-    return chosen_logprobs(logits[None], torch.tensor([token], device=logits.device), fused=False)[0]
+    """log_softmax of the raw fp32 logits [V] at `token`, float32 0-dim: chosen_logprobs on a batch of 1."""
+    return chosen_logprobs(logits[None], torch.tensor([token], device=logits.device))[0]
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int | None, pos: int,
            generator: torch.Generator | None = None) -> int:
-    """Pick one token from logits [V] (fp32) per the module docstring: sample_with's torch path on
-    a batch of 1."""
+    """Pick one token from logits [V] (fp32) per the module docstring: sample_with on a batch of 1."""
     dev = logits.device
     settings = row_settings([params], [seed], dev)
-    return int(sample_with(logits[None], settings, torch.tensor([pos], device=dev), generator, fused=False)[0])
+    return int(sample_with(logits[None], settings, torch.tensor([pos], device=dev), generator)[0])
 
 
 @dataclass
@@ -200,19 +200,10 @@ def _keep_rows(z: torch.Tensor, settings: RowSettings) -> torch.Tensor | None:
     return keep_mask_rows(z, settings.top_k, settings.top_p, settings.min_p)
 
 
-def use_fused(device) -> bool:
-    """The fused sampling kernel runs compiled on a GPU; the CPU keeps the torch path (in the
-    interpreter the kernel is a spec's subject at small vocabularies, not the engine's path)."""
-    return torch.device(device).type == "cuda"
-
-
 def sample_with(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor,
-                generator: torch.Generator | None = None, fused: bool | None = None) -> torch.Tensor:
+                generator: torch.Generator | None = None) -> torch.Tensor:
     """logits [R, V] fp32, positions [R] int64 (both on one device) -> token ids [R] int64 there,
-    row r as `sample(logits[r], params[r], seeds[r], positions[r])` (module docstring).
-    fused (default: on a GPU): one kernels.sampling launch, the same bits as the torch path."""
-    if settings.fused is not None and (use_fused(logits.device) if fused is None else fused):
-        return sample_fused(logits, settings, positions)[0]
+    row r as `sample(logits[r], params[r], seeds[r], positions[r])` (module docstring)."""
     tokens = torch.argmax(logits, dim=-1)                       # greedy rows: the first maximum
     if settings.rows is None:
         return tokens
@@ -255,6 +246,41 @@ def decision_scores(logits: torch.Tensor, settings: RowSettings, positions: torc
     return scores
 
 
+def sample_and_logprobs(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor,
+                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_with and the chosen logprobs of its tokens: -> (tokens [R] int64, logprobs [R] fp32)."""
+    tokens = sample_with(logits, settings, positions, generator)
+    return tokens, chosen_logprobs(logits, tokens)
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int | None],
+                positions: list[int], generator: torch.Generator | None = None,
+                sampler: "Sampler | None" = None) -> torch.Tensor:
+    """Row r of logits [R, V] (fp32) sampled as `sample(logits[r], params[r], seeds[r],
+    positions[r], generator)`, for all rows in one launch sequence on the logits' device, by
+    `sampler` (default TORCH_SAMPLER): -> token ids [R] int64 there. Reads nothing back to the host.
+    Rows without a seed draw from `generator` in row order, V integers each, as `sample` would."""
+    dev = logits.device
+    return (sampler or TORCH_SAMPLER).sample(logits, row_settings(params, seeds, dev), host_to(dev, positions),
+                                             generator)[0]
+
+
+def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """`chosen_logprob` of every row: logits [R, V], tokens [R] int64 -> [R] float32."""
+    lp = portable.log_softmax(logits.to(torch.float32), dim=-1)
+    return lp.gather(-1, tokens[:, None])[:, 0]
+
+
+def target_distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """softmax(z masked by the filters) of every row of logits [R, V] fp32 (row r sampled with
+    params[r], none greedy) -> [R, V] float64: engine.spec_accept.target_probs for each row."""
+    settings = row_settings(params, [0] * len(params), logits.device)
+    z = _scaled_rows(logits, settings)
+    keep = _keep_rows(z, settings)
+    return portable.softmax(z if keep is None else torch.where(keep, z, float("-inf")), dim=-1)
+
+
+# --------------------------------------------------------------------------- the fused sampler
 def sample_fused(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor):
     """sample_with and chosen_logprobs in one kernels.sampling launch (settings.fused set):
     -> (tokens [R] int64, logprobs [R] fp32); the filter masks, where a row has one, come from
@@ -265,70 +291,60 @@ def sample_fused(logits: torch.Tensor, settings: RowSettings, positions: torch.T
                                keep, None if keep is None else keep_idx)
 
 
-def sample_and_logprobs(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor,
-                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """sample_with and the chosen logprobs of its tokens: -> (tokens [R] int64, logprobs [R] fp32).
-    On a GPU one kernels.sampling launch returns both where the fused kernel applies (the bits of
-    the two calls: tests/engine/test_sampling_fused.py), instead of a second pass over the rows."""
-    if settings.fused is not None and use_fused(logits.device):
-        return sample_fused(logits, settings, positions)
-    tokens = sample_with(logits, settings, positions, generator)
-    return tokens, chosen_logprobs(logits, tokens)
+def sample_and_logprobs_fused(logits: torch.Tensor, settings: RowSettings, positions: torch.Tensor,
+                              generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_and_logprobs' bits from one kernels.sampling launch; a batch with a row that draws
+    from the host generator (settings.fused None) takes the torch path."""
+    if settings.fused is None:
+        return sample_and_logprobs(logits, settings, positions, generator)
+    return sample_fused(logits, settings, positions)
 
 
-def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int | None],
-                positions: list[int], generator: torch.Generator | None = None) -> torch.Tensor:
-    """Row r of logits [R, V] (fp32) sampled as `sample(logits[r], params[r], seeds[r],
-    positions[r], generator)`, for all rows in one launch sequence on the logits' device:
-    -> token ids [R] int64 there. Reads nothing back to the host. Rows without a seed draw
-    from `generator` in row order, V integers each, exactly as `sample` would one after another."""
-    dev = logits.device
-    return sample_with(logits, row_settings(params, seeds, dev), host_to(dev, positions), generator)
+def chosen_logprobs_fused(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """chosen_logprobs' bits from kernels.sampling's FORCED rows: no [R, V] log-softmax in memory."""
+    R = logits.shape[0]
+    z = torch.zeros(R, dtype=torch.int64, device=logits.device)
+    # one program per row: a forced row makes only the two fp32 passes, which a split does not
+    # pay back (H200: 0.25 ms one program, 0.35-0.39 ms split at 1-8 rows; docs/history/benchmarks.md)
+    return sample_fused_triton(logits.to(torch.float32), torch.full_like(z, FORCED, dtype=torch.int32),
+                               torch.ones(R, dtype=torch.float64, device=logits.device), z, z, tokens, chunks=1)[1]
 
 
-def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, fused: bool | None = None) -> torch.Tensor:
-    """`chosen_logprob` of every row: logits [R, V], tokens [R] int64 -> [R] float32. fused
-    (default: on a GPU): kernels.sampling's FORCED rows, no [R, V] log-softmax in memory."""
-    if use_fused(logits.device) if fused is None else fused:
-        R = logits.shape[0]
-        z = torch.zeros(R, dtype=torch.int64, device=logits.device)
-        # one program per row: a forced row makes only the two fp32 passes, which a split does not
-        # pay back (H200: 0.25 ms one program, 0.35-0.39 ms split at 1-8 rows; docs/history/benchmarks.md)
-        return sample_fused_triton(logits.to(torch.float32), torch.full_like(z, FORCED, dtype=torch.int32),
-                                   torch.ones(R, dtype=torch.float64, device=logits.device), z, z, tokens,
-                                   chunks=1)[1]
-    lp = portable.log_softmax(logits.to(torch.float32), dim=-1)
-    return lp.gather(-1, tokens[:, None])[:, 0]
+def target_distributions_fused(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """target_distributions' bits from kernels.sampling.distributions_triton."""
+    settings = row_settings(params, [0] * len(params), logits.device)
+    keep = _keep_rows(_scaled_rows(logits, settings), settings) if settings.filtered else None
+    _, temps, _, keep_idx = settings.fused
+    return distributions_triton(logits, temps, keep, None if keep is None else keep_idx)
 
 
-def target_distributions(logits: torch.Tensor, params: list[SamplingParams], fused: bool | None = None) -> torch.Tensor:
-    """softmax(z masked by the filters) of every row of logits [R, V] fp32 (row r sampled with
-    params[r], none greedy) -> [R, V] float64: engine.spec_accept.target_probs for each row.
-    fused (default: on a GPU): kernels.sampling.distributions_triton, the same bits."""
-    dev = logits.device
-    settings = row_settings(params, [0] * len(params), dev)
-    if use_fused(dev) if fused is None else fused:
-        keep = _keep_rows(_scaled_rows(logits, settings), settings) if settings.filtered else None
-        _, temps, _, keep_idx = settings.fused
-        return distributions_triton(logits, temps, keep, None if keep is None else keep_idx)
-    z = _scaled_rows(logits, settings)
-    keep = _keep_rows(z, settings)
-    return portable.softmax(z if keep is None else torch.where(keep, z, float("-inf")), dim=-1)
+@dataclass(frozen=True)
+class Sampler:
+    """One implementation of the batched sampling steps (module docstring), an entry of the ops
+    table: every call site of the engine samples through its model's `ops.sampler`."""
+    name: str
+    sample: Callable            # (logits [R, V] fp32, RowSettings, positions [R], generator) -> (tokens, logprobs)
+    chosen_logprobs: Callable   # (logits [R, V], tokens [R]) -> [R] fp32
+    distributions: Callable     # (logits [R, V] fp32, params, none greedy) -> [R, V] float64
+
+
+TORCH_SAMPLER = Sampler("torch", sample_and_logprobs, chosen_logprobs, target_distributions)
+FUSED_SAMPLER = Sampler("fused", sample_and_logprobs_fused, chosen_logprobs_fused, target_distributions_fused)
 
 
 # --------------------------------------------------------------------------- the kernel spec's case
 def _sample_fused_op(logits, params, seeds, positions):
     """The fused kernels: (tokens, chosen logprobs, target distributions; greedy rows at temperature 1)."""
     tok, lp = sample_fused(logits, row_settings(params, seeds, logits.device), positions)
-    return tok, lp, target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params], fused=True)
+    return tok, lp, target_distributions_fused(logits, [SamplingParams() if p.is_greedy else p for p in params])
 
 
 def _sample_torch(x: dict):
     """The torch path's (tokens, chosen logprobs, target distributions; greedy rows at temperature 1)."""
     logits, params = x["logits"], x["params"]
-    tok = sample_with(logits, row_settings(params, x["seeds"], logits.device), x["positions"], fused=False)
-    dist = target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params], fused=False)
-    return tok, chosen_logprobs(logits, tok, fused=False), dist
+    tok = sample_with(logits, row_settings(params, x["seeds"], logits.device), x["positions"])
+    dist = target_distributions(logits, [SamplingParams() if p.is_greedy else p for p in params])
+    return tok, chosen_logprobs(logits, tok), dist
 
 
 def _sample_fused_inputs(inp, s, d):
@@ -371,7 +387,7 @@ def broken_rule(logits: torch.Tensor, params: SamplingParams, seed: int, positio
     settings = row_settings([params], [seed], dev)
     pos = torch.tensor([position], device=dev)
     scores = decision_scores(logits[None], settings, pos)[0]
-    want = int(sample_with(logits[None], settings, pos, fused=False)[0])
+    want = int(sample_with(logits[None], settings, pos)[0])
     if params.is_greedy:
         return "the tie rule (greedy: the lowest id among equal logits)" if scores[token] == scores[want] \
             else "greedy (not the argmax of the raw logits)"

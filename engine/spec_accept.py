@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from lockstep.engine.request import SamplingParams, seed_as_int64
-from lockstep.engine.sampling import chosen_logprobs, host_to, keep_mask, target_distributions
+from lockstep.engine.sampling import Sampler, host_to, keep_mask
 from lockstep.engine.spec_tree import Tree, _children
 from lockstep.kernels import portable
 from lockstep.kernels.coins import COIN_MAX, verify_coins
@@ -90,23 +90,19 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return portable.softmax(torch.where(keep, z, float("-inf")), dim=-1)
 
 
-# The loop's only calls into engine.sampling's per-row functions. A batched sampler replaces the
-# bodies of these two helpers; nothing else in this module samples or filters a target row.
-def _target_distributions(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+# The loop's only calls into the sampler (the target model's `ops.sampler`); nothing else in this
+# module samples or filters a target row.
+def _target_distributions(sampler: Sampler, logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """target_probs of every node row: logits [M, N, V] fp32, params[m] for request m -> [M, N, V]
-    float64, all rows at once (engine.sampling.target_distributions: the fused kernel on a GPU,
-    the batched torch path elsewhere; either gives target_probs' bits); no host read."""
+    float64, all rows at once (either sampler gives target_probs' bits); no host read."""
     M, N, V = logits.shape
-    rows = target_distributions(logits.reshape(M * N, V), [prm for prm in params for _ in range(N)])
+    rows = sampler.distributions(logits.reshape(M * N, V), [prm for prm in params for _ in range(N)])
     return rows.view(M, N, V)
 
 
-def _chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """chosen_logprob for many rows at once: logits [M, V], tokens [M] -> [M] fp32, through
-    engine.sampling.chosen_logprobs' torch path on every device (portable.log_softmax of the fp32
-    rows: chosen_logprob's bits). Its fused kernel gives the same bits; the round keeps the torch
-    path until the speculative CUDA goldens are re-checked with the kernel in the round's graph."""
-    return chosen_logprobs(logits, tokens, fused=False)
+def _chosen_logprobs(sampler: Sampler, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """chosen_logprob for many rows at once: logits [M, V], tokens [M] -> [M] fp32."""
+    return sampler.chosen_logprobs(logits, tokens)
 
 
 def _accept_greedy(tokens: torch.Tensor, children: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from functools import partial
+
 import torch
 
 from lockstep.engine.eagle3 import DraftKV, Eagle3Draft
@@ -237,7 +239,8 @@ def _accept_step(run: _SpecRun, rin: _RoundIn, trees: TreeBatch, ver: _Verified)
     choice = _accept_greedy(tokens, kids, torch.argmax(node_logits, dim=-1))
     s_idx = host_to(tdev, sampled)
     which = [rin.active[a] for a in sampled]
-    p = _target_distributions(node_logits.index_select(0, s_idx), [run.requests[i].params for i in which])
+    p = _target_distributions(run.target.ops.sampler, node_logits.index_select(0, s_idx),
+                              [run.requests[i].params for i in which])
     coins, fin = _coins(run.requests, which, [run.state.length(i) for i in which], N, run.generator, tdev)
     s_tok, s_kids = tokens.index_select(0, s_idx), kids.index_select(0, s_idx)
     q = trees.q.to(tdev).index_select(0, s_idx) if run.spec.verify == "rejection" else None
@@ -264,7 +267,8 @@ def _commit(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accepted, host: 
         new_tok.append(toks[1:L] + [nxt] + [0] * (W - L))
     new_t = host_to(tdev, new_tok)                      # pinned, no sync: the device may still run
     rows = node_logits.gather(1, acc.acc_nodes[:, :, None].expand(R, W, node_logits.shape[2])).flatten(0, 1)
-    lps = run.graphs.replay(("chosen logprobs",), _chosen_logprobs, (rows, new_t.reshape(-1))).clone()   # [R * W]
+    lps = run.graphs.replay(("chosen logprobs",), partial(_chosen_logprobs, run.target.ops.sampler),
+                            (rows, new_t.reshape(-1))).clone()                                       # [R * W]
     # target KV: bring the accepted path's rows into the request's own slot (a no-op copy for path 0)
     act_t, r_t = rin.act.to(tdev), rin.r.to(tdev)
     src = ver.path_slot.gather(1, ver.lay.node_path.gather(1, acc.last[:, None]))[:, 0]

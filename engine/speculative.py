@@ -63,9 +63,9 @@ the host (the sampled acceptance's row lists and generator coins, rows drawing f
 generator, the KV copies sized by a host int, the bookkeeping) and the fp32 portable head stay eager.
 
 The per-row sampling helpers (spec_accept._target_distributions, _chosen_logprobs) are the one
-place a round calls engine.sampling's row functions: a batched sampler goes there.
+place a round samples: through the target model's `ops.sampler`, as engine.generate does.
 
-The first output token comes from the prefill logits through engine.sampling.sample (Gumbel at
+The first output token comes from the prefill logits through the same sampler (Gumbel at
 position prompt_len - 1), exactly as in engine.generate. Logprobs: log_softmax of the raw fp32
 target logits at the chosen token. Accept length of a round = accepted draft tokens + 1.
 """
@@ -81,7 +81,7 @@ from lockstep.engine.eagle3 import Eagle3Draft
 from lockstep.engine.generate import generator_for, observing, validate_request
 from lockstep.engine.model import GptOssModel
 from lockstep.engine.request import Request, Result
-from lockstep.engine.sampling import chosen_logprob, sample
+from lockstep.engine.sampling import host_to, row_settings
 # The public names of the round's parts, importable from here as before the split.
 from lockstep.engine.spec_accept import (inverse_cdf, inverse_cdf_rows, target_probs,  # noqa: F401
                                          verify_greedy, verify_rejection, verify_target_only)
@@ -160,13 +160,16 @@ def prefill(run: _SpecRun) -> None:
         run.observer.rows(rows_slot, [0] * len(rows_slot))  # prefill: step 0, slot i = request i
     out = run.target.forward(torch.tensor(rows_tok), torch.tensor(rows_pos), torch.tensor(rows_slot), run.cache,
                              capture=run.draft.boundaries)
+    dev = out.logits.device
+    first, first_lp = run.target.ops.sampler.sample(
+        out.logits.index_select(0, host_to(dev, last_rows)),
+        row_settings([r.params for r in requests], [r.seed for r in requests], dev),
+        host_to(dev, [len(r.prompt) - 1 for r in requests]), run.generator)
     ext_req, ext_pos, ext_tok, ext_row, ext_last, which = [], [], [], [], [], []
     row = 0
-    for i, req in enumerate(requests):
+    for i, (req, tok) in enumerate(zip(requests, first.tolist())):
         m = len(req.prompt)
-        logits = out.logits[last_rows[i]]
-        tok = sample(logits, req.params, req.seed, m - 1, run.generator)
-        run.commit(i, [tok], state.add_logprobs(chosen_logprob(logits, tok).reshape(1)))
+        run.commit(i, [tok], state.add_logprobs(first_lp[i:i + 1]))
         if state.finish[i] is None:
             ext_req += [i] * m
             ext_pos += list(range(m))

@@ -14,7 +14,6 @@ import torch
 
 from lockstep.engine.generate import observing
 from lockstep.engine.request import Request, Result
-from lockstep.engine.sampling import chosen_logprobs as row_logprobs
 
 
 def teacher_force(model, reqs: list[Request], forced: list[list[int]], chunk: int = 256, group: int = 8,
@@ -68,7 +67,7 @@ def _prefill_shaped(model, reqs, forced, chunk: int, group: int, trace):
                                 logit_rows=rows.to(dev))
             if not spans:
                 continue
-            chosen = chosen_logprobs(res.logits, torch.cat(wanted).to(dev)).cpu()   # [rows] float32
+            chosen = chosen_logprobs(model.ops.sampler, res.logits, torch.cat(wanted).to(dev)).cpu()   # [rows] fp32
             r0 = 0
             for i, k0, k1 in spans:
                 out[i][k0:k1] = chosen[r0:r0 + k1 - k0]
@@ -79,10 +78,10 @@ def _prefill_shaped(model, reqs, forced, chunk: int, group: int, trace):
 ROWS_AT_ONCE = 1024        # logits rows per log_softmax: bounds its float64 temporaries (~1.6 GB at V = 201k)
 
 
-def chosen_logprobs(logits, tokens):
-    """engine.sampling.chosen_logprobs [R, V], [R] -> [R] float32, a block of rows at a time (the
+def chosen_logprobs(sampler, logits, tokens):
+    """sampler.chosen_logprobs [R, V], [R] -> [R] float32, a block of rows at a time (the
     same bits: no row of it sees another). One call per block instead of one per row is what
     keeps a 64 x 1024 replay from being launch-bound on a GPU."""
-    out = [row_logprobs(logits[r0:r0 + ROWS_AT_ONCE], tokens[r0:r0 + ROWS_AT_ONCE].to(torch.int64))
+    out = [sampler.chosen_logprobs(logits[r0:r0 + ROWS_AT_ONCE], tokens[r0:r0 + ROWS_AT_ONCE].to(torch.int64))
            for r0 in range(0, logits.shape[0], ROWS_AT_ONCE)]
     return torch.cat(out) if out else logits.new_empty(0, dtype=torch.float32)

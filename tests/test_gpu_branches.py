@@ -5,6 +5,8 @@ run is `python3 -m pytest -m gpu -q -p no:randomly` (and `python3 -m lockstep ch
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -55,11 +57,25 @@ def test_bit_dependencies_of_a_cuda_golden_name_the_gpu_stack():
 
 
 def test_fused_sampling_is_the_cuda_path():
-    """engine/sampling.py use_fused, kernels/sampling.py RECIP: the fused kernel (reciprocal
-    temperature) is what a GPU samples with; the CPU keeps the torch path."""
-    from lockstep.engine.sampling import use_fused
+    """engine/ops.py's sampler entry, kernels/sampling.py RECIP: a model of the triton backend on a
+    GPU samples with the fused kernel (reciprocal temperature) and gives the torch sampler's
+    tokens and logprob bits; the torch backend keeps the torch path."""
+    from lockstep.engine.model import GptOssModel
+    from lockstep.engine.request import Request, SamplingParams
+    from lockstep.engine.generate import generate
+    from lockstep.engine.sampling import FUSED_SAMPLER, TORCH_SAMPLER
 
-    assert use_fused("cuda") and use_fused(torch.device("cuda", 0)) and not use_fused("cpu")
+    fused = GptOssModel.from_checkpoint(REPO / "models/tiny-target", device="cuda", backend="triton")
+    plain = GptOssModel.from_checkpoint(REPO / "models/tiny-target", device="cuda", backend="torch")
+    assert fused.ops.sampler is FUSED_SAMPLER and plain.ops.sampler is TORCH_SAMPLER
+    reqs = [Request(prompt=[5 + i, 9, 40 + i], params=SamplingParams(temperature=0.7 + 0.2 * i, top_k=20 * i,
+                                                                  max_new_tokens=12), seed=3 + i)
+            for i in range(3)]
+    a = generate(fused, reqs)
+    fused.use_ops(replace(fused.ops, sampler=TORCH_SAMPLER))
+    b = generate(fused, reqs)
+    for x, y in zip(a, b):
+        assert x.tokens == y.tokens and torch.equal(x.logprobs.view(torch.int32), y.logprobs.view(torch.int32))
 
 
 def test_round_graphs_are_kept_per_target_and_shape_and_reset():

@@ -23,6 +23,7 @@ from lockstep.engine.checkpoint import load_checkpoint
 from lockstep.engine.eagle3 import load_draft
 from lockstep.engine.generate import generate
 from lockstep.engine.model import Step
+from lockstep.engine.ops import ops_for
 from lockstep.engine.parallel import generate_at, plan_splits, speculative_generate_at
 from lockstep.engine.prefix_cache import PrefixCache
 from lockstep.engine.request import Request, SamplingParams
@@ -237,21 +238,22 @@ def _kernel_ops() -> dict[str, Op]:
     ops = {c.name: Op(c.op, (INTERPRETER, CUDA), c.note, frozenset(c.features)) for c in every_case().values()}
     gumbel_max = ops["sampling"]
     ops["sampling"] = Op(_sampling(gumbel_max.fn), gumbel_max.where, f"{gumbel_max.note}; with params=: "
-                         f"lockstep.engine.sampling.sample_rows", gumbel_max.features | {"params"})
+                         f"lockstep.engine.sampling.sample_rows by the triton ops' sampler", gumbel_max.features | {"params"})
     return ops
 
 
 def _sampling(gumbel_max):
     """The `sampling` operation: the Gumbel-max kernel on log-probabilities, or with params= the
     engine's own sampler on raw logits (engine.sampling.sample_rows: temperature, the filters, the
-    coin draw; on a GPU its fused kernel)."""
+    coin draw) by the triton ops table's sampler of the logits' device (on a GPU the fused kernel)."""
     def sampling(logp, seeds, positions, col_base=None, params=None):
         if params is None:
             return gumbel_max(logp, seeds, positions, col_base=col_base)
         if col_base is not None:
             raise ValueError("sampling: col_base belongs to the Gumbel-max form; with params the columns are "
                              "vocab ids (DESIGN §5)")
-        return sample_rows(logp, list(params), [int(s) for s in seeds.tolist()], [int(p) for p in positions.tolist()])
+        return sample_rows(logp, list(params), [int(s) for s in seeds.tolist()], [int(p) for p in positions.tolist()],
+                           sampler=ops_for("triton", logp.device).sampler)
     return sampling
 
 

@@ -103,7 +103,7 @@ def test_bf16_prefill_equals_decode(tiny_ckpts, forward, backend):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_packed_mxfp4_experts_equal_dequantized_ones(tiny_ckpts, forward, backend, dtype):
     for packed, kind in ((True, Mxfp4Weight), (False, torch.Tensor)):
-        assert isinstance(_model(tiny_ckpts["mxfp4"], backend, dtype, packed).blocks[0].mlp.gate_up_w, kind)
+        assert isinstance(_model(tiny_ckpts["mxfp4"], backend, dtype, packed).blocks[0].mlp.held.gate_up_w, kind)
     packed = forward("mxfp4", backend, dtype, P, capture=(1, 4))
     dense = forward("mxfp4", backend, dtype, P, packed=False, capture=(1, 4))
     assert torch.equal(packed[0], dense[0]) and torch.equal(packed[1], dense[1])
@@ -124,9 +124,10 @@ def test_triton_fused_sublayer_ends_equal_the_unfused_ops(tiny_ckpts, forward, d
     runs the fused kernels too (the trace records the same points, every one bitwise equal)."""
     from dataclasses import replace
 
-    from lockstep.engine.ops import TRITON, FusedEnds
+    from lockstep.engine.ops import FusedEnds
     from lockstep.engine.trace import OpTrace
     m = _model(tiny_ckpts["mxfp4"], "triton", dtype)
+    TRITON = m.ops                                                     # the triton table of this device
     calls = []
     counted = FusedEnds(*[(lambda f: lambda *a: calls.append(f) or f(*a))(f)
                           for f in (TRITON.fused.rope_qkv_cache, TRITON.fused.row_parallel_residual,

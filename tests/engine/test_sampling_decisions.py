@@ -46,8 +46,8 @@ def test_the_decision_scores_and_tokens_follow_the_definition():
     assert got.dtype == torch.float64 and torch.equal(got, want)
     tokens = sampling.sample_with(logits, settings, torch.tensor(positions))
     assert tokens.tolist() == want.argmax(-1).tolist()
-    assert sampling.sample_with(logits, settings, torch.tensor(positions), fused=True).tolist() == tokens.tolist(), \
-        "fused asked for without fused settings: the torch path"
+    assert sampling.FUSED_SAMPLER.sample(logits, settings, torch.tensor(positions))[0].tolist() == tokens.tolist(), \
+        "the fused sampler without fused settings: the torch path"
     greedy = sampling.row_settings([SamplingParams(greedy=True)] * 2, [None, None], "cpu")
     assert torch.equal(sampling.decision_scores(logits[:2], greedy, torch.tensor([0, 0])), logits[:2].double())
 
@@ -143,8 +143,10 @@ def test_only_the_filters_a_row_uses_are_built():
 
 
 def test_which_path_samples(monkeypatch):
-    """fused=True takes the fused kernel when the batch has its operands, the torch path otherwise;
-    fused None takes it only on a GPU (use_fused). A recorder stands in for the kernel."""
+    """The fused sampler takes the fused kernel when the batch has its operands, the torch path
+    otherwise; the torch sampler never does; the ops table picks the sampler once, by backend and
+    device. A recorder stands in for the kernel."""
+    from lockstep.engine.ops import ops_for
     calls = []
 
     def fused(logits, settings, positions):
@@ -153,16 +155,19 @@ def test_which_path_samples(monkeypatch):
     monkeypatch.setattr(sampling, "sample_fused", fused)
     logits, positions = torch.randn(2, V), torch.tensor([4, 5])
     seeded = sampling.row_settings([SamplingParams(), SamplingParams(greedy=True)], [1, None], "cpu")
-    assert sampling.sample_with(logits, seeded, positions, fused=True).tolist() == [99, 99]
+    assert sampling.FUSED_SAMPLER.sample(logits, seeded, positions)[0].tolist() == [99, 99]
     assert calls == [(logits, seeded, positions)]
-    assert sampling.sample_with(logits, seeded, positions).tolist() != [99, 99], "the CPU: the torch path"
-    assert sampling.sample_with(logits, seeded, positions, fused=False).tolist() != [99, 99]
+    assert sampling.TORCH_SAMPLER.sample(logits, seeded, positions)[0].tolist() != [99, 99]
     unseeded = sampling.row_settings([SamplingParams(), SamplingParams()], [1, None], "cpu")
-    got = sampling.sample_with(logits, unseeded, positions, torch.Generator().manual_seed(0), fused=True)
-    assert got.tolist() != [99, 99] and len(calls) == 1, "no fused operands: the torch path even when asked"
-    monkeypatch.setattr(sampling, "use_fused", lambda device: True)          # as on a GPU
-    assert sampling.sample_with(logits, seeded, positions).tolist() == [99, 99], "fused None: use_fused decides"
-    assert sampling.sample_with(logits, seeded, positions, fused=False).tolist() != [99, 99]
+    got = sampling.FUSED_SAMPLER.sample(logits, unseeded, positions, torch.Generator().manual_seed(0))[0]
+    assert got.tolist() != [99, 99] and len(calls) == 1, "no fused operands: the torch path"
+    assert sampling.sample_rows(logits, [SamplingParams()] * 2, [1, 2], [4, 5]).tolist() != [99, 99]
+    assert sampling.sample_rows(logits, [SamplingParams()] * 2, [1, 2], [4, 5],
+                                sampler=sampling.FUSED_SAMPLER).tolist() == [99, 99]
+    chosen = {(b, d): ops_for(b, d).sampler for b in ("torch", "triton", "fast") for d in ("cpu", "cuda")}
+    assert chosen == {("torch", "cpu"): sampling.TORCH_SAMPLER, ("torch", "cuda"): sampling.TORCH_SAMPLER,
+                      ("triton", "cpu"): sampling.TORCH_SAMPLER, ("triton", "cuda"): sampling.FUSED_SAMPLER,
+                      ("fast", "cpu"): sampling.TORCH_SAMPLER, ("fast", "cuda"): sampling.FUSED_SAMPLER}
 
 
 def test_the_decision_scores_are_made_on_the_logits_device():

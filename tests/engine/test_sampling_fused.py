@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
-from lockstep.engine.sampling import (SamplingParams, chosen_logprobs, row_settings, sample_fused, sample_with,
-                             target_distributions)
+from lockstep.engine.sampling import (SamplingParams, chosen_logprobs, chosen_logprobs_fused, row_settings, sample_fused,
+                             sample_with, target_distributions, target_distributions_fused)
 from lockstep.engine.speculative import target_probs
 from tests.engine.test_sampling_rows import _logits, _params
 
@@ -34,17 +34,17 @@ def test_fused_equals_torch_path(case):
     seeds = [rng.randrange(-2**63, 2**64) for _ in range(R)]
     positions = torch.tensor([rng.randrange(0, 5000) for _ in range(R)], device=DEV)
     settings = row_settings(params, seeds, DEV)
-    torch_tokens = sample_with(logits, settings, positions, fused=False)
+    torch_tokens = sample_with(logits, settings, positions)
     tokens, lps = sample_fused(logits, settings, positions)
     assert tokens.tolist() == torch_tokens.tolist(), params
-    assert torch.equal(_bits(lps), _bits(chosen_logprobs(logits, torch_tokens, fused=False)))
-    assert torch.equal(_bits(chosen_logprobs(logits, torch_tokens, fused=True)), _bits(lps))
+    assert torch.equal(_bits(lps), _bits(chosen_logprobs(logits, torch_tokens)))
+    assert torch.equal(_bits(chosen_logprobs_fused(logits, torch_tokens)), _bits(lps))
     sampled = [r for r in range(R) if not params[r].is_greedy]
     if sampled:
         rows = logits[sampled]
         ps = [params[r] for r in sampled]
-        batched = target_distributions(rows, ps, fused=False)
-        assert torch.equal(_bits(target_distributions(rows, ps, fused=True)), _bits(batched))
+        batched = target_distributions(rows, ps)
+        assert torch.equal(_bits(target_distributions_fused(rows, ps)), _bits(batched))
         for k, (row, p) in enumerate(zip(rows, ps)):                  # the row-by-row definition
             assert torch.equal(_bits(batched[k]), _bits(target_probs(row, p)))
 
@@ -59,7 +59,7 @@ def test_tree_order_over_blocks():
     decides the last bit of a row's sum about one row in six, so 24 rows pin it."""
     x = (torch.randn(24, 5000, generator=torch.Generator().manual_seed(0)) * 3).to(DEV)
     ps = [SamplingParams(temperature=1.0)] * 24
-    assert torch.equal(_bits(target_distributions(x, ps, fused=True)), _bits(target_distributions(x, ps, fused=False)))
+    assert torch.equal(_bits(target_distributions_fused(x, ps)), _bits(target_distributions(x, ps)))
 
 
 @pytest.mark.parametrize("chunks", [1, 2, 4, 8])
@@ -89,8 +89,8 @@ def test_a_row_split_over_programs_keeps_its_bits(chunks):
     assert torch.equal(_bits(got[1]), _bits(want[1]))
     params = [SamplingParams(temperature=t) for t in (1.0, 1.3, 0.8, 1.0)] + [SamplingParams(temperature=0)]
     settings = row_settings(params, [11, -12, 13, 14, None], DEV)
-    assert want[0][:5].tolist() == sample_with(x[:5], settings, positions[:5], fused=False).tolist()
-    assert torch.equal(_bits(want[1]), _bits(chosen_logprobs(x, want[0], fused=False)))
+    assert want[0][:5].tolist() == sample_with(x[:5], settings, positions[:5]).tolist()
+    assert torch.equal(_bits(want[1]), _bits(chosen_logprobs(x, want[0])))
 
 
 @pytest.mark.parametrize("chunks", [0, 3, 16, True])

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from lockstep.engine.sampling import SamplingParams, chosen_logprob, chosen_logprobs, sample, sample_rows
+from lockstep.engine.sampling import TORCH_SAMPLER, SamplingParams, chosen_logprob, chosen_logprobs, sample, sample_rows
 
 
 def _params(rng: random.Random) -> SamplingParams:
@@ -83,14 +83,14 @@ def test_sample_graph_equals_sample_rows():
     logits = _logits(6, 301, torch.Generator().manual_seed(5))
     params = [_params(rng) for _ in range(6)]
     seeds = [rng.randrange(2**64) for _ in range(6)]
-    sampler = SampleGraph(row_settings(params, seeds, "cpu"), 6, 301, "cpu")
+    sampler = SampleGraph(TORCH_SAMPLER, row_settings(params, seeds, "cpu"), 6, 301, "cpu")
     for positions in ([3, 9, 27, 81, 243, 729], [4, 10, 28, 82, 244, 730]):
         tokens, lps = sampler(logits, torch.tensor(positions))
         expected = sample_rows(logits, params, seeds, positions)
         assert torch.equal(tokens, expected)
         assert torch.equal(lps.view(torch.int32), chosen_logprobs(logits, expected).view(torch.int32))
     with pytest.raises(ValueError, match="not capturable"):
-        SampleGraph(row_settings([SamplingParams()], [None], "cpu"), 1, 301, "cpu")
+        SampleGraph(TORCH_SAMPLER, row_settings([SamplingParams()], [None], "cpu"), 1, 301, "cpu")
 
 
 def test_a_nan_row_with_its_filters_off_keeps_every_entry_beside_rows_that_filter():
@@ -126,5 +126,5 @@ def test_an_all_greedy_batch_needs_no_generator_and_is_capturable():
     st = row_settings([SamplingParams(greedy=True)] * 2, [None, None], "cpu")
     assert st.rows is None and st.capturable and not st.filtered and st.unseeded == []
     logits = torch.tensor([[0.0, 2.0, 2.0], [5.0, -1.0, 5.0]])
-    tokens, _ = SampleGraph(st, 2, 3, "cpu")(logits, torch.tensor([0, 0]))
+    tokens, _ = SampleGraph(TORCH_SAMPLER, st, 2, 3, "cpu")(logits, torch.tensor([0, 0]))
     assert tokens.tolist() == [1, 0], "greedy: the first maximum"

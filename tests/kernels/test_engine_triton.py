@@ -9,7 +9,7 @@ import torch
 from dataclasses import replace
 
 from lockstep.engine.model import GptOssModel
-from lockstep.engine.ops import TRITON
+from lockstep.engine.ops import TRITON_CPU as TRITON  # these models run on the CPU
 from lockstep.engine.trace import OpTrace
 from tests.engine.helpers import random_prompt
 from lockstep.kernels.matmul import linear_triton
@@ -91,9 +91,11 @@ def _per_chunk_partials(x, weight, bounds, prologue=None, x_per_k=1):
     return torch.stack(parts)
 
 
-def _experts_per_expert(x, top_ids, gate_up_w, gate_up_b, down_w, bounds, expert_lo, n_local, alpha, limit):
+def _experts_per_expert(x, top_ids, held):
     """The Triton ops' experts before grouping on the device: for each expert its rows (found on the
     host), linear_triton for gate_up, then per K chunk the SwiGLU and down."""
+    gate_up_w, gate_up_b, down_w, bounds = held.gate_up_w, held.gate_up_b, held.down_w, list(held.bounds)
+    expert_lo, n_local, alpha, limit = held.lo, held.n, held.alpha, held.limit
     T, H = x.shape
     k = top_ids.shape[1]
     out = x.new_zeros((len(bounds), T * k, H), dtype=torch.float32)

@@ -9,7 +9,8 @@ from dataclasses import replace
 import torch
 
 from lockstep.engine.model import GptOssModel
-from lockstep.engine.ops import TRITON, FusedEnds
+from lockstep.engine.ops import FusedEnds
+from lockstep.engine.ops import TRITON_CPU as TRITON  # these models run on the CPU
 from lockstep.engine.trace import OpTrace
 from lockstep.harness.locate import compare_traces
 from tests.engine.helpers import random_prompt

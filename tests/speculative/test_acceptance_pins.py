@@ -16,12 +16,15 @@ import torch
 
 from lockstep.engine import spec_accept, spec_round, spec_tree
 from lockstep.engine.request import Request, SamplingParams, seed_as_int64
+from lockstep.engine.sampling import TORCH_SAMPLER
 from lockstep.engine.speculative import (SpecParams, Tree, TreeBatch, inverse_cdf_rows, target_probs, verify_greedy,
                                 verify_rejection, verify_target_only)
 from lockstep.kernels.coins import COIN_MAX, verify_coins
 
 from tests.speculative.test_verify_specs import target_only
 from tests.speculative.verify_bugs import rejection
+
+TORCH_TARGET = SimpleNamespace(ops=SimpleNamespace(sampler=TORCH_SAMPLER))   # what the round reads of its target
 
 f64 = torch.float64
 
@@ -246,7 +249,7 @@ def test_accept_step_decides_every_request_by_its_own_rule_and_coins():
         q = torch.softmax(torch.randn(3, N, V, generator=g, dtype=f64), -1) if mode == "rejection" else None
         tokens, par_t = torch.tensor([t.tokens for t in trees]), torch.tensor(parents)
         run = SimpleNamespace(shape=SimpleNamespace(N=N, W=W), requests=requests, spec=sp,
-                              state=SimpleNamespace(length=lambda i: lengths[i]),
+                              state=SimpleNamespace(length=lambda i: lengths[i]), target=TORCH_TARGET,
                               generator=torch.Generator().manual_seed(trial))
         rin = SimpleNamespace(active=active, greedy=[requests[i].params.is_greedy for i in active])
         ver = SimpleNamespace(tokens=tokens, lay=SimpleNamespace(children=spec_tree._children(par_t, K)), node_logits=logits)
@@ -301,7 +304,8 @@ def test_the_acceptance_makes_no_tensor_on_the_default_device(mode):
     requests = [Request([1, 2], SamplingParams(temperature=0.8), seed=3), Request([1, 2], SamplingParams(temperature=1.0))]
     run = SimpleNamespace(shape=SimpleNamespace(N=4, W=4), requests=requests,
                           spec=SpecParams(num_steps=3, topk=K, draft_token_num=4, verify=mode),
-                          state=SimpleNamespace(length=lambda i: 5), generator=torch.Generator().manual_seed(0))
+                          state=SimpleNamespace(length=lambda i: 5), generator=torch.Generator().manual_seed(0),
+                          target=TORCH_TARGET)
     rin = SimpleNamespace(active=[1, 0], greedy=[False, False])          # unseeded, then seeded
     acc = spec_round._accept_step(run, rin, TreeBatch(tokens, parents, q), SimpleNamespace(tokens=tokens, lay=lay,
                                                                                     node_logits=logits))

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import lockstep.engine.speculative as spec_mod
 from lockstep.engine import spec_accept, spec_round, spec_tree
 from lockstep.engine.generate import Request
-from lockstep.engine.sampling import SamplingParams, chosen_logprob
+from lockstep.engine.sampling import TORCH_SAMPLER, SamplingParams, chosen_logprob
 from lockstep.engine.speculative import (SpecParams, Tree, inverse_cdf, inverse_cdf_rows, speculative_generate,
                                 verify_greedy, verify_rejection, verify_target_only)
 
@@ -136,7 +136,7 @@ def test_inverse_cdf_rows_and_logprobs_match_the_row_functions():
         inverse_cdf_rows(w[:1], torch.tensor([1.0]))
     logits = torch.randn(5, 300, generator=g) * 4
     toks = torch.randint(0, 300, (5,), generator=g)
-    got = spec_accept._chosen_logprobs(logits, toks)
+    got = spec_accept._chosen_logprobs(TORCH_SAMPLER, logits, toks)
     assert all(got[i].view(torch.int32) == chosen_logprob(logits[i], int(toks[i])).view(torch.int32)
                for i in range(5))
 
