@@ -17,7 +17,7 @@ import argparse
 import torch
 
 from _util import graph_timed
-from lockstep.engine.experts import experts_grouped
+from lockstep.engine.experts import LocalExperts, experts_grouped
 from lockstep.engine.linear import k_chunk_bounds
 from lockstep.kernels import moe_mxfp4_order as moe
 
@@ -51,8 +51,8 @@ def main():
         for T in args.tokens:
             x = (torch.randn(T, H, generator=g, device="cuda") / 64).bfloat16()
             ids = torch.argsort(torch.rand(T, E, generator=g, device="cuda"), dim=1)[:, :TOP_K].contiguous()
-            run = lambda: experts_grouped(x, ids, gu, gu_b, dn, bounds, 0, E, 1.702, 7.0,  # noqa: E731
-                                          every_expert_local=True)
+            held = LocalExperts(gu, gu_b, dn, tuple(bounds), 0, E, 1.702, 7.0)
+            run = lambda: experts_grouped(x, ids, held, every_expert_local=True)  # noqa: E731
             res = {}
             for name, rows in (("packed", 10 ** 12), ("dense", 1)):
                 moe.MXFP4_DENSE_MIN_ROWS = rows

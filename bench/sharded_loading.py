@@ -113,9 +113,9 @@ def _held_tensors(model):
     yield from (model.embed, model.lm_head, model.norm)
     for b in model.blocks:
         yield from (b.attn.qkv_w, b.attn.qkv_b, b.attn.o_w, b.attn.o_b, b.attn.norm, b.attn.sinks)
-        for w in (b.mlp.gate_up_w, b.mlp.down_w):
+        for w in (b.mlp.held.gate_up_w, b.mlp.held.down_w):
             yield from ((w.blocks, w.scales) if hasattr(w, "blocks") else (w,))
-        yield from (b.mlp.gate_up_b, b.mlp.down_b, b.mlp.norm, b.mlp.router_w, b.mlp.router_b)
+        yield from (b.mlp.held.gate_up_b, b.mlp.down_b, b.mlp.norm, b.mlp.router_w, b.mlp.router_b)
 
 
 def _child(args) -> dict:

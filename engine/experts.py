@@ -1,10 +1,11 @@
 """The routed experts of a gpt-oss MoE layer, up to the down projection's K-chunk partials.
 
-    experts(x [T, H], top_ids [T, k], gate_up_w [E_l, 2I', H], gate_up_b [E_l, 2I'],
-            down_w [E_l, H, I'], bounds, expert_lo, n_local, alpha, limit) -> parts [C, T * k, H]
+    experts(x [T, H], top_ids [T, k], held: LocalExperts) -> parts [C, T * k, H]
 
-Row r = t * k + s is token t's slot s; its expert is top_ids[t, s]. For a local expert
-(id in [expert_lo, expert_lo + n_local), local index e = id - expert_lo):
+`LocalExperts` holds what a device has of a layer's experts: gate_up_w [E_l, 2I', H],
+gate_up_b [E_l, 2I'], down_w [E_l, H, I'], down's K chunk `bounds`, the ids [lo, lo + n) and the
+SwiGLU's alpha and limit. Row r = t * k + s is token t's slot s; its expert is top_ids[t, s]. For
+a local expert (id in [lo, lo + n), local index e = id - lo):
 
     h = x[t] @ gate_up_w[e]^T + gate_up_b[e]                     [2I'], gate/up interleaved, in x's dtype
     a = clamped_swiglu(h)                                        [I'], elementwise (kernels.moe)
@@ -36,6 +37,8 @@ Three implementations of that one contract, with the same bits (engine/ops.py pi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from lockstep.engine.linear import k_chunk_bounds
@@ -49,18 +52,37 @@ from lockstep.kernels.moe_mxfp4_order import gather_columns, mma_order_columns, 
 from lockstep.kernels.mxfp4 import quantize
 
 
-def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,
-                    expert_lo: int, n_local: int, alpha: float, limit: float,
+@dataclass(frozen=True)
+class LocalExperts:
+    """The experts of one MoE layer that a device holds, and the constants they run with."""
+    gate_up_w: object             # [n, 2I', H] dense, or packed MXFP4 (Mxfp4Weight, or (blocks, scales))
+    gate_up_b: torch.Tensor       # [n, 2I']
+    down_w: object                # [n, H, I'], dense or packed
+    bounds: tuple                 # down's K chunks, relative to I' (engine/linear.py)
+    lo: int                       # the ids held: [lo, lo + n)
+    n: int
+    alpha: float                  # the clamped SwiGLU's constants (kernels.moe)
+    limit: float
+
+
+def every_local(gate_up_w, gate_up_b: torch.Tensor, down_w, alpha: float, limit: float) -> LocalExperts:
+    """Every expert of a layer on one device, down in the fixed K chunks of its intermediate size."""
+    return LocalExperts(gate_up_w, gate_up_b, down_w, tuple(k_chunk_bounds(gate_up_b.shape[1] // 2)), 0,
+                        gate_up_b.shape[0], alpha, limit)
+
+
+def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, held: LocalExperts,
                     fused_swiglu: bool = False, every_expert_local: bool = False) -> torch.Tensor:
     """The Triton implementation (module docstring). fused_swiglu: the clamped SwiGLU inside the
     down kernel's loads (kernels/matmul.py `_load_a_tile`) instead of its own launch; the same bits
     in Triton's interpreter (tests/kernels/test_grouped_moe.py), off until a GPU run shows the
     CUDA goldens unchanged with it on. every_expert_local: the caller holds every expert (one
     device: experts_one_device), so no row is non-local and no output is zero-filled first."""
-    if every_expert_local and expert_lo != 0:
-        raise ValueError(f"experts_grouped: every expert local needs expert_lo 0, got {expert_lo}")
+    if every_expert_local and held.lo != 0:
+        raise ValueError(f"experts_grouped: every expert local needs expert_lo 0, got {held.lo}")
+    gate_up_w, gate_up_b, down_w, n_local = held.gate_up_w, held.gate_up_b, held.down_w, held.n
     k = top_ids.shape[1]
-    bounds = list(bounds)
+    bounds = list(held.bounds)
     down_cols = None
     if isinstance(gate_up_w, tuple) and mxfp4_dense(top_ids.numel(), n_local, x.dtype):
         # a prefill's MXFP4 experts, decoded once into the packed kernels' MMA order: dense tiles,
@@ -73,37 +95,35 @@ def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
         x = gather_columns(x, gate_cols)                                                # [T, HP]
         fused_swiglu = False                                                           # a is gathered first
     block_m = expert_block_m(top_ids.numel(), n_local, x.dtype, mxfp4=isinstance(gate_up_w, tuple))   # shapes only
-    groups = group_by_expert(top_ids.reshape(-1), expert_lo, n_local, block_m)            # on the device
+    groups = group_by_expert(top_ids.reshape(-1), held.lo, n_local, block_m)              # on the device
     every = every_expert_local                                                         # every row is stored
     h = expert_gate_up_triton(x, k, groups, gate_up_w, gate_up_b, every_row_local=every)   # [T * k, 2I']
     if fused_swiglu:
-        return expert_down_partials_triton(h, groups, down_w, bounds, prologue_swiglu=(alpha, limit),
+        return expert_down_partials_triton(h, groups, down_w, bounds, prologue_swiglu=(held.alpha, held.limit),
                                            every_row_local=every)
-    a = clamped_swiglu_triton(h, alpha, limit)                                         # [T * k, I']
+    a = clamped_swiglu_triton(h, held.alpha, held.limit)                               # [T * k, I']
     if down_cols is not None:
         a = gather_columns(a, down_cols)                                               # [T * k, KP]
     return expert_down_partials_triton(a, groups, down_w, bounds, every_row_local=every)   # [C, T * k, H]
 
 
-def experts_one_device(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,
-                       expert_lo: int, n_local: int, alpha: float, limit: float) -> torch.Tensor:
+def experts_one_device(x: torch.Tensor, top_ids: torch.Tensor, held: LocalExperts) -> torch.Tensor:
     """experts_grouped for a model holding every expert (the Triton ops' `experts`; a sharded model
     takes experts_grouped itself): the same bits, without zero-filling outputs every row overwrites."""
-    return experts_grouped(x, top_ids, gate_up_w, gate_up_b, down_w, bounds, expert_lo, n_local, alpha, limit,
-                           every_expert_local=True)
+    return experts_grouped(x, top_ids, held, every_expert_local=True)
 
 
-def experts_per_row(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor, down_w, bounds,
-                    expert_lo: int, n_local: int, alpha: float, limit: float) -> torch.Tensor:
-    """The torch implementation for a model holding every expert (expert_lo = 0): each row is
+def experts_per_row(x: torch.Tensor, top_ids: torch.Tensor, held: LocalExperts) -> torch.Tensor:
+    """The torch implementation for a model holding every expert (lo = 0): each row is
     gate_up, the clamped SwiGLU, then down over the chunks: the operations `linear_portable` and
     `linear_chunks_portable` do, element for element."""
-    if expert_lo != 0 or n_local != gate_up_w.shape[0]:
-        raise ValueError(f"experts_per_row: needs every expert local, got experts [{expert_lo}, "
-                         f"{expert_lo + n_local}) of {gate_up_w.shape[0]}")
+    gate_up_w, gate_up_b, down_w = held.gate_up_w, held.gate_up_b, held.down_w
+    if held.lo != 0 or held.n != gate_up_w.shape[0]:
+        raise ValueError(f"experts_per_row: needs every expert local, got experts [{held.lo}, "
+                         f"{held.lo + held.n}) of {gate_up_w.shape[0]}")
     T, H = x.shape
     k, I2 = top_ids.shape[1], gate_up_b.shape[1]
-    bounds = list(bounds)
+    bounds = list(held.bounds)
     ids = top_ids.reshape(-1)                                            # [T * k], token-major
     rows_x = x.repeat_interleave(k, dim=0)                               # [T * k, H]
     f32 = torch.float32
@@ -114,7 +134,7 @@ def experts_per_row(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b
         e = ids[r0:r0 + step]                                            # [R] expert ids
         h = portable.matmul_nt(rows_x[r0:r0 + step, None, :].to(f32), gate_up_rows(e))[:, 0]
         h = torch.add(h, gate_up_b.index_select(0, e)).to(x.dtype)       # [R, 2I], stored in x's dtype
-        a = clamped_swiglu_portable(h, alpha, limit).to(f32)                      # [R, I], elementwise
+        a = clamped_swiglu_portable(h, held.alpha, held.limit).to(f32)            # [R, I], elementwise
         parts[:, r0:r0 + step] = _down_partials(a, down_rows(e), bounds)   # [C, R, H]
     return parts
 
@@ -158,24 +178,22 @@ def _dense(weight) -> torch.Tensor:
     return weight.to(torch.float32)
 
 
-def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, gate_up_w, gate_up_b: torch.Tensor,
-                       down_w, bounds, expert_lo: int, n_local: int, alpha: float,
-                       limit: float) -> torch.Tensor:
+def experts_per_expert(x: torch.Tensor, top_ids: torch.Tensor, held: LocalExperts) -> torch.Tensor:
     """The torch implementation for a sharded model (module docstring); packed weights (Mxfp4Weight,
     Mxfp4Columns) are decoded one routed expert at a time, exactly, into x's dtype."""
     T, H = x.shape
     k = top_ids.shape[1]
-    bounds = list(bounds)
-    act = lambda g: clamped_swiglu_portable(g, alpha, limit)  # noqa: E731
+    bounds = list(held.bounds)
+    act = lambda g: clamped_swiglu_portable(g, held.alpha, held.limit)  # noqa: E731
     parts = x.new_zeros((len(bounds), T * k, H), dtype=torch.float32)   # non-local rows stay zero
     flat_ids = top_ids.reshape(-1)                 # [T * k], token-major (token, slot) pairs
-    for e in range(n_local):                       # local experts; the rest are skipped, not x 0
-        rows = (flat_ids == e + expert_lo).nonzero()[:, 0]
+    for e in range(held.n):                        # local experts; the rest are skipped, not x 0
+        rows = (flat_ids == e + held.lo).nonzero()[:, 0]
         if rows.numel() == 0:
             continue
         xe = x.index_select(0, torch.div(rows, k, rounding_mode="floor"))           # [n, H]
-        h = linear_portable(xe, _one_expert(gate_up_w, e, x.dtype), gate_up_b[e])            # [n, 2I']
-        down = _one_expert(down_w, e, x.dtype)
+        h = linear_portable(xe, _one_expert(held.gate_up_w, e, x.dtype), held.gate_up_b[e])  # [n, 2I']
+        down = _one_expert(held.down_w, e, x.dtype)
         for c, p in enumerate(linear_chunks_portable(h, down, bounds, prologue=act, x_per_k=2)):   # SwiGLU per chunk
             parts[c].index_copy_(0, rows, p)
     return parts
@@ -191,8 +209,7 @@ def _one_expert(weight, e: int, dtype: torch.dtype) -> torch.Tensor:
 # --------------------------------------------------------------------------- the kernel spec's case
 def _experts_op(x, ids, gate_up_w, gate_up_b, down_w, alpha, limit):
     """The grouped Triton expert path on every expert (`experts` of the kernel kind)."""
-    return experts_grouped(x, ids, gate_up_w, gate_up_b, down_w, k_chunk_bounds(gate_up_b.shape[1] // 2), 0,
-                           gate_up_b.shape[0], alpha, limit)
+    return experts_grouped(x, ids, every_local(gate_up_w, gate_up_b, down_w, alpha, limit))
 
 
 def _experts_inputs(inp, s, d):
@@ -218,9 +235,7 @@ def _partials_rows(parts, x):
 def _experts_reference(x):
     """experts_per_row (the torch ops' experts) on the spec's inputs."""
     gu, dn = (Mxfp4Weight(*w) if isinstance(w, tuple) else w for w in (x["gate_up_w"], x["down_w"]))
-    E = x["gate_up_b"].shape[0]
-    return _partials_rows(experts_per_row(x["x"], x["ids"], gu, x["gate_up_b"], dn,
-                                          k_chunk_bounds(x["gate_up_b"].shape[1] // 2), 0, E, x["alpha"], x["limit"]), x)
+    return _partials_rows(experts_per_row(x["x"], x["ids"], every_local(gu, x["gate_up_b"], dn, x["alpha"], x["limit"])), x)
 
 
 def _experts_problems(inp, s):

@@ -69,6 +69,7 @@ import torch
 
 from lockstep.engine.boundaries import gather_captured
 from lockstep.engine.config import GptOssConfig
+from lockstep.engine.experts import LocalExperts
 from lockstep.engine.kv_cache import KVCache
 from lockstep.engine.linear import k_chunk_bounds, tree_sum
 from lockstep.engine.mxfp4 import Mxfp4Columns, Mxfp4Weight
@@ -229,16 +230,14 @@ class MoEBlock:
         self.name = f"L{layer}."
         self.ops, self.act, self.record = ops, act, record
         self.eps, self.k = config.rms_norm_eps, config.num_experts_per_tok
-        self.alpha, self.limit = config.swiglu_alpha, config.swiglu_limit
         self.norm = norm                            # [H]
         self.router_w, self.router_b = router_w, router_b   # [E, H], [E]
-        self.gate_up_w = gate_up_w                  # [E_l, 2I, H]   rows interleaved gate, up, gate, up, ...
-        self.gate_up_b = gate_up_b                  # [E_l, 2I]
-        self.down_w = down_w                        # [E_l, H, I]
-        self.down_b = down_b                        # [E, H]
-        self.down_bounds = down_bounds              # down's fixed K chunks (engine/linear.py)
-        self.expert_lo = expert_lo                  # the experts held here: [expert_lo, + n_local)
-        self.n_local = config.num_local_experts if n_local is None else n_local
+        # the experts held here: gate_up [E_l, 2I, H] (rows interleaved gate, up, gate, up, ...) and
+        # its bias [E_l, 2I], down [E_l, H, I] in its fixed K chunks (engine/linear.py), ids [lo, lo + n)
+        self.held = LocalExperts(gate_up_w, gate_up_b, down_w, tuple(down_bounds), expert_lo,
+                                 config.num_local_experts if n_local is None else n_local, config.swiglu_alpha,
+                                 config.swiglu_limit)
+        self.down_b = down_b                        # [E, H]: every expert's
         self.comm = ONE_DEVICE                      # completes the down sum, each slot from its owner
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
@@ -265,7 +264,7 @@ class MoEBlock:
         """Each (token, slot): the down tree + bias; then each token's k outputs weighted and added
         in slot order. -> [T, H] fp32."""
         (T, k), H, C = top_ids.shape, parts.shape[2], parts.shape[0]
-        owners = lambda t: self.comm.from_owners(t, top_ids, self.n_local)    # noqa: E731
+        owners = lambda t: self.comm.from_owners(t, top_ids, self.held.n)     # noqa: E731
         self.record(self.name + "experts", parts.view(C, T, k, H).permute(1, 2, 0, 3),
                     gather=lambda p: owners(self.comm.chunks(p)))
         y = torch.add(self.comm.reduce(parts), self.down_b.index_select(0, top_ids.reshape(-1))).view(T, k, H)
@@ -287,8 +286,7 @@ class MoEBlock:
         return self.ops.fused.moe_residual(x, parts, self.down_b, routing, top_ids)     # [T, H] in act
 
     def experts(self, h: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
-        return self.ops.experts(h, top_ids, self.gate_up_w, self.gate_up_b, self.down_w, self.down_bounds,
-                                self.expert_lo, self.n_local, self.alpha, self.limit)
+        return self.ops.experts(h, top_ids, self.held)
 
 
 class TransformerBlock:

@@ -49,7 +49,7 @@ holds alone (engine.rank_weights: its slices, MXFP4 kept packed, replicated part
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -171,9 +171,10 @@ def shard(model: GptOssModel, ctx: ParallelContext) -> GptOssModel:
         a.o_w, a.o_b, a.norm = part(a.o_w, cols=share.q_rows), part(a.o_b), part(a.norm)   # [H, Hq/tp * D]
         a.sinks = part(a.sinks, share.heads)
         # experts [E, out, in]: this EP group's experts, this rank's intermediate range
-        m.gate_up_w = part(_dense(m.gate_up_w, model.act)[er[0]:er[1], 2 * i_lo:2 * i_hi])  # [E/ep, 2I/tp, H]
-        m.gate_up_b = part(m.gate_up_b[er[0]:er[1], 2 * i_lo:2 * i_hi])
-        m.down_w = part(_dense(m.down_w, model.act)[er[0]:er[1], :, i_lo:i_hi])             # [E/ep, H, I/tp]
+        held = m.held
+        m.held = replace(held, gate_up_w=part(_dense(held.gate_up_w, model.act)[er[0]:er[1], 2 * i_lo:2 * i_hi]),
+                         gate_up_b=part(held.gate_up_b[er[0]:er[1], 2 * i_lo:2 * i_hi]),       # [E/ep, 2I/tp, H]
+                         down_w=part(_dense(held.down_w, model.act)[er[0]:er[1], :, i_lo:i_hi]))   # [E/ep, H, I/tp]
         m.down_b, m.norm = part(m.down_b), part(m.norm)                                    # [E, H]: all experts
         m.router_w, m.router_b = part(m.router_w), part(m.router_b)
     return as_rank(model, ctx, ops)
@@ -191,7 +192,7 @@ def as_rank(model: GptOssModel, ctx: ParallelContext, ops: Ops | None = None) ->
     for block in model.blocks:
         a, m = block.attn, block.mlp
         a.q_heads, a.kv_heads, a.o_bounds = hq, hkv, o_bounds
-        m.down_bounds, m.expert_lo, m.n_local = list(share.down_bounds), share.experts[0], share.experts[1] - share.experts[0]
+        m.held = replace(m.held, bounds=tuple(share.down_bounds), lo=share.experts[0], n=share.experts[1] - share.experts[0])
         a.comm = m.comm = comm
     model.comm = comm
     model.use_ops(ops or sharded_ops(model.ops))
@@ -226,33 +227,46 @@ def reduce_row_parallel(local_parts: list[torch.Tensor], ctx: ParallelContext) -
 
 
 # ---------------------------------------------------------------- one call for a runner
-def run_at(fn, ckpt: str | Path, topology: Topology, args: tuple, device: str | torch.device, timeout_s: float,
-           collective_timeout_s: float, what: str, trace=None, *, held: tuple[str, str] = ("fp32", "triton")) -> list:
-    """fn(ParallelContext, *args, trace) on every rank of `topology` -> rank 0's result, once every
-    rank returned the same bits. Under torchrun (engine.world) the ranks are its world's; else
-    Lockstep's launcher starts them here. device "cpu": gloo, one process per rank; "cuda": rank r on GPU
-    r mod G, NCCL when every rank has its own GPU, else gloo over host copies (engine.launch.plan;
-    `transport`). A CUDA topology whose ranks would not fit their GPU's free memory is refused up
-    front, with the estimate (`held`: the ranks' dtype policy and backend, which set what a rank
-    holds; memory_problem). World size 1 runs in this process, no process group.
+@dataclass(frozen=True)
+class TopologyRun:
+    """Where and how the ranks of one call run: the checkpoint, the split, the model's backend and
+    dtype policy, the device, and the launcher's bounds (engine.launch.launch)."""
+    ckpt: str
+    topology: Topology
+    backend: str = "torch"
+    dtype: str = "fp32"
+    device: str = "cpu"
+    timeout_s: float = 600.0
+    collective_timeout_s: float = 120.0
+
+
+def run_at(fn, run: TopologyRun, args: tuple, what: str, trace=None) -> list:
+    """fn(ParallelContext, run, *args, trace) on every rank of run.topology -> rank 0's result, once
+    every rank returned the same bits. Under torchrun (engine.world) the ranks are its world's;
+    else Lockstep's launcher starts them here. device "cpu": gloo, one process per rank; "cuda":
+    rank r on GPU r mod G, NCCL when every rank has its own GPU, else gloo over host copies
+    (engine.launch.plan; `transport`). A CUDA topology whose ranks would not fit their GPU's free
+    memory is refused up front, with the estimate (the run's dtype policy and backend set what a
+    rank holds; memory_problem). World size 1 runs in this process, no process group.
     `trace` (engine.trace.OpTrace or None): each rank's model records into a copy of it, and rank 0's
     records come back into it (fn returns (results, trace) then)."""
     from lockstep.engine.config import GptOssConfig
     from lockstep.engine.launch import launch
-    topology.check(GptOssConfig.from_json_file(Path(ckpt) / "config.json"))   # before any process starts
-    device = torch.device(device)
+    topology = run.topology
+    topology.check(GptOssConfig.from_json_file(Path(run.ckpt) / "config.json"))   # before any process starts
+    device = torch.device(run.device)
     problem = (missing_gpus(topology, device) or world.world_problem(topology.world_size)
-               or memory_problem(topology, ckpt, device, *held))
+               or memory_problem(topology, run.ckpt, device, run.dtype, run.backend))
     if problem:
         raise UnsupportedTopology(f"topology {topology} {problem}")
-    args = args + (trace,)
+    args = (run,) + args + (trace,)
     if topology.world_size == 1:
         per_rank = [fn(ParallelContext(topology, device=device), *args)]
     elif world.joined():                 # ranks torchrun started: the same entry point, on its world
         per_rank = world.run(_on_rank, (fn, topology, args), device.type)
     else:
         per_rank = launch(_on_rank, topology.world_size, args=(fn, topology, args), device=device.type,
-                          timeout_s=timeout_s, collective_timeout_s=collective_timeout_s)
+                          timeout_s=run.timeout_s, collective_timeout_s=run.collective_timeout_s)
     if trace is not None:
         trace.merge(per_rank[0][1])
         per_rank = [results for results, _ in per_rank]
@@ -352,10 +366,9 @@ def _on_rank(fn, topology: Topology, args: tuple):
     return fn(ParallelContext(topology), *args)      # the device and transport are the launcher's
 
 
-def _generate_rank(ctx: ParallelContext, ckpt: str, requests, backend: str, generate_kwargs: dict,
-                   dtype: str = "fp32", trace=None):
+def _generate_rank(ctx: ParallelContext, run: TopologyRun, requests, generate_kwargs: dict, trace=None):
     from lockstep.engine.generate import generate
-    model = from_checkpoint(ckpt, ctx, backend=backend, dtype=dtype)
+    model = from_checkpoint(run.ckpt, ctx, backend=run.backend, dtype=run.dtype)
     results = generate(model, requests, observer=trace, **generate_kwargs)
     return results if trace is None else (results, trace)
 
@@ -370,9 +383,8 @@ def generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, backend: str = 
 
     Requests must be greedy or carry a seed (or pass a `generator`, which each rank gets a
     copy of): an unseeded stream would differ from rank to rank."""
-    topology = Topology(tp, ep)
-    return run_at(_generate_rank, ckpt, topology, (str(ckpt), list(requests), backend, generate_kwargs, dtype), device,
-                  timeout_s, collective_timeout_s, f"generate_at({topology})", trace, held=(dtype, backend))
+    run = TopologyRun(str(ckpt), Topology(tp, ep), backend, dtype, str(device), timeout_s, collective_timeout_s)
+    return run_at(_generate_rank, run, (list(requests), generate_kwargs), f"generate_at({run.topology})", trace)
 
 
 def _result_bits(r) -> tuple:
@@ -393,8 +405,8 @@ def _rank_0_if_all_agree(per_rank: list, what: str) -> list:
 
 
 # ---------------------------------------------------------------- speculative decoding
-def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, convention: str, spec,
-                      backend: str = "torch", dtype: str = "fp32", trace=None):
+def _speculative_rank(ctx: ParallelContext, run: TopologyRun, requests, draft: str, convention: str, spec,
+                      trace=None):
     """lockstep.engine.speculative.speculative_generate, unchanged, on this rank: the target is this rank's
     sharded GptOssModel (its forward gathers full logits and captured states on every rank), the
     draft is a full replica (it is small), so every rank drafts, verifies and samples the same
@@ -402,9 +414,9 @@ def _speculative_rank(ctx: ParallelContext, ckpt: str, requests, draft: str, con
     holds only a vocab shard: it gets the checkpoint's full table (the one-device model's values)."""
     from lockstep.engine.eagle3 import load_draft
     from lockstep.engine.speculative import speculative_generate
-    target = from_checkpoint(ckpt, ctx, backend=backend, dtype=dtype)
-    embed = None if _draft_has_embed(draft) else read_tensor(ckpt, "model.embed_tokens.weight").to(torch.float32)
-    drafter = load_draft(draft, target, convention=convention, backend=backend, target_embed=embed)
+    target = from_checkpoint(run.ckpt, ctx, backend=run.backend, dtype=run.dtype)
+    embed = None if _draft_has_embed(draft) else read_tensor(run.ckpt, "model.embed_tokens.weight").to(torch.float32)
+    drafter = load_draft(draft, target, convention=convention, backend=run.backend, target_embed=embed)
     del embed                                   # from here on only this rank's shard and the draft
     results = speculative_generate(target, drafter, requests, spec, observer=trace)
     return results if trace is None else (results, trace)
@@ -434,8 +446,6 @@ def speculative_generate_at(ckpt: str | Path, tp: int, ep: int, requests, *, dra
     if unseeded:
         raise ValueError(f"speculative_generate_at: requests {unseeded} are sampled without a seed; "
                          f"each rank would draw its own coins")
-    topology = Topology(tp, ep)
-    return run_at(_speculative_rank, ckpt, topology,
-                  (str(ckpt), list(requests), str(draft), convention, spec, backend, dtype),
-                  device, timeout_s, collective_timeout_s, f"speculative_generate_at({topology})", trace,
-                  held=(dtype, backend))
+    run = TopologyRun(str(ckpt), Topology(tp, ep), backend, dtype, str(device), timeout_s, collective_timeout_s)
+    return run_at(_speculative_rank, run, (list(requests), str(draft), convention, spec),
+                  f"speculative_generate_at({run.topology})", trace)

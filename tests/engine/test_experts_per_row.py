@@ -11,7 +11,7 @@ MXFP4 ones (whose decoded values are exact, so the dense path on them is the ref
 import pytest
 import torch
 
-from lockstep.engine.experts import experts_per_expert, experts_per_row
+from lockstep.engine.experts import LocalExperts, experts_per_expert, experts_per_row
 from lockstep.engine.linear import k_chunk_bounds
 from lockstep.engine.mxfp4 import Mxfp4Weight, dequantize, quantize
 
@@ -29,7 +29,7 @@ def _case(T, k, I, dtype, seed):
 
 
 def _run(fn, x, ids, gate_up_w, gate_up_b, down_w, bounds):
-    return fn(x, ids, gate_up_w, gate_up_b, down_w, bounds, 0, E, 1.702, 7.0)
+    return fn(x, ids, LocalExperts(gate_up_w, gate_up_b, down_w, tuple(bounds), 0, E, 1.702, 7.0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import lockstep.engine.experts as engine_experts
-from lockstep.engine.experts import experts_grouped
+from lockstep.engine.experts import LocalExperts, experts_grouped
 from lockstep.engine.linear import k_chunk_bounds
 from lockstep.kernels import moe
 from lockstep.kernels.moe import (EXPERT_BLOCK_M, EXPERT_BLOCK_SIZES, clamped_swiglu_triton, expert_block_m,
@@ -211,7 +211,8 @@ def test_a_token_alone_has_its_bits_in_a_prefill_sized_batch(kind, follows, monk
         return real(flat_ids, lo, n_local, block_m)
 
     monkeypatch.setattr(engine_experts, "group_by_expert", spy)
-    run = lambda x, ids: experts_grouped(x, ids, *weights, bounds, 0, E, ALPHA, LIMIT)  # noqa: E731
+    held = LocalExperts(*weights, tuple(bounds), 0, E, ALPHA, LIMIT)
+    run = lambda x, ids: experts_grouped(x, ids, held)  # noqa: E731
     alone = [run(pool[i:i + 1], pool_ids[i:i + 1]) for i in range(len(pool))]
     assert seen == [EXPERT_BLOCK_M] * len(pool)
     g = torch.Generator().manual_seed(43)

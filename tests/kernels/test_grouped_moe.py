@@ -9,7 +9,7 @@ on the batch or the experts around it. Grouping: equal to a plain-Python referen
 import pytest
 import torch
 
-from lockstep.engine.experts import experts_grouped, experts_one_device, experts_per_expert
+from lockstep.engine.experts import LocalExperts, experts_grouped, experts_one_device, experts_per_expert
 from lockstep.engine.linear import k_chunk_bounds
 from lockstep.engine.mxfp4 import dequantize, quantize
 from lockstep.kernels.matmul import linear_triton
@@ -134,8 +134,8 @@ def test_grouped_equals_the_per_expert_path(T, k, E, H, I, expert_lo, E_ids):
     a = clamped_swiglu_triton(h, ALPHA, LIMIT)
     assert bits(expert_down_partials_triton(a, groups, dn_w, bounds)).equal(bits(parts_ref))
     assert bits(expert_down_partials_triton(h, groups, dn_w, bounds, SWIGLU)).equal(bits(parts_ref))   # fused
-    torch_parts = experts_per_expert(x.cpu(), ids.cpu(), gu_w.cpu(), gu_b.cpu(), dn_w.cpu(), bounds, expert_lo, E,
-                                     ALPHA, LIMIT)                          # the torch ops' experts (values)
+    held = LocalExperts(gu_w.cpu(), gu_b.cpu(), dn_w.cpu(), tuple(bounds), expert_lo, E, ALPHA, LIMIT)
+    torch_parts = experts_per_expert(x.cpu(), ids.cpu(), held)          # the torch ops' experts (values)
     torch.testing.assert_close(parts_ref.cpu(), torch_parts, rtol=0, atol=1e-4)
 
 
@@ -153,10 +153,11 @@ def test_expert_partials_tp_slice_equals_the_per_expert_path(fused):
     gu_w, gu_b, dn_w = gu_w[:, 2 * i_lo:2 * i_hi].contiguous(), gu_b[:, 2 * i_lo:2 * i_hi].contiguous(), \
         dn_w[:, :, i_lo:i_hi].contiguous()
     _, parts_ref = per_expert_path(x, ids, gu_w, gu_b, dn_w, local, expert_lo=4)
-    parts = experts_grouped(x, ids, gu_w, gu_b, dn_w, local, 4, E, ALPHA, LIMIT, fused_swiglu=fused)
+    parts = experts_grouped(x, ids, LocalExperts(gu_w, gu_b, dn_w, tuple(local), 4, E, ALPHA, LIMIT),
+                            fused_swiglu=fused)
     assert parts.shape == (2, 9 * k, H) and bits(parts).equal(bits(parts_ref))
-    torch_parts = experts_per_expert(x.cpu(), ids.cpu(), gu_w.cpu(), gu_b.cpu(), dn_w.cpu(), local, 4, E,
-                                     ALPHA, LIMIT)
+    torch_parts = experts_per_expert(x.cpu(), ids.cpu(),
+                                     LocalExperts(gu_w.cpu(), gu_b.cpu(), dn_w.cpu(), tuple(local), 4, E, ALPHA, LIMIT))
     torch.testing.assert_close(parts.cpu(), torch_parts, rtol=0, atol=1e-4)
     assert (torch_parts[:, ids.reshape(-1).cpu() < 4] == 0).all() and (parts[:, ids.reshape(-1) < 4] == 0).all()
 
@@ -170,15 +171,16 @@ def test_one_device_path_stores_every_row_with_the_grouped_bits(fused, request):
     gu_w, gu_b, dn_w = experts(E, H, I, torch.float32, seed=21, scale=3.0)
     x, ids = tokens(23, H, k, E, torch.float32, seed=22)
     bounds = k_chunk_bounds(I)
-    ref = experts_grouped(x, ids, gu_w, gu_b, dn_w, bounds, 0, E, ALPHA, LIMIT, fused_swiglu=fused)
+    held = LocalExperts(gu_w, gu_b, dn_w, tuple(bounds), 0, E, ALPHA, LIMIT)
+    ref = experts_grouped(x, ids, held, fused_swiglu=fused)
     request.getfixturevalue("nan_empty")                              # from here on
-    parts = experts_grouped(x, ids, gu_w, gu_b, dn_w, bounds, 0, E, ALPHA, LIMIT, fused_swiglu=fused,
-                            every_expert_local=True)
+    parts = experts_grouped(x, ids, held, fused_swiglu=fused, every_expert_local=True)
     assert not parts.isnan().any() and bits(parts).equal(bits(ref))
     if not fused:
-        assert bits(experts_one_device(x, ids, gu_w, gu_b, dn_w, bounds, 0, E, ALPHA, LIMIT)).equal(bits(ref))
+        assert bits(experts_one_device(x, ids, held)).equal(bits(ref))
     with pytest.raises(ValueError, match="expert_lo 0"):
-        experts_grouped(x, ids, gu_w, gu_b, dn_w, bounds, 1, E - 1, ALPHA, LIMIT, every_expert_local=True)
+        experts_grouped(x, ids, LocalExperts(gu_w, gu_b, dn_w, tuple(bounds), 1, E - 1, ALPHA, LIMIT),
+                        every_expert_local=True)
 
 
 # ------------------------------------------------------------------ MXFP4 packed weights

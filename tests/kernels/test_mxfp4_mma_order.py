@@ -8,7 +8,7 @@ hold, and the engine never takes the path: `mxfp4_dense`)."""
 import pytest
 import torch
 
-from lockstep.engine.experts import experts_grouped
+from lockstep.engine.experts import LocalExperts, experts_grouped
 from lockstep.engine.linear import k_chunk_bounds
 from lockstep.kernels import moe, moe_mxfp4_order
 from lockstep.kernels.moe import (MXFP4_STEP, clamped_swiglu_triton, expert_down_partials_triton, expert_gate_up_triton,
@@ -127,6 +127,7 @@ def test_a_prefill_as_dense_tiles_has_the_mxfp4_bits(monkeypatch):
     groups = group_by_expert(ids.reshape(-1), 0, E, 16)
     h = expert_gate_up_triton(x, k, groups, gu_w, gu_b)
     want = expert_down_partials_triton(clamped_swiglu_triton(h, ALPHA, LIMIT), groups, dn_w, bounds)
-    got = experts_grouped(x, ids, gu_w, gu_b, dn_w, bounds, 0, E, ALPHA, LIMIT, every_expert_local=True)
+    got = experts_grouped(x, ids, LocalExperts(gu_w, gu_b, dn_w, tuple(bounds), 0, E, ALPHA, LIMIT),
+                          every_expert_local=True)
     assert torch.isfinite(want).any() and not torch.isfinite(want).all()       # the planted scales reach it
     assert same_bits(got, want)

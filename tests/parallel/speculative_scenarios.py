@@ -88,7 +88,8 @@ def run(pairs: dict[str, PairPaths], keys: list[tuple]) -> dict:
         parallel.reduce_row_parallel = getattr(wrong_orders, variant) if variant else invariant
         try:
             ctx = ParallelContext(Topology(tp, ep))
-            out[key] = {spec_name: bits(parallel._speculative_rank(ctx, pair.target, requests(), pair.draft,
+            run = parallel.TopologyRun(str(pair.target), Topology(tp, ep))
+            out[key] = {spec_name: bits(parallel._speculative_rank(ctx, run, requests(), pair.draft,
                                                                    pair.convention, spec))
                         for spec_name, spec in SPECS.items()}
         finally:

@@ -35,13 +35,18 @@ def _dense(w, act):
     return w.rows(torch.arange(w.shape[0]), act) if isinstance(w, (Mxfp4Weight, Mxfp4Columns)) else w
 
 
+def _mlp_weight(mlp, name: str):
+    """A MoE block's weight by name: the experts' from its LocalExperts record, the rest its own."""
+    return getattr(mlp.held if name in ("gate_up_w", "gate_up_b", "down_w") else mlp, name)
+
+
 def _tensors(model) -> dict[str, torch.Tensor]:
     out = {n: getattr(model, n) for n in ("embed", "lm_head", "norm")}
     for i, b in enumerate(model.blocks):
         for n in ("qkv_w", "qkv_b", "o_w", "o_b", "norm", "sinks"):
             out[f"{i}.attn.{n}"] = getattr(b.attn, n)
         for n in ("gate_up_w", "gate_up_b", "down_w", "down_b", "norm", "router_w", "router_b"):
-            out[f"{i}.mlp.{n}"] = _dense(getattr(b.mlp, n), model.act)
+            out[f"{i}.mlp.{n}"] = _dense(_mlp_weight(b.mlp, n), model.act)
     return out
 
 
@@ -50,7 +55,7 @@ def _weight_bytes(model) -> int:
     for b in model.blocks:
         total += sum(getattr(b.attn, n).nbytes for n in ("qkv_w", "qkv_b", "o_w", "o_b", "norm", "sinks"))
         for n in ("gate_up_w", "gate_up_b", "down_w", "down_b", "norm", "router_w", "router_b"):
-            w = getattr(b.mlp, n)
+            w = _mlp_weight(b.mlp, n)
             total += w.blocks.nbytes + w.scales.nbytes if isinstance(w, (Mxfp4Weight, Mxfp4Columns)) else w.nbytes
     return total
 
@@ -62,7 +67,7 @@ def _assert_same_rank(ckpt: str, tp: int, ep: int, dtype: str, windows: bool = T
         want = _tensors(parallel.shard(GptOssModel(config, weights, dtype=dtype), _ctx(tp, ep, r)))
         c, w = rank_weights.load_rank(ckpt, Topology(tp, ep), r, windows=windows)
         model = parallel.as_rank(GptOssModel(c, w, dtype=dtype), _ctx(tp, ep, r))
-        kinds |= {type(b.mlp.down_w).__name__ for b in model.blocks}
+        kinds |= {type(b.mlp.held.down_w).__name__ for b in model.blocks}
         got = _tensors(model)
         for name, t in want.items():
             assert got[name].dtype == t.dtype and got[name].shape == t.shape, (name, tp, ep, r)

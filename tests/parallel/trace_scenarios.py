@@ -48,7 +48,8 @@ def run(ckpt: str, topologies: list[tuple[int, int]]) -> dict:
             out[tp, ep, "generate", r, s] = trace = OpTrace(r, s)
             generate(model, scenarios.requests(), capture=scenarios.CAPTURE, observer=trace)
         for r, s in SPECULATIVE_AT:
-            _, trace = parallel._speculative_rank(ctx, pair.target, speculative_scenarios.requests(), pair.draft,
+            run = parallel.TopologyRun(str(pair.target), Topology(tp, ep))
+            _, trace = parallel._speculative_rank(ctx, run, speculative_scenarios.requests(), pair.draft,
                                                   pair.convention, speculative_scenarios.SPECS["tree"],
                                                   trace=OpTrace(r, s))
             out[tp, ep, "speculative", r, s] = trace
