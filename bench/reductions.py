@@ -8,7 +8,7 @@ Each rank holds K_CHUNKS / world partial sums of a row-parallel layer's output [
   all_reduce  add the local partials, then dist.all_reduce(SUM)  (order depends on world size)
 
 Prints the median time of each, their ratio, and whether each result has the same bits as
-the one-device tree, measured in the same run (CPU/gloo here; NCCL on GPUs via --backend).
+the one-device tree, measured in the same run (CPU/gloo here; NCCL on GPUs via --transport nccl).
 
     python bench/reductions.py                         # worlds 2 and 4, T in 1, 64, 1024
     python bench/reductions.py --worlds 2 --tokens 1 64 --repeat 50
@@ -76,13 +76,14 @@ def main():
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--algorithm", default="auto", choices=["auto", "gather", "scatter"],
                     help="how invariant_sum moves the subtree sums (same bits)")
-    ap.add_argument("--backend", default=None, help="gloo or nccl (default: launch's choice)")
+    ap.add_argument("--transport", default=None, choices=["gloo", "gloo-host", "nccl"],
+                    help="how the ranks move bytes (default: engine.launch's choice)")
     args = ap.parse_args()
     print(f"row-parallel reduction of [T, {args.hidden}] fp32 from {K_CHUNKS} K-chunk partials; "
           f"median of {args.repeat}; rank 0's time; invariant_sum algorithm {args.algorithm}")
     print(f"{'world':>5} {'T':>6} {'invariant ms':>13} {'all_reduce ms':>14} {'ratio':>6}  bitwise = one device?")
     for world in args.worlds:
-        rows = launch(rank_bench, world, args=(args.tokens, args.hidden, args.repeat, args.algorithm), backend=args.backend,
+        rows = launch(rank_bench, world, args=(args.tokens, args.hidden, args.repeat, args.algorithm), transport=args.transport,
                       timeout_s=600, collective_timeout_s=120)[0]
         for r in rows:
             print(f"{world:>5} {r['T']:>6} {r['invariant'] * 1e3:>13.3f} {r['all_reduce'] * 1e3:>14.3f} "

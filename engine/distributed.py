@@ -95,7 +95,7 @@ class ParallelContext:
 
     Build it after torch.distributed is initialised (engine.launch does that), on every rank,
     in the same order: `ParallelContext(Topology(tp, ep))`. The device follows the process
-    group's backend: NCCL -> this rank's GPU, gloo -> cpu. With world size 1 no process group is
+    group's kind: NCCL -> this rank's GPU, gloo -> cpu. With world size 1 no process group is
     needed, and `device` (default cpu) says where the model runs."""
 
     def __init__(self, topology: Topology, rank: int | None = None, device: str | torch.device | None = None):
@@ -103,16 +103,16 @@ class ParallelContext:
         tp, ep = topology.tp, topology.ep
         if topology.world_size == 1 and (not dist.is_initialized() or dist.get_world_size() != 1):
             # one device needs no process group, also inside a larger world (torchrun's: engine.world)
-            self.rank, self.world_size, self.backend = 0, 1, "none"
+            self.rank, self.world_size, group = 0, 1, "none"
         else:
             if not dist.is_initialized():
                 raise RuntimeError(f"ParallelContext({topology}): torch.distributed is not initialised")
-            self.rank, self.world_size, self.backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
+            self.rank, self.world_size, group = dist.get_rank(), dist.get_world_size(), dist.get_backend()
             if self.world_size != topology.world_size:
                 raise UnsupportedTopology(f"topology {topology} needs world size {topology.world_size}, "
                                           f"the process group has {self.world_size}")
         self.tp_rank, self.ep_rank = self.rank % tp, self.rank // tp
-        self.device, self.transport = _rank_device(self.backend, self.rank, device)
+        self.device, self.transport = _rank_device(group, self.rank, device)
         if self.device.type == "cuda" and self.device.index is not None:    # a rank's own GPU
             torch.cuda.set_device(self.device)
         if device is not None and torch.device(device).type != self.device.type:
@@ -153,15 +153,16 @@ class ParallelContext:
         return all_gather_stack(t, self.ep, self.ep_group, self.host_copies)
 
 
-def _rank_device(backend: str, rank: int, asked) -> tuple[torch.device, str]:
-    """(this rank's device, its transport): what engine.launch put in the environment, else the
-    backend's default (NCCL: GPU LOCAL_RANK; gloo: the CPU; no group: `asked`, default cpu)."""
-    if backend == "none":
+def _rank_device(group: str, rank: int, asked) -> tuple[torch.device, str]:
+    """(this rank's device, its transport) in a process group of kind `group` ("gloo", "nccl", or
+    "none" without one): what engine.launch put in the environment, else the group's default
+    (NCCL: GPU LOCAL_RANK; gloo: the CPU; no group: `asked`, default cpu)."""
+    if group == "none":
         return torch.device(asked if asked is not None else "cpu"), "none"
-    transport = os.environ.get("LOCKSTEP_TRANSPORT", backend)
+    transport = os.environ.get("LOCKSTEP_TRANSPORT", group)
     if "LOCKSTEP_DEVICE" in os.environ:
         return torch.device(os.environ["LOCKSTEP_DEVICE"]), transport
-    if backend == "nccl":
+    if group == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))), transport
     return torch.device("cpu"), transport
 

@@ -155,15 +155,15 @@ def _rank_main(rank: int, world_size: int, port: int, transport: str, rank_devic
         if threads:
             torch.set_num_threads(threads)
         import torch.distributed as dist
-        backend = "nccl" if transport == "nccl" else "gloo"
+        group = "nccl" if transport == "nccl" else "gloo"           # gloo-host: gloo between host copies
         if rank_device != "cpu":
             torch.cuda.set_device(torch.device(rank_device))
         gpu = torch.device(rank_device).index if rank_device != "cpu" else rank
         timeout = timedelta(seconds=collective_timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout,
                               wait_for_workers=False)      # the launcher's: listening before any rank starts
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
-                                **process_group_options(backend, gpu))
+        dist.init_process_group(group, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                                **process_group_options(group, gpu))
         result = fn(*args, **kwargs)
         dist.barrier()                  # every rank is past its last collective before any tears down
         tmp = out / f"rank{rank}.pt.tmp"
@@ -175,8 +175,8 @@ def _rank_main(rank: int, world_size: int, port: int, transport: str, rank_devic
         os._exit(1)         # no atexit / gloo teardown that could block on a lost peer
 
 
-def process_group_options(backend: str, local_rank: int) -> dict:
-    """What init_process_group needs beyond the basics, per backend.
+def process_group_options(group: str, local_rank: int) -> dict:
+    """What init_process_group needs beyond the basics, per process-group kind ("gloo" or "nccl").
 
     NCCL: this rank's GPU as `device_id` (and the current device), so the group knows its device
     up front: barrier() then neither guesses a GPU nor warns about it on every call, and NCCL's
@@ -184,7 +184,7 @@ def process_group_options(backend: str, local_rank: int) -> dict:
     collective whose peer died or hangs raise in Python after the collective timeout, as gloo
     does, instead of the watchdog killing the process: the rank then reports a timeout
     (a consequence) and the launcher names the peer that caused it. Gloo needs nothing."""
-    if backend != "nccl":
+    if group != "nccl":
         return {}
     os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     device = torch.device("cuda", local_rank)
@@ -212,13 +212,12 @@ def _gpu_count() -> int:
 
 
 def launch(fn: Callable, world_size: int, args: tuple = (), kwargs: dict | None = None, *,
-           backend: str | None = None, device: str | None = None, transport: str | None = None,
+           device: str | None = None, transport: str | None = None,
            timeout_s: float = 600.0, collective_timeout_s: float = 60.0,
            grace_s: float | None = None, threads: int | None = 1) -> list[Any]:
     """fn(*args, **kwargs) on ranks 0 … world_size-1 -> [result of rank 0, rank 1, ...].
-    `device`: "cpu" or "cuda"; the transport follows (`plan`; `transport` forces one).
-    `backend` (older form, when `device` is not given): "gloo" (the CPU) or "nccl" (CUDA, a GPU
-    per rank); neither: nccl if CUDA has a device per rank, else gloo on the CPU.
+    `device`: "cpu" or "cuda" (default: cuda if CUDA has a device per rank, else cpu); the
+    transport follows (`plan`; `transport` forces one: gloo, gloo-host or nccl).
     `threads`: torch threads per rank (None leaves torch's default).
     `grace_s` (default collective_timeout_s + 2): how long the other ranks may still report
     after the first failure; a peer blocked in a collective fails within its timeout, so a
@@ -228,10 +227,7 @@ def launch(fn: Callable, world_size: int, args: tuple = (), kwargs: dict | None 
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
     if device is None:
-        if backend not in (None, "gloo", "nccl"):
-            raise ValueError(f"launch: backend must be 'gloo' or 'nccl', got {backend!r}")
-        device = "cuda" if backend == "nccl" or (backend is None and _gpu_count() >= world_size) else "cpu"
-        transport = transport or backend
+        device = "cuda" if transport == "nccl" or (transport is None and _gpu_count() >= world_size) else "cpu"
     transport, rank_devices = plan(device, world_size, _gpu_count() if device == "cuda" else 0, transport)
     kwargs = kwargs or {}
     out_dir = lifeline.run_folder("lockstep-launch")
