@@ -62,7 +62,8 @@ def _unary_kernel(x_ptr, y_ptr, n, FN: tl.constexpr, PORTABLE: tl.constexpr, BLO
     tl.store(y_ptr + i, y, mask=ok)
 
 
-@triton.jit
+# n (the row length) is not specialized: it only masks and indexes; the reduction's shape is BLOCK's.
+@triton.jit(do_not_specialize=["n"])
 def _row_kernel(x_ptr, y_ptr, n, CUMSUM: tl.constexpr, BLOCK: tl.constexpr):
     """One row per program, the whole row in one block (zero-padded): tl.sum or tl.cumsum."""
     r = tl.program_id(0).to(tl.int64)
