@@ -51,7 +51,7 @@ if [ -n "${JOBS:-}" ] && [ -z "${DTYPES:-}" ] && [ -z "${BACKENDS:-}" ]; then
                         else x++} END {printf "golden %s: %d pass, %d failing, %d missing\n", f, p, x, m}' "$logs/all-pairs.log"
   done
   grep -E '^[0-9]+ check' "$logs/all-pairs.log" | tail -1
-  if [ -n "${KERNELS:-}" ]; then python3 scripts/triton_kernels.py count "$KERNELS" | head -1; fi
+  if [ -n "${KERNELS:-}" ]; then python3 scripts/triton_kernels.py count "$KERNELS" | sed -n 1p; fi
   exit $status
 fi
 pids=()
@@ -78,5 +78,5 @@ for dtype in ${DTYPES:-fp32 bf16}; do
                            awk '{s += $3} END {printf "%.1fs", s}') over the shards"
   done
 done
-if [ -n "${KERNELS:-}" ]; then python3 scripts/triton_kernels.py count "$KERNELS" | head -1; fi
+if [ -n "${KERNELS:-}" ]; then python3 scripts/triton_kernels.py count "$KERNELS" | sed -n 1p; fi
 exit $status

@@ -23,6 +23,7 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 [ "${DEVICE:-cuda}" = cpu ] || export JOBS=${JOBS-16}
 work=${WORK:-$(mktemp -d)}
 export WORK=$work
+mkdir -p "$work"
 out=$work/device_gate_cold.txt
 COLD_S=${COLD_S:-330} WARM_S=${WARM_S:-170} bash scripts/device_61.sh ${SECTIONS:-cold warm} 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
