@@ -266,15 +266,16 @@ def estimate() -> bool:
     if run is None:
         return False
 
-    def logged_run(self, *args, grid, warmup, **kwargs):
+    def logged_run(self, *args, **kwargs):
         try:
-            name, ident, data = specialization(self, args, kwargs)
+            launch = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+            name, ident, data = specialization(self, args, launch)
         except Exception:  # noqa: BLE001 - a launch the estimate cannot read still runs
             name = None
         if name is not None and f"{name}#{ident}" not in _ESTIMATED:
             _ESTIMATED.add(f"{name}#{ident}")
             _log(name, ident, data, 0.0, None, estimated=True)
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return run(self, *args, **kwargs)
 
     InterpretedFunction.run = logged_run
     _ESTIMATING = True
