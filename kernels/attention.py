@@ -239,7 +239,12 @@ def _walk_splits(q, k_ptr, v_ptr, kv_base, d, d_ok, mine, lo, pos, lo_u, pos_u, 
     return m_i, l_i, acc
 
 
-@triton.jit(do_not_specialize=["TPP"])
+# Token counts, head counts, windows and the int64 slot/position pointers are not specialized (one
+# compile for every batch): they only index and mask; no float operation or its order depends on them.
+_SHAPE_ARGS = ["T", "TPP", "Hkv", "WINDOW", "N_WIN", "N_CAP", "slot_ptr", "pos_ptr"]
+
+
+@triton.jit(do_not_specialize=_SHAPE_ARGS)
 def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
                       T, TPP, Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, scale,
                       G: tl.constexpr, G_P: tl.constexpr, BLOCK_T: tl.constexpr, D_PAD: tl.constexpr,
@@ -286,7 +291,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, sink_ptr, o_ptr,
             tl.store(o_ptr + q_off, cast_rne(out, o_ptr.dtype.element_ty), mask=mine[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[a for a in _SHAPE_ARGS if a != "TPP"] + ["NG"])
 def _attention_split_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
                             T, Hq, Hkv, S, D, WINDOW, N_WIN, N_CAP, NG, scale,
                             G: tl.constexpr, G_P: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -323,7 +328,7 @@ def _attention_split_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, m_ptr, l_ptr
     tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hkv", "WINDOW", "N_WIN", "N_CAP", "NG", "pos_ptr"])
 def _attention_merge_kernel(pos_ptr, sink_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
                             Hq, Hkv, D, WINDOW, N_WIN, N_CAP, NG,
                             G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,

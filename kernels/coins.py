@@ -105,7 +105,8 @@ def _fmix(h):
     return h ^ (h >> 16)
 
 
-@triton.jit
+# Integers only: the row count n is not specialized (m, the columns, stays: vector stores).
+@triton.jit(do_not_specialize=["n"])
 def _murmur_kernel(seed_ptr, pos_ptr, col_ptr, out_ptr, n, m,
                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     # One program hashes a [BLOCK_N, BLOCK_M] tile of (row, column) keys. All arithmetic is

@@ -83,7 +83,9 @@ def _output_tile(pid_n, pid_m, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
     return rm, rn, rm < M, rn < N
 
 
-@triton.jit
+# M (the rows of a launch) is not specialized, one compile for every batch: it only masks rows and
+# indexes them, and a row's bits never depended on M (module docstring). N and K (the weight's) are.
+@triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
                    HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -442,7 +444,8 @@ def _chunk_step(acc, a_ptr, rows, r_ok, A_STRIDE, w_ptr, s_ptr, expert, rn, n_ok
     return acc
 
 
-@triton.jit
+# M not specialized, as in _linear_kernel: it only masks and indexes rows.
+@triton.jit(do_not_specialize=["M"])
 def _linear_chunks_kernel(x_ptr, w_ptr, bounds_ptr, y_ptr, M, N, K, X_STRIDE, alpha, limit,
                           SWIGLU: tl.constexpr, USE_DOT: tl.constexpr, PORTABLE: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,

@@ -159,7 +159,9 @@ def _swiglu_kernel(x_ptr, y_ptr, I, alpha, limit, BLOCK: tl.constexpr, PORTABLE:
     tl.store(y_ptr + r * I + i, cast_rne(y, y_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+# R (the rows, T * k) is not specialized, one compile for every batch: it only masks and indexes
+# rows (a row's bits depend on its own x and expert alone). N, K (the weights') are.
+@triton.jit(do_not_specialize=["R"])
 def _grouped_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, b_ptr, h_ptr, R, N, K, TOP_K,
                             MXFP4: tl.constexpr, USE_DOT: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -184,7 +186,8 @@ def _grouped_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, b_ptr, h_pt
                  mask=r_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+# R not specialized, as in _grouped_gate_up_kernel: it only masks and indexes rows.
+@triton.jit(do_not_specialize=["R"])
 def _grouped_down_kernel(a_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, bounds_ptr, y_ptr, R, N, K, A_STRIDE, C,
                          alpha, limit, SWIGLU: tl.constexpr, MXFP4: tl.constexpr, USE_DOT: tl.constexpr,
                          PORTABLE: tl.constexpr, CHUNK_LOOP: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -232,7 +235,9 @@ def clamped_swiglu_triton(gate_up: torch.Tensor, alpha: float = 1.702, limit: fl
     return y
 
 
-@triton.jit
+# Integers only (expert ids in, row indices out): nothing it takes changes a float bit, so the row
+# count, the experts' offset, the block count and the ids' alignment are not specialized.
+@triton.jit(do_not_specialize=["id_ptr", "R", "E_LO", "N_BLOCKS"])
 def _group_kernel(id_ptr, rows_ptr, block_ptr, R, E_LO, N_LOCAL, N_BLOCKS, BLOCK_M,
                   R_PAD: tl.constexpr, E_PAD: tl.constexpr, NB_PAD: tl.constexpr):
     # group_by_expert's integer recipe in one program (small R): rows_ptr arrives filled with -1
@@ -256,6 +261,15 @@ def _group_kernel(id_ptr, rows_ptr, block_ptr, R, E_LO, N_LOCAL, N_BLOCKS, BLOCK
 GROUP_KERNEL_MAX = 1 << 15      # R_PAD * E_PAD up to this: one program (a decode step); else torch ops
 
 
+def _group_pad(n: int) -> int:
+    """_group_kernel's padding of n rows or blocks: 16, 128, 1024, ... (not next_pow2(n): three
+    compiles serve every decode and chunk size). Masked lanes add nothing, so no output depends on it."""
+    pad = 16
+    while pad < n:
+        pad *= 8
+    return pad
+
+
 def group_by_expert(flat_ids: torch.Tensor, expert_lo: int, n_local: int,
                     block_m: int = EXPERT_BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
     """flat_ids [R] int64 (row r = token r // k, slot r % k) -> (sorted_rows [P], block_expert [P / block_m]).
@@ -274,9 +288,10 @@ def group_by_expert(flat_ids: torch.Tensor, expert_lo: int, n_local: int,
     if R and next_pow2(R) * next_pow2(n_local) <= GROUP_KERNEL_MAX:      # the same integers, 2 launches
         sorted_rows = torch.full((P,), -1, dtype=torch.int64, device=dev)
         block_expert = torch.empty((n_blocks,), dtype=torch.int64, device=dev)
+        e_pad = next_pow2(n_local)
         _group_kernel[(1,)](flat_ids.contiguous(), sorted_rows, block_expert, R, int(expert_lo), n_local, n_blocks,
-                            block_m, R_PAD=next_pow2(R), E_PAD=next_pow2(n_local), NB_PAD=next_pow2(n_blocks),
-                            num_warps=4)
+                            block_m, R_PAD=min(_group_pad(R), GROUP_KERNEL_MAX // e_pad), E_PAD=e_pad,
+                            NB_PAD=_group_pad(n_blocks), num_warps=4)
         return sorted_rows, block_expert
     # Larger R: a stable sort by local expert (non-local ids sort last) lists each expert's rows in
     # increasing order; a row's place among its expert's rows is its sorted index minus the index

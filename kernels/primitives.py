@@ -62,6 +62,8 @@ def _unary_kernel(x_ptr, y_ptr, n, FN: tl.constexpr, PORTABLE: tl.constexpr, BLO
     tl.store(y_ptr + i, y, mask=ok)
 
 
+# n stays specialized: whether rows start 16-byte aligned picks the loads' vector width, which can
+# pick the layout tl.sum / tl.cumsum add in (the order of the float additions).
 @triton.jit
 def _row_kernel(x_ptr, y_ptr, n, CUMSUM: tl.constexpr, BLOCK: tl.constexpr):
     """One row per program, the whole row in one block (zero-padded): tl.sum or tl.cumsum."""

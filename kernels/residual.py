@@ -46,7 +46,9 @@ def _tree8(p_ptr, R, H, r, h, ok):
     return ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
 
 
-@triton.jit
+# T (the rows) is not specialized, here and in _moe_residual_kernel: it only indexes (the partials'
+# stride); each element's additions are the same whatever it is. H (the model's) is.
+@triton.jit(do_not_specialize=["T"])
 def _row_parallel_residual_kernel(x_ptr, p_ptr, b_ptr, out_ptr, T, H, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -56,7 +58,7 @@ def _row_parallel_residual_kernel(x_ptr, p_ptr, b_ptr, out_ptr, T, H, BLOCK: tl.
     tl.store(out_ptr + t * H + h, cast_rne(x + y, out_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _moe_residual_kernel(x_ptr, p_ptr, db_ptr, w_ptr, id_ptr, out_ptr, T, H,
                          K_TOP: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)

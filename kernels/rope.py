@@ -48,7 +48,9 @@ def apply_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     return y
 
 
-@triton.jit
+# The KV head count and the int64 slot/position pointers are not specialized: they only index the
+# caches (integer address math); every float operation is the same. HQ and HALF (the q loads') are.
+@triton.jit(do_not_specialize=["HKV", "slot_ptr", "pos_ptr"])
 def _rope_qkv_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr,
                            HQ, HKV, S, HALF, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr,
                            HALF_PAD: tl.constexpr):

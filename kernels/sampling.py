@@ -30,7 +30,9 @@ BLOCK_V = 1024
 DBL_MAX = 1.7976931348623157e308
 
 
-@triton.jit
+# The per-row seed and position pointers (one int64 load a row) are not aligned-specialized: a slice
+# of them compiles nothing new, and their values reach only the integer hash.
+@triton.jit(do_not_specialize=["seed_ptr", "pos_ptr"])
 def _gumbel_argmax_kernel(logp_ptr, seed_ptr, pos_ptr, out_ptr, V, col_base,
                           BLOCK_V: tl.constexpr, PORTABLE: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
@@ -354,7 +356,8 @@ def _totals_kernel(mode_ptr, zmax_ptr, xmax_ptr, s64_ptr, s32_ptr, logs_ptr, m_p
     tl.store(sum32_ptr + r, _top_of_tree(s32_ptr, r, False, C, LT, B))
 
 
-@triton.jit
+# seed_ptr, pos_ptr: as in _gumbel_argmax_kernel.
+@triton.jit(do_not_specialize=["seed_ptr", "pos_ptr"])
 def _draws_kernel(x_ptr, keep_ptr, keep_idx_ptr, mode_ptr, temp_ptr, seed_ptr, pos_ptr, m_ptr, logs_ptr,
                   best_ptr, id_ptr, nan_ptr, V, col_base, C: tl.constexpr, B: tl.constexpr, RECIP: tl.constexpr):
     """Chunk c of a SEEDED row r: the argmax of logp + gumbel over its ids."""

@@ -5,6 +5,13 @@
 # host copies, docs/topology.md).
 #
 #   [BACKENDS="torch triton"] [DTYPES="fp32 bf16"] [SPECS="generate/* ..."] [KERNELS=DIR] [DEVICE=cpu] scripts/check_cuda.sh [SHARDS] [LOG_DIR]
+#   JOBS=16 [SPECS=...] [KERNELS=DIR] scripts/check_cuda.sh [SHARDS] [LOG_DIR]
+#
+# JOBS=N (with DTYPES and BACKENDS unset) runs one `lockstep check --device cuda -j N` instead: every
+# pair with goldens, one row per golden folder (a spec whose golden is the same under several
+# pairs, `shared` or a kernel spec's `cuda-sm90-fp32-triton`, runs once, not under each of the four
+# pairs: every golden is still checked) and rows handed to the N workers one at a time (the costly
+# specs do not pile up in one shard); one summary line per golden folder. SHARDS is then unused.
 #
 # Exit status 1 when any shard fails (a mismatch, a crash or a missing golden of a pair that has
 # goldens); the failing lines are printed. Each pair's line adds the Triton compile seconds its
@@ -33,6 +40,20 @@ if [ -n "${KERNELS:-}" ]; then
   export LOCKSTEP_KERNEL_LOG=$KERNELS
 fi
 status=0
+if [ -n "${JOBS:-}" ] && [ -z "${DTYPES:-}" ] && [ -z "${BACKENDS:-}" ]; then
+  # shellcheck disable=SC2086
+  LOCKSTEP_JOBS=$JOBS python3 -m lockstep check --device "${DEVICE:-cuda}" -j "$JOBS" $ids > "$logs/all-pairs.log" 2>&1 ||
+    status=1
+  grep -i -E '^(mismatch|failed|crash|corrupt|stale|missing|incomparable|lockstep: )' "$logs/all-pairs.log" || true
+  for folder in $(awk 'toupper($1) ~ /^(PASS|MISMATCH|FAILED|CRASH|CORRUPT|STALE|MISSING|INCOMPARABLE)$/ {print $3}' \
+                    "$logs/all-pairs.log" | sort -u); do
+    awk -v f="$folder" '$3 == f {s = toupper($1); if (s == "PASS") p++; else if (s == "MISSING" || s == "INCOMPARABLE") m++;
+                        else x++} END {printf "golden %s: %d pass, %d failing, %d missing\n", f, p, x, m}' "$logs/all-pairs.log"
+  done
+  grep -E '^[0-9]+ check' "$logs/all-pairs.log" | tail -1
+  if [ -n "${KERNELS:-}" ]; then python3 scripts/triton_kernels.py count "$KERNELS" | sed -n 1p; fi
+  exit $status
+fi
 pids=()
 for dtype in ${DTYPES:-fp32 bf16}; do
   for backend in ${BACKENDS:-torch triton}; do
@@ -57,5 +78,5 @@ for dtype in ${DTYPES:-fp32 bf16}; do
                            awk '{s += $3} END {printf "%.1fs", s}') over the shards"
   done
 done
-if [ -n "${KERNELS:-}" ]; then python3 scripts/triton_kernels.py count "$KERNELS" | head -1; fi
+if [ -n "${KERNELS:-}" ]; then python3 scripts/triton_kernels.py count "$KERNELS" | sed -n 1p; fi
 exit $status

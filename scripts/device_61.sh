@@ -17,7 +17,8 @@
 #
 # Limits in seconds (environment): COLD_S=240 WARM_S=110 E2E_S=80 SPEC_S=55 REPLAY_S=35 (520 s in
 # all; the issue's targets: cold <= 180 s, warm <= 90 s), WARMUP_S=40 WARMED_S=90; SHARDS=4
-# (check_cuda.sh's shards per pair: 16 processes); SPECS, DTYPES, BACKENDS as check_cuda.sh takes
+# (check_cuda.sh's shards per pair: 16 processes; JOBS=N: its one `check -j N` instead, every golden
+# once); RESULT lines count the rows passed, failing and missing; SPECS, DTYPES, BACKENDS as check_cuda.sh takes
 # them; WORK=DIR keeps the caches, logs and kernel logs (default: a temporary folder, printed). With
 # $OUT set (the device tool's folder) the logs, kernel logs and bench outputs go to
 # $OUT/device_61.tgz (one file: the tool brings back a few). A section cut by its limit says so
@@ -42,14 +43,22 @@ status=0
 stamp() { date -u +%H:%M:%S; }
 now() { date +%s.%N; }
 
+row_counts() {        # LOGDIR: the rows the shards reached, passed and failed (a shard cut by a limit counts what it printed)
+  local logs=$1
+  echo "pass=$(cat "$logs"/*.log 2>/dev/null | grep -c -i '^pass ')" \
+       "failing=$(cat "$logs"/*.log 2>/dev/null | grep -c -i -E '^(mismatch|failed|crash|corrupt|stale) ')" \
+       "missing=$(cat "$logs"/*.log 2>/dev/null | grep -c -i -E '^(missing|incomparable) ')"
+}
+
 section_line() {      # NAME START RC LOGDIR KERNELS: one line of figures for a check section
   local name=$1 start=$2 rc=$3 logs=$4 kernels=$5 wall
   wall=$(awk -v a="$start" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
   echo "-- $name: wall ${wall}s, exit $rc$([ "$rc" = 124 ] && echo ' (cut by its time limit)')"
   grep -h -E '^[0-9]+ (check|spec)' "$logs"/*.log 2>/dev/null | sed 's/^/   shard: /' | head -20
+  grep -h -i -E '^(mismatch|failed|crash|corrupt) ' "$logs"/*.log 2>/dev/null | sed 's/^/   FAILING: /' | head -20
   python3 scripts/triton_kernels.py count "$kernels" > "$kernels.txt"
   head -1 "$kernels.txt" | sed 's/^/   kernels: /'
-  echo "RESULT $name wall_s=$wall exit=$rc $(python3 scripts/triton_kernels.py count "$kernels" --fields)"
+  echo "RESULT $name wall_s=$wall exit=$rc $(row_counts "$logs") $(python3 scripts/triton_kernels.py count "$kernels" --fields)"
 }
 
 check_section() {     # NAME CACHE LIMIT: the whole check (check_cuda.sh) on Triton cache CACHE

@@ -10,8 +10,11 @@ specialization it compiles to DIR/<pid>.jsonl (kernels/compile_time.py). Then:
 `warm` compiles into Triton's disk cache ($TRITON_CACHE_DIR, else ~/.triton/cache) through
 JITFunction.preload (Triton's own ahead-of-time entry: the same cache key the run computes), so
 a later run on this GPU and Triton reads every specialization from the cache. It needs the GPU
-the log was written on (Triton refuses a specialization of another target) and resolves each
-kernel by its module and name (a kernel made inside a function is skipped and counted).
+architecture the log was written on (Triton refuses a specialization of another target), takes
+this machine's libdevice path (not the log's: a log from another install still warms the keys the
+run computes) and resolves each kernel by its module and name (a kernel made inside a function
+is skipped and counted). A CPU run's log (the interpreter's estimate: "estimated" rows) counts
+like a GPU one but is not warmed.
 Run from a clone: PYTHONPATH=$PWD.
 """
 
@@ -104,9 +107,27 @@ def _warm_share(jobs: list[tuple[str, str]]) -> tuple[int, list[str]]:
     return done, problems
 
 
+def portable(data: str) -> str:
+    """The specialization data without the logging machine's install paths (the libdevice path in
+    the options): this machine's backend fills its own in, as the run it warms for does."""
+    try:
+        obj = json.loads(data)
+        obj.get("options", {}).pop("extern_libs", None)
+        return json.dumps(obj)
+    except (json.JSONDecodeError, AttributeError):
+        return data
+
+
 def warm(rows: list[dict], jobs: int) -> int:
-    """Compile each distinct specialization of `rows` once, in `jobs` spawned processes; 1 if one failed."""
-    unique = sorted({r["id"]: (r["kernel"], r["data"]) for r in rows}.values())
+    """Compile each distinct specialization of `rows` once, in `jobs` spawned processes; 1 if one failed.
+    Rows a CPU run estimated (kernels/compile_time.py `estimate`) are not Triton's data: skipped."""
+    estimated = sum(r.get("estimated") is True for r in rows)
+    unique = sorted({r["id"]: (r["kernel"], portable(r["data"])) for r in rows if r.get("estimated") is not True}.values())
+    if estimated:
+        print(f"warm: {estimated} estimated rows (a CPU run's keys, not Triton's specialization data) skipped")
+    if not unique:
+        print("warm: nothing to compile")
+        return 0
     shares = [unique[i::jobs] for i in range(jobs) if unique[i::jobs]]
     start = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(len(shares) or 1) as pool:

@@ -157,3 +157,79 @@ def test_varying_names_what_tells_a_kernels_specializations_apart():
         "x": ['*bf16 [["tt.divisibility", 16]]', '*fp32 [["tt.divisibility", 16]]'],
         "BLOCK": ["constexpr =128", "constexpr =64"]}}
     assert triton_kernels.count(rows)["specializations"] == 3 and triton_kernels.count(rows)["compiles"] == 4
+
+
+# ------------------------------------------------------------------ what a run would compile, estimated on the CPU
+ESTIMATE = textwrap.dedent("""
+    import json, sys
+    import torch
+    from lockstep.kernels import compile_time
+    from lockstep.kernels.matmul import linear_triton
+    from lockstep.kernels.rmsnorm import rms_norm_triton
+    assert compile_time.mode() == "interpreter"
+    w = torch.randn(24, 32)
+    for m in (1, 5, 16, 32):                   # M is not specialized: one key for every batch
+        linear_triton(torch.randn(m, 32), w)
+    for n in (1, 16, 17):                      # N (the weight's) is: 1, divisible by 16, neither
+        rms_norm_triton(torch.randn(3, n), torch.ones(n), 1e-5)
+    rms_norm_triton(torch.randn(4, 16), torch.ones(16), 1e-5)    # a key seen before: not logged again
+""")
+
+
+def test_the_interpreter_logs_the_keys_a_compiled_run_would_compile(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "LOCKSTEP_KERNEL_LOG": str(tmp_path / "log"),
+           "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", ESTIMATE], env=env, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for f in (tmp_path / "log").iterdir() for line in f.read_text().splitlines()]
+    assert all(r["estimated"] is True and r["cache_hit"] is None for r in rows)
+    sys.path.insert(0, str(REPO / "scripts"))
+    import triton_kernels
+    assert triton_kernels.count(rows)["kernels"] == {"lockstep.kernels.rmsnorm._rmsnorm_kernel": 3,
+                                                     "lockstep.kernels.matmul._linear_kernel": 1}
+    vary = triton_kernels.varying(rows)["lockstep.kernels.rmsnorm._rmsnorm_kernel"]
+    assert vary == {"N": ["constexpr =1", 'i32 [["tt.divisibility", 16]]', "i32 []"]}, vary
+    assert triton_kernels.warm(rows, 1) == 0     # nothing to preload: estimated rows are not Triton's data
+
+
+def test_every_do_not_specialize_names_a_parameter():
+    """A misspelt name is ignored by Triton (the argument stays specialized): each must be a parameter."""
+    import importlib
+    import inspect
+    import pkgutil
+    import lockstep.kernels as package
+    checked = 0
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"lockstep.kernels.{info.name}")
+        for obj in vars(module).values():
+            names = (getattr(obj, "kwargs", None) or {}).get("do_not_specialize") \
+                if hasattr(obj, "kwargs") else getattr(obj, "do_not_specialize", None)
+            if not names or not hasattr(obj, "fn"):
+                continue
+            params = list(inspect.signature(obj.fn).parameters)
+            assert set(names) <= set(params), (obj.fn.__qualname__, set(names) - set(params))
+            assert not any("constexpr" in str(inspect.signature(obj.fn).parameters[n].annotation) for n in names)
+            checked += 1
+    assert checked >= 12, checked
+
+
+def test_prime_computes_the_compiler_key_once_outside_any_lock(monkeypatch):
+    from lockstep.kernels import compile_time
+    import triton.compiler.compiler as compiler
+    calls = []
+    monkeypatch.setattr(compiler, "triton_key", lambda: calls.append(1) or "k", raising=False)
+    monkeypatch.setattr(compile_time, "_PRIMED", False)
+    compile_time._prime()
+    compile_time._prime()
+    assert calls == [1]
+
+
+def test_the_first_compile_primes_before_it_takes_its_lock(monkeypatch):
+    """The fix itself: a process's one-time key comes before the lock (under it, 16 processes queued)."""
+    from lockstep.kernels import compile_time
+    order = []
+    monkeypatch.setattr(compile_time, "_prime", lambda: order.append("prime"))
+    monkeypatch.setattr(compile_time, "_lock", lambda ident: order.append("lock"))
+    compile_time._start({"fn": None, "compile": {"specialization_data": "{}"}})
+    compile_time._PENDING.job = None
+    assert order == ["prime", "lock"]

@@ -76,6 +76,8 @@ def per_expert_path(x, ids, gu_w, gu_b, dn_w, bounds, expert_lo=0):
     (37, 2, 3, 4, 8),          # several blocks per expert, a partial last block
     (9, 0, 2, 1, 2),           # block_m 1: no padding at all
     (64, 0, 1, 16, 1),         # every row one expert, whole blocks
+    (200, 0, 32, 16, 32),      # the kernel padded to 1,024 rows and 128 blocks (past next_pow2)
+    (200, 0, 128, 16, 128),    # 1,024 rows would pass GROUP_KERNEL_MAX at 128 experts: 256
     (5000, 0, 8, 16, 8),       # past GROUP_KERNEL_MAX: the sort path (a prefill)
     (3001, 8, 8, 64, 24),      # the sort path on an EP slice, ids on both sides skipped
 ])
