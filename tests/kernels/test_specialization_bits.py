@@ -101,7 +101,7 @@ def test_residuals_rope_and_hashes(monkeypatch, T):
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(DEVICE)
     qkv = _randn(T, (Hq + 2 * Hkv) * D, dtype=torch.bfloat16, seed=9)
     cos, sin = _randn(T, D // 2, seed=10), _randn(T, D // 2, seed=11)
-    pos = torch.randint(0, S, (T + 1,), generator=g).to(DEVICE)[1:]
+    pos = torch.randperm(S, generator=g)[:T + 1].to(DEVICE)[1:]     # distinct: two writes to one cache row race
     seeds = torch.randint(0, 2 ** 62, (T + 1,), generator=g).to(DEVICE)[1:]
     cols = torch.arange(17, device=DEVICE)
     logp = torch.log_softmax(_randn(T, 300, seed=12), -1)
