@@ -60,6 +60,7 @@ def jtoy(project, tmp_path_factory, monkeypatch):
     (site / "jtoy_adapter.py").write_text(ADAPTER)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.syspath_prepend(str(REPO))             # the workers import tests.targets.outside
+    monkeypatch.setattr(suite_paths, "_MAPPED", dict(suite_paths._MAPPED))   # MAP ends with the test
     assert main(["regen", "generate/big", "--dtype", "bf16", "--backend", "torch", *MAP]) == 0
     return project
 
