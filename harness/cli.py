@@ -5,7 +5,7 @@
     lockstep check    [PATTERN ...] [--json] [--strict] [-j N]   the CI gate
     lockstep diff     PATTERN ...                   run and explain against the golden
     lockstep regen    [PATTERN ...] [--dry-run] [--allow-ci]
-    lockstep report   [PATTERN ...] [--target T ...] --out PATH.md [-j N]
+    lockstep report   [PATTERN ...] [--target T ...] --out PATH.md [-j N] [--json]
     lockstep expectations [PATTERN ...] --target T --write FILE [--versions RANGE] [-j N] [--json]
     lockstep suite                                  the installed suite's folder
     lockstep show     PATTERN ... [--pair P] [--bits] [--json]   goldens as text (--textconv FILE: git's driver)
@@ -196,6 +196,7 @@ def _target_parsers(sub) -> None:
                                                "say); the JSON goes beside it")
     _expectations(p)
     _jobs(p, "run")
+    _json(p, " (the matrix's JSON, as written beside --out; the text line goes to stderr)")
     p.set_defaults(func=command("report", "cmd_report"))
     p = sub.add_parser("expectations", help="run specs on a target and write its expectations file from the "
                                             "observed failures, for review")

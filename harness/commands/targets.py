@@ -41,7 +41,7 @@ from pathlib import Path
 from lockstep.harness.commands.selection import context
 from lockstep.harness.errors import UsageError, located
 from lockstep.harness.golden import GoldenStore
-from lockstep.harness.jsonout import print_document, report_document, tool_document
+from lockstep.harness.jsonout import emit, print_document, report_document, tool_document
 from lockstep.harness.judges import ExpectationsJudge, GoldenJudge, reproduce_command
 from lockstep.harness.target import NotApplicable, Target, TargetInterface, UpstreamChanged
 from lockstep.harness.targets import UnknownTarget, at_policy, get, load_expectations
@@ -292,9 +292,12 @@ def cmd_report(args, specs, errors, ctx, progress=None, jobs: int | None = 1) ->
     if skipped:
         text += "\n## Not run here\n\n" + "".join(f"- {n}: {why}\n" for n, why in skipped.items())
     out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(report_document(m | {"not_installed": skipped}), indent=1,
-                                                   sort_keys=True) + "\n")
-    print(f"wrote {out} and {out.with_suffix('.json')}")
+    doc = report_document(m | {"not_installed": skipped})
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    as_json = getattr(args, "json", False)
+    print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr if as_json else sys.stdout)
     for p in problems:
         print(p, file=sys.stderr)
+    if as_json:                             # the document of the file beside --out, on stdout
+        emit(json.dumps(doc, indent=1, sort_keys=True))
     return 2 if errors else (1 if problems else 0)
