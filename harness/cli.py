@@ -5,8 +5,8 @@
     lockstep check    [PATTERN ...] [--json] [--strict] [-j N]   the CI gate
     lockstep diff     PATTERN ...                   run and explain against the golden
     lockstep regen    [PATTERN ...] [--dry-run] [--allow-ci]
-    lockstep report   [PATTERN ...] [--target T ...] --out PATH.md
-    lockstep expectations [PATTERN ...] --target T --write FILE [--versions RANGE] [--json]
+    lockstep report   [PATTERN ...] [--target T ...] --out PATH.md [-j N] [--json]
+    lockstep expectations [PATTERN ...] --target T --write FILE [--versions RANGE] [-j N] [--json]
     lockstep suite                                  the installed suite's folder
     lockstep show     PATTERN ... [--pair P] [--bits] [--json]   goldens as text (--textconv FILE: git's driver)
     lockstep diff-driver [--uninstall]              install that driver into .git/config
@@ -195,6 +195,8 @@ def _target_parsers(sub) -> None:
     p.add_argument("--out", required=True, help="Markdown path (required: nothing is written where you did not "
                                                "say); the JSON goes beside it")
     _expectations(p)
+    _jobs(p, "run")
+    _json(p, " (the matrix's JSON, as written beside --out; the text line goes to stderr)")
     p.set_defaults(func=command("report", "cmd_report"))
     p = sub.add_parser("expectations", help="run specs on a target and write its expectations file from the "
                                             "observed failures, for review")
@@ -203,6 +205,7 @@ def _target_parsers(sub) -> None:
     p.add_argument("--target", required=True, help="the target (not lockstep: it has no expected failures)")
     p.add_argument("--write", type=Path, required=True, metavar="FILE", help="the expectations file to write")
     p.add_argument("--versions", help="the PEP 440 range the file holds for (default: ==the target's version)")
+    _jobs(p, "run")
     _json(p, " (the file written and its counts; the text line goes to stderr)")
     p.set_defaults(func=command("report", "cmd_expectations"))
 

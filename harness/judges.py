@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.harness import runner, workers
+from lockstep.harness import runner, targets, workers
 from lockstep.harness.golden import GoldenStore
 from lockstep.harness.targets import expectations_path
 from lockstep.harness.targets.expectfile import verdict as expectation_problem
@@ -80,8 +80,17 @@ class ExpectationsJudge:
     def run(self, spec, ctx):
         return run_on_target(spec, ctx, self.target, self.store)
 
-    def outcomes(self, rows, jobs: int, waiting=None):
-        """The rows' outcomes in order, in this process: the target object is not sent to workers."""
+    def outcomes(self, rows, jobs: int | None, waiting=None):
+        """The rows' outcomes in order, in `jobs` worker processes that each build the target again
+        by its registry name and policy; a target the registry did not build runs in this process."""
+        recipe, many = targets.recipe(self.target), workers.processes(jobs, len(rows)) > 1
+        if recipe is not None and many:
+            yield from workers.target_rows(rows, recipe, self.target.label, self.store, jobs, waiting)
+            return
+        if many:
+            print(f"note: target {self.target.label} was not loaded by name (--target, the entry point group "
+                  f"{targets.GROUP}), so no worker process can build it: its {len(rows)} spec(s) run in this "
+                  "process", file=sys.stderr)
         for i, (spec, ctx, _) in enumerate(rows, 1):
             if waiting:
                 waiting(i, spec.id)

@@ -1,4 +1,5 @@
-"""`lockstep check -j N` and `regen -j N`: the planned rows run in N worker processes, reported as one serial run.
+"""`lockstep check -j N` and `regen -j N` (and `check --target`, `report`, `expectations` with -j N
+on another engine): the planned rows run in N worker processes, reported as one serial run.
 
 Each row (spec, RunContext, golden folder) is checked by `runner.check_spec` exactly as the serial
 loop does; only where it runs changes. Outcomes come back in the rows' order whatever order the
@@ -12,6 +13,8 @@ run (harness/checkpoints.py, $LOCKSTEP_CHECKPOINT_CACHE), so each is made once, 
 Each worker takes one row at a time, so a worker that dies costs that row alone (its CRASH; a new
 worker takes the next), and each ends with its parent however the parent ends (engine/lifeline.py),
 removing the run's folders on its way out; a later run removes any a SIGKILL left.
+Another engine's target object lives in the parent: each worker builds it again by its registry
+name at the parent's dtype policy (harness/targets: `recipe`, `rebuild`), once per worker.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from lockstep.harness.checkpoints import SHARED_ENV
 from lockstep.harness.errors import UsageError
 from lockstep.harness.golden import GoldenStore
 from lockstep.harness.memory import keep_freed_memory
+from lockstep.harness.targets import rebuild
+from lockstep.harness.targets.judge import FAIL, TargetOutcome, run_on_target
 
 JOBS_ENV = "LOCKSTEP_JOBS"
 
@@ -75,6 +80,14 @@ def regen_rows(rows: list[tuple], store: GoldenStore, write: bool, jobs: int | N
     write distinct goldens; the parent holds the golden folder's writer lock for all of them."""
     yield from _run_rows(rows, functools.partial(runner.regen_spec, store=store, write=write), jobs, waiting,
                          _dead_regen)
+
+
+def target_rows(rows: list[tuple], recipe: tuple[str, str], label: str, store: GoldenStore, jobs: int | None,
+                waiting: Callable[[int, str], None] | None = None) -> Iterator:
+    """Each row's TargetOutcome on the target that `recipe` (registry name, dtype policy) rebuilds,
+    labelled `label` in the parent, in the rows' order, as check_rows."""
+    call = functools.partial(_on_target, recipe=recipe, label=label, store=store)
+    yield from _run_rows(rows, call, jobs, waiting, functools.partial(_dead_target, label))
 
 
 def processes(jobs: int | None, rows: int) -> int:
@@ -248,6 +261,30 @@ def _start_worker(mapped: dict, shared_checkpoints: str) -> None:
     torch.set_num_threads(1)
     keep_freed_memory()
     suite_paths.map_checkpoints(mapped.items())
+
+
+@functools.lru_cache(maxsize=4)
+def _rebuilt(recipe: tuple[str, str], label: str):
+    """This worker's copy of the parent's target; one that builds otherwise (another version, another
+    policy) is refused rather than judged under the parent's label."""
+    target = rebuild(*recipe)
+    got = (target.label, getattr(target, "dtype", "fp32"))
+    if got != (label, recipe[1]):
+        raise RuntimeError(f"the worker built target {recipe[0]!r} as {got[0]} at {got[1]}, the parent ran "
+                           f"{label} at {recipe[1]}")
+    return target
+
+
+def _on_target(spec, ctx, recipe: tuple[str, str], label: str, store: GoldenStore):
+    return run_on_target(spec, ctx, _rebuilt(recipe, label), store)
+
+
+def _dead_target(label: str, spec, folder: str, why):
+    """A worker that died, or could not build the target, fails this row alone (a crash, as the
+    target's own crash is reported)."""
+    crash = f"crash: {why}"
+    return TargetOutcome(spec, label, FAIL, message=crash[:300], messages=[
+        f"{crash} (rerun with -j 1 to run it in this process)"])
 
 
 def _dead_check(spec, folder: str, why) -> runner.Outcome:

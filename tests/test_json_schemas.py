@@ -74,6 +74,12 @@ def test_report_json(tmp_path, monkeypatch, capsys):
     doc = json.loads(out.with_suffix(".json").read_text())
     assert not [e.message for e in schema("report").iter_errors(doc)]
     assert doc["specs"]["coins/known-answers"][doc["targets"][0]]["status"] == "pass"
+    capsys.readouterr()
+    assert cli.main(["report", "--device", "cpu", "--target", "lockstep", "--out", str(out), "coins/known-answers",
+                     "--json"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out) == json.loads(out.with_suffix(".json").read_text()) == doc    # --json: that document
+    assert "wrote" in got.err and "wrote" not in got.out
 
 
 def test_the_committed_conformance_matrix_validates():

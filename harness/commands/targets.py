@@ -41,7 +41,7 @@ from pathlib import Path
 from lockstep.harness.commands.selection import context
 from lockstep.harness.errors import UsageError, located
 from lockstep.harness.golden import GoldenStore
-from lockstep.harness.jsonout import print_document, report_document, tool_document
+from lockstep.harness.jsonout import emit, print_document, report_document, tool_document
 from lockstep.harness.judges import ExpectationsJudge, GoldenJudge, reproduce_command
 from lockstep.harness.target import NotApplicable, Target, TargetInterface, UpstreamChanged
 from lockstep.harness.targets import UnknownTarget, at_policy, get, load_expectations
@@ -74,18 +74,31 @@ def load_target(name: str) -> Target:
         raise UsageError(f"target {name!r} cannot load: its factory crashed: {located(e)}", cause=e) from None
 
 
-def run_target(specs, ctx, target: Target, store: GoldenStore, progress=None):
-    """Each spec on `target` in order (its outcomes judged later against its expectations)."""
+def run_target(specs, ctx, target: Target, store: GoldenStore, progress=None, jobs: int | None = 1, done: int = 0):
+    """Each spec on `target` in order, in `jobs` worker processes (its outcomes judged later against
+    its expectations); progress counts on from `done` (report: the targets before this one)."""
     judge = ExpectationsJudge(target, {}, store.root)
+    waiting = (lambda i, sid: progress.show(done + i, sid)) if progress else None
     outcomes = []
-    for i, outcome in enumerate(judge.outcomes([(s, ctx, "") for s in specs], 1,
-                                               waiting=progress.show if progress else None), 1):
+    for i, outcome in enumerate(judge.outcomes([(s, ctx, "") for s in specs], jobs, waiting=waiting), done + 1):
         outcomes.append(outcome)
         if progress:                        # a CI log's line per spec (progress.lines: stderr not a terminal)
-            progress.finished(i, f"{outcome.status:<7} {outcome.spec.id}")
+            progress.clear()
+            progress.finished(i, f"{outcome.status:<7} {outcome.spec.id} on {target.label}")
     if progress:
         progress.clear()
     return outcomes
+
+
+def at_run_policy(targets: list, args, ctx) -> list[tuple]:
+    """[(each target at the run's dtype policy, its run context)] (target_context for each), before
+    any runs: a --dtype one of them does not offer is a usage error up front."""
+    asked, out = args.dtype, []
+    for target in targets:
+        args.dtype = asked
+        out.append(target_context(target, args, ctx))
+    args.dtype = asked
+    return out
 
 
 def judge_for(args, ctx):
@@ -112,7 +125,7 @@ def target_context(target: TargetInterface, args, ctx):
     return target, context(args)
 
 
-def cmd_write_expectations(args, specs, errors, ctx, progress=None) -> int:
+def cmd_write_expectations(args, specs, errors, ctx, progress=None, jobs: int | None = 1) -> int:
     """`lockstep expectations --target X --write FILE`: the observed failures as an expectations file.
     Failures that match the file's previous entry keep their judgement; the others are `unjudged`."""
 
@@ -131,7 +144,8 @@ def cmd_write_expectations(args, specs, errors, ctx, progress=None) -> int:
             previous = load(args.write, target.name, target.version)
         except ExpectationsError:
             previous = {}                        # rewritten from scratch: its entries do not apply
-    outcomes = run_target(specs, ctx, target, GoldenStore(args.golden), progress)
+    ((target, ctx),) = at_run_policy([target], args, ctx)
+    outcomes = run_target(specs, ctx, target, GoldenStore(args.golden), progress, jobs)
     unjudged = write(args.write, target.name, target.version, args.versions, outcomes, previous)
     fails = sum(o.status == FAIL for o in outcomes)
     as_json = getattr(args, "json", False)
@@ -256,7 +270,7 @@ def report_targets(names) -> tuple[list[Target], dict[str, str]]:
     return loaded, skipped
 
 
-def cmd_report(args, specs, errors, ctx, progress=None) -> int:
+def cmd_report(args, specs, errors, ctx, progress=None, jobs: int | None = 1) -> int:
     out = report_out(args.out)
     targets, skipped = report_targets(args.target)
     for name, why in skipped.items():
@@ -264,10 +278,12 @@ def cmd_report(args, specs, errors, ctx, progress=None) -> int:
     if getattr(args, "expectations", None) is not None and len(targets) != 1:
         raise _usage("--expectations names one file: report one --target with it")
     expected = {t.label: _expected(t, args) for t in targets}     # bad files are refused before any run
+    if progress:
+        progress.total = len(specs) * len(targets)
     results, problems = {}, []
-    for target in targets:
+    for n, (target, run_ctx) in enumerate(at_run_policy(targets, args, ctx)):
         store = GoldenStore(args.golden)
-        outcomes = run_target(specs, ctx, target, store, progress)
+        outcomes = run_target(specs, run_ctx, target, store, progress, jobs, done=n * len(specs))
         results[target.label] = outcomes
         problems += [f"{target.label}: {p}" for p in compare(outcomes, expected[target.label])]
     m = matrix(results, expected)
@@ -276,9 +292,12 @@ def cmd_report(args, specs, errors, ctx, progress=None) -> int:
     if skipped:
         text += "\n## Not run here\n\n" + "".join(f"- {n}: {why}\n" for n, why in skipped.items())
     out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(report_document(m | {"not_installed": skipped}), indent=1,
-                                                   sort_keys=True) + "\n")
-    print(f"wrote {out} and {out.with_suffix('.json')}")
+    doc = report_document(m | {"not_installed": skipped})
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    as_json = getattr(args, "json", False)
+    print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr if as_json else sys.stdout)
     for p in problems:
         print(p, file=sys.stderr)
+    if as_json:                             # the document of the file beside --out, on stdout
+        emit(json.dumps(doc, indent=1, sort_keys=True))
     return 2 if errors else (1 if problems else 0)

@@ -11,6 +11,7 @@ point in the group `lockstep.targets` whose value is a callable returning a `Tar
 from __future__ import annotations
 
 import importlib
+import weakref
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -30,6 +31,11 @@ EXPECTATIONS = Path(__file__).parent / "expectations"
 
 class UnknownTarget(LookupError):
     pass
+
+
+# id(target) -> (a weak reference to it, its registry name): the targets `get` and `at_policy` built,
+# which a worker process can build again by name (`recipe`); any other object cannot.
+_BUILT: dict[int, tuple[weakref.ref, str]] = {}
 
 
 def _plugins() -> dict:
@@ -55,7 +61,30 @@ def get(name: str) -> TargetInterface:
     target = factory()
     if not isinstance(target, TargetInterface):
         raise TypeError(f"target {name!r}: its factory returned {type(target).__name__}, not a harness.targets.Target")
+    _remember(target, name)
     return target
+
+
+def _remember(target, name: str) -> None:
+    try:
+        ref = weakref.ref(target, lambda _, key=id(target): _BUILT.pop(key, None))
+    except TypeError:                       # no weak references (__slots__): not rebuilt by name
+        return
+    _BUILT[id(target)] = (ref, name)
+
+
+def recipe(target) -> tuple[str, str] | None:
+    """(registry name, dtype policy) from which `rebuild` makes `target` again in another process,
+    or None for a target the registry did not build (a test's in-process object)."""
+    ref, name = _BUILT.get(id(target), (None, ""))
+    if ref is None or ref() is not target:
+        return None
+    return name, getattr(target, "dtype", "fp32")
+
+
+def rebuild(name: str, dtype: str) -> TargetInterface:
+    """The target `recipe` describes: `get(name)` at policy `dtype`."""
+    return at_policy(get(name), dtype)
 
 
 def expectations_path(target: Target, explicit: Path | None = None) -> Path | None:
@@ -84,4 +113,8 @@ def at_policy(target: Target, dtype: str | None) -> Target:
         return target
     if dtype not in getattr(target, "dtypes", ()) or getattr(target, "at_dtype", None) is None:
         raise ValueError(f"{dtype}: {target.label} runs the {declared} policy only (Target.dtype, Target.dtypes)")
-    return target.at_dtype(dtype)
+    made = target.at_dtype(dtype)
+    named = recipe(target)
+    if named is not None and made is not target:
+        _remember(made, named[0])           # the same registry name, at another policy
+    return made

@@ -183,7 +183,8 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
             except CorruptGolden as e:
                 golden, fails = None, fails + [f"corrupt golden: {e}"]
             if golden is None:
-                fails.append(f"no golden on {platform} to compare with (record it with lockstep regen {spec.id})")
+                fails.append(f"no golden on {platform} to compare with (record it with lockstep regen {spec.id}"
+                             f"{regen_flags(ctx)})")
             elif out.compare == CALIBRATED:     # tokens and logprobs judged above; the rest as before
                 rest = {k: v for k, v in golden.tensors.items() if not k.startswith(("tokens_", "logprobs_"))}
                 fails += _tolerance_diff(rest, {k: v for k, v in result.tensors.items() if k in rest})
@@ -209,6 +210,13 @@ def run_on_target(spec: Spec, ctx: RunContext, target: Target, store: GoldenStor
         out.message = out.messages[0].splitlines()[0][:300]
     out.seconds = time.perf_counter() - start
     return out
+
+
+def regen_flags(ctx: RunContext) -> str:
+    """The --dtype/--backend a bare `regen ID` needs to record this run's golden pair (none for
+    fp32/torch): bare, it records only the pairs the spec supports here."""
+    dtype, backend = getattr(getattr(ctx, "platform", None), "dtype", "fp32"), getattr(ctx, "backend", "torch")
+    return "" if (dtype, backend) == ("fp32", "torch") else f" --dtype {dtype} --backend {backend}"
 
 
 class _Generation:

@@ -1,5 +1,5 @@
 """Long commands show progress: a plain line every $LOCKSTEP_PROGRESS_SECONDS in a CI log (none
-for a run shorter than that), and per-spec lines for check --target and report."""
+for a run shorter than that), and per-spec lines for check --target, report and expectations."""
 
 import io
 import time
@@ -77,3 +77,40 @@ def test_generic_numpy_warning_is_filtered_without_debug(monkeypatch):
             warnings.simplefilter("always")
             assert cli.main(argv) == 0
         assert any("divide by zero" in str(w.message) for w in seen) is shown
+
+
+def _toys(monkeypatch):
+    from lockstep.harness.target import Op, Target
+    from lockstep.kernels.coins import murmur_hash32_torch
+
+    toys = {n: Target(n, "1.0", ops={"hash": Op(murmur_hash32_torch)}) for n in ("a", "b")}
+    monkeypatch.setattr("lockstep.harness.commands.targets.get", lambda name: toys[name])
+
+
+def test_report_and_expectations_print_a_line_per_spec_in_a_ci_log(project, capsys, monkeypatch):
+    """Off a terminal: a line per finished spec on stderr, naming the target, counted over every
+    target `report` runs."""
+    _toys(monkeypatch)
+    specs = ["coins/known-answers", "coins/gumbel-endpoints"]
+    assert main(["report", "--target", "a", "--target", "b", "--out", "m.md", *specs]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    assert lines == ["[1/4] n/a     coins/gumbel-endpoints on a-1.0", "[2/4] pass    coins/known-answers on a-1.0",
+                     "[3/4] n/a     coins/gumbel-endpoints on b-1.0", "[4/4] pass    coins/known-answers on b-1.0"]
+    assert main(["expectations", "--target", "a", "--write", "a.yaml", *specs]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    assert lines == ["[1/2] n/a     coins/gumbel-endpoints on a-1.0", "[2/2] pass    coins/known-answers on a-1.0"]
+
+
+def test_report_shows_a_counter_on_a_terminal(project, monkeypatch):
+    """On a terminal: the counter line, rewritten in place (no per-spec lines), cleared at the end."""
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    _toys(monkeypatch)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert main(["report", "--target", "a", "--target", "b", "--out", "m.md", "coins/known-answers"]) == 0
+    err = sys.stderr.getvalue()
+    assert "\r[1/2]" in err and "\r[2/2]" in err and "coins/known-answers" in err
+    assert "[1/2] pass" not in err and err.endswith("\r")          # cleared: the line is blank again

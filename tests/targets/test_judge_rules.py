@@ -400,3 +400,13 @@ def test_the_layer_locator_needs_the_targets_capture(monkeypatch):
     t = _Ops({"capture": ()})
     judge._layer_locator(spec, meta, t, reference)
     assert t.asked == [("capture", "meta", ())], "the capture asked for on the run's device"
+
+
+def test_the_missing_golden_hint_names_the_pair_a_bare_regen_may_not_record(monkeypatch):
+    from lockstep.harness.platform import detect
+    from lockstep.harness.result import RunContext
+    from lockstep.harness.targets.judge import regen_flags
+
+    assert regen_flags(RunContext(platform=detect("cpu", "fp32"))) == ""
+    assert regen_flags(RunContext(platform=detect("cpu", "bf16"), backend="triton")) == \
+        " --dtype bf16 --backend triton"
