@@ -254,7 +254,7 @@ def refuse_nan_scales(name: str, scales: torch.Tensor) -> None:
 
 # ---------------------------------------------------------------------- synthetic checkpoints
 def synthetic_weights(config: GptOssConfig, seed: int, mxfp4_experts: bool,
-                      progress=None) -> dict[str, torch.Tensor]:
+                      progress=None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Deterministic random weights in checkpoint form (bf16 floats; u8 MXFP4 experts).
 
     Scales keep activations O(1): weights ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), biases
@@ -263,13 +263,17 @@ def synthetic_weights(config: GptOssConfig, seed: int, mxfp4_experts: bool,
     SwiGLU clamp at 7 and tests see it. Expert weights are snapped onto the
     MXFP4 grid in both formats, so the bf16 and MXFP4 checkpoints of one seed hold the same
     values (bf16 represents every MXFP4 value exactly).
+
+    `device` is where the arithmetic runs (a GPU makes the 20b shape in minutes): the draws come
+    from the one CPU generator and every operation is portable's or exact, so the tensors, returned
+    on the CPU, are the same bytes on any device (tests/test_gpu_branches.py compares them).
     """
     g = torch.Generator(device="cpu").manual_seed(seed)
 
     def normal(shape, std, mean=0.0):
-        return portable.normal(shape, g) * std + mean          # torch.randn is not portable
+        return portable.normal(shape, g, device=device) * std + mean     # torch.randn is not portable
 
-    bf16 = lambda t: t.to(torch.bfloat16).contiguous()   # noqa: E731
+    bf16 = lambda t: t.to(torch.bfloat16).contiguous().cpu()   # noqa: E731
     out: dict[str, torch.Tensor] = {}
     layout = expected_tensors(config, mxfp4_experts=False)
     for i, (name, (shape, kind)) in enumerate(layout.items(), 1):
@@ -290,9 +294,11 @@ def synthetic_weights(config: GptOssConfig, seed: int, mxfp4_experts: bool,
             E, fan_in, fan_out = shape                                   # HF layout [E, in, out]
             gain = 3.0 if name.endswith("gate_up_proj") else 0.5           # see the docstring
             w = normal((E, fan_out, fan_in), gain / math.sqrt(fan_in))   # [E, out, in]
-            blocks, scales = mxfp4.quantize(w)
+            # an expert at a time (blocks run along the last axis): the same bytes, bounded memory
+            blocks, scales = (torch.cat(t) for t in zip(*(mxfp4.quantize(w[e:e + 1]) for e in range(E))))
+            del w
             if mxfp4_experts:
-                out[name + "_blocks"], out[name + "_scales"] = blocks, scales
+                out[name + "_blocks"], out[name + "_scales"] = blocks.cpu(), scales.cpu()
             else:
                 out[name] = bf16(mxfp4.dequantize(blocks, scales).transpose(1, 2))
         else:
@@ -301,11 +307,13 @@ def synthetic_weights(config: GptOssConfig, seed: int, mxfp4_experts: bool,
 
 
 def make_checkpoint(preset_name: str, seed: int, fmt: str, out_dir: str | Path,
-                    overwrite: bool = False, num_shards: int = 2, progress=None) -> Path:
+                    overwrite: bool = False, num_shards: int = 2, progress=None,
+                    device: str | torch.device = "cpu") -> Path:
     """Write a synthetic checkpoint of a preset: config.json, `num_shards` safetensors shards
     and model.safetensors.index.json. Same (preset, seed, fmt) -> byte-identical files.
     `progress(stage, done, total, name)`, if given, is called before each tensor is made
-    (stage "tensor") and after each shard is written (stage "shard").
+    (stage "tensor") and after each shard is written (stage "shard"). `device`: where the weights'
+    arithmetic runs (synthetic_weights: the same bytes on any device).
 
     Written into a temp dir beside out_dir and renamed into place, so a failure leaves nothing
     half-written. A non-empty out_dir is refused unless `overwrite`.
@@ -320,7 +328,7 @@ def make_checkpoint(preset_name: str, seed: int, fmt: str, out_dir: str | Path,
     config = preset(preset_name)
     if fmt == "mxfp4":
         config = config.replace(quantization_config=json.loads(json.dumps(MXFP4_QUANTIZATION_CONFIG)))
-    tensors = synthetic_weights(config, seed, mxfp4_experts=(fmt == "mxfp4"), progress=progress)
+    tensors = synthetic_weights(config, seed, mxfp4_experts=(fmt == "mxfp4"), progress=progress, device=device)
 
     # Shards: consecutive tensors in checkpoint order, cut at equal byte fractions.
     names = list(tensors)

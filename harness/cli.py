@@ -231,6 +231,9 @@ def _tool_parsers(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
     p.add_argument("--max-gb", type=bound, default=MAX_CHECKPOINT_GB, metavar="GB",
                    help=f"refuse to write more parameter bytes than this (default {MAX_CHECKPOINT_GB:g})")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the weights' arithmetic runs (default cpu); the same bytes on either, a GPU "
+                        "makes the 20b shape in minutes")
     p.add_argument("out", type=Path, metavar="OUT")
     _json(p, " (the progress stays on stderr)")
     _debug(p)

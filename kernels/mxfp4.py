@@ -102,7 +102,9 @@ def quantize(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     e = torch.where(mant == 0.5, p - 1, p)
     e = torch.where(amax == 0, torch.zeros_like(e), e)
     e = e.clamp(-SCALE_BIAS, 254 - SCALE_BIAS)
-    scaled = torch.ldexp(x, (-e).unsqueeze(-1).to(torch.float32))         # [..., G, 32], |.| <= 6
+    # x * 2^-e by an exact power of two (torch.ldexp's bits on the CPU, and the same on CUDA, where
+    # ldexp multiplies by pow(2, e)); -e is in [-127, 127], so 2^-e is an E8M0 value
+    scaled = torch.mul(x, _power_of_two((SCALE_BIAS - e).to(torch.uint8)).unsqueeze(-1))   # [..., G, 32], |.| <= 6
     code = _nearest_code(scaled.abs().clamp(max=6.0))
     code = code + 8 * (scaled < 0).to(torch.int64)                         # sign bit; -0 -> code 0
     code = torch.where(code == 8, torch.zeros_like(code), code)

@@ -344,16 +344,18 @@ def scalar_log(v: float) -> float:
 _NORMAL_CHUNK = 1 << 20            # pairs drawn per torch.rand call: part of the definition
 
 
-def normal(shape, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def normal(shape, generator: torch.Generator, dtype: torch.dtype = torch.float32,
+           device: str | torch.device = "cpu") -> torch.Tensor:
     """Standard normal samples by Box-Muller from torch.rand's float64 uniforms (integer-exact
-    draws from the generator) and the float64 kernels above; torch.randn is not portable.
+    draws from the CPU generator) and the float64 kernels above; torch.randn is not portable.
     Uniforms are drawn _NORMAL_CHUNK pairs at a time (u1, u2 interleaved), so memory stays
-    bounded for real-size weights and the values never depend on anything but the generator."""
+    bounded for real-size weights and the values never depend on anything but the generator.
+    `device`: where the float64 arithmetic runs and the result lives (the same bits anywhere)."""
     n = math.prod(shape)
-    out = torch.empty(n, dtype=dtype)
+    out = torch.empty(n, dtype=dtype, device=device)
     for start in range(0, n, 2 * _NORMAL_CHUNK):
         count = min(n - start, 2 * _NORMAL_CHUNK)
-        u = torch.rand(2 * ((count + 1) // 2), generator=generator, dtype=torch.float64)
+        u = torch.rand(2 * ((count + 1) // 2), generator=generator, dtype=torch.float64).to(device)
         u1, u2 = u[0::2], u[1::2]
         radius = sqrt64(torch.mul(log64(torch.sub(1.0, u1)), -2.0))         # 1 - u1 in (0, 1]
         sin, cos = sincos64(torch.mul(u2, 2.0 * math.pi))

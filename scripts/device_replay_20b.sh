@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On one GPU: record and replay a 64-request trace of a synthetic gpt-oss-20b checkpoint (the
-# real shape and HF layout, MXFP4 experts, random weights), as docs/replay.md gives the commands.
+# real shape and HF layout, MXFP4 experts, random weights, made on the GPU: make-checkpoint --device),
+# as docs/replay.md gives the commands.
 # Prints each step's wall time and the replay's verdict; the trace's digest goes to $OUT when set.
 #
 #   PYTHONPATH=$PWD bash scripts/device_replay_20b.sh            # from the repository root
@@ -14,6 +15,7 @@ n=${REQUESTS:-64}
 new=${MAX_NEW:-64}
 preset=${PRESET:-gpt-oss-20b}
 device=${DEVICE:-cuda}
+backend=${BACKEND:-$([ "$device" = cuda ] && echo triton || echo torch)}   # the compiled kernels on a GPU
 mkdir -p "$work"
 step() {   # NAME COMMAND...: the command's output, then its wall time and exit code
   local name=$1 start rc
@@ -26,13 +28,16 @@ step() {   # NAME COMMAND...: the command's output, then its wall time and exit 
   return $rc
 }
 python3 -c "import json; [print(json.dumps({'prompt': list(range(10 + i, 74 + i)), 'seed': i, 'sampling': {'temperature': 0.8, 'max_new_tokens': $new}})) for i in range($n)]" > "$work/reqs.jsonl"
-step make-checkpoint python3 -m lockstep make-checkpoint --preset "$preset" --format mxfp4 --max-gb 40 "$work/ck20b" || exit 1
-step record python3 -m lockstep record "$work/t20b.jsonl" --checkpoint "$work/ck20b" --requests "$work/reqs.jsonl" \
-  --max-batch "$n" --device "$device" --dtype bf16 || exit 1
-step replay python3 -m lockstep replay "$work/t20b.jsonl" --device "$device"
-step replay-teacher-forced python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" --mode teacher-forced
-step replay-prefill-shaped python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" --mode teacher-forced \
-  --forced-shape prefill
+# each step bounded (seconds: CK_S, RECORD_S, REPLAY_S), so one device call ends with what it reached
+step make-checkpoint timeout "${CK_S:-330}" python3 -m lockstep make-checkpoint --preset "$preset" --format mxfp4 \
+  --max-gb 40 --device "$device" "$work/ck20b" || exit 1
+step record timeout "${RECORD_S:-120}" python3 -m lockstep record "$work/t20b.jsonl" --checkpoint "$work/ck20b" \
+  --requests "$work/reqs.jsonl" --max-batch "$n" --device "$device" --dtype bf16 --backend "$backend" || exit 1
+step replay timeout "${REPLAY_S:-90}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device"
+step replay-teacher-forced timeout "${REPLAY_S:-90}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" \
+  --mode teacher-forced
+step replay-prefill-shaped timeout "${REPLAY_S:-90}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" \
+  --mode teacher-forced --forced-shape prefill
 ls -la "$work/t20b.jsonl"
 [ -n "${OUT:-}" ] && sha256sum "$work/t20b.jsonl" > "$OUT/t20b.sha256"
 exit 0

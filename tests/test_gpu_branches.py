@@ -106,3 +106,15 @@ def test_launch_under_cuda_places_rank_r_on_gpu_r_mod_g():
     want = "nccl" if gpus >= 2 else "gloo-host"
     assert [r[1] for r in res] == [want, want]
     assert [r[0] for r in res] == [f"cuda:{r % gpus}" for r in range(2)]
+
+
+@pytest.mark.parametrize("preset, fmt", [("tiny", "mxfp4"), ("tiny", "bf16"), ("small", "mxfp4")])
+def test_a_synthetic_checkpoint_made_on_the_gpu_is_the_cpus_bytes(tmp_path, preset, fmt):
+    """engine/checkpoint.py synthetic_weights(device="cuda"), kernels/portable.py normal and
+    kernels/mxfp4.py quantize on CUDA: the draws come from the CPU generator and every operation
+    is portable or exact, so `make-checkpoint --device cuda` writes the CPU's files byte for byte."""
+    from lockstep.engine.checkpoint import checkpoint_digest, make_checkpoint
+
+    cpu = make_checkpoint(preset, 3, fmt, tmp_path / "cpu")
+    gpu = make_checkpoint(preset, 3, fmt, tmp_path / "gpu", device="cuda")
+    assert checkpoint_digest(gpu) == checkpoint_digest(cpu)

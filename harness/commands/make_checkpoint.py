@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from lockstep.engine.checkpoint import make_checkpoint
 from lockstep.harness.commands.exits import EXIT_OK
 from lockstep.harness.errors import UsageError, write_failure
@@ -13,10 +15,13 @@ from lockstep.harness.jsonout import print_document, tool_document
 
 
 def cmd_make_checkpoint(args) -> int:
+    device = getattr(args, "device", "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA GPU here")
     size, count = checkpoint_size(args)        # refused above --max-gb before anything is made
     try:
         out = make_checkpoint(args.preset, args.seed, args.format, args.out, overwrite=args.overwrite,
-                              progress=CheckpointProgress())
+                              progress=CheckpointProgress(), device=device)
     except FileExistsError:
         raise UsageError(f"{args.out} exists and is not empty; use --overwrite to replace it") from None
     except ValueError as e:

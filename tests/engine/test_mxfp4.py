@@ -84,3 +84,21 @@ def test_zero_block_and_bad_input():
         mxfp4.dequantize(torch.zeros(1, 16), torch.zeros(1, dtype=torch.uint8))
     with pytest.raises(ValueError, match="shapes disagree"):
         mxfp4.dequantize(torch.zeros(2, 16, dtype=torch.uint8), torch.zeros(3, dtype=torch.uint8))
+
+
+def test_quantize_scales_by_an_exact_power_of_two_as_ldexp_does():
+    """quantize multiplies a block by 2^-e built from its bits (torch.ldexp on CUDA multiplies by
+    pow(2, e), not exact for every e): on the CPU the codes are ldexp's at every shared exponent,
+    the subnormal 2^-127 and 2^127 included."""
+    from lockstep.kernels import mxfp4 as formats
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(256, 32, generator=g)
+    for e in range(-127, 128, 3):
+        x = torch.ldexp(base, torch.tensor(float(e))).clamp(-3e38, 3e38)      # blocks at many exponents
+        blocks, scales = formats.quantize(x)
+        amax = x.abs().amax(-1, keepdim=True)                                 # [256, 1]: one block a row
+        mant, p = torch.frexp(amax / 6.0)
+        want_e = torch.where(mant == 0.5, p - 1, p).clamp(-127, 127)
+        scaled = torch.ldexp(x, (-want_e).to(torch.float32))
+        assert torch.equal(scaled, torch.mul(x, formats._power_of_two((127 - want_e).to(torch.uint8))))
+        assert torch.equal(scales.to(torch.int32) - 127, want_e.to(torch.int32))
