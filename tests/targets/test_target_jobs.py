@@ -12,6 +12,7 @@ import pytest
 from lockstep.harness import suite_paths, targets
 from lockstep.harness.cli import main
 from tests.conftest import REPO
+from tests.test_adopt_cli import GENERATE
 
 # A tests-only target registered under the entry point group: Lockstep's engine from outside.py
 # (its generate), with a `hash` that is right at fp32 and halved at bf16 (so the policy a worker
@@ -33,16 +34,8 @@ def target(dtype="fp32"):
     return dataclasses.replace(base, name="jtoy", ops=ops, dtypes=("fp32", "bf16"), at_dtype=target)
 """
 
-# A generate spec whose checkpoint lies outside the suite: a worker without the parent's
-# --checkpoint-path mapping cannot find it.
-GENERATE = """\
-kind: generate
-description: greedy generation from a checkpoint the suite names but does not hold
-inputs:
-  checkpoint: {path: models/big}
-  requests:
-    - {prompt: [1, 2, 3], sampling: {greedy: true, max_new_tokens: 2}}
-"""
+# GENERATE: a generate spec whose checkpoint lies outside the suite: a worker without the
+# parent's --checkpoint-path mapping cannot find it.
 MAP = ["--checkpoint-path", f"models/big={REPO / 'models' / 'tiny-target'}"]
 SPECS = ["coins/*", "generate/big"]
 
