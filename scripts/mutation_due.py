@@ -30,10 +30,11 @@ SELECTION = {
     "harness/compare.py": ["tests/test_compare.py"],
     "harness/golden.py": ["tests/test_golden.py", "tests/test_hostile_goldens.py", "tests/test_triton_provenance.py"],
     "harness/pairs.py": ["tests/test_pairs.py"],
-    "harness/commands/session.py": ["tests/test_verdict_machinery.py"],
+    "harness/commands/session.py": ["tests/test_session_rules.py", "tests/test_verdict_machinery.py"],
     "harness/commands/selection.py": ["tests/test_selection_rules.py"],
     "harness/runner.py": ["tests/test_runner_rules.py", "tests/test_verdict_machinery.py", "tests/test_selfcheck.py"],
-    "harness/workers.py": ["tests/test_verdict_machinery.py", "tests/test_parallel_check.py"],
+    # tests/test_parallel_check.py spawns real workers (seconds a mutant): the rules file stands in
+    "harness/workers.py": ["tests/test_worker_rules.py", "tests/test_verdict_machinery.py"],
     "harness/targets/judge.py": ["tests/targets/test_judge_rules.py"],
     "harness/targets/expectfile.py": ["tests/targets/test_expectfile_rules.py", "tests/targets/test_expectations.py",
                                       "tests/test_verdict_machinery.py"],
@@ -50,7 +51,8 @@ SELECTION = {
     "engine/sampling.py": ["tests/engine/test_sampling_rows.py", "tests/engine/test_token_sampling.py",
                            "tests/engine/test_engine_seams.py", "tests/engine/test_sampling_decisions.py"],
     "engine/prefix_cache.py": ["tests/engine/test_prefix_cache_blocks.py", "tests/engine/test_engine_seams.py"],
-    "engine/launch.py": ["tests/parallel/test_launch.py", "tests/parallel/test_launch_environment.py"],
+    # tests/parallel/test_launch*.py start real ranks (seconds a mutant): the rules file stands in
+    "engine/launch.py": ["tests/engine/test_launch_rules.py"],
     "kernels/portable.py": ["tests/test_portable.py", "tests/test_portable_reductions.py", "tests/test_portable_chunks.py"],
 }
 
