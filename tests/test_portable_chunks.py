@@ -142,3 +142,53 @@ def test_prefix_sum_along_an_inner_dim():
     got = portable.prefix_sum(x, dim=-1)
     assert torch.equal(got, torch.stack([portable.prefix_sum(row) for row in x]))
     assert torch.equal(portable.prefix_sum(x, dim=0), portable.prefix_sum(x.T.contiguous(), dim=-1).T)
+
+
+# --------------------------------------------------------------------------- the square root's edges
+# For X in [1, 4) and its nearest double y, X - y^2 is exactly on a rounding test's boundary only
+# at two doubles: X = 1 + 2^-52 (y = 1, R = M) and X = 4 - 2^-51 (y = 2 - 2^-52, R = M), where
+# `R > M` must stay strict; and a start one ulp above at X = 1 + 2^-52 has R + M = 0 exactly.
+_EDGES = (1.0 + 2.0 ** -52, 4.0 - 2.0 ** -51)
+
+
+def test_sqrt64_on_the_two_doubles_whose_test_lands_on_its_boundary():
+    xs = [math.ldexp(x, 2 * k) for x in _EDGES for k in (-300, -1, 0, 1, 7, 400)]
+    got = portable.sqrt64(torch.tensor(xs, dtype=torch.float64)).tolist()
+    assert got == [math.sqrt(x) for x in xs]
+
+
+def test_the_newton_value_stays_in_one_to_two():
+    """_nearest_sqrt reads y's mantissa as y in [1, 2): the Newton value of X just below 4 rounds
+    to 2.0 and is clamped to the double below it."""
+    y = portable._newton_sqrt(torch.tensor([1.0, 1.0 + 2.0 ** -52, 4.0 - 2.0 ** -51, 4.0 - 2.0 ** -50],
+                                           dtype=torch.float64))
+    assert y.tolist() == [1.0, 1.0, portable._BELOW_TWO, portable._BELOW_TWO]
+
+
+@pytest.mark.parametrize("off", [-3, -2, -1, 1, 2, 3])
+def test_the_correction_moves_a_start_up_to_three_ulps_off_to_the_nearest(off):
+    X = torch.tensor([*_EDGES, 2.0, 3.0, 1.5, 2.0 ** 0.5 * 2, 3.999], dtype=torch.float64)
+    nearest = torch.tensor([math.sqrt(x) for x in X.tolist()], dtype=torch.float64)
+    start = nearest.view(torch.int64) + off
+    start = torch.where(start.view(torch.float64) < 1.0, torch.ones_like(start).view(torch.float64).view(torch.int64),
+                        start).view(torch.float64).clamp(1.0, portable._BELOW_TWO)
+    assert portable._nearest_sqrt(X, start).tolist() == nearest.tolist()
+
+
+# --------------------------------------------------------------------------- log64 beside its Triton twin
+# m exactly at _SQRT2 (x = _SQRT2 * 2^e: `>` keeps it, `>=` would halve it, which moves the last
+# bit of 10 of the 2046 such x), and inputs where one more series term moves the last bit.
+_SERIES_EDGES = ["0x1.64b4b1ea9c531p+0", "0x1.6358a507b5c06p+0", "0x1.63ec2d52d81e2p+0", "0x1.6f65b14f719a8p-1",
+                 "0x1.641dc78b394a6p-1", "0x1.69dd1e7865217p-1", "0x1.555aebfb2f4bcp+0", "0x1.5fcd5437b9321p+0"]
+
+
+def test_log64_at_its_reductions_edge_is_the_triton_versions_bits():
+    from tests.test_portable import INTERPRET, _exp_log_kernel, np
+    if not INTERPRET:
+        pytest.skip("compiled kernels use the GPU's own log")
+    xs = [math.ldexp(portable._SQRT2, e) for e in range(-1021, 1024)] + [float.fromhex(h) for h in _SERIES_EDGES]
+    x = torch.tensor(xs, dtype=torch.float64)
+    e, lg = torch.empty_like(x), torch.empty_like(x)
+    with np.errstate(all="ignore"):
+        _exp_log_kernel[(1,)](x, e, lg, len(xs), BLOCK=4096)
+    assert lg.view(torch.int64).equal(portable.log64(x).view(torch.int64))
