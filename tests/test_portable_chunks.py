@@ -183,7 +183,10 @@ _SERIES_EDGES = ["0x1.64b4b1ea9c531p+0", "0x1.6358a507b5c06p+0", "0x1.63ec2d52d8
 
 
 def test_log64_at_its_reductions_edge_is_the_triton_versions_bits():
-    from tests.test_portable import INTERPRET, _exp_log_kernel, np
+    import numpy as np
+
+    from lockstep.kernels._common import INTERPRET
+    from tests.test_portable import _exp_log_kernel
     if not INTERPRET:
         pytest.skip("compiled kernels use the GPU's own log")
     xs = [math.ldexp(portable._SQRT2, e) for e in range(-1021, 1024)] + [float.fromhex(h) for h in _SERIES_EDGES]
