@@ -461,3 +461,41 @@ def test_the_self_check_is_handed_the_judge_check_spec_uses(monkeypatch):
     monkeypatch.setattr(runner, "verify", lambda *a: seen.append(a))
     runner.self_check()
     assert seen == [(diff_tensors, diff_data, runner.GoldenStore, CorruptGolden)]
+
+
+def test_the_defaults_check_is_not_strict_and_regen_writes(monkeypatch):
+    _kind(monkeypatch)
+    g = {"x": torch.tensor([1.0])}
+    monkeypatch.setattr(runner, "_run_and_expect", lambda s, c: (SpecResult(dict(g)), [], None))
+    out = runner.check_spec(_spec(), _ctx_real(), _Store(_golden(g, spec_sha256="old")))
+    assert (out.status, out.stale_golden) == (runner.PASS, True)
+    store = _Store()
+    assert runner.regen_spec(_spec(), _ctx_real(), store).written and len(store.written) == 1
+
+
+def test_the_pair_is_named_by_the_device_the_check_ran_on(monkeypatch):
+    # golden folders that follow the dtype policy everywhere but on the CPU: the pair matters elsewhere only
+    _kind(monkeypatch, golden_platform=lambda spec, ctx: "cpu-x" if ctx.platform.device == "cpu" else
+          f"gpu-{ctx.platform.dtype}")
+    out, _ = _check(monkeypatch, _spec(), _Store(root=Path("golden")), (None, ["a"], None))
+    assert out.repro == "lockstep diff stand/one --specs /r/specs"
+
+
+def test_a_mismatch_keeps_what_the_run_located_beside_the_goldens_place(monkeypatch):
+    _kind(monkeypatch, locate_golden=lambda spec, g, r: "where")
+    g = {"x": torch.tensor([1.0, 2.0])}
+    out, _ = _compared(_spec(), SpecResult({"x": torch.tensor([1.0, 3.0])}, located=["from the run"]),
+                       golden=_golden(g), located=["before"])
+    assert out.located == ["before", "from the run", "where"]
+
+
+def test_regen_explains_a_tensor_change_alone(monkeypatch):
+    _kind(monkeypatch)
+    t = {"x": torch.tensor([1.0, 2.0])}
+    moved = SpecResult({"x": torch.tensor([1.0, 3.0])}, {"d": 1})
+    out = _regen(monkeypatch, [(moved, [], None)] * 2, _Store(_golden(t, {"d": 1})))
+    assert out.status == runner.CHANGED and out.explanation == [diff_tensors(t, moved.tensors)[0].describe()]
+    other = SpecResult({"x": torch.tensor([1.0, 4.0])}, {"d": 1})
+    out = _regen(monkeypatch, [(moved, [], None), (other, [], None)], _Store())
+    assert out.explanation == ["two runs disagree, so there is no golden to record (D1 run-to-run):",
+                               diff_tensors(moved.tensors, other.tensors)[0].describe()], "no data line"
