@@ -227,3 +227,24 @@ def test_the_table_of_each_judge():
     t = _session(rows=rows, judge=_TargetJudge(expected=["b"])).table()
     assert isinstance(t, TargetTable) and t.width == 11 and list(t.expected) == ["b"]
     assert golden_folders(Path("g"), []) == "none"
+
+
+def test_the_text_report_lists_every_stale_golden_and_the_world_size_lines(monkeypatch):
+    _interpreter(monkeypatch)
+    s = _session([_outcome("a", runner.PASS, notes=["checked at topology tp2"])], stale=["p/x", "p/y"])
+    text = s.text_report(_ctx(world_sizes=(2,)), None, False, False)
+    assert text == "\n".join(["", "stale goldens (their spec no longer exists):", "  golden/p/x", "  golden/p/y",
+                              "", "--world-size 2: tp2 on 1 spec(s)", "", s.summary(_ctx())])
+
+
+def test_an_outcome_without_compile_figures_is_unmeasured(monkeypatch):
+    _interpreter(monkeypatch, "compiled")
+    o = _outcome("a", runner.PASS)
+    del o.compile
+    assert _session([o]).compile_figures()["mode"] == "unmeasured"
+
+
+def test_another_targets_json_document_is_indented_as_the_goldens_is(monkeypatch):
+    _interpreter(monkeypatch)
+    s = _session([_outcome("a", PASS)], judge=_TargetJudge())
+    assert s.json_document(_ctx()).startswith('{\n  "schema_version": ')
