@@ -149,9 +149,9 @@ def test_check_and_regen_rows_hand_on_their_options(monkeypatch):
     monkeypatch.setattr(workers, "_run_rows", lambda rows, call, jobs, waiting, dead: iter(
         [seen.append((rows, call.func, call.keywords, jobs, waiting, dead))]))
     list(workers.check_rows(["r"], "store", True, 4, print))
-    list(workers.regen_rows(["r"], "store", False, 2, None))
+    list(workers.regen_rows(["r"], "store", False, 2, repr))
     assert seen == [(["r"], runner.check_spec, {"store": "store", "strict": True}, 4, print, workers._dead_check),
-                    (["r"], runner.regen_spec, {"store": "store", "write": False}, 2, None, workers._dead_regen)]
+                    (["r"], runner.regen_spec, {"store": "store", "write": False}, 2, repr, workers._dead_regen)]
 
 
 def test_a_dead_workers_row():
@@ -173,6 +173,12 @@ def test_how_a_worker_ended():
 
 
 # --------------------------------------------------------------------------- one worker, over a real pipe
+def _recv(conn):
+    """What the other end sent; a failure (never a hang) when nothing comes within 5 s."""
+    assert conn.poll(5), "nothing was sent"
+    return conn.recv()
+
+
 def _unsendable():
     return lambda: None                       # a lambda does not pickle
 
@@ -217,11 +223,11 @@ def test_a_worker_is_given_a_task_and_answers_it():
     ((target, (child, parent, initargs), name),) = ctx.made
     assert (target, parent, initargs, name) == (workers._worker_main, os.getpid(), ("init",), "lockstep-check-worker")
     assert w.proc.started and w.task is None and child.closed
-    w.give(4, "the task")
-    assert w.task == 4
-    # the child end was closed in this process, as after a real start: answer over a fresh pair
+    # the child end was closed in this process, as after a real start: talk over a fresh pair
     parent_end, child_end = multiprocessing.Pipe()
     w.conn = parent_end
+    w.give(4, "the task")
+    assert w.task == 4 and _recv(child_end) == "the task"
     child_end.send((True, "done"))
     assert w.take() == (4, True, "done") and w.task is None
     w.task = 5
@@ -237,7 +243,7 @@ def test_a_worker_is_stopped_or_killed():
     parent_end, child_end = multiprocessing.Pipe()
     w.conn = parent_end
     w.stop()
-    assert child_end.recv() is None and w.proc.killed == 0, "an idle worker is told to stop"
+    assert _recv(child_end) is None and w.proc.killed == 0, "an idle worker is told to stop"
     w.task = 1
     w.stop()
     assert w.proc.killed == 1 and not child_end.poll(), "a busy one is killed"
@@ -249,8 +255,10 @@ def test_a_worker_is_stopped_or_killed():
 
 
 def test_a_worker_loop_answers_each_task_until_told_to_stop(monkeypatch):
-    seen = []
-    monkeypatch.setattr(workers.lifeline, "watch_parent", lambda parent, on_death: seen.append(("watch", parent)))
+    seen, deaths = [], []
+    monkeypatch.setattr(workers.lifeline, "watch_parent",
+                        lambda parent, on_death: seen.append(("watch", parent)) or deaths.append(on_death))
+    monkeypatch.setattr(workers, "_leave", lambda parent: seen.append(("leave", parent)))
     monkeypatch.setattr(workers, "_start_worker", lambda *a: seen.append(("start", a)))
     here, there = multiprocessing.Pipe()
 
@@ -258,9 +266,11 @@ def test_a_worker_loop_answers_each_task_until_told_to_stop(monkeypatch):
         here.send(task)
     workers._worker_main(there, 41, ("a", "b"))
     assert seen == [("watch", 41), ("start", ("a", "b"))]
-    assert here.recv() == (True, (3, 1))
-    assert here.recv() == (False, "ValueError: invalid literal for int() with base 10: 'x'")
-    ok, why = here.recv()
+    deaths[0]()
+    assert seen[-1] == ("leave", 41), "the parent's death removes the parent's folders"
+    assert _recv(here) == (True, (3, 1))
+    assert _recv(here) == (False, "ValueError: invalid literal for int() with base 10: 'x'")
+    ok, why = _recv(here)
     assert not ok and why.startswith(("AttributeError: ", "PicklingError: ")), why
     assert not here.poll()
     here.close()
@@ -295,11 +305,24 @@ def test_a_worker_whose_parent_died_leaves_nothing(monkeypatch, tmp_path):
                         lambda: [SimpleNamespace(kill=lambda: killed.append(1))] * 2)
     workers._leave(77)
     assert removed == [77, None] and not temp.exists() and killed == [1, 1]
+    workers._leave(78)                        # the folder gone already: nothing raised
     monkeypatch.setitem(config, "tempdir", None)
-    workers._leave(78)                        # no fork server's folder: nothing to remove
+    workers._leave(79)                        # no fork server's folder: nothing to remove
 
 
 # --------------------------------------------------------------------------- the pool, with stand-in workers
+def _bounded(wait):
+    """multiprocessing.connection.wait's stand-in: a pool that keeps waiting (a lost task) fails."""
+    calls = []
+
+    def bounded(objs):
+        calls.append(1)
+        assert len(calls) < 50, "the pool waits for a task no worker holds"
+        return wait(objs)
+
+    return bounded
+
+
 class _FakeWorker:
     """A worker whose answer is ready at once: `dies` makes the next one it takes a death."""
     made: list = []
@@ -329,7 +352,7 @@ def test_the_pool_feeds_each_worker_one_task_and_replaces_a_dead_one(monkeypatch
     _FakeWorker.made = []
     monkeypatch.setattr(workers, "_Worker", _FakeWorker)
     monkeypatch.setattr(workers.multiprocessing, "get_context", lambda how: ("context", how))
-    monkeypatch.setattr(workers, "wait", lambda objs: objs)
+    monkeypatch.setattr(workers, "wait", _bounded(lambda objs: objs))
     pool = workers._Pool(2, ("i",))
     assert pool.ctx == ("context", "spawn")
     pool.start(["t0", "t1", "t2", "t3", "t4"])
@@ -340,6 +363,7 @@ def test_the_pool_feeds_each_worker_one_task_and_replaces_a_dead_one(monkeypatch
     assert pool.result(1) == (False, "died")
     c = _FakeWorker.made[2]
     assert pool.workers == [a, c] and c.given == [(3, "t3")], "a new worker takes the dead one's place"
+    assert (c.ctx, c.initargs) == (("context", "spawn"), ("i",)), "started as the first ones were"
     assert a.given == [(0, "t0"), (2, "t2")]
     assert pool.result(0) == (True, ("answer", "t0")) and 0 not in pool.done
     assert pool.result(2) == (True, ("answer", "t2")) and pool.result(3) == (True, ("answer", "t3"))
@@ -351,7 +375,7 @@ def test_the_pool_feeds_each_worker_one_task_and_replaces_a_dead_one(monkeypatch
 def test_the_pool_takes_no_more_workers_than_tasks_and_kills_one_that_will_not_end(monkeypatch):
     _FakeWorker.made = []
     monkeypatch.setattr(workers, "_Worker", _FakeWorker)
-    monkeypatch.setattr(workers, "wait", lambda objs: objs)
+    monkeypatch.setattr(workers, "wait", _bounded(lambda objs: objs))
     pool = workers._Pool(4, ())
     pool.start(["t0"])
     (a,) = _FakeWorker.made
@@ -369,7 +393,8 @@ def test_the_pool_waits_on_the_busy_workers_only(monkeypatch):
     _FakeWorker.made = []
     monkeypatch.setattr(workers, "_Worker", _FakeWorker)
     waited = []
-    monkeypatch.setattr(workers, "wait", lambda objs: waited.append(list(objs)) or objs[1:2] + objs[3:])
+    # b has answered and is still alive: its pipe is ready, its sentinel is not
+    monkeypatch.setattr(workers, "wait", _bounded(lambda objs: waited.append(list(objs)) or objs[1:2]))
     pool = workers._Pool(2, ())
     pool.start(["t0", "t1", "t2"])
     a, b = _FakeWorker.made
