@@ -6,7 +6,9 @@ starts real ranks for the same contracts end to end."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from fractions import Fraction
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,7 +51,8 @@ def test_the_plan_refuses(args, message):
 # --------------------------------------------------------------------------- the launcher's loop
 class _Proc:
     """A rank that, once started, has done what `how` says: "done" (its result file), "error" (its
-    traceback file, exit 1), "die" (SIGKILL, no file), "exit0" (exit 0, no file), "hang"."""
+    traceback file, exit 1), "die" (SIGKILL, no file), "exit0" (exit 0, no file), "hang"; "late"
+    exits 1 and its traceback file shows only once it is joined; "slow" is done after 3 polls."""
 
     def __init__(self, launcher, target, name, daemon, args):
         self.launcher, self.target, self.name, self.daemon, self.args = launcher, target, name, daemon, args
@@ -69,6 +72,22 @@ class _Proc:
             self.exitcode = -9
         elif how == "exit0":
             self.exitcode = 0
+        elif how == "late":
+            self.exitcode = 1
+        self.out, self.polls = out, 0
+
+    @property
+    def exitcode(self):
+        if self.launcher.hows[self.args[0]] == "slow" and self.pid is not None:
+            self.polls += 1
+            if self.polls > 3:
+                torch.save({"rank": self.args[0]}, self.out / f"rank{self.args[0]}.pt")
+                return 0
+        return self._exitcode
+
+    @exitcode.setter
+    def exitcode(self, value):
+        self._exitcode = value
 
     def is_alive(self):
         return self.pid is not None and self.exitcode is None
@@ -78,6 +97,8 @@ class _Proc:
 
     def join(self, timeout=None):
         self.joined.append(timeout)
+        if self.launcher.hows[self.args[0]] == "late" and self.pid is not None:
+            (self.out / f"rank{self.args[0]}.err").write_text("Traceback\nKeyError: 'late'\n")
 
 
 class _Launcher:
@@ -152,6 +173,10 @@ def test_the_older_backend_argument(monkeypatch, tmp_path):
         run = _Launcher(monkeypatch, tmp_path / str(i), ["done", "done"], gpus=gpus)
         launch(_fn, 2, backend=backend)
         assert run.procs[1].args[3:5] == (transport, device), backend
+    (tmp_path / "x").mkdir()
+    _Launcher(monkeypatch, tmp_path / "x", ["done", "done"], gpus=1)
+    with pytest.raises(ValueError, match="nccl needs a GPU per rank"):
+        launch(_fn, 2, backend="nccl")
     with pytest.raises(ValueError) as e:
         launch(_fn, 2, backend="mpi")
     assert str(e.value) == "launch: backend must be 'gloo' or 'nccl', got 'mpi'"
@@ -214,11 +239,12 @@ def test_a_start_that_fails_kills_the_started_ranks(monkeypatch, tmp_path):
 
     def start(self):
         if self.launcher.hows[self.args[0]] == "boom":
+            shutil.rmtree(run.out)            # the run's folder gone already (a sweep): never a second error
             raise OSError("cannot fork")
         real(self)
 
     monkeypatch.setattr(_Proc, "start", start)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="cannot fork"):
         launch(_fn, 2, device="cpu")
     assert [p.killed for p in run.procs] == [1, 0] and run.procs[1].joined == [] and not run.out.exists()
 
@@ -324,9 +350,16 @@ def test_the_socket_folder_under_a_long_temp_dir(monkeypatch):
     L._short_socket_dir()
     assert made == ["/var/tmp", "/var/tmp"] and tempfile.tempdir == "/the/callers", \
         "the first writable folder, only while multiprocessing makes its own; 64 characters still fit"
+    for dirs, writable, chosen in (({"/tmp", "/var/tmp", "/dev/shm"}, {"/tmp", "/var/tmp", "/dev/shm"}, "/tmp"),
+                                   ({"/dev/shm", "/var/tmp"}, {"/dev/shm", "/tmp"}, "/dev/shm")):
+        made.clear()
+        monkeypatch.setattr(L.os.path, "isdir", lambda d, dirs=dirs: d in dirs)
+        monkeypatch.setattr(L.os, "access", lambda d, mode, w=writable: d in w)
+        L._short_socket_dir()
+        assert made == [chosen], (dirs, writable)
     monkeypatch.setattr(L.os.path, "isdir", lambda d: False)
     L._short_socket_dir()
-    assert len(made) == 2, "no short folder: nothing moves"
+    assert made == ["/dev/shm"], "no short folder: nothing moves"
 
     def fails():
         raise OSError("full")
@@ -342,6 +375,10 @@ def test_the_socket_folder_under_a_long_temp_dir(monkeypatch):
 def test_process_group_options(monkeypatch):
     chosen = []
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
+    L.process_group_options("nccl", 0)
+    assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "1", "a timed-out collective raises in Python"
+    chosen.clear()
     monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", "0")
     assert L.process_group_options("gloo", 1) == {} and chosen == []
     assert L.process_group_options("nccl", 2) == {"device_id": torch.device("cuda", 2)}
@@ -421,3 +458,54 @@ def test_a_rank_that_raises_leaves_its_traceback_and_exits_1(rank):
     text = (rank.out / "rank0.err").read_text()
     assert text.startswith("Traceback (most recent call last):") and text.endswith("KeyError: 'in fn'\n")
     assert not (rank.out / "rank0.pt").exists()
+
+
+def test_the_default_timeouts(monkeypatch, tmp_path):
+    run = _Launcher(monkeypatch, tmp_path, ["hang"])
+    with pytest.raises(RankFailure) as e:
+        launch(_fn, 1, device="cpu")
+    assert run.store_args == (1, 60.0) and "(the run passed timeout_s=600)" in str(e.value)
+    assert len(run.slept) == 601
+
+
+def test_the_rendezvous_store_listens_before_any_rank(monkeypatch):
+    seen = []
+    monkeypatch.setattr(dist, "TCPStore", lambda *a, **k: seen.append((a, k)) or "store")
+    assert L._rendezvous_store(3, 7.5) == "store"
+    assert seen == [(("127.0.0.1", 0, 3), {"is_master": True, "timeout": timedelta(seconds=7.5),
+                                           "wait_for_workers": False})]
+
+
+def test_a_rank_whose_traceback_shows_after_its_exit_raised(monkeypatch, tmp_path):
+    run = _Launcher(monkeypatch, tmp_path, ["late", "done"])
+    with pytest.raises(RankFailure) as e:
+        launch(_fn, 2, device="cpu")
+    assert e.value.ranks == {0: "raised KeyError: 'late'", 1: "finished"} and run.slept == []
+
+
+def test_a_rank_still_running_is_not_a_failure(monkeypatch, tmp_path):
+    run = _Launcher(monkeypatch, tmp_path, ["done", "slow"])
+    assert launch(_fn, 2, device="cpu", grace_s=0.5) == [{"rank": 0}, {"rank": 1}]
+    assert len(run.slept) == 3
+
+
+def test_results_are_any_picklable_object(monkeypatch, tmp_path):
+    run = _Launcher(monkeypatch, tmp_path, ["done"])
+    real = _Proc.start
+
+    def start(self):
+        real(self)
+        torch.save(Fraction(1, 3), Path(self.args[10]) / "rank0.pt")   # not a weights-only type
+
+    monkeypatch.setattr(_Proc, "start", start)
+    assert launch(_fn, 1, device="cpu") == [Fraction(1, 3)] and run.procs
+
+
+def test_the_run_timeout_is_exclusive_and_names_each_ranks_state(monkeypatch, tmp_path):
+    run = _Launcher(monkeypatch, tmp_path, ["error", "die", "hang"])
+    with pytest.raises(RankFailure) as e:
+        launch(_fn, 3, device="cpu", timeout_s=2.0, grace_s=100.0)
+    assert len(run.slept) == 3, "the run ends once it is past timeout_s, not at it"
+    assert str(e.value).startswith("launch(world_size=3) failed (the run passed timeout_s=2): rank 0 raised ")
+    assert e.value.ranks == {0: "raised ValueError: boom", 1: "died without a result (signal SIGKILL)",
+                             2: "hung: still running, no result; killed"}
