@@ -125,6 +125,8 @@ def stage(module: str, folder: Path) -> None:
         shutil.copy2(f, folder / "lockstep" / f.name)
     for sub in ("harness", "engine", "kernels"):
         shutil.copytree(ROOT / sub, folder / "lockstep" / sub, ignore=ignore)
+    # the preset checkpoints beside the package too: harness/fingerprint.py finds them there, as in the wheel
+    shutil.copytree(ROOT / "models", folder / "lockstep" / "models", ignore=ignore, symlinks=True)
     for sub in ("tests", "models", "specs", "golden", "docs"):           # docs: the JSON schemas some tests read
         shutil.copytree(ROOT / sub, folder / sub, ignore=ignore, symlinks=True)
     text = (ROOT / "pyproject.toml").read_text()
