@@ -290,3 +290,24 @@ def test_a_step_of_the_last_request_reads(good):
 def test_the_requests_steps_and_rounds_must_agree(good, edit, text):
     rewrite(good, edit)
     assert refusal(good) == f"{good}: {text}"
+
+
+def test_a_non_finite_number_is_refused_before_anything_is_written(tmp_path):
+    t = small_trace()
+    t.steps[0][1]["logprob"] = float("nan")                   # record 5: manifest, 2 requests, then steps
+    path = tmp_path / "t.jsonl"
+    with pytest.raises(TraceError) as e:
+        write_trace(t, path)
+    assert str(e.value) == (f"{path}: record 5 (step) (request 0, step 1): logprob is nan; a trace holds finite "
+                            f"numbers only (non-finite weights or logits?); nothing written")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_non_finite_number_in_a_file_is_refused_with_its_line(good):
+    lines = good.read_bytes().splitlines()
+    rec = json.loads(lines[4])
+    rec["logprob"] = float("inf")                               # json writes Infinity, which json reads back
+    lines[4] = json.dumps(rec).encode()
+    good.write_bytes(b"\n".join(lines) + b"\n")
+    assert refusal(good) == (f"{good}:5: logprob (request 0, step 1) is inf, not a finite number (JSON has no NaN "
+                             f"or infinity): refused")
