@@ -166,20 +166,18 @@ def test_the_device_and_transport_of_a_launch(monkeypatch, tmp_path):
         assert run.procs[0].args[3] == transport and run.procs[1].args[4].startswith(device), (kw, gpus)
 
 
-def test_the_older_backend_argument(monkeypatch, tmp_path):
-    for i, (backend, gpus, transport, device) in enumerate([("nccl", 2, "nccl", "cuda:1"), ("gloo", 4, "gloo", "cpu"),
-                                                            (None, 2, "nccl", "cuda:1")]):
+def test_without_a_device_the_transport_picks_it(monkeypatch, tmp_path):
+    cases = [("nccl", 2, "nccl", "cuda:1"), ("gloo", 4, "gloo", "cpu"), ("gloo-host", 4, "gloo-host", "cpu"),
+             (None, 2, "nccl", "cuda:1"), (None, 1, "gloo", "cpu")]
+    for i, (transport, gpus, chosen, device) in enumerate(cases):
         (tmp_path / str(i)).mkdir()
         run = _Launcher(monkeypatch, tmp_path / str(i), ["done", "done"], gpus=gpus)
-        launch(_fn, 2, backend=backend)
-        assert run.procs[1].args[3:5] == (transport, device), backend
+        launch(_fn, 2, transport=transport)
+        assert run.procs[1].args[3:5] == (chosen, device), transport
     (tmp_path / "x").mkdir()
     _Launcher(monkeypatch, tmp_path / "x", ["done", "done"], gpus=1)
     with pytest.raises(ValueError, match="nccl needs a GPU per rank"):
-        launch(_fn, 2, backend="nccl")
-    with pytest.raises(ValueError) as e:
-        launch(_fn, 2, backend="mpi")
-    assert str(e.value) == "launch: backend must be 'gloo' or 'nccl', got 'mpi'"
+        launch(_fn, 2, transport="nccl")
 
 
 @pytest.mark.parametrize("world_size", [0, -1, True, 2.0, "2"])
