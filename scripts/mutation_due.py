@@ -40,7 +40,8 @@ SELECTION = {
                                       "tests/test_verdict_machinery.py"],
     "harness/kinds/primitive.py": ["tests/test_primitive_rules.py", "tests/test_primitive_nan_sides.py"],
     "harness/replay/rerun.py": ["tests/replay/test_verdicts.py", "tests/replay/test_verdict_rules.py",
-                                "tests/replay/test_locate_inputs.py", "tests/replay/test_identity_and_inputs.py"],
+                                "tests/replay/test_locate_inputs.py", "tests/replay/test_identity_and_inputs.py",
+                                "tests/replay/test_replay_inputs.py"],
     "harness/replay/identity.py": ["tests/replay/test_trace_identity.py", "tests/replay/test_identity_and_inputs.py"],
     "harness/replay/format.py": ["tests/replay/test_trace_refusals.py", "tests/replay/test_trace_format.py"],
     # acceptance and layout (engine/speculative.py is the round's driver now)
