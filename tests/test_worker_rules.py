@@ -401,3 +401,54 @@ def test_the_pool_waits_on_the_busy_workers_only(monkeypatch):
     assert pool.result(1) == (True, ("answer", "t1"))
     assert waited == [[a.conn, b.conn, a.proc.sentinel, b.proc.sentinel]]
     assert a.given == [(0, "t0")] and b.given == [(1, "t1"), (2, "t2")], "only the ready worker was answered"
+
+
+# --------------------------------------------------------------------------- another engine's rows
+def test_target_rows_rebuild_the_target_in_each_worker(monkeypatch):
+    seen = []
+    monkeypatch.setattr(workers, "_run_rows", lambda rows, call, jobs, waiting, dead: iter(
+        [seen.append((rows, call.func, call.keywords, jobs, waiting, dead.func, dead.args))]))
+    list(workers.target_rows(["r"], ("peer", "bf16"), "peer 1.0", "store", 3, print))
+    assert seen == [(["r"], workers._on_target, {"recipe": ("peer", "bf16"), "label": "peer 1.0", "store": "store"},
+                     3, print, workers._dead_target, ("peer 1.0",))]
+
+
+def test_a_worker_builds_the_parents_target_once_or_refuses_another(monkeypatch):
+    built = []
+
+    def rebuild(name, dtype):
+        built.append((name, dtype))
+        return SimpleNamespace(label=f"{name} 1.0" if name != "other" else "other 2.0", dtype=dtype)
+
+    monkeypatch.setattr(workers, "rebuild", rebuild)
+    workers._rebuilt.cache_clear()
+    try:
+        a = workers._rebuilt(("peer", "bf16"), "peer 1.0")
+        assert (a.label, a.dtype) == ("peer 1.0", "bf16") and workers._rebuilt(("peer", "bf16"), "peer 1.0") is a
+        assert built == [("peer", "bf16")], "built once per worker"
+        with pytest.raises(RuntimeError) as e:
+            workers._rebuilt(("other", "fp32"), "other 1.0")
+        assert str(e.value) == "the worker built target 'other' as other 2.0 at fp32, the parent ran other 1.0 at fp32"
+        workers._rebuilt.cache_clear()
+        monkeypatch.setattr(workers, "rebuild", lambda n, d: SimpleNamespace(label="peer 1.0"))
+        assert workers._rebuilt(("peer", "fp32"), "peer 1.0").label == "peer 1.0", "no dtype attribute: fp32"
+        with pytest.raises(RuntimeError) as e:
+            workers._rebuilt(("peer", "bf16"), "peer 1.0")      # the right label at another policy
+        assert str(e.value) == "the worker built target 'peer' as peer 1.0 at fp32, the parent ran peer 1.0 at bf16"
+        workers._rebuilt.cache_clear()
+        monkeypatch.setattr(workers, "rebuild", rebuild)
+        seen = []
+        monkeypatch.setattr(workers, "run_on_target", lambda spec, ctx, target, store: seen.append(
+            (spec, ctx, target, store)) or "outcome")
+        assert workers._on_target("spec", "ctx", ("peer", "bf16"), "peer 1.0", "store") == "outcome"
+        assert seen == [("spec", "ctx", a, "store")]
+    finally:
+        workers._rebuilt.cache_clear()
+
+
+def test_a_dead_workers_target_row():
+    spec = SimpleNamespace(id="a/b")
+    out = workers._dead_target("peer 1.0", spec, "cpu-fp32", "x" * 400)
+    assert (out.spec, out.target, out.status) == (spec, "peer 1.0", workers.FAIL)
+    assert out.message == ("crash: " + "x" * 400)[:300]
+    assert out.messages == ["crash: " + "x" * 400 + " (rerun with -j 1 to run it in this process)"]
