@@ -410,3 +410,13 @@ def test_the_missing_golden_hint_names_the_pair_a_bare_regen_may_not_record(monk
     assert regen_flags(RunContext(platform=detect("cpu", "fp32"))) == ""
     assert regen_flags(RunContext(platform=detect("cpu", "bf16"), backend="triton")) == \
         " --dtype bf16 --backend triton"
+
+
+def test_the_missing_golden_hint_of_a_run_takes_its_pair(monkeypatch):
+    from lockstep.harness.platform import detect
+    from lockstep.harness.result import RunContext
+
+    _kind(monkeypatch, run=lambda spec, ctx, target: SpecResult())
+    out = run_on_target(_spec(), RunContext(platform=detect("cpu", "bf16")), _target(), _Store(None))
+    assert out.messages == ["no golden on cpu-fp32 to compare with (record it with lockstep regen stand/one "
+                            "--dtype bf16 --backend torch)"]
