@@ -64,6 +64,18 @@ def test_normal_draws_its_pairs_a_chunk_at_a_time(monkeypatch, n):
     assert got32.dtype == torch.float32 and torch.equal(got32, _normal_by_definition(n, n, 3).float())
 
 
+def test_normal_computes_on_the_device_it_is_given(monkeypatch):
+    """The draws come from the CPU generator; the float64 arithmetic and the result are on `device`
+    ("meta" here: no values, only where each step runs)."""
+    seen = []
+    for name in ("sqrt64", "log64"):
+        real = getattr(portable, name)
+        monkeypatch.setattr(portable, name, lambda x, real=real, name=name: seen.append((name, x.device.type)) or real(x))
+    out = portable.normal((2, 3), torch.Generator().manual_seed(0), device="meta")
+    assert out.device.type == "meta" and out.shape == (2, 3) and out.dtype == torch.float32
+    assert seen == [("log64", "meta"), ("sqrt64", "meta")]
+
+
 def test_exp64_at_its_overflow_and_underflow_edges():
     x = torch.tensor([709.782712893384, 709.79, 710.5, -745.1, -745.2, -745.5, -746.5, 1e6, -1e6],
                      dtype=torch.float64)
