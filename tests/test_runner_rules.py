@@ -11,13 +11,15 @@ from types import SimpleNamespace
 import torch
 
 from lockstep.engine.boundaries import CaptureError
-from lockstep.harness import kinds, runner
+from lockstep.harness import runner
 from lockstep.harness.compare import diff_data, diff_tensors
 from lockstep.harness.errors import full_traceback, located
 from lockstep.harness.golden import CorruptGolden, Golden
 from lockstep.harness.result import SpecResult
 from lockstep.harness.specfile import Spec
 from lockstep.kernels.compile_time import Tally
+from tests.stand_in_kind import KIND
+from tests.stand_in_kind import stand_in_kind as _kind
 
 
 def _ctx(device="cpu", dtype="fp32", backend="torch", world_sizes=()):
@@ -54,19 +56,11 @@ def test_the_pair_flags_of_a_regen():
 # No model and no spec file: a kind registered as KIND, a golden store that answers what a test
 # gives it, and the run itself replaced where the rule under test only reads its result.
 
-KIND = "stand-in"
 
 
 def _spec(sid="stand/one", inputs=None, file=None, content="c" * 64, whole="s" * 64):
     file = Path(f"/r/specs/{sid}.yaml" if file is None else file)
     return Spec(sid, file, KIND, "", (), inputs or {}, {}, {}, whole, content, lines={("kind",): 3})
-
-
-def _kind(monkeypatch, **parts):
-    module = SimpleNamespace(**({"check": lambda spec, result: [], "golden_platform": lambda spec, ctx: "cpu-fp32"}
-                                | parts))
-    monkeypatch.setitem(kinds.KINDS, KIND, module)
-    return module
 
 
 class _Store:

@@ -11,26 +11,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lockstep.harness import kinds
 from lockstep.harness.golden import CorruptGolden
 from lockstep.harness.result import SpecResult
 from lockstep.harness.targets import judge
 from lockstep.harness.targets.judge import (BITWISE, CALIBRATED, FAIL, NA, PASS, TOLERANCE, NotApplicable,
                                             TargetOutcome, UpstreamChanged, applicability, check_on_target,
                                             compared, error_facts, properties, run_on_target)
-
-KIND = "stand-in"
+from tests.stand_in_kind import KIND
+from tests.stand_in_kind import stand_in_kind as _kind
 
 
 def _spec(expect=None, sid="stand/one"):
     return SimpleNamespace(id=sid, kind=KIND, expect=expect if expect is not None else {}, inputs={})
-
-
-def _kind(monkeypatch, **parts):
-    module = SimpleNamespace(**({"check": lambda spec, result: [], "golden_platform": lambda spec, ctx: "cpu-fp32"}
-                                | parts))
-    monkeypatch.setitem(kinds.KINDS, KIND, module)
-    return module
 
 
 class _Store:
