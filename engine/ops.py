@@ -30,8 +30,8 @@ from typing import Callable
 
 import torch
 
-from lockstep.engine.sampling import FUSED_SAMPLER, TORCH_SAMPLER, Sampler
 from lockstep.engine.experts import experts_grouped, experts_one_device, experts_per_expert, experts_per_row
+from lockstep.engine.sampling import FUSED_SAMPLER, TORCH_SAMPLER, Sampler
 from lockstep.kernels import portable
 from lockstep.kernels.attention import attention_portable, attention_triton
 from lockstep.kernels.matmul import linear_chunks_portable, linear_chunks_triton, linear_fast, linear_portable, linear_triton

@@ -90,19 +90,14 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return portable.softmax(torch.where(keep, z, float("-inf")), dim=-1)
 
 
-# The loop's only calls into the sampler (the target model's `ops.sampler`); nothing else in this
-# module samples or filters a target row.
+# The acceptance's one call into the sampler (the target model's `ops.sampler`; the round's chosen
+# logprobs call it directly); nothing else in this module samples or filters a target row.
 def _target_distributions(sampler: Sampler, logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """target_probs of every node row: logits [M, N, V] fp32, params[m] for request m -> [M, N, V]
     float64, all rows at once (either sampler gives target_probs' bits); no host read."""
     M, N, V = logits.shape
     rows = sampler.distributions(logits.reshape(M * N, V), [prm for prm in params for _ in range(N)])
     return rows.view(M, N, V)
-
-
-def _chosen_logprobs(sampler: Sampler, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """chosen_logprob for many rows at once: logits [M, V], tokens [M] -> [M] fp32."""
-    return sampler.chosen_logprobs(logits, tokens)
 
 
 def _accept_greedy(tokens: torch.Tensor, children: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:

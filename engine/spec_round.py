@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from functools import partial
-
 import torch
 
 from lockstep.engine.eagle3 import DraftKV, Eagle3Draft
@@ -16,7 +14,7 @@ from lockstep.engine.model import GptOssModel
 from lockstep.engine.request import Request, seed_as_int64
 from lockstep.engine.sampling import host_to
 from lockstep.engine.spec_accept import (_accept_greedy, _accept_rejection, _accept_target_only, _accepted,
-                                         _chosen_logprobs, _coins, _final_draw_weights, _read_round,
+                                         _coins, _final_draw_weights, _read_round,
                                          _target_distributions)
 from lockstep.engine.spec_draft import _draft_extend, _draft_trees, _DraftRows
 from lockstep.engine.spec_tree import SpecParams, TreeBatch, _each, _layout, _Layout
@@ -267,7 +265,7 @@ def _commit(run: _SpecRun, rin: _RoundIn, ver: _Verified, acc: _Accepted, host: 
         new_tok.append(toks[1:L] + [nxt] + [0] * (W - L))
     new_t = host_to(tdev, new_tok)                      # pinned, no sync: the device may still run
     rows = node_logits.gather(1, acc.acc_nodes[:, :, None].expand(R, W, node_logits.shape[2])).flatten(0, 1)
-    lps = run.graphs.replay(("chosen logprobs",), partial(_chosen_logprobs, run.target.ops.sampler),
+    lps = run.graphs.replay(("chosen logprobs",), run.target.ops.sampler.chosen_logprobs,
                             (rows, new_t.reshape(-1))).clone()                                       # [R * W]
     # target KV: bring the accepted path's rows into the request's own slot (a no-op copy for path 0)
     act_t, r_t = rin.act.to(tdev), rin.r.to(tdev)

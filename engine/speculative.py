@@ -62,8 +62,8 @@ extend; the same kernels with the same arguments as the eager calls, so the same
 the host (the sampled acceptance's row lists and generator coins, rows drawing from an unseeded
 generator, the KV copies sized by a host int, the bookkeeping) and the fp32 portable head stay eager.
 
-The per-row sampling helpers (spec_accept._target_distributions, _chosen_logprobs) are the one
-place a round samples: through the target model's `ops.sampler`, as engine.generate does.
+A round samples only through the target model's `ops.sampler`, as engine.generate does: its
+target distributions (spec_accept._target_distributions) and its chosen logprobs.
 
 The first output token comes from the prefill logits through the same sampler (Gumbel at
 position prompt_len - 1), exactly as in engine.generate. Logprobs: log_softmax of the raw fp32

@@ -136,7 +136,7 @@ def test_inverse_cdf_rows_and_logprobs_match_the_row_functions():
         inverse_cdf_rows(w[:1], torch.tensor([1.0]))
     logits = torch.randn(5, 300, generator=g) * 4
     toks = torch.randint(0, 300, (5,), generator=g)
-    got = spec_accept._chosen_logprobs(TORCH_SAMPLER, logits, toks)
+    got = TORCH_SAMPLER.chosen_logprobs(logits, toks)
     assert all(got[i].view(torch.int32) == chosen_logprob(logits[i], int(toks[i])).view(torch.int32)
                for i in range(5))
 
