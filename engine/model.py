@@ -76,6 +76,7 @@ from lockstep.engine.mxfp4 import Mxfp4Columns, Mxfp4Weight
 from lockstep.engine.ops import BACKENDS, Ops, ops_for  # noqa: F401  (BACKENDS: read by bench/e2e.py)
 from lockstep.engine.rope import rope_cos_sin, rope_frequencies
 from lockstep.engine.trace import Recorder
+from lockstep.kernels.residual import NextNorm
 from lockstep.kernels.rope import apply_rope_portable
 
 ExpertWeight = Union[torch.Tensor, Mxfp4Weight, Mxfp4Columns]     # dense [E, N, K], or MXFP4 packed
@@ -150,13 +151,15 @@ class AttentionBlock:
         self.sinks = sinks          # [Hq]
         self.o_bounds = o_bounds    # o_proj's fixed K chunks (engine/linear.py)
         self.comm = ONE_DEVICE      # completes the row-parallel sum and the traced shards
+        self.after = None           # what reads this output next (its MoE block): the fused end forms its norm
 
-    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        """x [T, H] (the residual stream) -> [T, H]."""
-        h = self.record(self.name + "attn_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act))
+    def __call__(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None):
+        """x [T, H] (the residual stream), h its norm if the previous end formed it -> (x [T, H],
+        the next sublayer's norm of it, or None where this end did not form it)."""
+        h = self.record(self.name + "attn_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act) if h is None else h)
         if self.ops.fused is not None:
             return self.fused(x, h, step)
-        return residual(x, self.attend(h, step), self.act)
+        return residual(x, self.attend(h, step), self.act), None
 
     def attend(self, h: torch.Tensor, step: Step) -> torch.Tensor:
         """h [T, H] normed -> the sublayer's output [T, H] fp32 (before the residual)."""
@@ -180,10 +183,11 @@ class AttentionBlock:
         self.record(self.name + "o_proj.partials", parts.transpose(0, 1), gather=self.comm.chunks)
         return self.record(self.name + "o_proj", self.comm.reduce(parts) + self.o_b)
 
-    def fused(self, x: torch.Tensor, h: torch.Tensor, step: Step) -> torch.Tensor:
+    def fused(self, x: torch.Tensor, h: torch.Tensor, step: Step):
         """x + attend(h), the residual included, in 5 launches: RoPE writes the cache itself
-        (kernels/rope.py) and one kernel adds the o_proj tree, the bias and the residual
-        (kernels/residual.py): the same operations and bits as attend's. Traced, it records the
+        (kernels/rope.py) and one kernel adds the o_proj tree, the bias and the residual and forms
+        the MoE block's norm of the sum (kernels/residual.py): the same operations and bits as
+        attend's and rms_norm's. -> (x, that norm). Traced, it records the
         same points as attend: k and v read back from the cache, and the o_proj sum the end kernel
         forms inside, recomputed from its inputs by reduce_traced."""
         T, cache, end = h.shape[0], step.cache, self.ops.fused
@@ -198,11 +202,11 @@ class AttentionBlock:
         self.record(self.name + "attention", o, gather=self.comm.heads)
         o = o.reshape(T, self.q_heads * self.head_dim)
         if self.ops.chunk_partials is None:                                     # fast: cuBLAS o_proj
-            return residual(x, self.ops.linear(o, self.o_w, self.o_b, torch.float32), self.act)
+            return residual(x, self.ops.linear(o, self.o_w, self.o_b, torch.float32), self.act), None
         parts = self.ops.chunk_partials(o, self.o_w, self.o_bounds)            # [8, T, H]
         if self.record.recording:
             self.reduce_traced(parts)
-        return end.row_parallel_residual(x, parts, self.o_b)                    # [T, H] in act
+        return end.row_parallel_residual(x, parts, self.o_b, next_norm(self))  # [T, H] in act, its norm
 
     def project_qkv(self, h: torch.Tensor):
         """One matmul for q, k and v: each output column is its own reduction, so stacking the
@@ -239,13 +243,15 @@ class MoEBlock:
                                  config.swiglu_limit)
         self.down_b = down_b                        # [E, H]: every expert's
         self.comm = ONE_DEVICE                      # completes the down sum, each slot from its owner
+        self.after = None                           # the next block's attention, or the model (its final norm)
 
-    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        """x [T, H] (the residual stream) -> [T, H]."""
-        h = self.record(self.name + "mlp_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act))
+    def __call__(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None):
+        """x [T, H] (the residual stream), h its norm if the previous end formed it -> (x [T, H],
+        the next sublayer's norm of it, or None where this end did not form it)."""
+        h = self.record(self.name + "mlp_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act) if h is None else h)
         if self.ops.fused is not None:
             return self.fused(x, h)
-        return residual(x, self.moe(h), self.act)
+        return residual(x, self.moe(h), self.act), None
 
     def moe(self, h: torch.Tensor) -> torch.Tensor:
         """h [T, H] normed -> the sublayer's output [T, H] fp32 (before the residual)."""
@@ -275,18 +281,25 @@ class MoEBlock:
             total = torch.add(total, weighted[:, slot])
         return self.record(self.name + "moe", total)
 
-    def fused(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def fused(self, x: torch.Tensor, h: torch.Tensor):
         """x + moe(h), the residual included, in 7 launches plus the grouping: one kernel adds the
-        down tree, the bias, the routing weights in slot order and the residual (kernels/residual.py).
+        down tree, the bias, the routing weights in slot order and the residual, and forms the next
+        norm of the sum (kernels/residual.py). -> (x, that norm).
         Traced, it records the same points as moe: the sums the end kernel forms inside are
         recomputed from its inputs by combine."""
         parts, routing, top_ids = self.route_experts(h)                                 # [8, T * k, H]
         if self.record.recording:
             self.combine(parts, routing, top_ids)
-        return self.ops.fused.moe_residual(x, parts, self.down_b, routing, top_ids)     # [T, H] in act
+        return self.ops.fused.moe_residual(x, parts, self.down_b, routing, top_ids, next_norm(self))
 
     def experts(self, h: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
         return self.ops.experts(h, top_ids, self.held)
+
+
+def next_norm(sublayer) -> NextNorm:
+    """The norm that reads a sublayer's output next (`sublayer.after`'s: the next sublayer's, or the
+    model's final one), for its fused end to form."""
+    return NextNorm(sublayer.after.norm, sublayer.eps, sublayer.act)
 
 
 class TransformerBlock:
@@ -296,7 +309,13 @@ class TransformerBlock:
         self.attn, self.mlp = attn, mlp
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        return self.mlp(self.attn(x, step), step)
+        return self.forward(x, step)[0]
+
+    def forward(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None):
+        """(x, its attention norm or None) -> (x, the next norm of it or None): each fused end forms
+        the norm that follows it, so no norm is a launch of its own."""
+        x, h = self.attn(x, step, h)
+        return self.mlp(x, step, h)
 
 
 class ForwardOutput(NamedTuple):
@@ -352,6 +371,9 @@ class GptOssModel:
                 down_w=self._expert_weight(weights, p + "mlp.experts.down_proj"),
                 down_b=f32(p + "mlp.experts.down_proj_bias"), down_bounds=k_chunk_bounds(cfg.intermediate_size))
             self.blocks.append(TransformerBlock(attn, mlp))
+        for i, block in enumerate(self.blocks):                # whose norm each sublayer's end forms
+            block.attn.after = block.mlp
+            block.mlp.after = self.blocks[i + 1].attn if i + 1 < len(self.blocks) else self
 
     def use_ops(self, ops: Ops) -> None:
         """Run this model's blocks with another ops table (a test's variant of one op; the sharding
@@ -421,11 +443,15 @@ class GptOssModel:
         step = Step(positions, slots, cache, *rope_cos_sin(positions, self.inv_freq, self.mscale))   # cos, sin [T, D/2]
         if 0 in wanted:
             states[0] = x
+        h = None                                # the next norm of x, where a fused end formed it
         for i, block in enumerate(self.blocks):
-            x = self.record(f"boundary.{i + 1}", block(x, step))
+            x, h = block.forward(x, step, h)
+            self.record(f"boundary.{i + 1}", x)
             if i + 1 in wanted:
                 states[i + 1] = x                                       # boundary i + 1
-        h = self.record("final_norm", self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps, self.act))
+        if h is None:
+            h = self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps, self.act)
+        self.record("final_norm", h)
         if logit_rows is not None:
             logit_rows = logit_rows.to(dev)
             h = h.index_select(0, logit_rows)
