@@ -178,7 +178,7 @@ def test_one_device_path_stores_every_row_with_the_grouped_bits(fused, request):
     request.getfixturevalue("nan_empty")                              # from here on
     parts = experts_grouped(x, ids, held, fused_swiglu=fused, every_expert_local=True)
     assert not parts.isnan().any() and bits(parts).equal(bits(ref))
-    if not fused:
+    if fused:                                                         # the Triton ops' experts fuse it
         assert bits(experts_one_device(x, ids, held)).equal(bits(ref))
     with pytest.raises(ValueError, match="expert_lo 0"):
         experts_grouped(x, ids, LocalExperts(gu_w, gu_b, dn_w, tuple(bounds), 1, E - 1, ALPHA, LIMIT),
@@ -231,6 +231,29 @@ def test_mxfp4_packed_equals_its_dequantized_dense_weight(dtype):
     p_packed = expert_down_partials_triton(a, groups, dn_blocks, bounds)
     assert same(p_packed, expert_down_partials_triton(a, groups, dequantize(*dn_blocks, dtype=dtype), bounds))
     assert torch.isfinite(p_packed).any()
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "mxfp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 5, 40])
+def test_the_swiglu_inside_the_down_kernel_has_its_own_launchs_bits(packed, dtype, T):
+    """experts_one_device (the Triton ops' experts) runs the clamped SwiGLU inside the down kernel's
+    loads; compiled too, that gives the bits of the SwiGLU in its own launch (the CUDA goldens were
+    recorded so), dense and packed, at decode and prefill row counts, clamped values included."""
+    E, H, I, k = 8, 160, 96, 4
+    if packed:
+        g = torch.Generator().manual_seed(51)
+        gu_w = tuple(t.to(DEVICE) for t in quantize(torch.randn(E, 2 * I, H, generator=g) * 3 / H ** 0.5))
+        dn_w = tuple(t.to(DEVICE) for t in quantize(torch.randn(E, H, I, generator=g) / I ** 0.5))
+        gu_b = torch.randn(E, 2 * I, generator=g).to(dtype).to(DEVICE)
+    else:
+        gu_w, gu_b, dn_w = experts(E, H, I, dtype, seed=52, scale=3.0)
+    x, ids = tokens(T, H, k, E, dtype, seed=53)
+    held = LocalExperts(gu_w, gu_b, dn_w, tuple(k_chunk_bounds(I)), 0, E, ALPHA, LIMIT)
+    h = expert_gate_up_triton(x, k, group_by_expert(ids.reshape(-1), 0, E, EXPERT_BLOCK_M), gu_w, gu_b)
+    assert (h.float().abs() > LIMIT).any()                            # the clamp is reached
+    separate = experts_grouped(x, ids, held, every_expert_local=True)
+    assert same_bits(experts_one_device(x, ids, held), separate)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
