@@ -282,11 +282,11 @@ class MoEBlock:
         return self.record(self.name + "moe", total)
 
     def fused(self, x: torch.Tensor, h: torch.Tensor):
-        """x + moe(h), the residual included, in 7 launches plus the grouping: one kernel adds the
-        down tree, the bias, the routing weights in slot order and the residual, and forms the next
-        norm of the sum (kernels/residual.py). -> (x, that norm).
-        Traced, it records the same points as moe: the sums the end kernel forms inside are
-        recomputed from its inputs by combine."""
+        """x + moe(h), the residual included, in 5 launches plus the grouping (the SwiGLU runs inside
+        the down kernel: engine/experts.py): one kernel adds the down tree, the bias, the routing
+        weights in slot order and the residual, and forms the next norm of the sum (kernels/
+        residual.py). -> (x, that norm). Traced, it records the same points as moe: the sums the
+        end kernel forms inside are recomputed from its inputs by combine."""
         parts, routing, top_ids = self.route_experts(h)                                 # [8, T * k, H]
         if self.record.recording:
             self.combine(parts, routing, top_ids)
