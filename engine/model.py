@@ -151,14 +151,14 @@ class AttentionBlock:
         self.sinks = sinks          # [Hq]
         self.o_bounds = o_bounds    # o_proj's fixed K chunks (engine/linear.py)
         self.comm = ONE_DEVICE      # completes the row-parallel sum and the traced shards
-        self.after = None           # what reads this output next (its MoE block): the fused end forms its norm
 
-    def __call__(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None):
-        """x [T, H] (the residual stream), h its norm if the previous end formed it -> (x [T, H],
-        the next sublayer's norm of it, or None where this end did not form it)."""
+    def __call__(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None, after=None):
+        """x [T, H] (the residual stream), h its norm if the previous end formed it, `after` the
+        weight of the norm that reads this output next -> (x [T, H], that norm of it, or None
+        where this end did not form it)."""
         h = self.record(self.name + "attn_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act) if h is None else h)
         if self.ops.fused is not None:
-            return self.fused(x, h, step)
+            return self.fused(x, h, step, after)
         return residual(x, self.attend(h, step), self.act), None
 
     def attend(self, h: torch.Tensor, step: Step) -> torch.Tensor:
@@ -183,7 +183,7 @@ class AttentionBlock:
         self.record(self.name + "o_proj.partials", parts.transpose(0, 1), gather=self.comm.chunks)
         return self.record(self.name + "o_proj", self.comm.reduce(parts) + self.o_b)
 
-    def fused(self, x: torch.Tensor, h: torch.Tensor, step: Step):
+    def fused(self, x: torch.Tensor, h: torch.Tensor, step: Step, after=None):
         """x + attend(h), the residual included, in 5 launches: RoPE writes the cache itself
         (kernels/rope.py) and one kernel adds the o_proj tree, the bias and the residual and forms
         the MoE block's norm of the sum (kernels/residual.py): the same operations and bits as
@@ -206,7 +206,9 @@ class AttentionBlock:
         parts = self.ops.chunk_partials(o, self.o_w, self.o_bounds)            # [8, T, H]
         if self.record.recording:
             self.reduce_traced(parts)
-        return end.row_parallel_residual(x, parts, self.o_b, next_norm(self))  # [T, H] in act, its norm
+        norm = next_norm(after, self)
+        out = end.row_parallel_residual(x, parts, self.o_b, norm)              # [T, H] in act (, its norm)
+        return out if norm is not None else (out, None)
 
     def project_qkv(self, h: torch.Tensor):
         """One matmul for q, k and v: each output column is its own reduction, so stacking the
@@ -243,14 +245,12 @@ class MoEBlock:
                                  config.swiglu_limit)
         self.down_b = down_b                        # [E, H]: every expert's
         self.comm = ONE_DEVICE                      # completes the down sum, each slot from its owner
-        self.after = None                           # the next block's attention, or the model (its final norm)
 
-    def __call__(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None):
-        """x [T, H] (the residual stream), h its norm if the previous end formed it -> (x [T, H],
-        the next sublayer's norm of it, or None where this end did not form it)."""
+    def __call__(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None, after=None):
+        """As AttentionBlock's: -> (x [T, H], the norm `after` of it, or None)."""
         h = self.record(self.name + "mlp_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act) if h is None else h)
         if self.ops.fused is not None:
-            return self.fused(x, h)
+            return self.fused(x, h, after)
         return residual(x, self.moe(h), self.act), None
 
     def moe(self, h: torch.Tensor) -> torch.Tensor:
@@ -281,7 +281,7 @@ class MoEBlock:
             total = torch.add(total, weighted[:, slot])
         return self.record(self.name + "moe", total)
 
-    def fused(self, x: torch.Tensor, h: torch.Tensor):
+    def fused(self, x: torch.Tensor, h: torch.Tensor, after=None):
         """x + moe(h), the residual included, in 5 launches plus the grouping (the SwiGLU runs inside
         the down kernel: engine/experts.py): one kernel adds the down tree, the bias, the routing
         weights in slot order and the residual, and forms the next norm of the sum (kernels/
@@ -290,16 +290,18 @@ class MoEBlock:
         parts, routing, top_ids = self.route_experts(h)                                 # [8, T * k, H]
         if self.record.recording:
             self.combine(parts, routing, top_ids)
-        return self.ops.fused.moe_residual(x, parts, self.down_b, routing, top_ids, next_norm(self))
+        norm = next_norm(after, self)
+        out = self.ops.fused.moe_residual(x, parts, self.down_b, routing, top_ids, norm)
+        return out if norm is not None else (out, None)
 
     def experts(self, h: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
         return self.ops.experts(h, top_ids, self.held)
 
 
-def next_norm(sublayer) -> NextNorm:
-    """The norm that reads a sublayer's output next (`sublayer.after`'s: the next sublayer's, or the
-    model's final one), for its fused end to form."""
-    return NextNorm(sublayer.after.norm, sublayer.eps, sublayer.act)
+def next_norm(weight: torch.Tensor | None, sublayer) -> NextNorm | None:
+    """The norm of weight `weight` (the next sublayer's, or the model's final one) for a sublayer's
+    fused end to form, or None (no weight given: the next sublayer forms its own)."""
+    return None if weight is None else NextNorm(weight, sublayer.eps, sublayer.act)
 
 
 class TransformerBlock:
@@ -311,11 +313,11 @@ class TransformerBlock:
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         return self.forward(x, step)[0]
 
-    def forward(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None):
-        """(x, its attention norm or None) -> (x, the next norm of it or None): each fused end forms
-        the norm that follows it, so no norm is a launch of its own."""
-        x, h = self.attn(x, step, h)
-        return self.mlp(x, step, h)
+    def forward(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None, after=None):
+        """(x, its attention norm or None) -> (x, the norm of weight `after` of it, or None): each
+        fused end forms the norm that follows it, so no norm is a launch of its own."""
+        x, h = self.attn(x, step, h, after=self.mlp.norm)
+        return self.mlp(x, step, h, after=after)
 
 
 class ForwardOutput(NamedTuple):
@@ -371,9 +373,6 @@ class GptOssModel:
                 down_w=self._expert_weight(weights, p + "mlp.experts.down_proj"),
                 down_b=f32(p + "mlp.experts.down_proj_bias"), down_bounds=k_chunk_bounds(cfg.intermediate_size))
             self.blocks.append(TransformerBlock(attn, mlp))
-        for i, block in enumerate(self.blocks):                # whose norm each sublayer's end forms
-            block.attn.after = block.mlp
-            block.mlp.after = self.blocks[i + 1].attn if i + 1 < len(self.blocks) else self
 
     def use_ops(self, ops: Ops) -> None:
         """Run this model's blocks with another ops table (a test's variant of one op; the sharding
@@ -445,7 +444,8 @@ class GptOssModel:
             states[0] = x
         h = None                                # the next norm of x, where a fused end formed it
         for i, block in enumerate(self.blocks):
-            x, h = block.forward(x, step, h)
+            after = self.blocks[i + 1].attn.norm if i + 1 < len(self.blocks) else self.norm
+            x, h = block.forward(x, step, h, after)
             self.record(f"boundary.{i + 1}", x)
             if i + 1 in wanted:
                 states[i + 1] = x                                       # boundary i + 1

@@ -120,3 +120,20 @@ def test_decode_step_reads_no_tensor_value_on_the_host(tiny_model, monkeypatch):
                              torch.tensor([0, 1, 3, 3]), cache, capture=[0, 4])
     monkeypatch.undo()
     assert out.logits.shape == (4, 512) and torch.isfinite(out.logits).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_model_is_freed_with_its_last_reference(tiny_ckpts, backend):
+    """No reference cycle keeps a model (and its weights) alive until the garbage collector or the
+    interpreter's exit: a rank's model freed after its process group makes torchrun's ranks abort."""
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        model = GptOssModel.from_checkpoint(tiny_ckpts["bf16"], backend=backend)
+        prefill(model, random_prompt(3, seed=1))
+        alive = weakref.ref(model)
+        del model
+        assert alive() is None
+    finally:
+        gc.enable()
