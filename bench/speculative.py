@@ -1,8 +1,14 @@
 """Speculative decoding: the pieces of one round against one target decode
 step, on random gpt-oss weights and a random EAGLE3 draft built in memory on the device.
 
-    python3 bench/speculative.py                       # gpt-oss-20b shape, bf16, batches 1 and 8
+    python3 bench/speculative.py                       # gpt-oss-20b shape, bf16 then MXFP4 experts, batches 1 and 8
+    python3 bench/speculative.py --dtype mxfp4         # one target: packed MXFP4 experts
     python3 bench/speculative.py --tiny                # CPU smoke check (tiny preset, a few rows)
+
+Each --dtype is one target, measured in turn (the first freed before the next is built): bf16
+(dense bf16 experts) and mxfp4 (the HF `_blocks` / `_scales` experts kept packed), as bench/e2e.py's
+--dtype; the target's dtype policy (--compute) is the same for both. A later target's host memory
+counts from the process as the earlier one left it (the device's peaks are reset for each).
 
 For each batch B (B requests whose --context tokens are already in the target cache and the
 draft's committed KV), chain drafting with --steps draft steps (topk 1, steps + 1 tree nodes),
@@ -229,6 +235,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="20b", help="20b, 120b, tiny (or any engine.config preset)")
+    ap.add_argument("--dtype", action="append", help="bf16, mxfp4 (repeatable, or comma-separated; default both: "
+                                                     "the experts dense bf16 or packed MXFP4)")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3, help="draft steps of the chain (nodes = steps + 1)")
@@ -245,13 +253,25 @@ def main(argv=None):
     if args.tiny:
         args.shape, args.device, args.batches, args.context, args.repeat = "tiny", "cpu", "1,2", 12, 1
         args.new_tokens = 8
+    dtypes = [d for v in (args.dtype or ["bf16,mxfp4"]) for d in v.split(",") if d]
+    for d in dtypes:
+        if d not in ("bf16", "mxfp4"):
+            ap.error(f"--dtype {d!r}: choose bf16 or mxfp4")
     device = torch.device(args.device)
     backend = args.backend or ("triton" if device.type == "cuda" else "torch")
     compute = args.compute or ("bf16" if device.type == "cuda" else "fp32")
+    failed = [d for d in dtypes if not run(args, d, device, backend, compute)]
+    if failed:
+        print(f"FAILED: the {', '.join(failed)} target's check")
+        sys.exit(3)
+
+
+def run(args, experts: str, device, backend: str, compute: str) -> bool:
+    """The whole bench for one target (experts dense bf16 or packed MXFP4): -> whether its checks held."""
     config = preset(SHAPES.get(args.shape, args.shape))
     meter = Meter(device)
     floats, packed = e2e.random_weights(config, device)
-    weights = {**floats, **e2e.dense_experts(packed, consume=True)}
+    weights = {**floats, **(e2e.dense_experts(packed, consume=True) if experts == "bf16" else packed)}
     del packed, floats                                  # `weights` holds each tensor once, handed over
     target = e2e.engine_model(config, weights, backend, device, compute, take=True)
     del weights
@@ -265,8 +285,8 @@ def main(argv=None):
     draft = random_draft(target, device, dtype=compute, must=plain_run.tokens)
     print(meter.line("draft build (the target held)", model_bytes(target, draft)))
     meter.start()
-    print(f"speculative round, {args.shape} shape, random weights, {compute} target ({backend}), {compute} draft, "
-          f"context {args.context}, chain of {args.steps} draft steps, greedy verify, device "
+    print(f"speculative round, {args.shape} shape, random weights, {compute} target with {experts} experts ({backend}), "
+          f"{compute} draft, context {args.context}, chain of {args.steps} draft steps, greedy verify, device "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}")
     # the round must be right before it is timed: greedy speculative decoding = greedy generate
     probe = [Request(torch.randint(0, config.vocab_size, (16,), generator=torch.Generator().manual_seed(5)).tolist(),
@@ -278,7 +298,7 @@ def main(argv=None):
     print(f"check: greedy speculative_generate = greedy generate (6 tokens, bits of tokens and logprobs): "
           f"{'ok' if same else 'FAILED'}")
     if not same:
-        sys.exit(3)
+        return False
     print(f"{'B':>3} {'decode step':>12} {'captured':>10} {'draft step':>11} {'verify':>10} {'round':>10} "
           f"{'round/captured':>15} | derived at accept {args.accept}: {'tok/s':>8} {'baseline tok/s':>15} "
           f"{'speed-up':>9}")
@@ -296,13 +316,15 @@ def main(argv=None):
     t_plain, t_spec, accept, same = end_to_end(target, oracle, e2e_prompt, plain_run, args.steps, max(1, args.repeat // 4),
                                                device)
     n = len(plain_run.tokens)
-    print(f"end to end, B = 1, {n} new tokens, greedy, a draft proposing the target's own tokens (full acceptance): "
-          f"generate {n / t_plain:.1f} tok/s, speculative {n / t_spec:.1f} tok/s, speed-up {t_plain / t_spec:.2f}x, "
-          f"mean accept length {accept:.2f}, outputs equal: {'ok' if same else 'FAILED'} (target >= 2x)")
+    print(f"end to end, B = 1, {n} new tokens, greedy, {experts} experts, a draft proposing the target's own tokens "
+          f"(full acceptance): generate {n / t_plain:.1f} tok/s, speculative {n / t_spec:.1f} tok/s, speed-up "
+          f"{t_plain / t_spec:.2f}x, mean accept length {accept:.2f}, outputs equal: {'ok' if same else 'FAILED'} "
+          f"(target >= 2x)")
     print(meter.line("the rounds and end to end (caches, graphs, activations on top)", model_bytes(target, draft)))
-    if not same:
-        sys.exit(3)
-
+    del target, draft, oracle
+    if device.type == "cuda":
+        torch.cuda.empty_cache()                           # the next target is built on a free card
+    return same
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """bench/speculative.py on the tiny shape, on the CPU: it must run, pass its own check (greedy
-speculative decoding = greedy generate) and print every figure, the end-to-end one at full
-acceptance included (no timing is asserted)."""
+speculative decoding = greedy generate) and print every figure for a bf16 and an MXFP4 target, the
+end-to-end one at full acceptance included (no timing is asserted)."""
 
 import os
 import subprocess
@@ -16,18 +16,21 @@ def test_speculative_bench_runs_on_tiny_cpu():
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "check: greedy speculative_generate = greedy generate" in out and ": ok" in out, out
+    heads = [line for line in out.splitlines() if line.startswith("speculative round, ")]
+    assert ["bf16 experts" in heads[0], "mxfp4 experts" in heads[1], len(heads)] == [True, True, 2], heads
+    assert out.count("check: greedy speculative_generate = greedy generate") == 2, out
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])]
-    assert [r[0] for r in rows] == ["1", "2"], out
+    assert [r[0] for r in rows] == ["1", "2", "1", "2"], out
     for r in rows:
         assert r[1].endswith("ms") and r[4].endswith("ms") and "derived:" in r, r
     e2e = [line for line in out.splitlines() if line.startswith("end to end")]
-    assert len(e2e) == 1 and "outputs equal: ok" in e2e[0], out
+    assert len(e2e) == 2 and all("outputs equal: ok" in line for line in e2e), out
     # the draft proposes the plain run's own tokens: every draft of every round but the last is accepted
-    assert "mean accept length 4.00" in e2e[0] or "mean accept length 3." in e2e[0], e2e[0]
+    assert all("mean accept length 4.00" in line or "mean accept length 3." in line for line in e2e), e2e
     memory = [line for line in out.splitlines() if line.startswith("memory, ")]
-    assert [m.split(":")[0] for m in memory] == ["memory, target build (random weights made and handed over)",
-                                                 "memory, draft build (the target held)",
-                                                 "memory, the rounds and end to end (caches, graphs, activations on top)"]
+    assert [m.split(":")[0] for m in memory] == 2 * ["memory, target build (random weights made and handed over)",
+                                                     "memory, draft build (the target held)",
+                                                     "memory, the rounds and end to end (caches, graphs, activations on top)"]
     assert all("(weights and buffers); device n/a (cpu); host peak RSS" in m and "x; target <= 1.15x" in m
                for m in memory), memory
 
