@@ -166,7 +166,7 @@ def engine_generate(model, prompts, new_tokens):
 def engine_routed_experts(model, cache, tokens, positions, slots):
     """Distinct experts each layer's router picks for one eager decode step, read from the
     engine's op trace (engine.trace) -> [layers] ints, or None if the trace has no router ids."""
-    model.trace = local_module("lockstep.engine.trace").Trace()
+    model.trace = local_module("lockstep.engine.trace").OpTrace()
     try:
         model.forward(tokens, positions, slots, cache)
     finally:
