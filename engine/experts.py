@@ -74,8 +74,9 @@ def every_local(gate_up_w, gate_up_b: torch.Tensor, down_w, alpha: float, limit:
 def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, held: LocalExperts,
                     fused_swiglu: bool = False, every_expert_local: bool = False) -> torch.Tensor:
     """The Triton implementation (module docstring). fused_swiglu: the clamped SwiGLU inside the
-    down kernel's loads (kernels/matmul.py `_load_a_tile`) instead of its own launch: the same bits
-    (tests/kernels/test_grouped_moe.py, in the interpreter and compiled). every_expert_local: the caller holds every expert (one
+    down kernel's loads (kernels/matmul.py `_load_a_tile`) instead of its own launch; the same bits
+    in Triton's interpreter (tests/kernels/test_grouped_moe.py), off until a GPU run shows the
+    CUDA goldens unchanged with it on. every_expert_local: the caller holds every expert (one
     device: experts_one_device), so no row is non-local and no output is zero-filled first."""
     if every_expert_local and held.lo != 0:
         raise ValueError(f"experts_grouped: every expert local needs expert_lo 0, got {held.lo}")
@@ -108,9 +109,8 @@ def experts_grouped(x: torch.Tensor, top_ids: torch.Tensor, held: LocalExperts,
 
 def experts_one_device(x: torch.Tensor, top_ids: torch.Tensor, held: LocalExperts) -> torch.Tensor:
     """experts_grouped for a model holding every expert (the Triton ops' `experts`; a sharded model
-    takes experts_grouped itself): the same bits, without zero-filling outputs every row overwrites
-    and with the SwiGLU inside the down kernel (one launch fewer a layer)."""
-    return experts_grouped(x, top_ids, held, fused_swiglu=True, every_expert_local=True)
+    takes experts_grouped itself): the same bits, without zero-filling outputs every row overwrites."""
+    return experts_grouped(x, top_ids, held, every_expert_local=True)
 
 
 def experts_per_row(x: torch.Tensor, top_ids: torch.Tensor, held: LocalExperts) -> torch.Tensor:

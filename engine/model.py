@@ -76,7 +76,6 @@ from lockstep.engine.mxfp4 import Mxfp4Columns, Mxfp4Weight
 from lockstep.engine.ops import BACKENDS, Ops, ops_for  # noqa: F401  (BACKENDS: read by bench/e2e.py)
 from lockstep.engine.rope import rope_cos_sin, rope_frequencies
 from lockstep.engine.trace import Recorder
-from lockstep.kernels.residual import NextNorm
 from lockstep.kernels.rope import apply_rope_portable
 
 ExpertWeight = Union[torch.Tensor, Mxfp4Weight, Mxfp4Columns]     # dense [E, N, K], or MXFP4 packed
@@ -152,14 +151,12 @@ class AttentionBlock:
         self.o_bounds = o_bounds    # o_proj's fixed K chunks (engine/linear.py)
         self.comm = ONE_DEVICE      # completes the row-parallel sum and the traced shards
 
-    def __call__(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None, after=None):
-        """x [T, H] (the residual stream), h its norm if the previous end formed it, `after` the
-        weight of the norm that reads this output next -> (x [T, H], that norm of it, or None
-        where this end did not form it)."""
-        h = self.record(self.name + "attn_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act) if h is None else h)
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """x [T, H] (the residual stream) -> [T, H]."""
+        h = self.record(self.name + "attn_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act))
         if self.ops.fused is not None:
-            return self.fused(x, h, step, after)
-        return residual(x, self.attend(h, step), self.act), None
+            return self.fused(x, h, step)
+        return residual(x, self.attend(h, step), self.act)
 
     def attend(self, h: torch.Tensor, step: Step) -> torch.Tensor:
         """h [T, H] normed -> the sublayer's output [T, H] fp32 (before the residual)."""
@@ -183,11 +180,10 @@ class AttentionBlock:
         self.record(self.name + "o_proj.partials", parts.transpose(0, 1), gather=self.comm.chunks)
         return self.record(self.name + "o_proj", self.comm.reduce(parts) + self.o_b)
 
-    def fused(self, x: torch.Tensor, h: torch.Tensor, step: Step, after=None):
+    def fused(self, x: torch.Tensor, h: torch.Tensor, step: Step) -> torch.Tensor:
         """x + attend(h), the residual included, in 5 launches: RoPE writes the cache itself
-        (kernels/rope.py) and one kernel adds the o_proj tree, the bias and the residual and forms
-        the MoE block's norm of the sum (kernels/residual.py): the same operations and bits as
-        attend's and rms_norm's. -> (x, that norm). Traced, it records the
+        (kernels/rope.py) and one kernel adds the o_proj tree, the bias and the residual
+        (kernels/residual.py): the same operations and bits as attend's. Traced, it records the
         same points as attend: k and v read back from the cache, and the o_proj sum the end kernel
         forms inside, recomputed from its inputs by reduce_traced."""
         T, cache, end = h.shape[0], step.cache, self.ops.fused
@@ -202,13 +198,11 @@ class AttentionBlock:
         self.record(self.name + "attention", o, gather=self.comm.heads)
         o = o.reshape(T, self.q_heads * self.head_dim)
         if self.ops.chunk_partials is None:                                     # fast: cuBLAS o_proj
-            return residual(x, self.ops.linear(o, self.o_w, self.o_b, torch.float32), self.act), None
+            return residual(x, self.ops.linear(o, self.o_w, self.o_b, torch.float32), self.act)
         parts = self.ops.chunk_partials(o, self.o_w, self.o_bounds)            # [8, T, H]
         if self.record.recording:
             self.reduce_traced(parts)
-        norm = next_norm(after, self)
-        out = end.row_parallel_residual(x, parts, self.o_b, norm)              # [T, H] in act (, its norm)
-        return out if norm is not None else (out, None)
+        return end.row_parallel_residual(x, parts, self.o_b)                    # [T, H] in act
 
     def project_qkv(self, h: torch.Tensor):
         """One matmul for q, k and v: each output column is its own reduction, so stacking the
@@ -246,12 +240,12 @@ class MoEBlock:
         self.down_b = down_b                        # [E, H]: every expert's
         self.comm = ONE_DEVICE                      # completes the down sum, each slot from its owner
 
-    def __call__(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None, after=None):
-        """As AttentionBlock's: -> (x [T, H], the norm `after` of it, or None)."""
-        h = self.record(self.name + "mlp_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act) if h is None else h)
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """x [T, H] (the residual stream) -> [T, H]."""
+        h = self.record(self.name + "mlp_norm", self.ops.rms_norm(x, self.norm, self.eps, self.act))
         if self.ops.fused is not None:
-            return self.fused(x, h, after)
-        return residual(x, self.moe(h), self.act), None
+            return self.fused(x, h)
+        return residual(x, self.moe(h), self.act)
 
     def moe(self, h: torch.Tensor) -> torch.Tensor:
         """h [T, H] normed -> the sublayer's output [T, H] fp32 (before the residual)."""
@@ -281,27 +275,18 @@ class MoEBlock:
             total = torch.add(total, weighted[:, slot])
         return self.record(self.name + "moe", total)
 
-    def fused(self, x: torch.Tensor, h: torch.Tensor, after=None):
-        """x + moe(h), the residual included, in 5 launches plus the grouping (the SwiGLU runs inside
-        the down kernel: engine/experts.py): one kernel adds the down tree, the bias, the routing
-        weights in slot order and the residual, and forms the next norm of the sum (kernels/
-        residual.py). -> (x, that norm). Traced, it records the same points as moe: the sums the
-        end kernel forms inside are recomputed from its inputs by combine."""
+    def fused(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """x + moe(h), the residual included, in 7 launches plus the grouping: one kernel adds the
+        down tree, the bias, the routing weights in slot order and the residual (kernels/residual.py).
+        Traced, it records the same points as moe: the sums the end kernel forms inside are
+        recomputed from its inputs by combine."""
         parts, routing, top_ids = self.route_experts(h)                                 # [8, T * k, H]
         if self.record.recording:
             self.combine(parts, routing, top_ids)
-        norm = next_norm(after, self)
-        out = self.ops.fused.moe_residual(x, parts, self.down_b, routing, top_ids, norm)
-        return out if norm is not None else (out, None)
+        return self.ops.fused.moe_residual(x, parts, self.down_b, routing, top_ids)     # [T, H] in act
 
     def experts(self, h: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
         return self.ops.experts(h, top_ids, self.held)
-
-
-def next_norm(weight: torch.Tensor | None, sublayer) -> NextNorm | None:
-    """The norm of weight `weight` (the next sublayer's, or the model's final one) for a sublayer's
-    fused end to form, or None (no weight given: the next sublayer forms its own)."""
-    return None if weight is None else NextNorm(weight, sublayer.eps, sublayer.act)
 
 
 class TransformerBlock:
@@ -311,13 +296,7 @@ class TransformerBlock:
         self.attn, self.mlp = attn, mlp
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        return self.forward(x, step)[0]
-
-    def forward(self, x: torch.Tensor, step: Step, h: torch.Tensor | None = None, after=None):
-        """(x, its attention norm or None) -> (x, the norm of weight `after` of it, or None): each
-        fused end forms the norm that follows it, so no norm is a launch of its own."""
-        x, h = self.attn(x, step, h, after=self.mlp.norm)
-        return self.mlp(x, step, h, after=after)
+        return self.mlp(self.attn(x, step), step)
 
 
 class ForwardOutput(NamedTuple):
@@ -442,16 +421,11 @@ class GptOssModel:
         step = Step(positions, slots, cache, *rope_cos_sin(positions, self.inv_freq, self.mscale))   # cos, sin [T, D/2]
         if 0 in wanted:
             states[0] = x
-        h = None                                # the next norm of x, where a fused end formed it
         for i, block in enumerate(self.blocks):
-            after = self.blocks[i + 1].attn.norm if i + 1 < len(self.blocks) else self.norm
-            x, h = block.forward(x, step, h, after)
-            self.record(f"boundary.{i + 1}", x)
+            x = self.record(f"boundary.{i + 1}", block(x, step))
             if i + 1 in wanted:
                 states[i + 1] = x                                       # boundary i + 1
-        if h is None:
-            h = self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps, self.act)
-        self.record("final_norm", h)
+        h = self.record("final_norm", self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps, self.act))
         if logit_rows is not None:
             logit_rows = logit_rows.to(dev)
             h = h.index_select(0, logit_rows)

@@ -20,17 +20,12 @@ a decode step is a few thousand such launches, so their count sets its time.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTERPRET before triton is imported)
 import triton
 import triton.language as tl
 
-from lockstep.kernels import rmsnorm
-from lockstep.kernels._common import PORTABLE_MATH
 from lockstep.kernels.portable_tl import cast_rne
-from lockstep.kernels.rmsnorm import rms_norm_row
 
 BLOCK_H = 1024
 
@@ -51,17 +46,24 @@ def _tree8(p_ptr, R, H, r, h, ok):
     return ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
 
 
-@triton.jit
-def _row_parallel_sum(x_ptr, p_ptr, b_ptr, T, H, t, h, ok):
-    """(1) before its rounding, at columns h of row t."""
+# T (the rows) is not specialized, here and in _moe_residual_kernel: it only indexes (the partials'
+# stride); each element's additions are the same whatever it is. H (the model's) is.
+@triton.jit(do_not_specialize=["T"])
+def _row_parallel_residual_kernel(x_ptr, p_ptr, b_ptr, out_ptr, T, H, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = h < H
     y = _tree8(p_ptr, T, H, t, h, ok) + tl.load(b_ptr + h, mask=ok, other=0.0)
     x = tl.load(x_ptr + t * H + h, mask=ok, other=0.0).to(tl.float32)
-    return x + y
+    tl.store(out_ptr + t * H + h, cast_rne(x + y, out_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
-def _moe_sum(x_ptr, p_ptr, db_ptr, w_ptr, id_ptr, T, H, t, h, ok, K_TOP: tl.constexpr, BLOCK: tl.constexpr):
-    """(2) before its rounding, at columns h of row t."""
+@triton.jit(do_not_specialize=["T"])
+def _moe_residual_kernel(x_ptr, p_ptr, db_ptr, w_ptr, id_ptr, out_ptr, T, H,
+                         K_TOP: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = h < H
     total = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(K_TOP):                                  # slot order
         e = tl.load(id_ptr + t * K_TOP + s)
@@ -72,84 +74,26 @@ def _moe_sum(x_ptr, p_ptr, db_ptr, w_ptr, id_ptr, T, H, t, h, ok, K_TOP: tl.cons
         else:
             total = total + weighted
     x = tl.load(x_ptr + t * H + h, mask=ok, other=0.0).to(tl.float32)
-    return x + total
+    tl.store(out_ptr + t * H + h, cast_rne(x + total, out_ptr.dtype.element_ty), mask=ok)
 
 
-# T (the rows) is not specialized, here and in the kernels below: it only indexes (the partials'
-# stride); each element's additions are the same whatever it is. H (the model's) is.
-@triton.jit(do_not_specialize=["T"])
-def _row_parallel_residual_kernel(x_ptr, p_ptr, b_ptr, out_ptr, T, H, BLOCK: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = h < H
-    tl.store(out_ptr + t * H + h, cast_rne(_row_parallel_sum(x_ptr, p_ptr, b_ptr, T, H, t, h, ok),
-                                           out_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit(do_not_specialize=["T"])
-def _moe_residual_kernel(x_ptr, p_ptr, db_ptr, w_ptr, id_ptr, out_ptr, T, H,
-                         K_TOP: tl.constexpr, BLOCK: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = h < H
-    tl.store(out_ptr + t * H + h, cast_rne(_moe_sum(x_ptr, p_ptr, db_ptr, w_ptr, id_ptr, T, H, t, h, ok,
-                                                    K_TOP, BLOCK), out_ptr.dtype.element_ty), mask=ok)
-
-
-# (1) and (2) followed by the next sublayer's RMSNorm of the stored row: one program per row stores
-# the residual, waits for the whole row (the barrier), then runs rmsnorm's own row body on it.
-@triton.jit(do_not_specialize=["T"])
-def _row_parallel_residual_norm_kernel(x_ptr, p_ptr, b_ptr, out_ptr, nw_ptr, y_ptr, T, H, eps,
-                                       PORTABLE: tl.constexpr, BLOCK: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    for h0 in range(0, H, BLOCK):
-        h = h0 + tl.arange(0, BLOCK)
-        ok = h < H
-        tl.store(out_ptr + t * H + h, cast_rne(_row_parallel_sum(x_ptr, p_ptr, b_ptr, T, H, t, h, ok),
-                                               out_ptr.dtype.element_ty), mask=ok)
-    tl.debug_barrier()
-    rms_norm_row(out_ptr, nw_ptr, y_ptr, t * H, H, eps, PORTABLE, BLOCK)
-
-
-@triton.jit(do_not_specialize=["T"])
-def _moe_residual_norm_kernel(x_ptr, p_ptr, db_ptr, w_ptr, id_ptr, out_ptr, nw_ptr, y_ptr, T, H, eps,
-                              K_TOP: tl.constexpr, PORTABLE: tl.constexpr, BLOCK: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    for h0 in range(0, H, BLOCK):
-        h = h0 + tl.arange(0, BLOCK)
-        ok = h < H
-        tl.store(out_ptr + t * H + h, cast_rne(_moe_sum(x_ptr, p_ptr, db_ptr, w_ptr, id_ptr, T, H, t, h, ok,
-                                                        K_TOP, BLOCK), out_ptr.dtype.element_ty), mask=ok)
-    tl.debug_barrier()
-    rms_norm_row(out_ptr, nw_ptr, y_ptr, t * H, H, eps, PORTABLE, BLOCK)
-
-
-def row_parallel_residual_triton(x: torch.Tensor, parts: torch.Tensor, bias: torch.Tensor,
-                                 norm: "NextNorm | None" = None):
-    """(1): x [T, H], parts [8, T, H] fp32, bias [H] fp32 -> [T, H] in x's dtype; with `norm`, also
-    that row's RMSNorm: -> (x_out, rms_norm_triton(x_out, norm.weight, norm.eps, norm.out_dtype))."""
+def row_parallel_residual_triton(x: torch.Tensor, parts: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """(1): x [T, H], parts [8, T, H] fp32, bias [H] fp32 -> [T, H] in x's dtype."""
     T, H = _check(x, parts, T_rows=x.shape[0])
     if bias.shape != (H,) or bias.dtype != torch.float32:
         raise ValueError(f"row_parallel_residual: bias must be fp32 [{H}], got {bias.dtype} {tuple(bias.shape)}")
     out = torch.empty_like(x)
-    args = (x.contiguous(), parts.contiguous(), bias.contiguous(), out)
-    if norm is not None:
-        y = norm.empty(x)
-        if T:
-            _row_parallel_residual_norm_kernel[(T,)](*args, norm.weight, y, T, H, float(norm.eps),
-                                                     PORTABLE=PORTABLE_MATH, BLOCK=rmsnorm.BLOCK_N, num_warps=4,
-                                                     enable_fp_fusion=False)
-        return out, y
     if T:
-        _row_parallel_residual_kernel[(T, triton.cdiv(H, BLOCK_H))](*args, T, H, BLOCK=BLOCK_H, num_warps=4,
-                                                                     enable_fp_fusion=False)
+        _row_parallel_residual_kernel[(T, triton.cdiv(H, BLOCK_H))](
+            x.contiguous(), parts.contiguous(), bias.contiguous(), out, T, H, BLOCK=BLOCK_H,
+            num_warps=4, enable_fp_fusion=False)
     return out
 
 
 def moe_residual_triton(x: torch.Tensor, parts: torch.Tensor, down_b: torch.Tensor, routing: torch.Tensor,
-                        ids: torch.Tensor, norm: "NextNorm | None" = None):
+                        ids: torch.Tensor) -> torch.Tensor:
     """(2): x [T, H], parts [8, T * k, H] fp32, down_b [E, H] fp32, routing [T, k] fp32, ids [T, k]
-    int64 -> [T, H] in x's dtype; with `norm`, also that row's RMSNorm (as row_parallel_residual)."""
+    int64 -> [T, H] in x's dtype."""
     T, k = ids.shape
     _, H = _check(x, parts, T_rows=T * k)
     if routing.shape != (T, k) or routing.dtype != torch.float32 or ids.dtype != torch.int64:
@@ -158,32 +102,11 @@ def moe_residual_triton(x: torch.Tensor, parts: torch.Tensor, down_b: torch.Tens
     if down_b.dim() != 2 or down_b.shape[1] != H or down_b.dtype != torch.float32:
         raise ValueError(f"moe_residual: down_b must be fp32 [E, {H}], got {down_b.dtype} {tuple(down_b.shape)}")
     out = torch.empty_like(x)
-    args = (x.contiguous(), parts.contiguous(), down_b.contiguous(), routing.contiguous(), ids.contiguous(), out)
-    if norm is not None:
-        y = norm.empty(x)
-        if T:
-            _moe_residual_norm_kernel[(T,)](*args, norm.weight, y, T, H, float(norm.eps), K_TOP=k,
-                                            PORTABLE=PORTABLE_MATH, BLOCK=rmsnorm.BLOCK_N, num_warps=4,
-                                            enable_fp_fusion=False)
-        return out, y
     if T:
-        _moe_residual_kernel[(T, triton.cdiv(H, BLOCK_H))](*args, T, H, K_TOP=k, BLOCK=BLOCK_H, num_warps=4,
-                                                            enable_fp_fusion=False)
+        _moe_residual_kernel[(T, triton.cdiv(H, BLOCK_H))](
+            x.contiguous(), parts.contiguous(), down_b.contiguous(), routing.contiguous(), ids.contiguous(), out,
+            T, H, K_TOP=k, BLOCK=BLOCK_H, num_warps=4, enable_fp_fusion=False)
     return out
-
-
-class NextNorm(NamedTuple):
-    """The RMSNorm that follows a sublayer's end (the next sublayer's, or the model's final one):
-    a fused end given one also returns it of the row it stored, with rms_norm_triton's bits."""
-    weight: torch.Tensor        # [H] fp32, contiguous, on the model's device
-    eps: float
-    out_dtype: torch.dtype
-
-    def empty(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.shape != (x.shape[1],) or self.weight.dtype != torch.float32 or self.weight.device != x.device:
-            raise ValueError(f"residual: the norm's weight must be fp32 [{x.shape[1]}] on {x.device}, got "
-                             f"{self.weight.dtype} {tuple(self.weight.shape)} on {self.weight.device}")
-        return torch.empty(x.shape, dtype=self.out_dtype, device=x.device)
 
 
 # --------------------------------------------------------------------------- torch references

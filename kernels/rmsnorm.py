@@ -15,7 +15,7 @@ from lockstep.kernels import _common  # noqa: F401  (first: it sets TRITON_INTER
 import triton
 import triton.language as tl
 
-from lockstep.kernels._common import PORTABLE_MATH, check_float
+from lockstep.kernels._common import check_float
 from lockstep.kernels.case import KernelCase
 from lockstep.kernels.portable import sqrt, tree_sum
 from lockstep.kernels.portable_tl import cast_rne
@@ -24,18 +24,14 @@ BLOCK_N = 1024
 
 
 @triton.jit
-def rms_norm_row(x_ptr, w_ptr, y_ptr, base, N, eps, PORTABLE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One row: y[base:base + N] = x * rstd * w. The fused residual ends (kernels/residual.py) run
-    this same body on the row they have just stored, so the two give the same bits."""
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = row * N
     sq = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for n0 in range(0, N, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         x = tl.load(x_ptr + base + cols, mask=cols < N, other=0.0).to(tl.float32)
-        if PORTABLE:
-            sq += x * x                 # the interpreter: two roundings
-        else:
-            sq = tl.fma(x, x, sq)       # compiled: the multiply-add the GPU goldens were recorded with,
-            #                             written out so a kernel's fp-fusion flag cannot change it
+        sq += x * x
     rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / N + eps)
     for n0 in range(0, N, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
@@ -45,19 +41,13 @@ def rms_norm_row(x_ptr, w_ptr, y_ptr, base, N, eps, PORTABLE: tl.constexpr, BLOC
         tl.store(y_ptr + base + cols, cast_rne(x * rstd * w, y_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
-def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N, eps, PORTABLE: tl.constexpr, BLOCK_N: tl.constexpr):
-    rms_norm_row(x_ptr, w_ptr, y_ptr, tl.program_id(0).to(tl.int64) * N, N, eps, PORTABLE, BLOCK_N)
-
-
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """-> [M, N] in out_dtype (default x's): fp32 math, rounded once at the store."""
     x, weight = _check(x, weight)
     y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     if x.numel():
-        _rmsnorm_kernel[(x.shape[0],)](x, weight, y, x.shape[1], float(eps), PORTABLE=PORTABLE_MATH,
-                                         BLOCK_N=BLOCK_N, num_warps=4)
+        _rmsnorm_kernel[(x.shape[0],)](x, weight, y, x.shape[1], float(eps), BLOCK_N=BLOCK_N, num_warps=4)
     return y
 
 

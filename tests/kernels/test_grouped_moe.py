@@ -178,7 +178,7 @@ def test_one_device_path_stores_every_row_with_the_grouped_bits(fused, request):
     request.getfixturevalue("nan_empty")                              # from here on
     parts = experts_grouped(x, ids, held, fused_swiglu=fused, every_expert_local=True)
     assert not parts.isnan().any() and bits(parts).equal(bits(ref))
-    if fused:                                                         # the Triton ops' experts fuse it
+    if not fused:
         assert bits(experts_one_device(x, ids, held)).equal(bits(ref))
     with pytest.raises(ValueError, match="expert_lo 0"):
         experts_grouped(x, ids, LocalExperts(gu_w, gu_b, dn_w, tuple(bounds), 1, E - 1, ALPHA, LIMIT),
@@ -237,9 +237,9 @@ def test_mxfp4_packed_equals_its_dequantized_dense_weight(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 5, 40])
 def test_the_swiglu_inside_the_down_kernel_has_its_own_launchs_bits(packed, dtype, T):
-    """experts_one_device (the Triton ops' experts) runs the clamped SwiGLU inside the down kernel's
-    loads; compiled too, that gives the bits of the SwiGLU in its own launch (the CUDA goldens were
-    recorded so), dense and packed, at decode and prefill row counts, clamped values included."""
+    """experts_grouped(fused_swiglu=True) runs the clamped SwiGLU inside the down kernel's loads:
+    the bits of the SwiGLU in its own launch (the CUDA goldens were recorded so), dense and packed,
+    at decode and prefill row counts, clamped values included; on a GPU, compiled too."""
     E, H, I, k = 8, 160, 96, 4
     if packed:
         g = torch.Generator().manual_seed(51)
@@ -253,7 +253,7 @@ def test_the_swiglu_inside_the_down_kernel_has_its_own_launchs_bits(packed, dtyp
     h = expert_gate_up_triton(x, k, group_by_expert(ids.reshape(-1), 0, E, EXPERT_BLOCK_M), gu_w, gu_b)
     assert (h.float().abs() > LIMIT).any()                            # the clamp is reached
     separate = experts_grouped(x, ids, held, every_expert_local=True)
-    assert same_bits(experts_one_device(x, ids, held), separate)
+    assert same_bits(experts_grouped(x, ids, held, fused_swiglu=True, every_expert_local=True), separate)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -10,9 +10,8 @@ import triton
 import triton.language as tl
 
 from lockstep.kernels.portable_tl import cast_rne
-from lockstep.kernels.residual import (NextNorm, moe_residual_portable, moe_residual_triton,
-                                       row_parallel_residual_portable, row_parallel_residual_triton)
-from lockstep.kernels.rmsnorm import rms_norm_triton
+from lockstep.kernels.residual import (moe_residual_portable, moe_residual_triton, row_parallel_residual_portable,
+                              row_parallel_residual_triton)
 from lockstep.kernels.rope import apply_rope_portable as apply_rope, rope_qkv_cache_triton
 from tests.kernels.conftest import DEVICE
 
@@ -45,32 +44,6 @@ def test_moe_residual_equals_the_unfused_ops(dtype):
     t = 3
     alone = moe_residual_triton(x[t:t + 1], parts[:, t * k:(t + 1) * k], down_b, routing[t:t + 1], ids[t:t + 1])
     assert torch.equal(alone, fused[t:t + 1])
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T, H", [(1, 2880), (9, 200), (3, 1025)])
-def test_an_end_with_the_next_norm_gives_both_kernels_bits(dtype, T, H):
-    """A fused end given the next sublayer's norm (NextNorm) stores the row and returns
-    rms_norm_triton of it: both bitwise the two launches', compiled too (the barrier between them,
-    the norm's multiply-add), a row alone as in its batch; H over several 1,024-column blocks."""
-    k, E = 4, 6
-    x, bias, w = _randn(T, H, seed=21, dtype=dtype), _randn(H, seed=22), _randn(H, seed=23)
-    norm = NextNorm(w, 1e-5, dtype)
-    parts = _randn(8, T, H, seed=24) * 30
-    out, h = row_parallel_residual_triton(x, parts, bias, norm)
-    alone = row_parallel_residual_triton(x, parts, bias)
-    assert torch.equal(out, alone) and torch.equal(h, rms_norm_triton(alone, w, 1e-5, dtype))
-    moe_parts, down_b = _randn(8, T * k, H, seed=25) * 10, _randn(E, H, seed=26)
-    routing = torch.softmax(_randn(T, k, seed=27), -1)
-    ids = torch.randint(0, E, (T, k), generator=torch.Generator().manual_seed(28)).to(DEVICE)
-    out, h = moe_residual_triton(x, moe_parts, down_b, routing, ids, norm)
-    alone = moe_residual_triton(x, moe_parts, down_b, routing, ids)
-    assert torch.equal(out, alone) and torch.equal(h, rms_norm_triton(alone, w, 1e-5, dtype))
-    t = T - 1
-    last = moe_residual_triton(x[t:], moe_parts[:, t * k:], down_b, routing[t:], ids[t:], norm)
-    assert torch.equal(last[0], out[t:]) and torch.equal(last[1], h[t:])
-    with pytest.raises(ValueError, match="norm's weight must be fp32"):
-        row_parallel_residual_triton(x, parts, bias, NextNorm(w[:-1], 1e-5, dtype))
 
 
 def test_residual_checks_its_inputs():

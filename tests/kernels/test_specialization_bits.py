@@ -20,8 +20,7 @@ UNSPECIALIZED = [(attention, "_attention_kernel"), (attention, "_attention_split
                  (attention, "_attention_merge_kernel"), (matmul, "_linear_kernel"),
                  (matmul, "_linear_chunks_kernel"), (moe, "_grouped_gate_up_kernel"),
                  (moe, "_grouped_down_kernel"), (moe, "_group_kernel"), (residual, "_row_parallel_residual_kernel"),
-                 (residual, "_moe_residual_kernel"), (residual, "_row_parallel_residual_norm_kernel"),
-                 (residual, "_moe_residual_norm_kernel"), (coins, "_murmur_kernel"), (rope, "_rope_qkv_cache_kernel"),
+                 (residual, "_moe_residual_kernel"), (coins, "_murmur_kernel"), (rope, "_rope_qkv_cache_kernel"),
                  (sampling, "_gumbel_argmax_kernel"), (sampling, "_draws_kernel")]
 
 
@@ -107,8 +106,6 @@ def test_residuals_rope_and_hashes(monkeypatch, T):
     cols = torch.arange(17, device=DEVICE)
     logp = torch.log_softmax(_randn(T, 300, seed=12), -1)
 
-    norm = residual.NextNorm(_randn(H, seed=18), 1e-5, x.dtype)
-
     def run():
         kc = torch.zeros((1, Hkv, S, D), dtype=torch.bfloat16, device=DEVICE)
         vc = torch.zeros_like(kc)
@@ -118,9 +115,6 @@ def test_residuals_rope_and_hashes(monkeypatch, T):
         return (residual.row_parallel_residual_triton(x, _randn(8, T, H, seed=13), _randn(H, seed=14)),
                 residual.moe_residual_triton(x, _randn(8, T * k, H, seed=15), _randn(E, H, seed=16),
                                              _randn(T, k, seed=17), ids),
-                *residual.row_parallel_residual_triton(x, _randn(8, T, H, seed=13), _randn(H, seed=14), norm),
-                *residual.moe_residual_triton(x, _randn(8, T * k, H, seed=15), _randn(E, H, seed=16),
-                                              _randn(T, k, seed=17), ids, norm),
                 q, kc, vc, coins.murmur_hash32_triton(seeds, pos, cols), sampling.gumbel_argmax_triton(logp, seeds, pos),
                 *sampling.sample_fused_triton(logp, modes, temps, seeds, pos, torch.zeros_like(pos)))
     same_as_specialized(monkeypatch, run)
