@@ -235,7 +235,7 @@ def test_mxfp4_packed_equals_its_dequantized_dense_weight(dtype):
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "mxfp4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T", [1, 5, 40])
+@pytest.mark.parametrize("T", [1, 40])
 def test_the_swiglu_inside_the_down_kernel_has_its_own_launchs_bits(packed, dtype, T):
     """experts_grouped(fused_swiglu=True) runs the clamped SwiGLU inside the down kernel's loads:
     the bits of the SwiGLU in its own launch (the CUDA goldens were recorded so), dense and packed,
