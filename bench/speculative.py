@@ -260,7 +260,12 @@ def main(argv=None):
     device = torch.device(args.device)
     backend = args.backend or ("triton" if device.type == "cuda" else "torch")
     compute = args.compute or ("bf16" if device.type == "cuda" else "fp32")
-    failed = [d for d in dtypes if not run(args, d, device, backend, compute)]
+    failed = []
+    for d in dtypes:
+        if not run(args, d, device, backend, compute):
+            failed.append(d)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()            # run's models are freed: the next target is built on a free card
     if failed:
         print(f"FAILED: the {', '.join(failed)} target's check")
         sys.exit(3)
@@ -321,10 +326,8 @@ def run(args, experts: str, device, backend: str, compute: str) -> bool:
           f"{t_plain / t_spec:.2f}x, mean accept length {accept:.2f}, outputs equal: {'ok' if same else 'FAILED'} "
           f"(target >= 2x)")
     print(meter.line("the rounds and end to end (caches, graphs, activations on top)", model_bytes(target, draft)))
-    del target, draft, oracle
-    if device.type == "cuda":
-        torch.cuda.empty_cache()                           # the next target is built on a free card
     return same
+
 
 if __name__ == "__main__":
     main()
