@@ -29,14 +29,14 @@ step() {   # NAME COMMAND...: the command's output, then its wall time and exit 
 }
 python3 -c "import json; [print(json.dumps({'prompt': list(range(10 + i, 74 + i)), 'seed': i, 'sampling': {'temperature': 0.8, 'max_new_tokens': $new}})) for i in range($n)]" > "$work/reqs.jsonl"
 # each step bounded (seconds: CK_S, RECORD_S, REPLAY_S), so one device call ends with what it reached
-step make-checkpoint timeout "${CK_S:-330}" python3 -m lockstep make-checkpoint --preset "$preset" --format mxfp4 \
+step make-checkpoint timeout "${CK_S:-260}" python3 -m lockstep make-checkpoint --preset "$preset" --format mxfp4 \
   --max-gb 40 --device "$device" "$work/ck20b" || exit 1
-step record timeout "${RECORD_S:-120}" python3 -m lockstep record "$work/t20b.jsonl" --checkpoint "$work/ck20b" \
+step record timeout "${RECORD_S:-200}" python3 -m lockstep record "$work/t20b.jsonl" --checkpoint "$work/ck20b" \
   --requests "$work/reqs.jsonl" --max-batch "$n" --device "$device" --dtype bf16 --backend "$backend" || exit 1
-step replay timeout "${REPLAY_S:-90}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device"
-step replay-teacher-forced timeout "${REPLAY_S:-90}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" \
+step replay timeout "${REPLAY_S:-150}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device"
+step replay-teacher-forced timeout "${REPLAY_S:-150}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" \
   --mode teacher-forced
-step replay-prefill-shaped timeout "${REPLAY_S:-90}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" \
+step replay-prefill-shaped timeout "${REPLAY_S:-150}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" \
   --mode teacher-forced --forced-shape prefill
 ls -la "$work/t20b.jsonl"
 [ -n "${OUT:-}" ] && sha256sum "$work/t20b.jsonl" > "$OUT/t20b.sha256"
