@@ -16,6 +16,11 @@ and input_precision="ieee" (no TF32), so each output element is one fixed MMA se
 PORTABLE_MATH = INTERPRET likewise: in the interpreter, exp / log / sigmoid are numpy's, which
 picks an implementation by the CPU's instruction set, so kernels take kernels.portable_tl's
 float64 polynomials there (the same bits on every CPU); compiled, the GPU's own functions.
+
+Every launch states Triton's enable_fp_fusion: whether ptxas may contract a multiply and an add
+into one fma moves a compiled kernel's bits (the PTX does not show it, the SASS does), and
+Triton's default is changing (3.9 warns that 3.10 turns it off). True where the CUDA goldens were
+recorded with the old default; False where a kernel rounds each operation on its own.
 """
 
 from __future__ import annotations

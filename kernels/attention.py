@@ -426,7 +426,7 @@ def attention_triton(q, k_cache, v_cache, slots, positions, sinks, window: int, 
     walk = -(-S // BLOCK_KV) if window == 0 else min(_window_tiles(window), -(-S // BLOCK_KV))
     two_phase = (ng > 1 and walk > tps and T * Hkv < TWO_PHASE_BELOW) if _two_phase is None else bool(_two_phase)
     shape = dict(G=G, D_PAD=d_pad, BLOCK_KV=BLOCK_KV, TPS=tps, SLIDING=window > 0, GUARD=bool(_guard),
-                 PORTABLE=PORTABLE_MATH, num_warps=4, num_stages=1)
+                 PORTABLE=PORTABLE_MATH, num_warps=4, num_stages=1, enable_fp_fusion=True)
     args = (Hq, Hkv, S, D, int(window), _window_tiles(window), n_cap)
     plus_zero = block_t > 1 or INTERPRET      # every zero +0: blocks must, the interpreter's launches all do
     if not two_phase:

@@ -141,7 +141,7 @@ def murmur_hash32_triton(seed: torch.Tensor, pos: torch.Tensor, col: torch.Tenso
         return out
     block_n, block_m = 16, 64
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
-    _murmur_kernel[grid](seed, pos, col, out, n, m, BLOCK_N=block_n, BLOCK_M=block_m)
+    _murmur_kernel[grid](seed, pos, col, out, n, m, BLOCK_N=block_n, BLOCK_M=block_m, enable_fp_fusion=True)
     return out
 
 

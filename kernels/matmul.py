@@ -482,7 +482,8 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
     _linear_kernel[grid](x, weight, bias if bias is not None else x, y, M, N, K,
                          HAS_BIAS=bias is not None, USE_DOT=USE_DOT,
-                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+                         enable_fp_fusion=True)
     return y
 
 
@@ -514,7 +515,7 @@ def linear_chunks_triton(x: torch.Tensor, weight: torch.Tensor, bounds,
     _linear_chunks_kernel[grid](x.contiguous(), weight.contiguous(), b, parts, M, N, K, x_per_k * K,
                                 float(alpha), float(limit), SWIGLU=prologue_swiglu is not None,
                                 USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                DIV=bounds_div(bounds), num_warps=warps, num_stages=stages)
+                                DIV=bounds_div(bounds), num_warps=warps, num_stages=stages, enable_fp_fusion=True)
     return parts
 
 
@@ -665,7 +666,8 @@ def mxfp4_decode_triton(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch
     if N and G:
         block_n, block_k = 16, 64        # a K tail whenever G is odd, an N tail below 16 rows
         _mxfp4_decode_kernel[(triton.cdiv(N, block_n), triton.cdiv(G * 32, block_k))](
-            blocks.contiguous(), scales.contiguous(), out, N, G * 32, BLOCK_N=block_n, BLOCK_K=block_k)
+            blocks.contiguous(), scales.contiguous(), out, N, G * 32, BLOCK_N=block_n, BLOCK_K=block_k,
+            enable_fp_fusion=True)
     return out
 
 

@@ -231,7 +231,7 @@ def clamped_swiglu_triton(gate_up: torch.Tensor, alpha: float = 1.702, limit: fl
     y = torch.empty((R, I), dtype=gate_up.dtype, device=gate_up.device)
     if R and I:
         _swiglu_kernel[(R, triton.cdiv(I, BLOCK_H))](gate_up, y, I, float(alpha), float(limit), BLOCK=BLOCK_H,
-                                                         PORTABLE=PORTABLE_MATH, num_warps=4)
+                                                         PORTABLE=PORTABLE_MATH, num_warps=4, enable_fp_fusion=True)
     return y
 
 
@@ -291,7 +291,7 @@ def group_by_expert(flat_ids: torch.Tensor, expert_lo: int, n_local: int,
         e_pad = next_pow2(n_local)
         _group_kernel[(1,)](flat_ids.contiguous(), sorted_rows, block_expert, R, int(expert_lo), n_local, n_blocks,
                             block_m, R_PAD=min(_group_pad(R), GROUP_KERNEL_MAX // e_pad), E_PAD=e_pad,
-                            NB_PAD=_group_pad(n_blocks), num_warps=4)
+                            NB_PAD=_group_pad(n_blocks), num_warps=4, enable_fp_fusion=True)
         return sorted_rows, block_expert
     # Larger R: a stable sort by local expert (non-local ids sort last) lists each expert's rows in
     # increasing order; a row's place among its expert's rows is its sorted index minus the index
@@ -368,7 +368,7 @@ def expert_gate_up_triton(x: torch.Tensor, k: int, groups, weight, bias: torch.T
     mxfp4 = {"FAST_DECODE": fast_decode} if s is not w else {}
     _grouped_gate_up_kernel[grid](x.contiguous(), sorted_rows, block_expert, w, s, bias.contiguous(), h, R, N, H, k,
                                   MXFP4=s is not w, USE_DOT=USE_DOT, BLOCK_M=block_m, BLOCK_N=bn,
-                                  BLOCK_K=bk, num_warps=warps, num_stages=stages, **mxfp4)
+                                  BLOCK_K=bk, num_warps=warps, num_stages=stages, enable_fp_fusion=True, **mxfp4)
     return h
 
 
@@ -409,7 +409,7 @@ def expert_down_partials_triton(a: torch.Tensor, groups, weight, bounds,
                                float(alpha), float(limit), SWIGLU=prologue_swiglu is not None, MXFP4=s is not w,
                                USE_DOT=USE_DOT, PORTABLE=PORTABLE_MATH, CHUNK_LOOP=chunk_loop,
                                BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
-                               **hints)
+                               enable_fp_fusion=True, **hints)
     return parts
 
 

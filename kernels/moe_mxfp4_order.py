@@ -139,7 +139,8 @@ def mma_order_triton(weight, bounds, dtype: torch.dtype) -> torch.Tensor:
     bn = 64 if not INTERPRET else 16
     div = _lo_div(bounds)                                                   # steps are lo + 64 s
     _mma_order_kernel[(steps.shape[0], triton.cdiv(N, bn), E)](blocks.contiguous(), scales.contiguous(), steps, out,
-                                                               N, K, out.shape[2], BLOCK_N=bn, DIV=div)
+                                                               N, K, out.shape[2], BLOCK_N=bn, DIV=div,
+                                                               enable_fp_fusion=True)
     return out
 
 

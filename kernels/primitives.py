@@ -84,7 +84,7 @@ def apply(name: str, x: torch.Tensor) -> torch.Tensor:
         cumsum = name == "block_cumsum"
         y = torch.empty((R, n) if cumsum else (R,), dtype=torch.float32, device=x.device)
         if R and n:
-            _row_kernel[(R,)](x.contiguous(), y, n, CUMSUM=cumsum, BLOCK=next_pow2(n))
+            _row_kernel[(R,)](x.contiguous(), y, n, CUMSUM=cumsum, BLOCK=next_pow2(n), enable_fp_fusion=True)
         return y
     code, dt_in, dt_out = FUNCTIONS[name]
     if x.dim() != 1 or x.dtype != dt_in:
@@ -92,5 +92,5 @@ def apply(name: str, x: torch.Tensor) -> torch.Tensor:
     y = torch.empty(x.shape, dtype=dt_out, device=x.device)
     if x.numel():
         _unary_kernel[(triton.cdiv(x.numel(), BLOCK),)](x.contiguous(), y, x.numel(), FN=code,
-                                                         PORTABLE=PORTABLE_MATH, BLOCK=BLOCK)
+                                                         PORTABLE=PORTABLE_MATH, BLOCK=BLOCK, enable_fp_fusion=True)
     return y

@@ -47,7 +47,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
     x, weight = _check(x, weight)
     y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     if x.numel():
-        _rmsnorm_kernel[(x.shape[0],)](x, weight, y, x.shape[1], float(eps), BLOCK_N=BLOCK_N, num_warps=4)
+        _rmsnorm_kernel[(x.shape[0],)](x, weight, y, x.shape[1], float(eps), BLOCK_N=BLOCK_N, num_warps=4,
+                                         enable_fp_fusion=True)
     return y
 
 

@@ -44,7 +44,8 @@ def apply_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     T, H, D = x.shape
     y = torch.empty_like(x)
     if x.numel():
-        _rope_kernel[(T,)](x, cos, sin, y, H, D // 2, H_PAD=next_pow2(H), HALF_PAD=next_pow2(D // 2), num_warps=4)
+        _rope_kernel[(T,)](x, cos, sin, y, H, D // 2, H_PAD=next_pow2(H), HALF_PAD=next_pow2(D // 2), num_warps=4,
+                           enable_fp_fusion=True)
     return y
 
 

@@ -68,7 +68,8 @@ def gumbel_argmax_triton(logp: torch.Tensor, seeds: torch.Tensor, positions: tor
     out = torch.empty(logp.shape[0], dtype=torch.int64, device=logp.device)
     if logp.shape[0]:
         _gumbel_argmax_kernel[(logp.shape[0],)](logp, seeds, positions, out, logp.shape[1], int(col_base),
-                                                BLOCK_V=BLOCK_V, PORTABLE=PORTABLE_MATH, num_warps=4)
+                                                BLOCK_V=BLOCK_V, PORTABLE=PORTABLE_MATH, num_warps=4,
+                                                enable_fp_fusion=True)
     return out
 
 
