@@ -232,6 +232,12 @@ def expert_scale(fan_in: int, gain: float) -> int:
     return 127 + round(math.log2(gain / math.sqrt(fan_in) / (E2M1_RMS * jitter_rms)))
 
 
+# fp32 elements random_weights draws at once: a larger tensor (the 20b shape's embedding and
+# lm_head, 2.3 GB each in fp32) is drawn in blocks of rows, so its fp32 form never exists whole
+# (it raised an MXFP4 model's build peak to 1.17x its bytes). Smaller tensors: one draw, as before.
+FLOAT_DRAW = 1 << 24
+
+
 def random_weights(config, device, seed=SEED, only_packed=False):
     """-> (floats, packed): every float tensor (bf16) and the experts' MXFP4 blocks and scales
     (uint8), under their HF names, made one by one on `device`, each from a generator seeded by
@@ -240,8 +246,14 @@ def random_weights(config, device, seed=SEED, only_packed=False):
     floats, packed = {}, {}
 
     def normal(shape, std, mean=0.0):
-        t = torch.randn(shape, generator=g, device=device, dtype=torch.float32)
-        return t.mul_(std).add_(mean).to(torch.bfloat16)
+        out = torch.empty(shape, dtype=torch.bfloat16, device=device)
+        rows = out.view(1, -1) if out.dim() < 2 else out             # drawn in blocks of these
+        step = max(1, FLOAT_DRAW // max(1, rows[0].numel()))
+        for r in range(0, rows.shape[0], step):
+            block = rows[r:r + step]
+            t = torch.randn(block.shape, generator=g, device=device, dtype=torch.float32)
+            block.copy_(t.mul_(std).add_(mean))
+        return out
 
     for index, (name, (shape, kind)) in enumerate(expected_tensors(config, mxfp4_experts=True).items()):
         expert = name.endswith(("_blocks", "_scales"))

@@ -75,3 +75,29 @@ def test_the_cuda_line_reads_the_allocator_peaks(monkeypatch):
     assert "model 40.00 GB (weights and buffers); device peak 46.00 GB = 1.15x (the allocator's reserved peak " \
            "50.00 GB)" in line and line.endswith("target <= 1.15x on the device: ok"), line
     assert not meter.figures(34_000_000_000)["ok"]
+
+
+def test_a_float_tensor_is_drawn_in_blocks_no_fp32_draw_above_the_bound(monkeypatch):
+    """The embedding and lm_head of the 20b shape are 2.3 GB each in fp32: drawn in blocks of rows
+    (FLOAT_DRAW elements), so no fp32 draw is a whole large tensor; a tensor within the bound is one
+    draw, and the weights are the same on every call."""
+    config = e2e.preset("tiny")
+    whole, _ = e2e.random_weights(config, "cpu")
+    draws, randn = [], torch.randn
+
+    def recorded(*shape, **kw):
+        t = randn(*shape, **kw)
+        draws.append(t.numel())
+        return t
+
+    monkeypatch.setattr(e2e, "FLOAT_DRAW", 4096)
+    monkeypatch.setattr(torch, "randn", recorded)
+    blocks, _ = e2e.random_weights(config, "cpu")
+    widest = max(t[0].numel() for t in whole.values() if t.dim() == 2)
+    assert max(draws) <= max(4096, widest) and len(draws) > len(whole)
+    small = [n for n, t in whole.items() if t.numel() <= 4096]
+    assert small and all(torch.equal(whole[n], blocks[n]) for n in small)
+    assert whole.keys() == blocks.keys() and all(blocks[n].dtype == torch.bfloat16 for n in blocks)
+    monkeypatch.setattr(torch, "randn", randn)
+    again, _ = e2e.random_weights(config, "cpu")
+    assert all(torch.equal(blocks[n], again[n]) for n in blocks)
