@@ -52,7 +52,7 @@ def gate_up(x, groups, w, b, cfg):
     h = torch.empty((R, N), dtype=x.dtype, device=x.device)           # one device: every row stored
     moe._grouped_gate_up_kernel[(triton.cdiv(N, bn), moe.launched_blocks(R, bexp.shape[0], bm))](
         x, rows, bexp, w, s, b, h, R, N, H, TOP_K, MXFP4=s is not w, USE_DOT=True,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, enable_fp_fusion=True)
     return h
 
 
@@ -66,7 +66,7 @@ def down(a, groups, w, bounds, bounds_list, cfg):
     moe._grouped_down_kernel[(1 if loop else C, triton.cdiv(N, bn), moe.launched_blocks(R, bexp.shape[0], bm))](
         a, rows, bexp, w, s, bounds, parts, R, N, I, I, C, 0.0, 0.0, SWIGLU=False, MXFP4=s is not w, USE_DOT=True,
         PORTABLE=PORTABLE_MATH, CHUNK_LOOP=loop, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=warps, num_stages=stages, **hints)
+        num_warps=warps, num_stages=stages, enable_fp_fusion=True, **hints)
     return parts
 
 

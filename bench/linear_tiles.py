@@ -43,7 +43,7 @@ def run(x, w, b, tiles):
     bm, bn, bk, warps, stages = tiles
     _linear_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm))](
         x, w, b, y, M, N, K, HAS_BIAS=True, USE_DOT=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages, enable_fp_fusion=True)
     return y
 
 

@@ -19,10 +19,12 @@ def _assigned_dicts(tree: ast.AST, source: str) -> dict:
 
 
 def test_every_kernel_launch_states_its_fp_fusion():
-    """kernel[grid](...) in kernels/: enable_fp_fusion is an argument, or a key of a `**` dict
-    assigned in the same module."""
+    """kernel[grid](...) in kernels/ (and in the benches that launch the engine's kernels with
+    other tiles, whose bits must be the engine's): enable_fp_fusion is an argument, or a key of a
+    `**` dict assigned in the same module."""
     unstated, launches = [], 0
-    for path in sorted((ROOT / "kernels").glob("*.py")):
+    benches = [ROOT / "bench/expert_tiles.py", ROOT / "bench/linear_tiles.py"]
+    for path in sorted((ROOT / "kernels").glob("*.py")) + benches:
         source = path.read_text()
         tree = ast.parse(source)
         dicts = _assigned_dicts(tree, source)
