@@ -84,7 +84,9 @@ def apply(name: str, x: torch.Tensor) -> torch.Tensor:
         cumsum = name == "block_cumsum"
         y = torch.empty((R, n) if cumsum else (R,), dtype=torch.float32, device=x.device)
         if R and n:
-            _row_kernel[(R,)](x.contiguous(), y, n, CUMSUM=cumsum, BLOCK=next_pow2(n), enable_fp_fusion=True)
+            # num_warps as Triton's default, written out: the warps set the layout the row adds in
+            _row_kernel[(R,)](x.contiguous(), y, n, CUMSUM=cumsum, BLOCK=next_pow2(n), num_warps=4,
+                              enable_fp_fusion=True)
         return y
     code, dt_in, dt_out = FUNCTIONS[name]
     if x.dim() != 1 or x.dtype != dt_in:
