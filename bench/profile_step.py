@@ -2,11 +2,14 @@
 total time (GPU only).
 
     python bench/profile_step.py [--shape 20b] [--dtype bf16|mxfp4] [--batch 1] [--backend triton]
-                                 [--prefill 2048] [--expert-block-m 64]
+                                 [--prefill 2048] [--generate 128] [--expert-block-m 64]
 
 Builds bench/e2e.py's random weights, prefills a 128-token context per request, then records
 one decode step with torch.profiler and prints the top kernels and the launch count. With
---prefill P it records one P-token prefill into an empty cache instead. --expert-block-m fixes
+--prefill P it records one P-token prefill into an empty cache instead. With --generate N it
+times engine.generate as bench/e2e.py's generate figure does (N new tokens for each of --batch
+requests of 128 prompt tokens) against the captured decode step, and splits generate's wall time
+into the GPU's kernel time and the time the GPU waits on the host. --expert-block-m fixes
 the rows per grouped expert block (else kernels.moe.expert_block_m picks them from the launch's
 rows) to compare block sizes.
 Used to find what to fuse next; the figures that count are bench/e2e.py's.
@@ -14,6 +17,7 @@ Used to find what to fuse next; the figures that count are bench/e2e.py's.
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,6 +35,7 @@ def main():
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--prefill", type=int, default=0, help="profile a prefill of this many tokens instead")
+    ap.add_argument("--generate", type=int, default=0, help="split a generate call of this many new tokens instead")
     ap.add_argument("--expert-block-m", type=int, default=0, help="fix the grouped experts' rows per block")
     args = ap.parse_args()
     if args.expert_block_m:
@@ -48,6 +53,9 @@ def main():
         step = lambda: model.forward(toks, torch.arange(P, device="cuda"),    # noqa: E731
                                      torch.zeros(P, dtype=torch.int64, device="cuda"), cache)
         profile(step, f"{args.shape} {args.dtype} prefill {P} backend {args.backend}", args.top)
+        return
+    if args.generate:
+        generate_split(model, config, args)
         return
     cache = model.new_cache(B, ctx + 8)
     for s in range(B):
@@ -71,6 +79,51 @@ def profile(step, what: str, top: int):
           f"in one eager forward")
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
         print(f"  {e.self_device_time_total / 1e3:8.3f} ms  {e.count:5d}x  {e.key[:90]}")
+
+
+def generate_split(model, config, args):
+    """generate's wall time against the captured step: its kernels' GPU time and the rest (the GPU
+    idle between kernels while the host prepares, launches and reads back a step)."""
+    B, N, ctx, dev = args.batch, args.generate, 128, torch.device("cuda")
+    g = torch.Generator().manual_seed(e2e.SEED + 1)
+    prompts = torch.randint(0, config.vocab_size, (B, ctx), generator=g).tolist()
+    call = e2e.engine_generate(model, prompts, N)
+    call()                                                   # warm-up: compiles, captures
+    walls = []
+    for _ in range(2):
+        e2e.sync(dev)
+        t0 = time.perf_counter()
+        call()
+        walls.append(time.perf_counter() - t0)
+    wall = min(walls)
+    cache = model.new_cache(B, ctx + N + 8)
+    slots = torch.arange(B, device=dev)
+    e2e.engine_forward(model, torch.tensor(prompts, device=dev).reshape(-1), torch.arange(ctx, device=dev).repeat(B),
+                       slots.repeat_interleave(ctx), cache, rows=slots * ctx + ctx - 1)
+    step = e2e.engine_decoder(model, cache, B, use_graph=True)
+    tokens = torch.zeros(B, dtype=torch.int64, device=dev)
+    step_s = e2e.time_per_call(lambda i: step(tokens, torch.full((B,), ctx + i, device=dev), slots), dev, N)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+    rate, step_rate = B * N / wall, B / step_s
+    print(f"{args.shape} {args.dtype} generate b={B}, {N} new tokens after {ctx} prompt tokens: {wall:.3f} s "
+          f"({rate:,.1f} tok/s) = {rate / step_rate:.3f}x the captured step ({step_s * 1e3:.3f} ms, "
+          f"{step_rate:,.1f} tok/s); N captured steps {N * step_s:.3f} s")
+    print(f"  in one profiled call: kernels {busy:.3f} s of GPU time ({busy / N * 1e3:.3f} ms a token), "
+          f"the rest of the unprofiled wall {wall - busy:.3f} s ({(wall - busy) / N * 1e3:.3f} ms a token) "
+          f"the GPU waiting (host work, copies, syncs)")
+    print("  host calls by self CPU time:")
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    for e in sorted(host, key=lambda e: -e.self_cpu_time_total)[:args.top]:
+        print(f"  {e.self_cpu_time_total / 1e3:8.3f} ms  {e.count:6d}x  {e.key[:90]}")
+    print("  kernels by GPU time:")
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:args.top]:
+        print(f"  {e.self_device_time_total / 1e3:8.3f} ms  {e.count:6d}x  {e.key[:90]}")
 
 
 if __name__ == "__main__":
