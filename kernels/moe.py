@@ -239,7 +239,7 @@ def clamped_swiglu_triton(gate_up: torch.Tensor, alpha: float = 1.702, limit: fl
 # count, the experts' offset, the block count and the ids' alignment are not specialized.
 @triton.jit(do_not_specialize=["id_ptr", "R", "E_LO", "N_BLOCKS"])
 def _group_kernel(id_ptr, rows_ptr, block_ptr, R, E_LO, N_LOCAL, N_BLOCKS, BLOCK_M,
-                  R_PAD: tl.constexpr, E_PAD: tl.constexpr, NB_PAD: tl.constexpr):
+                  R_PAD: tl.constexpr, E_PAD: tl.constexpr, NB_CHUNK: tl.constexpr):
     # group_by_expert's integer recipe in one program (small R): rows_ptr arrives filled with -1
     r = tl.arange(0, R_PAD)
     j = tl.arange(0, E_PAD)
@@ -253,16 +253,26 @@ def _group_kernel(id_ptr, rows_ptr, block_ptr, R, E_LO, N_LOCAL, N_BLOCKS, BLOCK
     local = tl.sum(onehot, axis=1) > 0
     dest = tl.sum(onehot * first_slot[None, :], axis=1) + rank
     tl.store(rows_ptr + dest, r.to(tl.int64), mask=local)
-    b = tl.arange(0, NB_PAD)
-    owner = tl.sum(((b[:, None] >= block_end[None, :]) & (j < N_LOCAL)[None, :]).to(tl.int32), axis=1)
-    tl.store(block_ptr + b, tl.where(owner < N_LOCAL, owner, -1).to(tl.int64), mask=b < N_BLOCKS)
+    # a block's owner counts the experts ended before it, NB_CHUNK blocks at a time: one
+    # [blocks, E_PAD] tile would spill registers at 128 experts (129 blocks of a decode step)
+    for b0 in range(0, N_BLOCKS, NB_CHUNK):
+        b = b0 + tl.arange(0, NB_CHUNK)
+        owner = tl.sum(((b[:, None] >= block_end[None, :]) & (j < N_LOCAL)[None, :]).to(tl.int32), axis=1)
+        tl.store(block_ptr + b, tl.where(owner < N_LOCAL, owner, -1).to(tl.int64), mask=b < N_BLOCKS)
 
 
 GROUP_KERNEL_MAX = 1 << 15      # R_PAD * E_PAD up to this: one program (a decode step); else torch ops
+GROUP_TILE = 1 << 12            # elements of one [NB_CHUNK, E_PAD] step of the block owners
+
+
+def _group_warps(tile: int) -> int:
+    """Warps of _group_kernel for its [R_PAD, E_PAD] tile: 4 to 16, about 32 elements a thread (integers
+    only: the warps change no output, only the registers each thread needs)."""
+    return max(4, min(16, tile // 1024))
 
 
 def _group_pad(n: int) -> int:
-    """_group_kernel's padding of n rows or blocks: 16, 128, 1024, ... (not next_pow2(n): three
+    """_group_kernel's padding of n rows: 16, 128, 1024, ... (not next_pow2(n): three
     compiles serve every decode and chunk size). Masked lanes add nothing, so no output depends on it."""
     pad = 16
     while pad < n:
@@ -289,9 +299,10 @@ def group_by_expert(flat_ids: torch.Tensor, expert_lo: int, n_local: int,
         sorted_rows = torch.full((P,), -1, dtype=torch.int64, device=dev)
         block_expert = torch.empty((n_blocks,), dtype=torch.int64, device=dev)
         e_pad = next_pow2(n_local)
+        r_pad = min(_group_pad(R), GROUP_KERNEL_MAX // e_pad)
         _group_kernel[(1,)](flat_ids.contiguous(), sorted_rows, block_expert, R, int(expert_lo), n_local, n_blocks,
-                            block_m, R_PAD=min(_group_pad(R), GROUP_KERNEL_MAX // e_pad), E_PAD=e_pad,
-                            NB_PAD=_group_pad(n_blocks), num_warps=4, enable_fp_fusion=True)
+                            block_m, R_PAD=r_pad, E_PAD=e_pad, NB_CHUNK=max(1, GROUP_TILE // e_pad),
+                            num_warps=_group_warps(r_pad * e_pad), enable_fp_fusion=True)
         return sorted_rows, block_expert
     # Larger R: a stable sort by local expert (non-local ids sort last) lists each expert's rows in
     # increasing order; a row's place among its expert's rows is its sorted index minus the index
