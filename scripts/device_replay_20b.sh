@@ -39,10 +39,10 @@ if [ -f "$work/t20b.jsonl" ]; then echo "== trace: $work/t20b.jsonl is there"; e
 step record timeout "${RECORD_S:-200}" python3 -m lockstep record "$work/t20b.jsonl" --checkpoint "$work/ck20b" \
   --requests "$work/reqs.jsonl" --max-batch "$n" --device "$device" --dtype bf16 --backend "$backend" || exit 1
 fi
-step replay timeout "${REPLAY_S:-150}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device"
-step replay-teacher-forced timeout "${REPLAY_S:-150}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" \
+step replay timeout "${REPLAY_S:-240}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device"
+step replay-teacher-forced timeout "${REPLAY_S:-240}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" \
   --mode teacher-forced
-step replay-prefill-shaped timeout "${REPLAY_S:-150}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" \
+step replay-prefill-shaped timeout "${REPLAY_S:-240}" python3 -m lockstep replay "$work/t20b.jsonl" --device "$device" \
   --mode teacher-forced --forced-shape prefill
 ls -la "$work/t20b.jsonl"
 [ -n "${OUT:-}" ] && sha256sum "$work/t20b.jsonl" > "$OUT/t20b.sha256"
