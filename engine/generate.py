@@ -25,7 +25,9 @@ group is sampled on the device at once (the model's `ops.sampler`: row for row t
 engine.sampling.sample, and on a GPU the tokens and their logprobs from one fused launch; replayed
 from a captured engine.graphs.SampleGraph unless a row draws from the host generator), and the
 step's one host read is the sampled tokens, from which the stop flags follow. Logprobs stay on
-the device until the end (tests/engine/test_generate_host_reads.py).
+the device until the end (tests/engine/test_generate_host_reads.py). A seeded group in one batch
+runs ahead: the next step is launched from these ids on the device before they are read
+(`decode_n_tokens`), so the GPU never waits on the host between steps.
 
 Because every row of the model is computed by the same operations whatever its batch
 (engine/model.py, kernels/portable.py), a request's tokens,
@@ -46,7 +48,7 @@ from typing import Sequence
 import torch
 
 from lockstep.engine.graphs import DecodeSteps, capturable, decode_steps
-from lockstep.engine.model import GptOssModel
+from lockstep.engine.model import ONE_DEVICE, GptOssModel
 from lockstep.engine.request import Request, Result, SamplingParams, check_request  # noqa: F401  (the request type)
 from lockstep.engine.sampling import Sampler, decision_scores, host_to, row_settings
 
@@ -363,13 +365,88 @@ def _prefill_rows(requests, start: int, chunk: int, cached: list[int]):
 
 def decode_n_tokens(run: _Run) -> None:
     """Decode until every request has finished: each step feeds every unfinished request's last
-    token, in groups of at most max_batch."""
+    token, in groups of at most max_batch. Where the group can run ahead (`_runs_ahead`), step s + 1
+    is launched from step s's ids on the device before step s's ids are read back, so the GPU never
+    idles on that read; a row that step s stops has its row of step s + 1 dropped (D2: no other
+    row's bits depend on it)."""
+    pending = None                                         # a launched step not yet read back
     while True:
+        if pending is not None:
+            follow = [i for i in pending.group if run.state.finish[i] is None
+                      and len(run.state.tokens[i]) + 1 < run.requests[i].params.max_new_tokens]
+            launched = launch_step(run, follow, after=pending) if follow else None
+            commit_step(run, pending)
+            pending = launched
+            continue
         active = run.state.active()
         if not active:
             return
+        if _runs_ahead(run, active):
+            pending = launch_step(run, active)
+            continue
         for g in range(0, len(active), run.max_batch):
             decode_one_token(run, active[g:g + run.max_batch])
+
+
+def _runs_ahead(run: _Run, active: list[int]) -> bool:
+    """One group, sampled on the device with seeds (a host generator's draws, a forced token, a
+    trace or captured states need the committed state of every step) on one device."""
+    return (run.observer is None and not run.capture and run.model.comm is ONE_DEVICE
+            and isinstance(run.source, Sampled) and len(active) <= run.max_batch
+            and run.source.graph(run.steps, active) is not None)
+
+
+@dataclass
+class _Launched:
+    """A decode step on its way: its rows, their positions, the chosen ids and logprobs on the
+    device, and the ids' copy to the host (on a GPU pinned and non-blocking, `ready` when done)."""
+    group: list[int]
+    positions: list[int]
+    chosen: torch.Tensor
+    logprobs: torch.Tensor
+    host: torch.Tensor
+    ready: "torch.cuda.Event | None"
+
+
+def launch_step(run: _Run, group: list[int], after: _Launched | None = None) -> _Launched:
+    """Launch one decode step for `group` without reading anything back: its tokens are the
+    committed last tokens, or `after`'s chosen ids gathered on the device."""
+    state, dev = run.state, run.model.device
+    n = len(group)
+    pad = _bucket(n, run.max_batch) - n
+    scratch = len(run.requests)                            # the slot of the padding rows
+    if after is None:
+        pos = [state.length(i) - 1 for i in group]
+        first = [state.last(i) for i in group] + [0] * pad
+    else:
+        row = {i: k for k, i in enumerate(after.group)}
+        pos = [after.positions[row[i]] + 1 for i in group]
+        first = [row[i] for i in group] + [len(after.group)] * pad     # rows of after's ids; the pad's 0
+    inputs = host_to(dev, [first, pos + [0] * pad, group + [scratch] * pad])   # one copy, no sync
+    tokens = inputs[0] if after is None else torch.cat([after.chosen, after.chosen.new_zeros(1)])[inputs[0]]
+    logits = run.steps(tokens, inputs[1], inputs[2])[:n]
+    chosen, lps = run.source.choose(group, logits, pos, state, run.model.ops.sampler,
+                                    run.source.graph(run.steps, group), inputs[1][:n])
+    chosen = chosen.clone()                                # the next step's sampling rewrites the graph's
+    if dev.type != "cuda":
+        return _Launched(group, pos, chosen, lps, chosen, None)
+    host = torch.empty(chosen.shape, dtype=chosen.dtype, pin_memory=True)
+    host.copy_(chosen, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return _Launched(group, pos, chosen, lps, host, ready)
+
+
+def commit_step(run: _Run, step: _Launched) -> None:
+    """Wait for a launched step's ids (its one host read) and commit them; a row whose previous
+    step stopped it is dropped."""
+    if step.ready is not None:
+        step.ready.synchronize()
+    state = run.state
+    base = state.add_logprobs(step.logprobs)
+    for k, (i, tok) in enumerate(zip(step.group, step.host.tolist())):
+        if state.finish[i] is None:
+            state.push(i, tok, base + k, step=len(state.tokens[i]))
 
 
 def decode_one_token(run: _Run, group: list[int]) -> None:

@@ -78,6 +78,30 @@ def test_fused_sampling_is_the_cuda_path():
         assert x.tokens == y.tokens and torch.equal(x.logprobs.view(torch.int32), y.logprobs.view(torch.int32))
 
 
+def test_running_ahead_on_the_gpu_is_the_plain_loops_bits():
+    """engine/generate.py on a GPU: decoding ahead (each step launched from the last one's ids on
+    the device, read back through a pinned copy and an event) gives the plain loop's tokens and
+    logprob bits (captured states turn running ahead off), a request stopping mid-batch included."""
+    from lockstep.engine.generate import generate
+    from lockstep.engine.model import GptOssModel
+    from lockstep.engine.request import Request, SamplingParams
+
+    model = GptOssModel.from_checkpoint(REPO / "models/tiny-target", device="cuda", backend="triton", dtype="bf16")
+    prompt = [5, 9, 40, 77, 301]
+    free = generate(model, [Request(prompt, SamplingParams(temperature=0.8, max_new_tokens=8), seed=5)])[0]
+    j = next((j for j in range(1, 8) if free.tokens.index(free.tokens[j]) == j), None)
+    assert j is not None, free.tokens
+    stops = (free.tokens[j],)
+    reqs = [Request(prompt, SamplingParams(temperature=0.8, max_new_tokens=8, stop_token_ids=stops), seed=5),
+            Request([7, 8, 9], SamplingParams(temperature=1.0, max_new_tokens=9, stop_token_ids=()), seed=6),
+            Request([11, 12], SamplingParams(greedy=True, max_new_tokens=6, stop_token_ids=()))]
+    ahead, plain = generate(model, reqs), generate(model, reqs, capture=[0])
+    assert ahead[0].finish_reason == "stop" and len(ahead[0].tokens) == j + 1
+    for x, y in zip(ahead, plain):
+        assert (x.tokens, x.finish_reason) == (y.tokens, y.finish_reason)
+        assert torch.equal(x.logprobs.view(torch.int32), y.logprobs.view(torch.int32))
+
+
 def test_round_graphs_are_kept_per_target_and_shape_and_reset():
     """engine/graphs.py round_graphs / decode_steps: on a GPU the last ones are reused (zeroed)
     for the same draft and shape, rebuilt for another shape."""

@@ -4,7 +4,8 @@ Counted on the CPU by wrapping every way a tensor's value reaches Python (item, 
 float, bool, index) outside the model's forward (the forward itself is a captured graph on a
 GPU, where a read would fail the capture). The count must equal the number of forward calls,
 whatever the number of requests in the group, and the results must be the ones without the
-wrappers. On a GPU the same is checked with CUDA's sync debug mode."""
+wrappers. On a GPU, CUDA's sync debug mode checks that a decode step never waits for the stream:
+it waits for its own ids' copy only, while the next step runs (engine.generate runs ahead)."""
 
 from __future__ import annotations
 
@@ -70,11 +71,14 @@ def test_one_host_read_per_forward(monkeypatch, tiny_ckpts, n):
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA sync debug mode needs a GPU")
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_gpu_decode_syncs_once_per_step(tiny_ckpts, backend):
+def test_gpu_decode_syncs_once_per_step(tiny_ckpts, backend, monkeypatch):
     model = GptOssModel.from_checkpoint(tiny_ckpts["bf16"], backend=backend, device=DEVICE, dtype="bf16")
     requests = _requests(3, 6)
     generate(model, requests)                              # captures the graphs
     torch.cuda.synchronize()
+    waits = []
+    wait = torch.cuda.Event.synchronize
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", lambda self: waits.append(self) or wait(self))
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -83,5 +87,7 @@ def test_gpu_decode_syncs_once_per_step(tiny_ckpts, backend):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    # the prefill's read, 5 decode steps' reads, and the one logprob read at the end
-    assert len(syncs) == 1 + 5 + 1, [str(w.message) for w in syncs]
+    # the prefill's read and the one logprob read at the end wait for the stream; each of the 5
+    # decode steps waits only for its own ids (an event), the next step already queued behind it
+    assert len(syncs) == 1 + 1, [str(w.message) for w in syncs]
+    assert len(waits) == 5

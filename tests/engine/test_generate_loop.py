@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 
+import lockstep.engine.generate as gen
 from lockstep.engine.generate import Request, generate
 from lockstep.engine.model import GptOssModel
 from lockstep.engine.sampling import SamplingParams, chosen_logprob
@@ -78,6 +79,32 @@ def test_stops_on_any_stop_id_and_keeps_it(tiny_model):
     eos_model.__dict__.update(tiny_model.__dict__, config=cfg)
     res = generate(eos_model, [Request(prompt, SamplingParams(greedy=True, max_new_tokens=8))])[0]
     assert res.tokens == free.tokens[:first + 1] and res.finish_reason == "stop"
+
+
+def test_running_ahead_drops_the_row_after_a_stop(tiny_model, monkeypatch):
+    """Seeded requests decode ahead (step s + 1 launched from step s's ids before they are read):
+    a request that takes a stop id has its row of the step launched after it dropped, and every
+    request's tokens and logprobs are the plain loop's (captured states turn running ahead off)."""
+    P = SamplingParams
+    prompt = random_prompt(12, 21)
+    free = generate(tiny_model, [Request(prompt, P(temperature=0.8, max_new_tokens=8), seed=5)])[0]
+    j = next(j for j in range(1, 8) if free.tokens.index(free.tokens[j]) == j)   # a decode step's first sight
+    reqs = [Request(prompt, P(temperature=0.8, max_new_tokens=8, stop_token_ids=(free.tokens[j],)), seed=5),
+            Request(random_prompt(7, 3), P(temperature=1.0, max_new_tokens=9, stop_token_ids=()), seed=6),
+            Request(random_prompt(15, 4), P(greedy=True, max_new_tokens=6, stop_token_ids=()))]
+    plain = generate(tiny_model, reqs, capture=CAPTURE)
+    launched = []
+    real = gen.launch_step
+    monkeypatch.setattr(gen, "launch_step", lambda run, group, after=None: launched.append(list(group))
+                        or real(run, group, after=after))
+    ahead = generate(tiny_model, reqs)
+    for a, b in zip(ahead, plain):
+        assert (a.tokens, a.finish_reason, a.logprobs.numpy().tobytes()) == \
+               (b.tokens, b.finish_reason, b.logprobs.numpy().tobytes())
+    assert ahead[0].finish_reason == "stop" and len(ahead[0].tokens) == j + 1
+    assert launched[0] == [0, 1, 2]
+    assert sum(0 in g for g in launched) == j + 1         # decode steps 1..j, and step j + 1 dropped
+    assert len(launched) == 9 - 1                          # the longest request's decode steps, no more
 
 
 def test_unseeded_requests_follow_the_generator(tiny_model):
