@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import lockstep.engine.generate as gen
 from lockstep.engine.generate import Request, generate
@@ -105,6 +106,29 @@ def test_running_ahead_drops_the_row_after_a_stop(tiny_model, monkeypatch):
     assert launched[0] == [0, 1, 2]
     assert sum(0 in g for g in launched) == j + 1         # decode steps 1..j, and step j + 1 dropped
     assert len(launched) == 9 - 1                          # the longest request's decode steps, no more
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_running_ahead_is_the_plain_loop_for_any_stops(tiny_model, data):
+    """Any batch of seeded or greedy requests with any stop ids (wide sets, so requests stop
+    mid-batch) and any max_batch that holds the batch: running ahead gives the plain loop's tokens,
+    finish reasons and logprob bits."""
+    V = tiny_model.config.vocab_size
+    reqs = []
+    for i in range(data.draw(st.integers(1, 5), label="requests")):
+        prompt = data.draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=12), label="prompt")
+        stops = tuple(data.draw(st.sets(st.integers(0, V - 1), max_size=V // 8), label="stops"))
+        greedy = data.draw(st.booleans(), label="greedy")
+        params = SamplingParams(greedy=greedy, temperature=1.0, max_new_tokens=data.draw(st.integers(1, 10)),
+                                stop_token_ids=stops)
+        reqs.append(Request(prompt, params, seed=None if greedy else 50 + i))
+    max_batch = len(reqs) + data.draw(st.integers(0, 3), label="spare rows")
+    ahead = generate(tiny_model, reqs, max_batch=max_batch)
+    plain = generate(tiny_model, reqs, max_batch=max_batch, capture=CAPTURE)
+    for a, b in zip(ahead, plain):
+        assert (a.tokens, a.finish_reason, a.logprobs.numpy().tobytes()) == \
+               (b.tokens, b.finish_reason, b.logprobs.numpy().tobytes())
 
 
 def test_unseeded_requests_follow_the_generator(tiny_model):
