@@ -38,7 +38,6 @@ def _started() -> int:
 def _engine() -> int:
     import lockstep.engine.generate  # noqa: F401
     import lockstep.engine.parallel  # noqa: F401
-    from lockstep.engine.distributed import ParallelContext  # noqa: F401
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     torch.zeros(1, device=device).add_(1)
     return 0

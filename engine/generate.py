@@ -72,6 +72,11 @@ class Decoding:
     def active(self) -> list[int]:
         return [i for i, f in enumerate(self.finish) if f is None]
 
+    def open_after_next(self, i: int) -> bool:
+        """Request i is unfinished and its next token will not reach max_new_tokens (only a stop
+        id among it could end it): the step after the next one has a row for it."""
+        return self.finish[i] is None and len(self.tokens[i]) + 1 < self.requests[i].params.max_new_tokens
+
     def length(self, i: int) -> int:
         """Committed length of request i: prompt plus generated tokens."""
         return len(self.requests[i].prompt) + len(self.tokens[i])
@@ -372,8 +377,7 @@ def decode_n_tokens(run: _Run) -> None:
     pending = None                                         # a launched step not yet read back
     while True:
         if pending is not None:
-            follow = [i for i in pending.group if run.state.finish[i] is None
-                      and len(run.state.tokens[i]) + 1 < run.requests[i].params.max_new_tokens]
+            follow = [i for i in pending.group if run.state.open_after_next(i)]
             launched = launch_step(run, follow, after=pending) if follow else None
             commit_step(run, pending)
             pending = launched
